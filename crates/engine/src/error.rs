@@ -1,0 +1,90 @@
+//! The engine's one error type. Every variant carries the context a storage
+//! engineer needs to act on it: which volume, snapshot, block or file.
+
+use std::path::PathBuf;
+
+/// Result alias for engine operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error from the underlying file, with the operation and offset.
+    #[error("{op} {path} at offset {offset}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pool's disk (or its configured capacity) is full.
+    #[error("no space left in pool {path}: {detail}")]
+    NoSpace { path: PathBuf, detail: String },
+    /// A metadata page failed its checksum, magic or self-address check.
+    #[error("corrupt metadata at block {block}: {detail}")]
+    Corrupt { block: u64, detail: String },
+    /// The directory does not hold a pool this version can open.
+    #[error("not a Lamina pool ({path}): {detail}")]
+    NotAPool { path: PathBuf, detail: String },
+    /// A name breaks the naming rule.
+    #[error("invalid name {name:?}: {rule}")]
+    InvalidName { name: String, rule: &'static str },
+    /// An argument is out of range or malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// I/O past the end of a volume.
+    #[error("{target}: range {offset}+{len} is outside the size {size}")]
+    OutOfRange {
+        target: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("volume {0:?} not found")]
+    VolumeNotFound(String),
+    #[error("volume {0:?} already exists")]
+    VolumeExists(String),
+    #[error("snapshot {volume:?}/{snapshot:?} not found")]
+    SnapshotNotFound { volume: String, snapshot: String },
+    #[error("snapshot {volume:?}/{snapshot:?} already exists")]
+    SnapshotExists { volume: String, snapshot: String },
+    /// The operation conflicts with the object's current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// The snapshot or volume is read-only here.
+    #[error("{0} is read-only")]
+    ReadOnly(String),
+    /// The pool was closed or poisoned by an earlier I/O failure.
+    #[error("pool is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: &std::path::Path, offset: u64, source: std::io::Error) -> Self {
+        if source.raw_os_error() == Some(libc::ENOSPC) || source.raw_os_error() == Some(libc::EDQUOT) {
+            return Error::NoSpace {
+                path: path.to_path_buf(),
+                detail: format!("{op} at offset {offset}: {source}"),
+            };
+        }
+        Error::Io {
+            op,
+            path: path.to_path_buf(),
+            offset,
+            source,
+        }
+    }
+
+    /// True when the error means the disk or pool is full (ENOSPC).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::NoSpace { .. })
+    }
+
+    pub(crate) fn corrupt(block: u64, detail: impl Into<String>) -> Self {
+        Error::Corrupt {
+            block,
+            detail: detail.into(),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Data movement: the allocated extents of a volume or snapshot, the extents
+//! that changed between two points of a lineage, and a stream of chunks that
+//! carries them into another volume. Remote clone, replica rebuild and
+//! backup build on exactly this.
+
+use crate::error::Result;
+use crate::format::*;
+use crate::io::Volume;
+use crate::ops::VolumeInfo;
+use crate::pool::Pool;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtentKind {
+    /// Mapped data.
+    Data,
+    /// Unmapped: reads as zeros, holds no space.
+    Hole,
+    /// In a diff: was data in the base, reads as zeros now.
+    Zero,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub kind: ExtentKind,
+}
+
+/// A volume's live data or one of its snapshots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Volume(String),
+    Snapshot(String, String),
+}
+
+impl Target {
+    pub fn snapshot(volume: &str, snapshot: &str) -> Target {
+        Target::Snapshot(volume.into(), snapshot.into())
+    }
+    pub fn volume(volume: &str) -> Target {
+        Target::Volume(volume.into())
+    }
+}
+
+fn push(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKind) {
+    if len == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut() {
+        if last.kind == kind && last.offset + last.len == offset {
+            last.len += len;
+            return;
+        }
+    }
+    out.push(Extent { offset, len, kind });
+}
+
+/// Turn block indexes (sorted) with kinds into byte extents clipped to [lo, hi).
+fn to_extents(blocks: &[(u64, ExtentKind)], lo: u64, hi: u64, gaps: Option<ExtentKind>) -> Vec<Extent> {
+    let bs = BLOCK as u64;
+    let mut out = Vec::new();
+    let mut at = lo;
+    for &(idx, kind) in blocks {
+        let s = (idx * bs).max(lo);
+        let e = ((idx + 1) * bs).min(hi);
+        if s >= e {
+            continue;
+        }
+        if let Some(g) = gaps {
+            push(&mut out, at, s - at, g);
+        }
+        push(&mut out, s, e - s, kind);
+        at = e;
+    }
+    if let Some(g) = gaps {
+        push(&mut out, at, hi.saturating_sub(at), g);
+    }
+    out
+}
+
+impl Pool {
+    /// Open a target for reading (a volume read-write, a snapshot read-only).
+    pub fn open_target(&self, t: &Target) -> Result<Volume> {
+        match t {
+            Target::Volume(v) => self.open_volume(v),
+            Target::Snapshot(v, s) => self.open_snapshot(v, s),
+        }
+    }
+}
+
+impl Volume {
+    /// Data and hole extents covering [offset, offset+len), clipped to the size.
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let (blocks, lo, hi) = self.pool.with_meta(|m| {
+            let (root, levels, size) = self.view(m)?;
+            let hi = offset.saturating_add(len).min(size);
+            if offset >= hi {
+                return Ok((Vec::new(), offset, offset));
+            }
+            let mut v = Vec::new();
+            let (blo, bhi) = (offset / BLOCK as u64, hi.div_ceil(BLOCK as u64));
+            m.tree_walk(root, levels, blo, bhi, &mut |i, _| v.push((i, ExtentKind::Data)))?;
+            Ok((v, offset, hi))
+        })?;
+        Ok(to_extents(&blocks, lo, hi, Some(ExtentKind::Hole)))
+    }
+}
+
+impl Pool {
+    /// What changed from `from` (None: an empty volume) to `to`: Data where
+    /// `to` holds different data, Zero where `from` had data and `to` has
+    /// none. Unchanged ranges are left out; shared subtrees are skipped, so
+    /// the cost follows the size of the change.
+    pub fn diff(&self, from: Option<&Target>, to: &Target) -> Result<Vec<Extent>> {
+        let tv = self.open_target(to)?;
+        let fv = from.map(|f| self.open_target(f)).transpose()?;
+        let _g = tv.gate.read().unwrap_or_else(|p| p.into_inner());
+        let (blocks, size) = self.with_meta(|m| {
+            let (tr, tl, ts) = tv.view(m)?;
+            let (fr, fl, fs) = match &fv {
+                Some(f) => f.view(m)?,
+                None => (0, 1, 0),
+            };
+            let size = ts.max(fs);
+            let mut v = Vec::new();
+            m.tree_compare((fr, fl), (tr, tl), 0, u64::MAX, false, &mut |i, _a, b| {
+                v.push((i, if b != 0 { ExtentKind::Data } else { ExtentKind::Zero }))
+            })?;
+            Ok((v, ts.min(size)))
+        })?;
+        Ok(to_extents(&blocks, 0, size, None))
+    }
+
+    /// A stream of the changes from `from` to `to`, data read lazily in
+    /// pieces of at most 1 MiB. Apply it with [`Volume::apply`].
+    pub fn export(&self, from: Option<&Target>, to: &Target) -> Result<Export> {
+        let extents = self.diff(from, to)?;
+        Ok(Export { source: self.open_target(to)?, extents, next: 0, within: 0 })
+    }
+
+    /// A full, independent copy of a snapshot as a new volume. `progress`
+    /// gets (bytes copied, bytes to copy). Moves only allocated data.
+    pub fn full_clone(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        new_name: &str,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<VolumeInfo> {
+        let src = Target::snapshot(volume, snapshot);
+        let size = self.open_target(&src)?.size()?;
+        let export = self.export(None, &src)?;
+        let total = export.data_bytes();
+        self.create_volume(new_name, size)?;
+        let dst = self.open_volume(new_name)?;
+        let mut done = 0;
+        for chunk in export {
+            let chunk = chunk?;
+            dst.apply(&chunk)?;
+            if let Chunk::Data { bytes, .. } = &chunk {
+                done += bytes.len() as u64;
+                progress(done, total);
+            }
+        }
+        dst.flush()?;
+        self.volume_info_by_name(new_name)
+    }
+}
+
+/// One piece of an export stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    Data { offset: u64, bytes: Vec<u8> },
+    Zero { offset: u64, len: u64 },
+}
+
+/// Changes from one point of a lineage to another, as chunks.
+pub struct Export {
+    source: Volume,
+    extents: Vec<Extent>,
+    next: usize,
+    within: u64,
+}
+
+const PIECE: u64 = 1 << 20;
+
+impl Export {
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
+    /// Bytes of data the stream will carry.
+    pub fn data_bytes(&self) -> u64 {
+        self.extents.iter().filter(|e| e.kind == ExtentKind::Data).map(|e| e.len).sum()
+    }
+}
+
+impl Iterator for Export {
+    type Item = Result<Chunk>;
+
+    fn next(&mut self) -> Option<Result<Chunk>> {
+        let e = *self.extents.get(self.next)?;
+        match e.kind {
+            ExtentKind::Data => {
+                let n = (e.len - self.within).min(PIECE);
+                let offset = e.offset + self.within;
+                let mut bytes = vec![0u8; n as usize];
+                self.within += n;
+                if self.within == e.len {
+                    self.next += 1;
+                    self.within = 0;
+                }
+                Some(self.source.read(offset, &mut bytes).map(|_| Chunk::Data { offset, bytes }))
+            }
+            _ => {
+                self.next += 1;
+                Some(Ok(Chunk::Zero { offset: e.offset, len: e.len }))
+            }
+        }
+    }
+}
+
+impl Volume {
+    /// Apply one chunk of an export stream.
+    pub fn apply(&self, chunk: &Chunk) -> Result<()> {
+        match chunk {
+            Chunk::Data { offset, bytes } => self.write(*offset, bytes),
+            Chunk::Zero { offset, len } => self.write_zeroes(*offset, *len),
+        }
+    }
+}

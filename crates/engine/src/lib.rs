@@ -1,0 +1,37 @@
+//! Lamina's storage engine. It owns a **pool** (one directory on a node's
+//! disk: a block file and a write-ahead log) holding thin **volumes**,
+//! their **snapshots** and **linked clones**. Each volume and snapshot is one
+//! copy-on-write radix tree over a shared, refcounted block space: a
+//! snapshot or clone is O(1) (one more reference on a root), reads and
+//! writes cost the same at any snapshot depth, and deleting frees exactly
+//! the blocks nothing else references, copying no data. Metadata changes
+//! commit atomically through the log; `docs/on-disk-format.md` gives every
+//! byte and `docs/design.md` the reasoning.
+//!
+//! The engine knows nothing of NBD, HTTP, Kubernetes or the daemon's own
+//! records: it must not grow a network protocol or a scheduler. Those live in
+//! other crates and call this API.
+
+mod cache;
+mod catalog;
+mod check;
+pub mod error;
+mod extents;
+mod flatten;
+pub mod format;
+mod io;
+mod meta;
+mod ops;
+mod pool;
+pub mod sim;
+pub mod storage;
+mod tree;
+mod wal;
+
+pub use check::CheckReport;
+pub use error::{Error, Result};
+pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
+pub use format::{check_name, BLOCK, NAME_RULE};
+pub use io::Volume;
+pub use ops::{CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE};
+pub use pool::{FlattenProgress, Pool, PoolOptions};

@@ -1,0 +1,288 @@
+//! The metadata state of an open pool, guarded by one mutex in the pool:
+//! cached pages, refcounts, the allocator and the in-memory catalog, plus the
+//! collection step of a commit. Tree algorithms are in `tree.rs`; the catalog
+//! in `catalog.rs`. Nothing here does data I/O on volumes.
+
+use crate::cache::Cache;
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::storage::BlockFile;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+pub struct Meta {
+    pub sb: Superblock,
+    pub sb_dirty: bool,
+    pub cache: Cache,
+    /// Latest committed image in the log of pages not yet checkpointed home.
+    pub wal_index: HashMap<u64, u64>,
+    pub pool: Arc<dyn BlockFile>,
+    pub wal_file: Arc<dyn BlockFile>,
+    pub catalog: Catalog,
+    /// Blocks freed in the transaction being built.
+    pub freed: Vec<u64>,
+    /// Freed blocks whose freeing is not yet committed: the committed state
+    /// still references them, so they must not be reused or overwritten.
+    pub unavailable: HashSet<u64>,
+    /// Blocks handed to writers that have not yet been installed in a tree.
+    pub reserved: HashSet<u64>,
+    cursor_group: u64,
+    /// Groups known to have no allocatable block.
+    full: Vec<bool>,
+    /// Set after an I/O failure that left memory ahead of disk.
+    pub poisoned: Option<String>,
+}
+
+/// One transaction's worth of changed pages, ready for the log.
+pub struct Collected {
+    pub pages: Vec<(u64, Box<Page>)>,
+    pub seqs: Vec<(u64, u64)>,
+    pub freed: Vec<u64>,
+}
+
+impl Meta {
+    pub fn new(
+        sb: Superblock,
+        cache_pages: usize,
+        wal_index: HashMap<u64, u64>,
+        pool: Arc<dyn BlockFile>,
+        wal_file: Arc<dyn BlockFile>,
+    ) -> Meta {
+        let groups = (sb.total_blocks / GROUP) as usize;
+        Meta {
+            sb,
+            sb_dirty: false,
+            cache: Cache::new(cache_pages),
+            wal_index,
+            pool,
+            wal_file,
+            catalog: Catalog::default(),
+            freed: Vec::new(),
+            unavailable: HashSet::new(),
+            reserved: HashSet::new(),
+            cursor_group: 0,
+            full: vec![false; groups],
+            poisoned: None,
+        }
+    }
+
+    pub fn check_usable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Unavailable(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn load(&mut self, block: u64, magic: u32) -> Result<()> {
+        if let Some(p) = self.cache.get(block) {
+            if get_u32(p, 0) != magic {
+                return Err(Error::corrupt(block, "cached page is of another kind (dangling pointer)"));
+            }
+            return Ok(());
+        }
+        if block >= self.sb.total_blocks || is_system_block(block) && magic != MAGIC_RC && magic != MAGIC_SUPER {
+            return Err(Error::corrupt(block, "pointer to a block outside the pool's metadata"));
+        }
+        let mut p = new_page();
+        match self.wal_index.get(&block) {
+            Some(&off) => self
+                .wal_file
+                .read_at(&mut p[..], off)
+                .map_err(|e| Error::io("read log", self.wal_file.path(), off, e))?,
+            None => {
+                let at = block * BLOCK as u64;
+                self.pool
+                    .read_at(&mut p[..], at)
+                    .map_err(|e| Error::io("read metadata", self.pool.path(), at, e))?
+            }
+        }
+        verify(&p, block, magic)?;
+        self.cache.insert(block, p, false);
+        Ok(())
+    }
+
+    pub fn page(&mut self, block: u64, magic: u32) -> Result<&Page> {
+        self.load(block, magic)?;
+        Ok(self.cache.get(block).expect("just loaded"))
+    }
+
+    pub fn page_mut(&mut self, block: u64, magic: u32) -> Result<&mut Page> {
+        self.load(block, magic)?;
+        Ok(self.cache.get_mut(block).expect("just loaded"))
+    }
+
+    pub fn rc(&mut self, block: u64) -> Result<u32> {
+        let p = self.page(rc_page_of(block), MAGIC_RC)?;
+        Ok(rc::get(p, (block % GROUP) as usize))
+    }
+
+    pub fn set_rc(&mut self, block: u64, v: u32) -> Result<()> {
+        let p = self.page_mut(rc_page_of(block), MAGIC_RC)?;
+        rc::set(p, (block % GROUP) as usize, v);
+        Ok(())
+    }
+
+    pub fn incref(&mut self, block: u64) -> Result<()> {
+        let v = self.rc(block)?;
+        if v == 0 || v > RC_MAX {
+            return Err(Error::corrupt(block, format!("incref of a block with refcount {v:#x}")));
+        }
+        if v == RC_MAX {
+            return Err(Error::Conflict(format!("block {block} is shared {RC_MAX} times, the limit")));
+        }
+        self.set_rc(block, v + 1)
+    }
+
+    /// Drop one reference; returns the new count.
+    pub fn decref(&mut self, block: u64) -> Result<u32> {
+        let v = self.rc(block)?;
+        if v == 0 || v > RC_MAX {
+            return Err(Error::corrupt(block, format!("decref of a block with refcount {v:#x}")));
+        }
+        self.set_rc(block, v - 1)?;
+        Ok(v - 1)
+    }
+
+    /// A block whose refcount reached zero: reusable once this transaction commits.
+    pub fn free(&mut self, block: u64) {
+        self.freed.push(block);
+        self.unavailable.insert(block);
+        self.cache.forget(block);
+    }
+
+    fn find_free(&mut self) -> Result<u64> {
+        let groups = self.sb.total_blocks / GROUP;
+        for k in 0..groups {
+            let g = (self.cursor_group + k) % groups;
+            if self.full[g as usize] {
+                continue;
+            }
+            let rcb = g * GROUP + 1;
+            self.load(rcb, MAGIC_RC)?;
+            let p = self.cache.get(rcb).expect("loaded");
+            let found = (0..GROUP).find(|&i| {
+                let b = g * GROUP + i;
+                rc::get(p, i as usize) == 0 && !self.unavailable.contains(&b) && !self.reserved.contains(&b)
+            });
+            match found {
+                Some(i) => {
+                    self.cursor_group = g;
+                    return Ok(g * GROUP + i);
+                }
+                None => self.full[g as usize] = true,
+            }
+        }
+        self.grow()
+    }
+
+    fn no_space(&self, detail: String) -> Error {
+        Error::NoSpace { path: self.pool.path().to_path_buf(), detail }
+    }
+
+    /// Add one group to the pool; returns its first free block.
+    fn grow(&mut self) -> Result<u64> {
+        let g = self.sb.total_blocks / GROUP;
+        let total = self.sb.total_blocks + GROUP;
+        if self.sb.max_blocks != 0 && total > self.sb.max_blocks {
+            return Err(self.no_space(format!(
+                "the pool's capacity of {} bytes is used up",
+                self.sb.max_blocks * BLOCK as u64
+            )));
+        }
+        let rcb = g * GROUP + 1;
+        let at = rcb * BLOCK as u64;
+        self.pool
+            .allocate(at, BLOCK as u64)
+            .map_err(|e| Error::io("extend pool", self.pool.path(), at, e))?;
+        let mut p = new_page();
+        rc::init(&mut p, g);
+        rc::set(&mut p, 1, RC_SYSTEM);
+        self.cache.insert(rcb, p, true);
+        self.sb.total_blocks = total;
+        self.sb_dirty = true;
+        self.full.push(false);
+        self.cursor_group = g;
+        Ok(g * GROUP)
+    }
+
+    /// Allocate a metadata block (refcount 1) with disk space reserved for it.
+    pub fn alloc_meta(&mut self) -> Result<u64> {
+        let b = self.find_free()?;
+        let at = b * BLOCK as u64;
+        self.pool
+            .allocate(at, BLOCK as u64)
+            .map_err(|e| Error::io("allocate metadata", self.pool.path(), at, e))?;
+        self.set_rc(b, 1)?;
+        Ok(b)
+    }
+
+    /// Allocate a new tree node of the given level, empty and dirty.
+    pub fn alloc_node(&mut self, level: u8) -> Result<u64> {
+        let b = self.alloc_meta()?;
+        let mut p = new_page();
+        node::init(&mut p, level);
+        self.cache.insert(b, p, true);
+        Ok(b)
+    }
+
+    /// Reserve a free block for a data write in flight.
+    pub fn reserve_data(&mut self) -> Result<u64> {
+        let b = self.find_free()?;
+        self.reserved.insert(b);
+        Ok(b)
+    }
+
+    pub fn unreserve(&mut self, b: u64) {
+        self.reserved.remove(&b);
+        self.full[(b / GROUP) as usize] = false;
+    }
+
+    /// Give a reserved data block its first reference.
+    pub fn install_data(&mut self, b: u64) -> Result<()> {
+        self.reserved.remove(&b);
+        self.set_rc(b, 1)
+    }
+
+    /// Freed blocks whose freeing has committed become allocatable.
+    pub fn release(&mut self, blocks: &[u64]) {
+        for b in blocks {
+            self.unavailable.remove(b);
+            if let Some(f) = self.full.get_mut((b / GROUP) as usize) {
+                *f = false;
+            }
+        }
+    }
+
+    /// Gather every change since the last commit as sealed page images.
+    pub fn collect(&mut self, txn: u64) -> Result<Collected> {
+        self.flush_records()?;
+        if self.sb_dirty {
+            let sb = self.sb.clone();
+            let p = self.page_mut(0, MAGIC_SUPER)?;
+            sb.encode(p);
+            self.sb_dirty = false;
+        }
+        let mut pages = Vec::new();
+        let mut seqs = Vec::new();
+        for (block, seq, mut page) in self.cache.dirty_pages() {
+            seal(&mut page, block, txn);
+            pages.push((block, page));
+            seqs.push((block, seq));
+        }
+        Ok(Collected { pages, seqs, freed: std::mem::take(&mut self.freed) })
+    }
+
+    /// The log holds the transaction: remember where, and mark pages clean.
+    pub fn committed(&mut self, c: &Collected, offsets: &[u64]) {
+        for ((block, _), off) in c.pages.iter().zip(offsets) {
+            self.wal_index.insert(*block, *off);
+        }
+        self.cache.mark_clean(&c.seqs);
+    }
+
+    /// The commit failed: its frees stay pending for the next one.
+    pub fn uncommitted(&mut self, c: Collected) {
+        self.freed.extend(c.freed);
+    }
+}

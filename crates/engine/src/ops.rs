@@ -1,0 +1,495 @@
+//! Volume, snapshot and clone operations. Each takes the gate of the volume
+//! it changes exclusively (so it waits only for I/O in flight on that
+//! volume), changes metadata under the mutex, and commits before returning:
+//! an operation that returned survives a crash; one that did not is absent.
+//! The state machines are drawn in docs/design.md.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::pool::{now_ns, Pool};
+use crate::tree::levels_for;
+
+/// Largest volume: 2^56 bytes (64 PiB).
+pub const MAX_VOLUME_SIZE: u64 = 1 << 56;
+
+/// How a volume relates to the snapshot it was cloned from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloneState {
+    /// Not a clone.
+    None,
+    /// Shares blocks with its origin snapshot.
+    Linked,
+    /// A flatten is copying the shared blocks.
+    Flattening,
+    /// Was a clone; shares nothing with its origin any more.
+    Independent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OriginInfo {
+    /// Volume the origin snapshot belongs to (None if deleted since).
+    pub volume: Option<String>,
+    /// The origin snapshot (None if deleted since).
+    pub snapshot: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: u64,
+    pub name: String,
+    pub size: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub created: u64,
+    /// Snapshot the live data descends from.
+    pub parent_snapshot: Option<String>,
+    /// Bytes mapped in the live volume.
+    pub allocated_bytes: u64,
+    pub origin: Option<OriginInfo>,
+    pub clone_state: CloneState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: u64,
+    pub volume: String,
+    pub name: String,
+    /// Size of the volume when the snapshot was taken (its restore size).
+    pub restore_size: u64,
+    pub created: u64,
+    pub parent: Option<String>,
+    pub children: Vec<String>,
+    pub system: bool,
+    pub labels: Vec<(String, String)>,
+    /// Bytes mapped in the snapshot.
+    pub allocated_bytes: u64,
+}
+
+/// Space used by a volume or snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Bytes mapped.
+    pub allocated_bytes: u64,
+    /// Bytes of data referenced by this object alone: what deleting it frees.
+    pub exclusive_bytes: u64,
+    /// Bytes of index nodes referenced by this object alone.
+    pub exclusive_metadata_bytes: u64,
+}
+
+/// Space of the whole pool.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub volumes: u64,
+    pub snapshots: u64,
+    /// Tree nodes deleted but not yet reclaimed.
+    pub reclaim_pending: bool,
+}
+
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || size > MAX_VOLUME_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "volume size {size} must be between 1 byte and {MAX_VOLUME_SIZE} bytes"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn blocks_of(size: u64) -> u64 {
+    size.div_ceil(BLOCK as u64)
+}
+
+impl Pool {
+    fn volume_info(&self, m: &crate::meta::Meta, v: &VolumeRec) -> VolumeInfo {
+        let origin = v.origin.as_ref().map(|o| OriginInfo {
+            volume: m.catalog.get(o.volume).and_then(|r| match r {
+                Record::Volume(v) => Some(v.name.clone()),
+                _ => None,
+            }),
+            snapshot: m.catalog.snapshot(o.snapshot).map(|s| s.name.clone()),
+        });
+        let clone_state = match &v.origin {
+            None => CloneState::None,
+            Some(_) if v.flattening => CloneState::Flattening,
+            Some(o) if o.root != 0 => CloneState::Linked,
+            Some(_) => CloneState::Independent,
+        };
+        VolumeInfo {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size,
+            created: v.created,
+            parent_snapshot: m.catalog.snapshot(v.parent).map(|s| s.name.clone()),
+            allocated_bytes: v.mapped * BLOCK as u64,
+            origin,
+            clone_state,
+        }
+    }
+
+    fn snapshot_info(&self, m: &crate::meta::Meta, s: &SnapshotRec) -> SnapshotInfo {
+        let mut children: Vec<String> = m
+            .catalog
+            .snapshots_of(s.volume)
+            .into_iter()
+            .filter(|c| c.parent == s.id)
+            .map(|c| c.name.clone())
+            .collect();
+        children.sort();
+        SnapshotInfo {
+            id: s.id,
+            volume: m.catalog.volume(s.volume).name.clone(),
+            name: s.name.clone(),
+            restore_size: s.size,
+            created: s.created,
+            parent: m.catalog.snapshot(s.parent).map(|p| p.name.clone()),
+            children,
+            system: s.system,
+            labels: s.labels.clone(),
+            allocated_bytes: s.mapped * BLOCK as u64,
+        }
+    }
+
+    /// Create an empty thin volume.
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        check_name(name)?;
+        check_size(size)?;
+        let info = self.with_meta(|m| {
+            if m.catalog.volume_id(name).is_ok() {
+                return Err(Error::VolumeExists(name.to_string()));
+            }
+            let id = m.sb.next_id;
+            let rec = VolumeRec {
+                id,
+                name: name.to_string(),
+                size,
+                root: 0,
+                levels: levels_for(blocks_of(size)),
+                created: now_ns(),
+                parent: 0,
+                mapped: 0,
+                origin: None,
+                flattening: false,
+            };
+            m.create_record(Record::Volume(rec.clone()))?;
+            m.sb.next_id += 1;
+            Ok(self.volume_info(m, &rec))
+        })?;
+        self.commit()?;
+        tracing::info!(volume = name, size, "volume created");
+        Ok(info)
+    }
+
+    pub fn volume_info_by_name(&self, name: &str) -> Result<VolumeInfo> {
+        let m = self.lock_meta();
+        let id = m.catalog.volume_id(name)?;
+        Ok(self.volume_info(&m, m.catalog.volume(id)))
+    }
+
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        let m = self.lock_meta();
+        let mut v: Vec<VolumeInfo> = m.catalog.volumes().map(|v| self.volume_info(&m, v)).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Grow a volume. Shrinking is refused: it would drop data silently.
+    pub fn expand_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        check_size(size)?;
+        let id = self.lock_meta().catalog.volume_id(name)?;
+        let gate = self.gate(id);
+        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let info = self.with_meta(|m| {
+            let v = m.catalog.volume(id).clone();
+            if size < v.size {
+                return Err(Error::InvalidArgument(format!(
+                    "volume {name:?} is {} bytes; shrinking to {size} is not supported",
+                    v.size
+                )));
+            }
+            let (mut root, mut levels) = (v.root, v.levels);
+            let r = m.tree_grow(&mut root, &mut levels, blocks_of(size));
+            let vm = m.catalog.volume_mut(id);
+            vm.root = root;
+            vm.levels = levels;
+            r?;
+            vm.size = size;
+            Ok(self.volume_info(m, m.catalog.volume(id)))
+        })?;
+        self.commit()?;
+        Ok(info)
+    }
+
+    /// Delete a volume. Its snapshots go with it only with `with_snapshots`;
+    /// clones made from them keep their data either way.
+    pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
+        let id = self.lock_meta().catalog.volume_id(name)?;
+        let gate = self.gate(id);
+        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        self.stop_flatten(id);
+        let snaps: Vec<(u64, u64)> = self.with_meta(|m| {
+            m.catalog.volume_id(name)?;
+            let snaps: Vec<_> = m.catalog.snapshots_of(id).iter().map(|s| (s.id, s.root)).collect();
+            if !snaps.is_empty() && !with_snapshots {
+                let names: Vec<String> = m.catalog.snapshots_of(id).iter().map(|s| s.name.clone()).collect();
+                return Err(Error::Conflict(format!(
+                    "volume {name:?} has {} snapshot(s) ({}); delete them first or ask to delete them with the volume",
+                    names.len(),
+                    names.join(", ")
+                )));
+            }
+            let v = m.catalog.volume(id).clone();
+            for &(sid, root) in &snaps {
+                m.delete_record(sid)?;
+                m.release_root(root)?;
+            }
+            if let Some(o) = &v.origin {
+                m.release_root(o.root)?;
+            }
+            m.delete_record(id)?;
+            m.release_root(v.root)?;
+            Ok(snaps)
+        })?;
+        for (sid, _) in snaps {
+            self.drop_gate(sid);
+        }
+        self.drop_gate(id);
+        self.commit()?;
+        self.wake_background();
+        tracing::info!(volume = name, "volume deleted");
+        Ok(())
+    }
+
+    /// Take a snapshot: O(1), whatever the volume's size or snapshot count.
+    pub fn create_snapshot(&self, volume: &str, name: &str, labels: &[(String, String)]) -> Result<SnapshotInfo> {
+        self.snapshot_inner(volume, name, labels, false)
+    }
+
+    pub(crate) fn snapshot_inner(
+        &self,
+        volume: &str,
+        name: &str,
+        labels: &[(String, String)],
+        system: bool,
+    ) -> Result<SnapshotInfo> {
+        check_name(name)?;
+        check_labels(labels)?;
+        let vid = self.lock_meta().catalog.volume_id(volume)?;
+        let gate = self.gate(vid);
+        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let info = self.with_meta(|m| {
+            m.catalog.volume_id(volume)?;
+            if m.catalog.has_snapshot(vid, name) {
+                return Err(Error::SnapshotExists { volume: volume.into(), snapshot: name.into() });
+            }
+            let v = m.catalog.volume(vid).clone();
+            let id = m.sb.next_id;
+            let rec = SnapshotRec {
+                id,
+                volume: vid,
+                name: name.to_string(),
+                size: v.size,
+                root: v.root,
+                levels: v.levels,
+                created: now_ns(),
+                parent: v.parent,
+                system,
+                mapped: v.mapped,
+                labels: labels.to_vec(),
+            };
+            m.create_record(Record::Snapshot(rec.clone()))?;
+            m.sb.next_id += 1;
+            if v.root != 0 {
+                m.incref(v.root)?;
+            }
+            m.catalog.volume_mut(vid).parent = id;
+            Ok(self.snapshot_info(m, &rec))
+        })?;
+        self.commit()?;
+        Ok(info)
+    }
+
+    pub fn snapshot_info_by_name(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
+        let m = self.lock_meta();
+        let vid = m.catalog.volume_id(volume)?;
+        let sid = m.catalog.snapshot_id(vid, name)?;
+        Ok(self.snapshot_info(&m, m.catalog.snapshot(sid).expect("indexed")))
+    }
+
+    /// A volume's snapshots, oldest first.
+    pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
+        let m = self.lock_meta();
+        let vid = m.catalog.volume_id(volume)?;
+        let mut v: Vec<SnapshotInfo> =
+            m.catalog.snapshots_of(vid).into_iter().map(|s| self.snapshot_info(&m, s)).collect();
+        v.sort_by_key(|s| s.id);
+        Ok(v)
+    }
+
+    /// Every snapshot in the pool, oldest first.
+    pub fn list_all_snapshots(&self) -> Vec<SnapshotInfo> {
+        let m = self.lock_meta();
+        let mut v: Vec<SnapshotInfo> = m.catalog.snapshots().map(|s| self.snapshot_info(&m, s)).collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// Delete a snapshot. No data is copied: blocks nothing else references
+    /// are freed by reclaim, at a cost in proportion to what is freed.
+    pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        let (vid, sid) = {
+            let m = self.lock_meta();
+            let vid = m.catalog.volume_id(volume)?;
+            (vid, m.catalog.snapshot_id(vid, name)?)
+        };
+        let vgate = self.gate(vid);
+        let _g = vgate.write().unwrap_or_else(|p| p.into_inner());
+        let sgate = self.gate(sid);
+        let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
+        self.with_meta(|m| {
+            let s = m.catalog.snapshot(sid).cloned().ok_or_else(|| Error::SnapshotNotFound {
+                volume: volume.into(),
+                snapshot: name.into(),
+            })?;
+            let children: Vec<u64> =
+                m.catalog.snapshots_of(vid).iter().filter(|c| c.parent == sid).map(|c| c.id).collect();
+            for c in children {
+                m.catalog.snapshot_mut(c).parent = s.parent;
+            }
+            if m.catalog.volume(vid).parent == sid {
+                m.catalog.volume_mut(vid).parent = s.parent;
+            }
+            m.delete_record(sid)?;
+            m.release_root(s.root)
+        })?;
+        self.drop_gate(sid);
+        self.commit()?;
+        self.wake_background();
+        Ok(())
+    }
+
+    /// Make the volume's data the snapshot's again. Later snapshots stay;
+    /// the volume now grows a new branch from this snapshot.
+    pub fn revert_volume(&self, volume: &str, snapshot: &str) -> Result<VolumeInfo> {
+        let (vid, sid) = {
+            let m = self.lock_meta();
+            let vid = m.catalog.volume_id(volume)?;
+            (vid, m.catalog.snapshot_id(vid, snapshot)?)
+        };
+        let gate = self.gate(vid);
+        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let info = self.with_meta(|m| {
+            let s = m.catalog.snapshot(sid).cloned().ok_or_else(|| Error::SnapshotNotFound {
+                volume: volume.into(),
+                snapshot: snapshot.into(),
+            })?;
+            if s.root != 0 {
+                m.incref(s.root)?;
+            }
+            let old = m.catalog.volume(vid).root;
+            let v = m.catalog.volume_mut(vid);
+            v.root = s.root;
+            v.levels = s.levels;
+            v.size = s.size;
+            v.mapped = s.mapped;
+            v.parent = sid;
+            m.release_root(old)?;
+            Ok(self.volume_info(m, m.catalog.volume(vid)))
+        })?;
+        self.commit()?;
+        self.wake_background();
+        Ok(info)
+    }
+
+    /// A linked clone: a new volume sharing every block with the snapshot,
+    /// made in O(1).
+    pub fn clone_snapshot(&self, volume: &str, snapshot: &str, new_name: &str) -> Result<VolumeInfo> {
+        check_name(new_name)?;
+        let info = self.with_meta(|m| {
+            let vid = m.catalog.volume_id(volume)?;
+            let sid = m.catalog.snapshot_id(vid, snapshot)?;
+            if m.catalog.volume_id(new_name).is_ok() {
+                return Err(Error::VolumeExists(new_name.to_string()));
+            }
+            let s = m.catalog.snapshot(sid).cloned().expect("indexed");
+            let id = m.sb.next_id;
+            let rec = VolumeRec {
+                id,
+                name: new_name.to_string(),
+                size: s.size,
+                root: s.root,
+                levels: s.levels,
+                created: now_ns(),
+                parent: 0,
+                mapped: s.mapped,
+                origin: Some(Origin { volume: vid, snapshot: sid, root: s.root, levels: s.levels }),
+                flattening: false,
+            };
+            m.create_record(Record::Volume(rec.clone()))?;
+            m.sb.next_id += 1;
+            if s.root != 0 {
+                // One reference for the clone's data, one for its link to the origin.
+                m.incref(s.root)?;
+                m.incref(s.root)?;
+            }
+            Ok(self.volume_info(m, &rec))
+        })?;
+        self.commit()?;
+        Ok(info)
+    }
+
+    /// Clone a volume as it is now: a system snapshot, then a linked clone of it.
+    pub fn clone_volume(&self, volume: &str, new_name: &str) -> Result<VolumeInfo> {
+        check_name(new_name)?;
+        if self.lock_meta().catalog.volume_id(new_name).is_ok() {
+            return Err(Error::VolumeExists(new_name.to_string()));
+        }
+        let snap = format!("clone-{new_name}");
+        let snap: String = snap.chars().take(255).collect();
+        self.snapshot_inner(volume, &snap, &[], true)?;
+        self.clone_snapshot(volume, &snap, new_name)
+    }
+
+    /// Space used by a volume, or by one of its snapshots.
+    pub fn usage(&self, volume: &str, snapshot: Option<&str>) -> Result<Usage> {
+        let mut m = self.lock_meta();
+        let vid = m.catalog.volume_id(volume)?;
+        let (root, levels, mapped) = match snapshot {
+            None => {
+                let v = m.catalog.volume(vid);
+                (v.root, v.levels, v.mapped)
+            }
+            Some(s) => {
+                let sid = m.catalog.snapshot_id(vid, s)?;
+                let s = m.catalog.snapshot(sid).expect("indexed");
+                (s.root, s.levels, s.mapped)
+            }
+        };
+        let (nodes, data) = m.tree_exclusive(root, levels)?;
+        Ok(Usage {
+            allocated_bytes: mapped * BLOCK as u64,
+            exclusive_bytes: data * BLOCK as u64,
+            exclusive_metadata_bytes: nodes * BLOCK as u64,
+        })
+    }
+
+    /// Space of the whole pool (reads every refcount page).
+    pub fn stats(&self) -> Result<PoolStats> {
+        self.with_meta(|m| {
+            let total = m.sb.total_blocks;
+            let mut used = 0;
+            for g in 0..total / GROUP {
+                let p = m.page(g * GROUP + 1, MAGIC_RC)?;
+                used += (0..GROUP as usize).filter(|&i| rc::get(p, i) != 0).count() as u64;
+            }
+            Ok(PoolStats {
+                total_bytes: total * BLOCK as u64,
+                used_bytes: used * BLOCK as u64,
+                free_bytes: (total - used) * BLOCK as u64,
+                volumes: m.catalog.volumes().count() as u64,
+                snapshots: m.catalog.snapshots().count() as u64,
+                reclaim_pending: m.sb.dead_head != 0,
+            })
+        })
+    }
+}

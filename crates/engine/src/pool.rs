@@ -1,0 +1,461 @@
+//! The pool: opening and creating it, the locks that order I/O against
+//! snapshots, the commit that makes everything durable, and the background
+//! threads (reclaim of deleted trees, flatten of clones). Operations on
+//! volumes and snapshots are in `ops.rs`, the I/O path in `io.rs`.
+//!
+//! Lock order, outermost first: a volume's gate, a block stripe, the log
+//! (commit lock), the read barrier, the metadata mutex. Data is read and
+//! written with the metadata mutex released.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::meta::Meta;
+use crate::storage::{Backend, BlockFile, DirBackend};
+use crate::wal::Wal;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub const POOL_FILE: &str = "pool.lam";
+pub const WAL_FILE: &str = "wal.lam";
+const STRIPES: usize = 1024;
+
+/// Tunables of an open pool.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Bytes of metadata pages kept in memory.
+    pub cache_bytes: usize,
+    /// Size of the write-ahead log before a checkpoint.
+    pub wal_bytes: u64,
+    /// Changed metadata pages that force a commit.
+    pub max_dirty_pages: usize,
+    /// Capacity limit in bytes for a new pool (0: the disk's).
+    pub max_bytes: u64,
+    /// Run reclaim and flatten in background threads (tests may step them by hand).
+    pub background: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            cache_bytes: 64 << 20,
+            wal_bytes: 64 << 20,
+            max_dirty_pages: 4096,
+            max_bytes: 0,
+            background: true,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub backend: Arc<dyn Backend>,
+    pub meta: Mutex<Meta>,
+    /// The log; holding it is holding the commit lock.
+    pub wal: Mutex<Wal>,
+    pub file: Arc<dyn BlockFile>,
+    /// Reads hold it shared while they use block numbers looked up under the
+    /// metadata mutex; releasing freed blocks to the allocator takes it
+    /// exclusively, so no read ever sees a block reused under it.
+    pub read_barrier: RwLock<()>,
+    pub stripes: Vec<Mutex<()>>,
+    gates: Mutex<HashMap<u64, Arc<RwLock<()>>>>,
+    pub opts: PoolOptions,
+    stop: AtomicBool,
+    wake: (Mutex<bool>, Condvar),
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    pub flatten: Mutex<HashMap<u64, Arc<FlattenProgress>>>,
+    /// Blocks freed but kept back until the next checkpoint, because the log
+    /// still holds an image of them that a replay would write home.
+    awaiting_checkpoint: Mutex<Vec<u64>>,
+}
+
+/// Progress of a background flatten, in blocks.
+#[derive(Debug, Default)]
+pub struct FlattenProgress {
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+    pub finished: AtomicBool,
+    pub error: Mutex<Option<String>>,
+}
+
+/// An open pool. Cloning is cheap and shares the pool.
+#[derive(Clone)]
+pub struct Pool {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = (&f).read_exact(&mut id);
+    }
+    let t = now_ns().to_le_bytes();
+    for (i, b) in t.iter().enumerate() {
+        id[i] ^= b;
+    }
+    id[8] ^= std::process::id() as u8;
+    id
+}
+
+/// Errors after which memory may be ahead of disk: the pool stops taking
+/// requests until it is reopened (and recovered from its log).
+fn poisons(e: &Error) -> bool {
+    matches!(e, Error::Io { .. } | Error::Corrupt { .. })
+}
+
+impl Pool {
+    /// Create a new pool in a directory (made if missing).
+    pub fn create_dir(dir: impl AsRef<Path>, opts: PoolOptions) -> Result<Pool> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, 0, e))?;
+        Pool::create(Arc::new(DirBackend::new(dir)), opts)
+    }
+
+    /// Open an existing pool in a directory.
+    pub fn open_dir(dir: impl AsRef<Path>, opts: PoolOptions) -> Result<Pool> {
+        Pool::open(Arc::new(DirBackend::new(dir.as_ref())), opts)
+    }
+
+    pub fn create(backend: Arc<dyn Backend>, opts: PoolOptions) -> Result<Pool> {
+        let loc = backend.location().to_path_buf();
+        if backend.exists(POOL_FILE) {
+            return Err(Error::Conflict(format!("{} already holds a pool", loc.display())));
+        }
+        if opts.max_bytes != 0 && opts.max_bytes < 4 * GROUP * BLOCK as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "a pool needs at least {} bytes",
+                4 * GROUP * BLOCK as u64
+            )));
+        }
+        let io = |op, e| Error::io(op, &loc, 0, e);
+        let pool_id = random_id();
+        let walf = backend.open(WAL_FILE, true).map_err(|e| io("create log", e))?;
+        Wal::create(walf, pool_id, opts.wal_bytes)?;
+        let file = backend.open(POOL_FILE, true).map_err(|e| io("create pool file", e))?;
+        let sb = Superblock {
+            pool_id,
+            total_blocks: GROUP,
+            catalog_root: 0,
+            catalog_levels: 1,
+            dead_head: 0,
+            next_id: 1,
+            max_blocks: opts.max_bytes / BLOCK as u64,
+            created: now_ns(),
+        };
+        let mut p = new_page();
+        sb.encode(&mut p);
+        seal(&mut p, 0, 0);
+        let mut r = new_page();
+        rc::init(&mut r, 0);
+        rc::set(&mut r, 0, RC_SYSTEM);
+        rc::set(&mut r, 1, RC_SYSTEM);
+        seal(&mut r, 1, 0);
+        let mut head = vec![0u8; 2 * BLOCK];
+        head[..BLOCK].copy_from_slice(&p[..]);
+        head[BLOCK..].copy_from_slice(&r[..]);
+        file.write_at(&head, 0)
+            .and_then(|_| file.sync())
+            .map_err(|e| io("write superblock", e))?;
+        drop(file);
+        Pool::open(backend, opts)
+    }
+
+    pub fn open(backend: Arc<dyn Backend>, opts: PoolOptions) -> Result<Pool> {
+        let loc = backend.location().to_path_buf();
+        if !backend.exists(POOL_FILE) || !backend.exists(WAL_FILE) {
+            return Err(Error::NotAPool {
+                path: loc,
+                detail: format!("no {POOL_FILE} and {WAL_FILE} here (create a pool first)"),
+            });
+        }
+        let file = backend.open(POOL_FILE, false).map_err(|e| Error::io("open", &loc, 0, e))?;
+        let walf = backend.open(WAL_FILE, false).map_err(|e| Error::io("open", &loc, 0, e))?;
+        let mut magic = [0u8; 8];
+        file.read_at(&mut magic, 0).map_err(|e| Error::io("read", file.path(), 0, e))?;
+        if magic[..4] != MAGIC_SUPER.to_le_bytes() {
+            return Err(Error::NotAPool { path: file.path().to_path_buf(), detail: "no Lamina superblock".into() });
+        }
+        let (mut wal, replay) = Wal::open(walf.clone(), opts.wal_bytes)?;
+        tracing::info!(pool = %loc.display(), transactions = replay.transactions, pages = replay.index.len(), "replaying log");
+        wal.checkpoint(&replay.index, file.as_ref())?;
+        let mut p = new_page();
+        file.read_at(&mut p[..], 0).map_err(|e| Error::io("read superblock", file.path(), 0, e))?;
+        let sb = Superblock::decode(&p)?;
+        if sb.pool_id != wal.pool_id() {
+            return Err(Error::NotAPool {
+                path: loc,
+                detail: "the log belongs to another pool".into(),
+            });
+        }
+        let mut meta = Meta::new(sb, opts.cache_bytes / BLOCK, HashMap::new(), file.clone(), walf);
+        meta.load_catalog()?;
+        let flattening: Vec<u64> = meta.catalog.volumes().filter(|v| v.flattening).map(|v| v.id).collect();
+        let inner = Arc::new(Inner {
+            backend,
+            meta: Mutex::new(meta),
+            wal: Mutex::new(wal),
+            file,
+            read_barrier: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            gates: Mutex::new(HashMap::new()),
+            opts: opts.clone(),
+            stop: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            threads: Mutex::new(Vec::new()),
+            flatten: Mutex::new(HashMap::new()),
+            awaiting_checkpoint: Mutex::new(Vec::new()),
+        });
+        let pool = Pool { inner };
+        if opts.background {
+            let p = pool.clone();
+            let t = std::thread::Builder::new()
+                .name("lamina-reclaim".into())
+                .spawn(move || p.reclaim_loop())
+                .expect("spawn reclaim thread");
+            pool.inner.threads.lock().unwrap().push(t);
+            for id in flattening {
+                pool.start_flatten_thread(id);
+            }
+        }
+        Ok(pool)
+    }
+
+    /// Where the pool lives.
+    pub fn location(&self) -> &Path {
+        self.inner.backend.location()
+    }
+
+    /// Run `f` on the metadata under its mutex; an error that may have left
+    /// memory ahead of disk makes the pool unavailable until reopened.
+    pub(crate) fn with_meta<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        let mut m = self.lock_meta();
+        m.check_usable()?;
+        let r = f(&mut m);
+        if let Err(e) = &r {
+            if poisons(e) {
+                tracing::error!(error = %e, "metadata update failed; pool needs reopening");
+                m.poisoned = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    pub(crate) fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+        self.inner.meta.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn gate(&self, id: u64) -> Arc<RwLock<()>> {
+        self.inner.gates.lock().unwrap().entry(id).or_default().clone()
+    }
+
+    pub(crate) fn drop_gate(&self, id: u64) {
+        self.inner.gates.lock().unwrap().remove(&id);
+    }
+
+    pub(crate) fn stripe(&self, vol: u64, idx: u64) -> MutexGuard<'_, ()> {
+        let h = (vol.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) >> 32;
+        self.inner.stripes[(h as usize) % STRIPES].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make every acknowledged write and metadata change durable.
+    pub fn commit(&self) -> Result<()> {
+        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.with_meta(|m| m.collect(wal.next_txn))?;
+        let file = &self.inner.file;
+        if let Err(e) = file.sync() {
+            let e = Error::io("sync pool", file.path(), 0, e);
+            let mut m = self.lock_meta();
+            m.uncommitted(c);
+            m.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        if c.pages.is_empty() && c.freed.is_empty() {
+            return Ok(());
+        }
+        let bytes = (c.pages.len() * (BLOCK + 64) + 64) as u64;
+        if wal.pos + bytes > wal.capacity {
+            if let Err(e) = self.checkpoint_locked(&mut wal) {
+                self.lock_meta().uncommitted(c);
+                return Err(e);
+            }
+        }
+        let offsets = match wal.append(&c.pages) {
+            Ok(o) => o,
+            Err(e) => {
+                self.lock_meta().uncommitted(c);
+                return Err(e);
+            }
+        };
+        self.lock_meta().committed(&c, &offsets);
+        drop(wal);
+        self.release_freed(c.freed);
+        Ok(())
+    }
+
+    /// The transaction that freed these blocks is durable: punch them and
+    /// let the allocator have them (or keep them back until the next
+    /// checkpoint if the log holds an image of them).
+    fn release_freed(&self, freed: Vec<u64>) {
+        if freed.is_empty() {
+            return;
+        }
+        let (now, later): (Vec<u64>, Vec<u64>) = {
+            let m = self.lock_meta();
+            freed.into_iter().partition(|b| !m.wal_index.contains_key(b))
+        };
+        self.inner.awaiting_checkpoint.lock().unwrap().extend(later);
+        self.punch(&now);
+        let _barrier = self.inner.read_barrier.write().unwrap_or_else(|p| p.into_inner());
+        self.lock_meta().release(&now);
+    }
+
+    fn punch(&self, blocks: &[u64]) {
+        let mut sorted = blocks.to_vec();
+        sorted.sort_unstable();
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
+                j += 1;
+            }
+            let (at, len) = (sorted[i] * BLOCK as u64, (j - i) as u64 * BLOCK as u64);
+            if let Err(e) = self.inner.file.punch(at, len) {
+                tracing::warn!(offset = at, len, error = %e, "could not punch freed blocks");
+            }
+            i = j;
+        }
+    }
+
+    fn checkpoint_locked(&self, wal: &mut Wal) -> Result<()> {
+        let index = self.lock_meta().wal_index.clone();
+        wal.checkpoint(&index, self.inner.file.as_ref())?;
+        self.lock_meta().wal_index.clear();
+        let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
+        self.punch(&held);
+        let _barrier = self.inner.read_barrier.write().unwrap_or_else(|p| p.into_inner());
+        self.lock_meta().release(&held);
+        Ok(())
+    }
+
+    /// Commit, then copy the log's pages home and empty the log.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.commit()?;
+        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
+        self.checkpoint_locked(&mut wal)
+    }
+
+    /// Commit if enough metadata changed since the last commit.
+    pub(crate) fn maybe_commit(&self) -> Result<()> {
+        let dirty = self.lock_meta().cache.dirty_count();
+        let held = self.inner.awaiting_checkpoint.lock().unwrap().len();
+        if dirty > self.inner.opts.max_dirty_pages {
+            self.commit()?;
+        }
+        if held > 4 * GROUP as usize {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn wake_background(&self) {
+        let (m, c) = &self.inner.wake;
+        *m.lock().unwrap() = true;
+        c.notify_all();
+    }
+
+    /// Reclaim dead trees until none is left, committing as it goes.
+    /// Returns the number of tree nodes reclaimed.
+    pub fn reclaim_all(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = self.with_meta(|m| m.reclaim(64))?;
+            total += n as u64;
+            if n == 0 {
+                break;
+            }
+            self.maybe_commit()?;
+        }
+        if total > 0 {
+            self.commit()?;
+        }
+        Ok(total)
+    }
+
+    fn reclaim_loop(&self) {
+        let (m, c) = &self.inner.wake;
+        while !self.inner.stop.load(Ordering::SeqCst) {
+            {
+                let mut woken = m.lock().unwrap();
+                if !*woken {
+                    woken = c.wait_timeout(woken, Duration::from_millis(500)).unwrap().0;
+                }
+                *woken = false;
+            }
+            if self.inner.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            loop {
+                if self.inner.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                match self.with_meta(|m| m.reclaim(64)) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        if let Err(e) = self.maybe_commit() {
+                            tracing::warn!(error = %e, "commit during reclaim failed");
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reclaim failed");
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = self.commit() {
+                tracing::warn!(error = %e, "commit after reclaim failed");
+            }
+        }
+    }
+
+    fn stop_threads(&self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.wake_background();
+        let threads = std::mem::take(&mut *self.inner.threads.lock().unwrap());
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.inner.stop.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn add_thread(&self, t: JoinHandle<()>) {
+        self.inner.threads.lock().unwrap().push(t);
+    }
+
+    /// Stop background work, commit and checkpoint. Handles that are still
+    /// open keep working, without background threads.
+    pub fn close(self) -> Result<()> {
+        self.stop_threads();
+        self.checkpoint()
+    }
+
+    /// Stop background threads and walk away without committing, as a
+    /// killed process would (for crash tests).
+    pub fn abandon(self) {
+        self.stop_threads();
+    }
+}
