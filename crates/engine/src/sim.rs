@@ -90,6 +90,7 @@ pub struct SimFile {
     path: PathBuf,
     state: Mutex<FileState>,
     budget: Arc<AtomicI64>,
+    ops: Arc<AtomicI64>,
 }
 
 fn injected() -> io::Error {
@@ -98,6 +99,7 @@ fn injected() -> io::Error {
 
 impl SimFile {
     fn spend(&self) -> io::Result<()> {
+        self.ops.fetch_add(1, Ordering::SeqCst);
         // A negative budget means "no failure armed".
         let left = self.budget.load(Ordering::SeqCst);
         if left < 0 {
@@ -167,6 +169,7 @@ pub struct SimBackend {
     dir: PathBuf,
     files: Mutex<HashMap<String, Arc<SimFile>>>,
     budget: Arc<AtomicI64>,
+    ops: Arc<AtomicI64>,
 }
 
 impl Default for SimBackend {
@@ -181,7 +184,13 @@ impl SimBackend {
             dir: PathBuf::from("sim:"),
             files: Mutex::new(HashMap::new()),
             budget: Arc::new(AtomicI64::new(-1)),
+            ops: Arc::new(AtomicI64::new(0)),
         }
+    }
+
+    /// Mutating operations performed so far (writes, syncs, punches...).
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::SeqCst) as u64
     }
 
     /// Make the `n`-th mutating operation from now (1-based) and every one
@@ -279,6 +288,7 @@ impl Backend for SimBackend {
                 pending: Vec::new(),
             }),
             budget: self.budget.clone(),
+            ops: self.ops.clone(),
         });
         files.insert(name.to_string(), f.clone());
         Ok(f)
