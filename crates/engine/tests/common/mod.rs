@@ -58,31 +58,39 @@ pub fn pattern(seed: u8, off: u64, len: usize) -> Vec<u8> {
 }
 
 /// Compare one engine volume or snapshot with its model, skipping `skip` blocks.
-pub fn verify_one(pool: &Pool, what: &str, h: &lamina_engine::Volume, m: &MVol, skip: &BTreeSet<u64>) {
-    assert_eq!(h.size().unwrap(), m.size, "{what}: size");
+pub fn compare_one(what: &str, h: &lamina_engine::Volume, m: &MVol, skip: &BTreeSet<u64>) -> Result<(), String> {
+    let e = |x: lamina_engine::Error| format!("{what}: {x}");
+    let size = h.size().map_err(e)?;
+    if size != m.size {
+        return Err(format!("{what}: size {size}, model {}", m.size));
+    }
     let mut buf = vec![0u8; BLOCK];
     for (&b, data) in &m.blocks {
         if skip.contains(&b) || b * BS >= m.size {
             continue;
         }
         let n = (m.size - b * BS).min(BS) as usize;
-        h.read(b * BS, &mut buf[..n]).unwrap();
-        assert!(buf[..n] == data[..n], "{what}: block {b} differs from the model");
+        h.read(b * BS, &mut buf[..n]).map_err(e)?;
+        if buf[..n] != data[..n] {
+            return Err(format!("{what}: block {b} differs from the model"));
+        }
     }
-    for e in h.extents(0, m.size).unwrap() {
-        if e.kind != ExtentKind::Data {
+    for x in h.extents(0, m.size).map_err(e)? {
+        if x.kind != ExtentKind::Data {
             continue;
         }
-        for b in e.offset / BS..(e.offset + e.len).div_ceil(BS) {
+        for b in x.offset / BS..(x.offset + x.len).div_ceil(BS) {
             if m.blocks.contains_key(&b) || skip.contains(&b) {
                 continue;
             }
             let n = (m.size - b * BS).min(BS) as usize;
-            h.read(b * BS, &mut buf[..n]).unwrap();
-            assert!(buf[..n].iter().all(|&x| x == 0), "{what}: block {b} has data the model lacks");
+            h.read(b * BS, &mut buf[..n]).map_err(e)?;
+            if buf[..n].iter().any(|&x| x != 0) {
+                return Err(format!("{what}: block {b} has data the model lacks"));
+            }
         }
     }
-    let _ = pool;
+    Ok(())
 }
 
 #[derive(Clone, Debug, Default)]
@@ -95,21 +103,32 @@ impl Model {
     /// Compare the whole pool with the model. `skip` lists (volume, block)
     /// pairs whose content is unknown (written but not flushed before a crash).
     pub fn verify(&self, pool: &Pool, skip: &BTreeSet<(String, u64)>) {
+        if let Err(e) = self.compare(pool, skip) {
+            panic!("pool differs from the model: {e}");
+        }
+    }
+
+    pub fn compare(&self, pool: &Pool, skip: &BTreeSet<(String, u64)>) -> Result<(), String> {
         let vols: Vec<String> = pool.list_volumes().into_iter().map(|v| v.name).collect();
         let want: Vec<String> = self.vols.keys().cloned().collect();
-        assert_eq!(vols, want, "volume list");
+        if vols != want {
+            return Err(format!("volumes {vols:?}, model {want:?}"));
+        }
         for (name, m) in &self.vols {
-            let h = pool.open_volume(name).unwrap();
+            let h = pool.open_volume(name).map_err(|e| e.to_string())?;
             let s: BTreeSet<u64> = skip.iter().filter(|(v, _)| v == name).map(|(_, b)| *b).collect();
-            verify_one(pool, name, &h, m, &s);
+            compare_one(name, &h, m, &s)?;
         }
         let snaps: BTreeSet<(String, String)> =
             pool.list_all_snapshots().into_iter().map(|s| (s.volume, s.name)).collect();
         let want: BTreeSet<(String, String)> = self.snaps.keys().cloned().collect();
-        assert_eq!(snaps, want, "snapshot list");
-        for ((v, s), m) in &self.snaps {
-            let h = pool.open_snapshot(v, s).unwrap();
-            verify_one(pool, &format!("{v}@{s}"), &h, m, &BTreeSet::new());
+        if snaps != want {
+            return Err(format!("snapshots {snaps:?}, model {want:?}"));
         }
+        for ((v, s), m) in &self.snaps {
+            let h = pool.open_snapshot(v, s).map_err(|e| e.to_string())?;
+            compare_one(&format!("{v}@{s}"), &h, m, &BTreeSet::new())?;
+        }
+        Ok(())
     }
 }
