@@ -181,6 +181,13 @@ impl Meta {
             self.catalog.blocks.insert(id, block);
             self.catalog.records.insert(id, rec);
         }
+        // Every snapshot must belong to a volume.
+        for s in self.catalog.snapshots() {
+            if !matches!(self.catalog.records.get(&s.volume), Some(Record::Volume(_))) {
+                let block = self.catalog.blocks[&s.id];
+                return Err(Error::corrupt(block, format!("snapshot {:?} names volume #{} that does not exist", s.name, s.volume)));
+            }
+        }
         Ok(())
     }
 }

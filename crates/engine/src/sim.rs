@@ -250,6 +250,20 @@ impl SimBackend {
         self.fail_after(None);
     }
 
+    /// Overwrite bytes of a file, durably, behind the pool's back.
+    pub fn write_raw(&self, name: &str, offset: u64, bytes: &[u8]) {
+        let files = self.files.lock().unwrap();
+        let f = files.get(name).expect("no such sim file");
+        let mut s = f.state.lock().unwrap();
+        s.current.write(bytes, offset);
+        s.durable = s.current.clone();
+    }
+
+    /// Length of a file.
+    pub fn file_len(&self, name: &str) -> u64 {
+        self.files.lock().unwrap().get(name).map(|f| f.state.lock().unwrap().current.len).unwrap_or(0)
+    }
+
     /// Flip bits of a byte in a file, as media corruption would.
     pub fn corrupt(&self, name: &str, offset: u64) {
         let files = self.files.lock().unwrap();
