@@ -1,0 +1,387 @@
+//! `lamina-bench`: measures the engine's claims on this machine and prints
+//! them, with an in-process anchor (the same reads and writes on a plain
+//! file) so figures are read as ratios, not absolutes. It owns nothing but
+//! measurement; the NBD-level comparison with qemu-nbd and nbdkit is a
+//! separate suite.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use lamina_engine::{Pool, PoolOptions, BLOCK};
+use serde_json::{json, Value};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const BS: u64 = BLOCK as u64;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+
+#[derive(Parser)]
+#[command(about = "Benchmark Lamina's engine: snapshot/clone/delete cost, I/O at snapshot depth, memory")]
+struct Args {
+    /// Directory for the pools (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Smaller sizes and depths, for CI (under a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Also write every figure as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seconds per I/O measurement.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+}
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn proc_field(file: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(file).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+fn peak_rss_mib() -> f64 {
+    proc_field("/proc/self/status", "VmHWM:").unwrap_or(0) as f64 / 1024.0
+}
+
+fn written_bytes() -> Option<u64> {
+    proc_field("/proc/self/io", "write_bytes:")
+}
+
+fn opts() -> PoolOptions {
+    PoolOptions::default()
+}
+
+fn fresh_pool(base: &Path, name: &str) -> Result<Pool> {
+    let dir = base.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    Pool::create_dir(&dir, opts()).with_context(|| format!("creating pool in {}", dir.display()))
+}
+
+/// Write `blocks` random 4 KiB blocks within the first `span` bytes.
+fn scatter(v: &lamina_engine::Volume, span: u64, blocks: u64, seed: u64) -> Result<()> {
+    let mut r = rng(seed);
+    let buf = vec![0xA5u8; BLOCK];
+    for _ in 0..blocks {
+        v.write((r() % (span / BS)) * BS, &buf)?;
+    }
+    Ok(())
+}
+
+fn snapshot_latency(base: &Path, quick: bool) -> Result<Value> {
+    let n = if quick { 50 } else { 200 };
+    let mut out = serde_json::Map::new();
+    for (label, size) in [("1GiB", GIB), ("1TiB", TIB)] {
+        let pool = fresh_pool(base, &format!("snap-{label}"))?;
+        pool.create_volume("v", size)?;
+        let v = pool.open_volume("v")?;
+        // The same 64 MiB of scattered data in both, spread over the volume.
+        scatter(&v, size, 16_384, 1)?;
+        v.flush()?;
+        let mut lat = Vec::new();
+        for i in 0..n {
+            v.write((i as u64 * 7919 % (size / BS)) * BS, &[1u8; BLOCK])?;
+            let t = Instant::now();
+            pool.create_snapshot("v", &format!("s{i}"), &[])?;
+            lat.push(ms(t.elapsed()));
+        }
+        out.insert(
+            label.into(),
+            json!({"p50_ms": percentile(&mut lat.clone(), 0.5), "p99_ms": percentile(&mut lat, 0.99), "count": n}),
+        );
+        pool.close()?;
+    }
+    Ok(Value::Object(out))
+}
+
+fn snapshot_count(base: &Path, quick: bool) -> Result<Value> {
+    let total = if quick { 1_000 } else { 10_000 };
+    let pool = fresh_pool(base, "snap-count")?;
+    pool.create_volume("v", GIB)?;
+    let v = pool.open_volume("v")?;
+    scatter(&v, GIB, 4096, 2)?;
+    let mut first = Vec::new();
+    let mut last = Vec::new();
+    let t0 = Instant::now();
+    for i in 0..total {
+        v.write((i as u64 % (GIB / BS)) * BS, &[2u8; BLOCK])?;
+        let t = Instant::now();
+        pool.create_snapshot("v", &format!("s{i}"), &[])?;
+        let d = ms(t.elapsed());
+        if i < 100 {
+            first.push(d);
+        } else if i >= total - 100 {
+            last.push(d);
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let listed = pool.list_snapshots("v")?.len();
+    let list_ms = ms(t.elapsed());
+    let t = Instant::now();
+    pool.clone_snapshot("v", &format!("s{}", total - 1), "c")?;
+    let clone_ms = ms(t.elapsed());
+    pool.close()?;
+    Ok(json!({
+        "snapshots": total,
+        "first_100_p50_ms": percentile(&mut first.clone(), 0.5),
+        "first_100_p99_ms": percentile(&mut first, 0.99),
+        "last_100_p50_ms": percentile(&mut last.clone(), 0.5),
+        "last_100_p99_ms": percentile(&mut last, 0.99),
+        "total_seconds": elapsed,
+        "list_ms": list_ms,
+        "listed": listed,
+        "clone_of_last_ms": clone_ms,
+    }))
+}
+
+/// Random 4 KiB I/O for `secs` on `threads` threads; returns IOPS.
+fn random_io(read: &(dyn Fn(u64, &mut [u8]) + Sync), blocks: u64, write: bool, threads: usize, secs: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let ops: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut r = rng(t as u64 + 11 + write as u64 * 100);
+                    let mut buf = vec![0x3Cu8; BLOCK];
+                    let mut n = 0u64;
+                    while n % 256 != 0 || Instant::now() < deadline {
+                        let b = r() % blocks;
+                        if write {
+                            buf[0] = n as u8;
+                        }
+                        read(b * BS | (write as u64), &mut buf);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    ops as f64 / secs
+}
+
+fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
+    let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
+    let blocks = size / BS;
+    let depths: &[u64] = if quick { &[0, 100] } else { &[0, 100, 1000] };
+    let threads = 2;
+    let mut rows = Vec::new();
+
+    // Anchor: the same I/O on a plain preallocated file in the same directory.
+    let path = base.join("raw.img");
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+    f.set_len(size)?;
+    let chunk = vec![0xA5u8; 1 << 20];
+    for off in (0..size).step_by(chunk.len()) {
+        f.write_all_at(&chunk, off)?;
+    }
+    let raw = |at: u64, buf: &mut [u8]| {
+        let off = at & !1;
+        if at & 1 == 1 {
+            f.write_all_at(buf, off).unwrap();
+        } else {
+            f.read_exact_at(buf, off).unwrap();
+        }
+    };
+    let raw_r = random_io(&raw, blocks, false, threads, secs);
+    let raw_w = random_io(&raw, blocks, true, threads, secs);
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    rows.push(json!({"target": "plain file", "depth": 0, "read_iops": raw_r, "write_iops": raw_w}));
+
+    let pool = fresh_pool(base, "depth")?;
+    pool.create_volume("v", size)?;
+    let v = pool.open_volume("v")?;
+    for off in (0..size).step_by(chunk.len()) {
+        v.write(off, &chunk)?;
+    }
+    v.flush()?;
+    let mut depth = 0;
+    let mut r = rng(5);
+    let mut base_r = 0.0;
+    let mut base_w = 0.0;
+    for &d in depths {
+        while depth < d {
+            for _ in 0..blocks / 100 {
+                v.write((r() % blocks) * BS, &[depth as u8; BLOCK])?;
+            }
+            pool.create_snapshot("v", &format!("d{depth}"), &[])?;
+            depth += 1;
+        }
+        let io = |at: u64, buf: &mut [u8]| {
+            if at & 1 == 1 {
+                v.write(at & !1, buf).unwrap();
+            } else {
+                v.read(at, buf).unwrap();
+            }
+        };
+        let rd = random_io(&io, blocks, false, threads, secs);
+        let wr = random_io(&io, blocks, true, threads, secs);
+        // The next layer's first writes copy on write; measure those too.
+        pool.create_snapshot("v", &format!("m{d}"), &[])?;
+        let cow = random_io(&io, blocks, true, threads, secs.min(1.0));
+        if d == 0 {
+            base_r = rd;
+            base_w = wr;
+        }
+        rows.push(json!({
+            "target": "lamina", "depth": d,
+            "read_iops": rd, "write_iops": wr, "first_write_after_snapshot_iops": cow,
+            "read_vs_depth0": rd / base_r, "write_vs_depth0": wr / base_w,
+            "read_vs_plain_file": rd / raw_r, "write_vs_plain_file": wr / raw_w,
+        }));
+    }
+    v.flush()?;
+    pool.close()?;
+    Ok(json!({"volume_bytes": size, "threads": threads, "seconds": secs, "rows": rows}))
+}
+
+fn delete_cost(base: &Path, quick: bool) -> Result<Value> {
+    let depth = 100;
+    let own: u64 = if quick { 64 << 20 } else { GIB };
+    let pool = fresh_pool(base, "delete")?;
+    pool.create_volume("v", 4 * GIB)?;
+    let v = pool.open_volume("v")?;
+    let per_layer = 256u64; // blocks rewritten per ordinary layer
+    let mut r = rng(9);
+    let mid = depth / 2;
+    for i in 0..depth {
+        if i == mid {
+            // This layer holds `own` bytes of its own: written here, then
+            // overwritten right after the snapshot, so only it holds them.
+            let chunk = vec![7u8; 1 << 20];
+            for off in (0..own).step_by(chunk.len()) {
+                v.write(2 * GIB + off, &chunk)?;
+            }
+        } else {
+            for _ in 0..per_layer {
+                v.write((r() % (GIB / BS)) * BS, &[i as u8; BLOCK])?;
+            }
+        }
+        pool.create_snapshot("v", &format!("s{i}"), &[])?;
+        if i == mid {
+            v.trim(2 * GIB, own)?;
+        }
+    }
+    v.flush()?;
+    let before = pool.stats()?;
+    let excl = pool.usage("v", Some(&format!("s{mid}")))?.exclusive_bytes;
+    let w0 = written_bytes();
+    let t = Instant::now();
+    pool.delete_snapshot("v", &format!("s{mid}"))?;
+    let delete_ms = ms(t.elapsed());
+    let t = Instant::now();
+    pool.reclaim_all()?;
+    let reclaim_ms = ms(t.elapsed());
+    let w1 = written_bytes();
+    let after = pool.stats()?;
+    pool.close()?;
+    Ok(json!({
+        "chain_depth": depth,
+        "snapshot_exclusive_bytes": excl,
+        "delete_ms": delete_ms,
+        "reclaim_ms": reclaim_ms,
+        "bytes_freed": before.used_bytes.saturating_sub(after.used_bytes),
+        "bytes_written_by_delete": w1.zip(w0).map(|(a, b)| a - b),
+    }))
+}
+
+fn clone_cost(base: &Path) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (label, size) in [("1GiB", GIB), ("1TiB", TIB)] {
+        let pool = fresh_pool(base, &format!("clone-{label}"))?;
+        pool.create_volume("v", size)?;
+        let v = pool.open_volume("v")?;
+        scatter(&v, size, 16_384, 3)?;
+        pool.create_snapshot("v", "s", &[])?;
+        let mut lat = Vec::new();
+        for i in 0..20 {
+            let t = Instant::now();
+            pool.clone_snapshot("v", "s", &format!("c{i}"))?;
+            lat.push(ms(t.elapsed()));
+        }
+        let t = Instant::now();
+        let mut n = 0u64;
+        let info = pool.full_clone("v", "s", "full", &mut |d, _| n = d)?;
+        let full_ms = ms(t.elapsed());
+        out.insert(
+            label.into(),
+            json!({
+                "linked_clone_p50_ms": percentile(&mut lat.clone(), 0.5),
+                "linked_clone_p99_ms": percentile(&mut lat, 0.99),
+                "full_clone_ms": full_ms, "full_clone_bytes": n,
+                "full_clone_allocated": info.allocated_bytes,
+            }),
+        );
+        pool.close()?;
+    }
+    Ok(Value::Object(out))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let tmp;
+    let base = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new().prefix("lamina-bench").tempdir_in(std::env::current_dir()?)?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let secs = if args.quick { args.seconds.min(1.0) } else { args.seconds };
+    eprintln!("lamina-bench: pools under {} ({})", base.display(), if args.quick { "quick" } else { "full" });
+    let mut report = serde_json::Map::new();
+    let sections: Vec<(&str, Box<dyn Fn() -> Result<Value>>)> = vec![
+        ("snapshot_latency_by_size", Box::new(|| snapshot_latency(&base, args.quick))),
+        ("snapshot_latency_by_count", Box::new(|| snapshot_count(&base, args.quick))),
+        ("random_4k_io_by_depth", Box::new(|| io_at_depth(&base, args.quick, secs))),
+        ("delete_middle_snapshot", Box::new(|| delete_cost(&base, args.quick))),
+        ("clone", Box::new(|| clone_cost(&base))),
+    ];
+    for (name, f) in sections {
+        let t = Instant::now();
+        let v = f().with_context(|| format!("bench {name}"))?;
+        println!("== {name} ({:.1} s)\n{}", t.elapsed().as_secs_f64(), serde_json::to_string_pretty(&v)?);
+        report.insert(name.into(), v);
+    }
+    report.insert("peak_rss_mib".into(), json!(peak_rss_mib()));
+    report.insert(
+        "machine".into(),
+        json!({
+            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        }),
+    );
+    println!("== peak RSS: {:.1} MiB", peak_rss_mib());
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&Value::Object(report))?)?;
+    }
+    Ok(())
+}
