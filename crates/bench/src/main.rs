@@ -18,7 +18,9 @@ const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
 
 #[derive(Parser)]
-#[command(about = "Benchmark Lamina's engine: snapshot/clone/delete cost, I/O at snapshot depth, memory")]
+#[command(
+    about = "Benchmark Lamina's engine: snapshot/clone/delete cost, I/O at snapshot depth, memory"
+)]
 struct Args {
     /// Directory for the pools (default: a temporary directory).
     #[arg(long)]
@@ -158,7 +160,13 @@ fn snapshot_count(base: &Path, quick: bool) -> Result<Value> {
 }
 
 /// Random 4 KiB I/O for `secs` on `threads` threads; returns IOPS.
-fn random_io(read: &(dyn Fn(u64, &mut [u8]) + Sync), blocks: u64, write: bool, threads: usize, secs: f64) -> f64 {
+fn random_io(
+    read: &(dyn Fn(u64, &mut [u8]) + Sync),
+    blocks: u64,
+    write: bool,
+    threads: usize,
+    secs: f64,
+) -> f64 {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let ops: u64 = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -167,12 +175,12 @@ fn random_io(read: &(dyn Fn(u64, &mut [u8]) + Sync), blocks: u64, write: bool, t
                     let mut r = rng(t as u64 + 11 + write as u64 * 100);
                     let mut buf = vec![0x3Cu8; BLOCK];
                     let mut n = 0u64;
-                    while n % 256 != 0 || Instant::now() < deadline {
+                    while !n.is_multiple_of(256) || Instant::now() < deadline {
                         let b = r() % blocks;
                         if write {
                             buf[0] = n as u8;
                         }
-                        read(b * BS | (write as u64), &mut buf);
+                        read((b * BS) | (write as u64), &mut buf);
                         n += 1;
                     }
                     n
@@ -193,12 +201,18 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
 
     // Anchor: the same I/O on a plain preallocated file in the same directory.
     let path = base.join("raw.img");
-    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
     f.set_len(size)?;
     let chunk = vec![0xA5u8; 1 << 20];
     for off in (0..size).step_by(chunk.len()) {
         f.write_all_at(&chunk, off)?;
     }
+    f.sync_all()?;
     let raw = |at: u64, buf: &mut [u8]| {
         let off = at & !1;
         if at & 1 == 1 {
@@ -222,9 +236,16 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
     v.flush()?;
     let mut depth = 0;
     let mut r = rng(5);
-    let mut base_r = 0.0;
-    let mut base_w = 0.0;
+    let (mut base_r, mut base_w) = (0.0, 0.0);
+    let io = |at: u64, buf: &mut [u8]| {
+        if at & 1 == 1 {
+            v.write(at & !1, buf).unwrap();
+        } else {
+            v.read(at, buf).unwrap();
+        }
+    };
     for &d in depths {
+        // Each layer: rewrite 1% of the blocks at random, then snapshot.
         while depth < d {
             for _ in 0..blocks / 100 {
                 v.write((r() % blocks) * BS, &[depth as u8; BLOCK])?;
@@ -232,25 +253,24 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
             pool.create_snapshot("v", &format!("d{depth}"), &[])?;
             depth += 1;
         }
-        let io = |at: u64, buf: &mut [u8]| {
-            if at & 1 == 1 {
-                v.write(at & !1, buf).unwrap();
-            } else {
-                v.read(at, buf).unwrap();
-            }
-        };
+        v.flush()?;
+        // Right after the last snapshot, every first write to a block copies on write.
+        let first = (d > 0).then(|| random_io(&io, blocks, true, threads, secs.min(1.0)));
+        // Then rewrite everything once, so what follows is the steady state.
+        for off in (0..size).step_by(chunk.len()) {
+            v.write(off, &chunk)?;
+        }
+        v.flush()?;
         let rd = random_io(&io, blocks, false, threads, secs);
         let wr = random_io(&io, blocks, true, threads, secs);
-        // The next layer's first writes copy on write; measure those too.
-        pool.create_snapshot("v", &format!("m{d}"), &[])?;
-        let cow = random_io(&io, blocks, true, threads, secs.min(1.0));
+        v.flush()?;
         if d == 0 {
             base_r = rd;
             base_w = wr;
         }
         rows.push(json!({
             "target": "lamina", "depth": d,
-            "read_iops": rd, "write_iops": wr, "first_write_after_snapshot_iops": cow,
+            "read_iops": rd, "write_iops": wr, "first_writes_after_snapshot_iops": first,
             "read_vs_depth0": rd / base_r, "write_vs_depth0": wr / base_w,
             "read_vs_plain_file": rd / raw_r, "write_vs_plain_file": wr / raw_w,
         }));
@@ -351,24 +371,51 @@ fn main() -> Result<()> {
             d.clone()
         }
         None => {
-            tmp = tempfile::Builder::new().prefix("lamina-bench").tempdir_in(std::env::current_dir()?)?;
+            tmp = tempfile::Builder::new()
+                .prefix("lamina-bench")
+                .tempdir_in(std::env::current_dir()?)?;
             tmp.path().to_path_buf()
         }
     };
-    let secs = if args.quick { args.seconds.min(1.0) } else { args.seconds };
-    eprintln!("lamina-bench: pools under {} ({})", base.display(), if args.quick { "quick" } else { "full" });
+    let secs = if args.quick {
+        args.seconds.min(1.0)
+    } else {
+        args.seconds
+    };
+    eprintln!(
+        "lamina-bench: pools under {} ({})",
+        base.display(),
+        if args.quick { "quick" } else { "full" }
+    );
     let mut report = serde_json::Map::new();
-    let sections: Vec<(&str, Box<dyn Fn() -> Result<Value>>)> = vec![
-        ("snapshot_latency_by_size", Box::new(|| snapshot_latency(&base, args.quick))),
-        ("snapshot_latency_by_count", Box::new(|| snapshot_count(&base, args.quick))),
-        ("random_4k_io_by_depth", Box::new(|| io_at_depth(&base, args.quick, secs))),
-        ("delete_middle_snapshot", Box::new(|| delete_cost(&base, args.quick))),
+    type Section<'a> = (&'a str, Box<dyn Fn() -> Result<Value> + 'a>);
+    let sections: Vec<Section> = vec![
+        (
+            "snapshot_latency_by_size",
+            Box::new(|| snapshot_latency(&base, args.quick)),
+        ),
+        (
+            "snapshot_latency_by_count",
+            Box::new(|| snapshot_count(&base, args.quick)),
+        ),
+        (
+            "random_4k_io_by_depth",
+            Box::new(|| io_at_depth(&base, args.quick, secs)),
+        ),
+        (
+            "delete_middle_snapshot",
+            Box::new(|| delete_cost(&base, args.quick)),
+        ),
         ("clone", Box::new(|| clone_cost(&base))),
     ];
     for (name, f) in sections {
         let t = Instant::now();
         let v = f().with_context(|| format!("bench {name}"))?;
-        println!("== {name} ({:.1} s)\n{}", t.elapsed().as_secs_f64(), serde_json::to_string_pretty(&v)?);
+        println!(
+            "== {name} ({:.1} s)\n{}",
+            t.elapsed().as_secs_f64(),
+            serde_json::to_string_pretty(&v)?
+        );
         report.insert(name.into(), v);
     }
     report.insert("peak_rss_mib".into(), json!(peak_rss_mib()));

@@ -8,7 +8,11 @@ use lamina_engine::{Pool, PoolOptions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "lamina", version, about = "Lamina block storage: thin volumes, instant snapshots and clones")]
+#[command(
+    name = "lamina",
+    version,
+    about = "Lamina block storage: thin volumes, instant snapshots and clones"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -58,13 +62,23 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Pool { cmd } => match cmd {
             PoolCmd::Create { dir, max_bytes } => {
-                let opts = PoolOptions { max_bytes, background: false, ..PoolOptions::default() };
-                Pool::create_dir(&dir, opts).with_context(|| format!("creating a pool in {}", dir.display()))?.close()?;
+                let opts = PoolOptions {
+                    max_bytes,
+                    background: false,
+                    ..PoolOptions::default()
+                };
+                Pool::create_dir(&dir, opts)
+                    .with_context(|| format!("creating a pool in {}", dir.display()))?
+                    .close()?;
                 println!("created pool in {}", dir.display());
             }
             PoolCmd::Check { dir, json } => {
-                let opts = PoolOptions { background: false, ..PoolOptions::default() };
-                let pool = Pool::open_dir(&dir, opts).with_context(|| format!("opening {}", dir.display()))?;
+                let opts = PoolOptions {
+                    background: false,
+                    ..PoolOptions::default()
+                };
+                let pool = Pool::open_dir(&dir, opts)
+                    .with_context(|| format!("opening {}", dir.display()))?;
                 let r = pool.check()?;
                 if json {
                     println!(
@@ -94,15 +108,30 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             PoolCmd::Stats { dir } => {
-                let opts = PoolOptions { background: false, ..PoolOptions::default() };
-                let pool = Pool::open_dir(&dir, opts).with_context(|| format!("opening {}", dir.display()))?;
+                let opts = PoolOptions {
+                    background: false,
+                    ..PoolOptions::default()
+                };
+                let pool = Pool::open_dir(&dir, opts)
+                    .with_context(|| format!("opening {}", dir.display()))?;
                 let s = pool.stats()?;
                 println!(
                     "{}: {} bytes in the pool file, {} used, {} free; {} volumes, {} snapshots",
-                    dir.display(), s.total_bytes, s.used_bytes, s.free_bytes, s.volumes, s.snapshots
+                    dir.display(),
+                    s.total_bytes,
+                    s.used_bytes,
+                    s.free_bytes,
+                    s.volumes,
+                    s.snapshots
                 );
                 for v in pool.list_volumes() {
-                    println!("volume {} size {} allocated {} snapshots {}", v.name, v.size, v.allocated_bytes, pool.list_snapshots(&v.name)?.len());
+                    println!(
+                        "volume {} size {} allocated {} snapshots {}",
+                        v.name,
+                        v.size,
+                        v.allocated_bytes,
+                        pool.list_snapshots(&v.name)?.len()
+                    );
                 }
                 pool.close()?;
             }

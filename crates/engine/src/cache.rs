@@ -83,7 +83,12 @@ impl Cache {
             s.dirty_seq = dirty_seq;
             return;
         }
-        let slot = Slot { block, page, dirty_seq, referenced: true };
+        let slot = Slot {
+            block,
+            page,
+            dirty_seq,
+            referenced: true,
+        };
         if self.slots.len() < self.capacity {
             self.index.insert(block, self.slots.len());
             self.slots.push(slot);

@@ -7,13 +7,14 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::meta::Meta;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Default)]
 pub struct Catalog {
     records: BTreeMap<u64, Record>,
     vol_by_name: HashMap<String, u64>,
     snap_by_name: HashMap<(u64, String), u64>,
+    snaps_by_vol: HashMap<u64, BTreeSet<u64>>,
     pub(crate) blocks: HashMap<u64, u64>,
     pub(crate) dirty: HashSet<u64>,
 }
@@ -26,6 +27,7 @@ impl Catalog {
             }
             Record::Snapshot(s) => {
                 self.snap_by_name.insert((s.volume, s.name.clone()), s.id);
+                self.snaps_by_vol.entry(s.volume).or_default().insert(s.id);
             }
         }
     }
@@ -53,10 +55,13 @@ impl Catalog {
     }
 
     pub fn snapshot_id(&self, vol: u64, name: &str) -> Result<u64> {
-        self.snap_by_name.get(&(vol, name.to_string())).copied().ok_or_else(|| Error::SnapshotNotFound {
-            volume: self.volume(vol).name.clone(),
-            snapshot: name.to_string(),
-        })
+        self.snap_by_name
+            .get(&(vol, name.to_string()))
+            .copied()
+            .ok_or_else(|| Error::SnapshotNotFound {
+                volume: self.volume(vol).name.clone(),
+                snapshot: name.to_string(),
+            })
     }
 
     pub fn has_snapshot(&self, vol: u64, name: &str) -> bool {
@@ -92,8 +97,13 @@ impl Catalog {
         })
     }
 
+    /// A volume's snapshots, oldest first.
     pub fn snapshots_of(&self, vol: u64) -> Vec<&SnapshotRec> {
-        self.snapshots().filter(|s| s.volume == vol).collect()
+        let ids = self.snaps_by_vol.get(&vol);
+        ids.into_iter()
+            .flatten()
+            .filter_map(|id| self.snapshot(*id))
+            .collect()
     }
 
     pub fn get(&self, id: u64) -> Option<&Record> {
@@ -148,6 +158,12 @@ impl Meta {
             }
             Some(Record::Snapshot(s)) => {
                 self.catalog.snap_by_name.remove(&(s.volume, s.name));
+                if let Some(set) = self.catalog.snaps_by_vol.get_mut(&s.volume) {
+                    set.remove(&s.id);
+                    if set.is_empty() {
+                        self.catalog.snaps_by_vol.remove(&s.volume);
+                    }
+                }
             }
             None => {}
         }
@@ -158,7 +174,9 @@ impl Meta {
     pub fn flush_records(&mut self) -> Result<()> {
         let dirty: Vec<u64> = self.catalog.dirty.drain().collect();
         for id in dirty {
-            let (Some(rec), Some(&block)) = (self.catalog.records.get(&id), self.catalog.blocks.get(&id)) else {
+            let (Some(rec), Some(&block)) =
+                (self.catalog.records.get(&id), self.catalog.blocks.get(&id))
+            else {
                 continue;
             };
             let mut p = new_page();
@@ -175,7 +193,10 @@ impl Meta {
             let p = self.page(block, MAGIC_RECORD)?;
             let rec = Record::decode(p, block)?;
             if rec.id() != id {
-                return Err(Error::corrupt(block, format!("record {} filed under id {id}", rec.id())));
+                return Err(Error::corrupt(
+                    block,
+                    format!("record {} filed under id {id}", rec.id()),
+                ));
             }
             self.catalog.index(&rec);
             self.catalog.blocks.insert(id, block);
@@ -185,7 +206,13 @@ impl Meta {
         for s in self.catalog.snapshots() {
             if !matches!(self.catalog.records.get(&s.volume), Some(Record::Volume(_))) {
                 let block = self.catalog.blocks[&s.id];
-                return Err(Error::corrupt(block, format!("snapshot {:?} names volume #{} that does not exist", s.name, s.volume)));
+                return Err(Error::corrupt(
+                    block,
+                    format!(
+                        "snapshot {:?} names volume #{} that does not exist",
+                        s.name, s.volume
+                    ),
+                ));
             }
         }
         Ok(())

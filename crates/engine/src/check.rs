@@ -50,7 +50,9 @@ struct Walk<'a> {
 impl Walk<'_> {
     fn reference(&mut self, b: u64, what: &str) -> bool {
         if b >= self.m.sb.total_blocks || is_system_block(b) {
-            self.report.problem(format!("{what} points at block {b}, outside the usable pool"));
+            self.report.problem(format!(
+                "{what} points at block {b}, outside the usable pool"
+            ));
             return false;
         }
         *self.expected.entry(b).or_default() += 1;
@@ -70,7 +72,8 @@ impl Walk<'_> {
             Ok(p) if node::level(p) == level => (0..FANOUT).map(|i| node::entry(p, i)).collect(),
             Ok(p) => {
                 let l = node::level(p);
-                self.report.problem(format!("{what}: node {b} has level {l}, expected {level}"));
+                self.report
+                    .problem(format!("{what}: node {b} has level {l}, expected {level}"));
                 return;
             }
             Err(e) => {
@@ -97,7 +100,12 @@ impl Pool {
     pub fn check(&self) -> Result<CheckReport> {
         self.commit()?;
         let mut m = self.lock_meta();
-        let mut w = Walk { m: &mut m, expected: HashMap::new(), visited: HashSet::new(), report: CheckReport::default() };
+        let mut w = Walk {
+            m: &mut m,
+            expected: HashMap::new(),
+            visited: HashSet::new(),
+            report: CheckReport::default(),
+        };
         w.report.total_blocks = w.m.sb.total_blocks;
 
         // The catalog tree and its record pages.
@@ -113,7 +121,10 @@ impl Pool {
                     w.report.volumes += 1;
                     let what = format!("volume {:?}", v.name);
                     if crate::tree::span(v.levels) < crate::ops::blocks_of(v.size) {
-                        w.report.problem(format!("{what}: tree of height {} cannot hold {} bytes", v.levels, v.size));
+                        w.report.problem(format!(
+                            "{what}: tree of height {} cannot hold {} bytes",
+                            v.levels, v.size
+                        ));
                     }
                     if v.root != 0 {
                         w.node(v.root, v.levels - 1, &what);
@@ -124,7 +135,10 @@ impl Pool {
                         }
                     }
                     if v.parent != 0 && !ids.contains(&v.parent) {
-                        w.report.problem(format!("{what}: parent snapshot #{} does not exist", v.parent));
+                        w.report.problem(format!(
+                            "{what}: parent snapshot #{} does not exist",
+                            v.parent
+                        ));
                     }
                 }
                 Record::Snapshot(s) => {
@@ -134,10 +148,12 @@ impl Pool {
                         w.node(s.root, s.levels - 1, &what);
                     }
                     if !ids.contains(&s.volume) {
-                        w.report.problem(format!("{what}: its volume #{} does not exist", s.volume));
+                        w.report
+                            .problem(format!("{what}: its volume #{} does not exist", s.volume));
                     }
                     if s.parent != 0 && !ids.contains(&s.parent) {
-                        w.report.problem(format!("{what}: parent #{} does not exist", s.parent));
+                        w.report
+                            .problem(format!("{what}: parent #{} does not exist", s.parent));
                     }
                 }
             }
@@ -148,7 +164,8 @@ impl Pool {
         let mut b = w.m.sb.dead_head;
         while b != 0 {
             if b >= w.m.sb.total_blocks || !dead.insert(b) {
-                w.report.problem(format!("dead list is broken at block {b}"));
+                w.report
+                    .problem(format!("dead list is broken at block {b}"));
                 break;
             }
             let (next, level) = match w.m.page(b, MAGIC_NODE) {
@@ -162,7 +179,8 @@ impl Pool {
             if w.visited.insert(b) {
                 w.children(b, level, "dead node");
             } else {
-                w.report.problem(format!("dead node {b} is still referenced"));
+                w.report
+                    .problem(format!("dead node {b} is still referenced"));
             }
             b = next;
         }
@@ -192,9 +210,13 @@ impl Pool {
                 }
                 if want == 0 && stored != 0 {
                     w.report.leaked += 1;
-                    w.report.problem(format!("block {blk}: refcount {stored:#x} but nothing references it (leaked)"));
+                    w.report.problem(format!(
+                        "block {blk}: refcount {stored:#x} but nothing references it (leaked)"
+                    ));
                 } else {
-                    w.report.problem(format!("block {blk}: refcount {stored:#x}, expected {want:#x}"));
+                    w.report.problem(format!(
+                        "block {blk}: refcount {stored:#x}, expected {want:#x}"
+                    ));
                 }
             }
         }
@@ -204,7 +226,10 @@ impl Pool {
 
 impl Meta {
     pub(crate) fn catalog_records(&self) -> Vec<Record> {
-        self.catalog.volumes().cloned().map(Record::Volume)
+        self.catalog
+            .volumes()
+            .cloned()
+            .map(Record::Volume)
             .chain(self.catalog.snapshots().cloned().map(Record::Snapshot))
             .collect()
     }

@@ -61,8 +61,15 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(op: &'static str, path: &std::path::Path, offset: u64, source: std::io::Error) -> Self {
-        if source.raw_os_error() == Some(libc::ENOSPC) || source.raw_os_error() == Some(libc::EDQUOT) {
+    pub(crate) fn io(
+        op: &'static str,
+        path: &std::path::Path,
+        offset: u64,
+        source: std::io::Error,
+    ) -> Self {
+        if source.raw_os_error() == Some(libc::ENOSPC)
+            || source.raw_os_error() == Some(libc::EDQUOT)
+        {
             return Error::NoSpace {
                 path: path.to_path_buf(),
                 detail: format!("{op} at offset {offset}: {source}"),

@@ -56,7 +56,12 @@ fn push(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKind) {
 }
 
 /// Turn block indexes (sorted) with kinds into byte extents clipped to [lo, hi).
-fn to_extents(blocks: &[(u64, ExtentKind)], lo: u64, hi: u64, gaps: Option<ExtentKind>) -> Vec<Extent> {
+fn to_extents(
+    blocks: &[(u64, ExtentKind)],
+    lo: u64,
+    hi: u64,
+    gaps: Option<ExtentKind>,
+) -> Vec<Extent> {
     let bs = BLOCK as u64;
     let mut out = Vec::new();
     let mut at = lo;
@@ -99,7 +104,9 @@ impl Volume {
             }
             let mut v = Vec::new();
             let (blo, bhi) = (offset / BLOCK as u64, hi.div_ceil(BLOCK as u64));
-            m.tree_walk(root, levels, blo, bhi, &mut |i, _| v.push((i, ExtentKind::Data)))?;
+            m.tree_walk(root, levels, blo, bhi, &mut |i, _| {
+                v.push((i, ExtentKind::Data))
+            })?;
             Ok((v, offset, hi))
         })?;
         Ok(to_extents(&blocks, lo, hi, Some(ExtentKind::Hole)))
@@ -124,7 +131,14 @@ impl Pool {
             let size = ts.max(fs);
             let mut v = Vec::new();
             m.tree_compare((fr, fl), (tr, tl), 0, u64::MAX, false, &mut |i, _a, b| {
-                v.push((i, if b != 0 { ExtentKind::Data } else { ExtentKind::Zero }))
+                v.push((
+                    i,
+                    if b != 0 {
+                        ExtentKind::Data
+                    } else {
+                        ExtentKind::Zero
+                    },
+                ))
             })?;
             Ok((v, ts.min(size)))
         })?;
@@ -135,7 +149,12 @@ impl Pool {
     /// pieces of at most 1 MiB. Apply it with [`Volume::apply`].
     pub fn export(&self, from: Option<&Target>, to: &Target) -> Result<Export> {
         let extents = self.diff(from, to)?;
-        Ok(Export { source: self.open_target(to)?, extents, next: 0, within: 0 })
+        Ok(Export {
+            source: self.open_target(to)?,
+            extents,
+            next: 0,
+            within: 0,
+        })
     }
 
     /// A full, independent copy of a snapshot as a new volume. `progress`
@@ -191,7 +210,11 @@ impl Export {
 
     /// Bytes of data the stream will carry.
     pub fn data_bytes(&self) -> u64 {
-        self.extents.iter().filter(|e| e.kind == ExtentKind::Data).map(|e| e.len).sum()
+        self.extents
+            .iter()
+            .filter(|e| e.kind == ExtentKind::Data)
+            .map(|e| e.len)
+            .sum()
     }
 }
 
@@ -210,11 +233,18 @@ impl Iterator for Export {
                     self.next += 1;
                     self.within = 0;
                 }
-                Some(self.source.read(offset, &mut bytes).map(|_| Chunk::Data { offset, bytes }))
+                Some(
+                    self.source
+                        .read(offset, &mut bytes)
+                        .map(|_| Chunk::Data { offset, bytes }),
+                )
             }
             _ => {
                 self.next += 1;
-                Some(Ok(Chunk::Zero { offset: e.offset, len: e.len }))
+                Some(Ok(Chunk::Zero {
+                    offset: e.offset,
+                    len: e.len,
+                }))
             }
         }
     }

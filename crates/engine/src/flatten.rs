@@ -22,7 +22,11 @@ impl Pool {
             let v = m.catalog.volume(id);
             match &v.origin {
                 Some(o) if o.root != 0 => {}
-                _ => return Err(Error::Conflict(format!("volume {volume:?} is not a linked clone"))),
+                _ => {
+                    return Err(Error::Conflict(format!(
+                        "volume {volume:?} is not a linked clone"
+                    )))
+                }
             }
             if !v.flattening {
                 m.catalog.volume_mut(id).flattening = true;
@@ -89,13 +93,22 @@ impl Pool {
                     let Some(crate::format::Record::Volume(v)) = m.catalog.get(id).cloned() else {
                         return Err(Error::VolumeNotFound(format!("#{id}")));
                     };
-                    let Some(o) = v.origin.filter(|o| o.root != 0) else { return Ok(Vec::new()) };
+                    let Some(o) = v.origin.filter(|o| o.root != 0) else {
+                        return Ok(Vec::new());
+                    };
                     let mut list = Vec::new();
-                    m.tree_compare((o.root, o.levels), (v.root, v.levels), lo, hi, true, &mut |i, a, b| {
-                        if a == b && a != 0 {
-                            list.push(i)
-                        }
-                    })?;
+                    m.tree_compare(
+                        (o.root, o.levels),
+                        (v.root, v.levels),
+                        lo,
+                        hi,
+                        true,
+                        &mut |i, a, b| {
+                            if a == b && a != 0 {
+                                list.push(i)
+                            }
+                        },
+                    )?;
                     Ok(list)
                 })?;
                 for idx in shared {
@@ -110,12 +123,17 @@ impl Pool {
         self.with_meta(|m| {
             let v = m.catalog.volume_mut(id);
             v.flattening = false;
-            let root = v.origin.as_mut().map(|o| std::mem::replace(&mut o.root, 0)).unwrap_or(0);
+            let root = v
+                .origin
+                .as_mut()
+                .map(|o| std::mem::replace(&mut o.root, 0))
+                .unwrap_or(0);
             m.release_root(root)
         })?;
         self.commit()?;
         self.wake_background();
-        p.done.store(p.total.load(Ordering::SeqCst), Ordering::SeqCst);
+        p.done
+            .store(p.total.load(Ordering::SeqCst), Ordering::SeqCst);
         tracing::info!(volume = id, "flatten finished");
         Ok(())
     }

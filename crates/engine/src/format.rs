@@ -76,7 +76,10 @@ pub fn verify(p: &Page, block: u64, magic: u32) -> Result<()> {
     let m = get_u32(p, 0);
     if m != magic {
         if p.iter().all(|&b| b == 0) {
-            return Err(Error::corrupt(block, "expected a metadata page, found zeros"));
+            return Err(Error::corrupt(
+                block,
+                "expected a metadata page, found zeros",
+            ));
         }
         return Err(Error::corrupt(
             block,
@@ -89,7 +92,10 @@ pub fn verify(p: &Page, block: u64, magic: u32) -> Result<()> {
     }
     let at = get_u64(p, 8);
     if at != block {
-        return Err(Error::corrupt(block, format!("page claims to be block {at} (misdirected write)")));
+        return Err(Error::corrupt(
+            block,
+            format!("page claims to be block {at} (misdirected write)"),
+        ));
     }
     Ok(())
 }
@@ -190,7 +196,10 @@ impl Superblock {
         }
         let geometry = (get_u32(p, b + 12), get_u32(p, b + 16), get_u32(p, b + 20));
         if geometry != (BLOCK as u32, GROUP as u32, FANOUT as u32) {
-            return Err(Error::corrupt(0, format!("unsupported geometry {geometry:?}")));
+            return Err(Error::corrupt(
+                0,
+                format!("unsupported geometry {geometry:?}"),
+            ));
         }
         let sb = Superblock {
             pool_id: p[b + 24..b + 40].try_into().unwrap(),
@@ -202,15 +211,27 @@ impl Superblock {
             max_blocks: get_u64(p, b + 80),
             created: get_u64(p, b + 88),
         };
-        if sb.total_blocks == 0 || sb.total_blocks % GROUP != 0 {
-            return Err(Error::corrupt(0, format!("total_blocks {} is not whole groups", sb.total_blocks)));
+        if sb.total_blocks == 0 || !sb.total_blocks.is_multiple_of(GROUP) {
+            return Err(Error::corrupt(
+                0,
+                format!("total_blocks {} is not whole groups", sb.total_blocks),
+            ));
         }
         if sb.catalog_levels == 0 || sb.catalog_levels > MAX_LEVELS {
-            return Err(Error::corrupt(0, format!("catalog height {} out of range", sb.catalog_levels)));
+            return Err(Error::corrupt(
+                0,
+                format!("catalog height {} out of range", sb.catalog_levels),
+            ));
         }
-        for (what, v) in [("catalog root", sb.catalog_root), ("dead list head", sb.dead_head)] {
+        for (what, v) in [
+            ("catalog root", sb.catalog_root),
+            ("dead list head", sb.dead_head),
+        ] {
             if v >= sb.total_blocks {
-                return Err(Error::corrupt(0, format!("{what} {v} is past the end of the pool")));
+                return Err(Error::corrupt(
+                    0,
+                    format!("{what} {v} is past the end of the pool"),
+                ));
             }
         }
         Ok(sb)
@@ -303,7 +324,8 @@ impl W<'_> {
         self.bytes(&v.to_le_bytes())
     }
     fn str(&mut self, s: &str) -> Result<()> {
-        let n = u16::try_from(s.len()).map_err(|_| Error::InvalidArgument("string too long".into()))?;
+        let n =
+            u16::try_from(s.len()).map_err(|_| Error::InvalidArgument("string too long".into()))?;
         self.bytes(&n.to_le_bytes())?;
         self.bytes(s.as_bytes())
     }
@@ -332,12 +354,16 @@ impl<'a> R<'a> {
     fn str(&mut self) -> Result<String> {
         let n = u16::from_le_bytes(self.bytes(2)?.try_into().unwrap()) as usize;
         let b = self.bytes(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| Error::corrupt(self.block, "record string is not UTF-8"))
+        String::from_utf8(b.to_vec())
+            .map_err(|_| Error::corrupt(self.block, "record string is not UTF-8"))
     }
     fn levels(&mut self) -> Result<u8> {
         let l = self.u8()?;
         if l == 0 || l > MAX_LEVELS {
-            return Err(Error::corrupt(self.block, format!("tree height {l} out of range")));
+            return Err(Error::corrupt(
+                self.block,
+                format!("tree height {l} out of range"),
+            ));
         }
         Ok(l)
     }
@@ -348,7 +374,10 @@ impl Record {
     pub fn encode(&self, p: &mut Page) -> Result<()> {
         p.fill(0);
         put_u32(p, 0, MAGIC_RECORD);
-        let mut w = W { p: &mut p[HEADER..], at: 0 };
+        let mut w = W {
+            p: &mut p[HEADER..],
+            at: 0,
+        };
         match self {
             Record::Volume(v) => {
                 w.u8(KIND_VOLUME)?;
@@ -386,7 +415,8 @@ impl Record {
                 w.u64(s.parent)?;
                 w.u8(s.system as u8)?;
                 w.u64(s.mapped)?;
-                let n = u16::try_from(s.labels.len()).map_err(|_| Error::InvalidArgument("too many labels".into()))?;
+                let n = u16::try_from(s.labels.len())
+                    .map_err(|_| Error::InvalidArgument("too many labels".into()))?;
                 w.bytes(&n.to_le_bytes())?;
                 for (k, v) in &s.labels {
                     w.str(k)?;
@@ -403,11 +433,18 @@ impl Record {
         if get_u32(p, 0) != MAGIC_RECORD {
             return Err(Error::corrupt(block, "not a record page"));
         }
-        let mut r = R { p: &p[HEADER..], at: 0, block };
+        let mut r = R {
+            p: &p[HEADER..],
+            at: 0,
+            block,
+        };
         let kind = r.u8()?;
         let version = r.u8()?;
         if version != RECORD_VERSION {
-            return Err(Error::corrupt(block, format!("record version {version} unknown")));
+            return Err(Error::corrupt(
+                block,
+                format!("record version {version} unknown"),
+            ));
         }
         let rec = match kind {
             KIND_VOLUME => {
@@ -467,14 +504,20 @@ pub const NAME_RULE: &str = "a name is 1 to 255 characters of lowercase letters,
 pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 255
-        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
         && name.as_bytes()[0].is_ascii_alphanumeric();
     if ok {
         Ok(())
     } else {
         let shown: String = name.chars().take(64).collect();
         Err(Error::InvalidName {
-            name: if name.len() > 64 { format!("{shown}...") } else { shown },
+            name: if name.len() > 64 {
+                format!("{shown}...")
+            } else {
+                shown
+            },
             rule: NAME_RULE,
         })
     }
@@ -485,7 +528,11 @@ pub fn check_name(name: &str) -> Result<()> {
 pub fn check_labels(labels: &[(String, String)]) -> Result<()> {
     let mut total = 0;
     for (k, v) in labels {
-        if k.is_empty() || k.len() > 255 || v.len() > 1024 || k.chars().chain(v.chars()).any(char::is_control) {
+        if k.is_empty()
+            || k.len() > 255
+            || v.len() > 1024
+            || k.chars().chain(v.chars()).any(char::is_control)
+        {
             return Err(Error::InvalidArgument(format!(
                 "label {k:?}: keys are 1-255 bytes, values up to 1024, no control characters"
             )));
@@ -493,7 +540,9 @@ pub fn check_labels(labels: &[(String, String)]) -> Result<()> {
         total += k.len() + v.len() + 4;
     }
     if total > 2048 {
-        return Err(Error::InvalidArgument(format!("labels take {total} bytes; at most 2048 are allowed")));
+        return Err(Error::InvalidArgument(format!(
+            "labels take {total} bytes; at most 2048 are allowed"
+        )));
     }
     let mut keys: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
     keys.sort();
@@ -541,7 +590,12 @@ mod tests {
                 created: 123,
                 parent: 9,
                 mapped: 5,
-                origin: Some(Origin { volume: 1, snapshot: 2, root: 3, levels: 1 }),
+                origin: Some(Origin {
+                    volume: 1,
+                    snapshot: 2,
+                    root: 3,
+                    levels: 1,
+                }),
                 flattening: true,
             }),
             Record::Snapshot(SnapshotRec {

@@ -39,7 +39,13 @@ impl Pool {
     /// Open a volume for I/O.
     pub fn open_volume(&self, name: &str) -> Result<Volume> {
         let id = self.lock_meta().catalog.volume_id(name)?;
-        Ok(Volume { pool: self.clone(), id, name: name.to_string(), kind: Kind::Volume, gate: self.gate(id) })
+        Ok(Volume {
+            pool: self.clone(),
+            id,
+            name: name.to_string(),
+            kind: Kind::Volume,
+            gate: self.gate(id),
+        })
     }
 
     /// Open a snapshot for reading.
@@ -64,13 +70,20 @@ impl Pool {
         let plan = self.with_meta(|m| {
             let (root, levels) = vol_root(m, id)?;
             let (leaf, excl) = m.tree_leaf(root, levels, idx, true)?;
-            let cur = if leaf == 0 { 0 } else { m.leaf_entry(leaf, (idx % FANOUT as u64) as usize)? };
+            let cur = if leaf == 0 {
+                0
+            } else {
+                m.leaf_entry(leaf, (idx % FANOUT as u64) as usize)?
+            };
             if cur == 0 && zero {
                 Ok(Plan::Nothing)
             } else if cur != 0 && excl && m.rc(cur)? == 1 {
                 Ok(Plan::InPlace(cur))
             } else {
-                Ok(Plan::New { old: cur, new: m.reserve_data()? })
+                Ok(Plan::New {
+                    old: cur,
+                    new: m.reserve_data()?,
+                })
             }
         })?;
         match plan {
@@ -99,14 +112,23 @@ impl Pool {
         let plan = self.with_meta(|m| {
             let (root, levels) = vol_root(m, id)?;
             let (leaf, excl) = m.tree_leaf(root, levels, idx, true)?;
-            let cur = if leaf == 0 { 0 } else { m.leaf_entry(leaf, (idx % FANOUT as u64) as usize)? };
+            let cur = if leaf == 0 {
+                0
+            } else {
+                m.leaf_entry(leaf, (idx % FANOUT as u64) as usize)?
+            };
             if cur == 0 || (excl && m.rc(cur)? == 1) {
                 Ok(Plan::Nothing)
             } else {
-                Ok(Plan::New { old: cur, new: m.reserve_data()? })
+                Ok(Plan::New {
+                    old: cur,
+                    new: m.reserve_data()?,
+                })
             }
         })?;
-        let Plan::New { old, new } = plan else { return Ok(false) };
+        let Plan::New { old, new } = plan else {
+            return Ok(false);
+        };
         let mut buf = vec![0u8; BLOCK];
         if let Err(e) = self.data_read(&mut buf, old * BLOCK as u64) {
             self.lock_meta().unreserve(new);
@@ -174,12 +196,14 @@ impl Pool {
 
     fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
         let f = &self.inner.file;
-        f.write_at(buf, at).map_err(|e| Error::io("write data", f.path(), at, e))
+        f.write_at(buf, at)
+            .map_err(|e| Error::io("write data", f.path(), at, e))
     }
 
     fn data_read(&self, buf: &mut [u8], at: u64) -> Result<()> {
         let f = &self.inner.file;
-        f.read_at(buf, at).map_err(|e| Error::io("read data", f.path(), at, e))
+        f.read_at(buf, at)
+            .map_err(|e| Error::io("read data", f.path(), at, e))
     }
 }
 
@@ -207,7 +231,10 @@ impl Volume {
             (_, Kind::Volume) => Err(Error::VolumeNotFound(self.name.clone())),
             (_, Kind::Snapshot) => {
                 let (v, s) = self.name.split_once('@').unwrap_or((&self.name, ""));
-                Err(Error::SnapshotNotFound { volume: v.into(), snapshot: s.into() })
+                Err(Error::SnapshotNotFound {
+                    volume: v.into(),
+                    snapshot: s.into(),
+                })
             }
         }
     }
@@ -220,7 +247,12 @@ impl Volume {
     fn check_range(&self, size: u64, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= size => Ok(()),
-            _ => Err(Error::OutOfRange { target: self.name.clone(), offset, len, size }),
+            _ => Err(Error::OutOfRange {
+                target: self.name.clone(),
+                offset,
+                len,
+                size,
+            }),
         }
     }
 
@@ -235,7 +267,12 @@ impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let len = buf.len() as u64;
-        let _barrier = self.pool.inner.read_barrier.read().unwrap_or_else(|p| p.into_inner());
+        let _barrier = self
+            .pool
+            .inner
+            .read_barrier
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         let (map, first) = self.pool.with_meta(|m| {
             let (root, levels, size) = self.view(m)?;
             self.check_range(size, offset, len)?;
@@ -250,7 +287,10 @@ impl Volume {
         while i < map.len() {
             // Coalesce runs of physically consecutive blocks into one read.
             let mut j = i + 1;
-            while j < map.len() && (map[i] == 0) == (map[j] == 0) && (map[i] == 0 || map[j] == map[j - 1] + 1) {
+            while j < map.len()
+                && (map[i] == 0) == (map[j] == 0)
+                && (map[i] == 0 || map[j] == map[j - 1] + 1)
+            {
                 j += 1;
             }
             let run_start = ((first + i as u64) * BLOCK as u64).max(offset);
@@ -281,7 +321,8 @@ impl Volume {
             let at = offset + done as u64;
             let in_block = (at % BLOCK as u64) as usize;
             let n = (BLOCK - in_block).min(data.len() - done);
-            self.pool.write_block(self.id, at / BLOCK as u64, &data[done..done + n], in_block)?;
+            self.pool
+                .write_block(self.id, at / BLOCK as u64, &data[done..done + n], in_block)?;
             done += n;
         }
         self.pool.maybe_commit()
@@ -308,17 +349,28 @@ impl Volume {
             let mut at = offset;
             while at < end {
                 let n = (bs - at % bs).min(end - at);
-                self.pool.write_block(self.id, at / bs, &zeros[..n as usize], (at % bs) as usize)?;
+                self.pool.write_block(
+                    self.id,
+                    at / bs,
+                    &zeros[..n as usize],
+                    (at % bs) as usize,
+                )?;
                 at += n;
             }
             return self.pool.maybe_commit();
         }
-        if offset % bs != 0 {
+        if !offset.is_multiple_of(bs) {
             let n = first_full * bs - offset;
-            self.pool.write_block(self.id, offset / bs, &zeros[..n as usize], (offset % bs) as usize)?;
+            self.pool.write_block(
+                self.id,
+                offset / bs,
+                &zeros[..n as usize],
+                (offset % bs) as usize,
+            )?;
         }
-        if end % bs != 0 {
-            self.pool.write_block(self.id, last_full, &zeros[..(end % bs) as usize], 0)?;
+        if !end.is_multiple_of(bs) {
+            self.pool
+                .write_block(self.id, last_full, &zeros[..(end % bs) as usize], 0)?;
         }
         // Whole blocks: visit only the mapped ones, a chunk at a time.
         let chunk = 64 * FANOUT as u64;

@@ -33,5 +33,7 @@ pub use error::{Error, Result};
 pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
 pub use io::Volume;
-pub use ops::{CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE};
+pub use ops::{
+    CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE,
+};
 pub use pool::{FlattenProgress, Pool, PoolOptions};

@@ -77,12 +77,20 @@ impl Meta {
     fn load(&mut self, block: u64, magic: u32) -> Result<()> {
         if let Some(p) = self.cache.get(block) {
             if get_u32(p, 0) != magic {
-                return Err(Error::corrupt(block, "cached page is of another kind (dangling pointer)"));
+                return Err(Error::corrupt(
+                    block,
+                    "cached page is of another kind (dangling pointer)",
+                ));
             }
             return Ok(());
         }
-        if block >= self.sb.total_blocks || is_system_block(block) && magic != MAGIC_RC && magic != MAGIC_SUPER {
-            return Err(Error::corrupt(block, "pointer to a block outside the pool's metadata"));
+        if block >= self.sb.total_blocks
+            || is_system_block(block) && magic != MAGIC_RC && magic != MAGIC_SUPER
+        {
+            return Err(Error::corrupt(
+                block,
+                "pointer to a block outside the pool's metadata",
+            ));
         }
         let mut p = new_page();
         match self.wal_index.get(&block) {
@@ -126,10 +134,15 @@ impl Meta {
     pub fn incref(&mut self, block: u64) -> Result<()> {
         let v = self.rc(block)?;
         if v == 0 || v > RC_MAX {
-            return Err(Error::corrupt(block, format!("incref of a block with refcount {v:#x}")));
+            return Err(Error::corrupt(
+                block,
+                format!("incref of a block with refcount {v:#x}"),
+            ));
         }
         if v == RC_MAX {
-            return Err(Error::Conflict(format!("block {block} is shared {RC_MAX} times, the limit")));
+            return Err(Error::Conflict(format!(
+                "block {block} is shared {RC_MAX} times, the limit"
+            )));
         }
         self.set_rc(block, v + 1)
     }
@@ -138,7 +151,10 @@ impl Meta {
     pub fn decref(&mut self, block: u64) -> Result<u32> {
         let v = self.rc(block)?;
         if v == 0 || v > RC_MAX {
-            return Err(Error::corrupt(block, format!("decref of a block with refcount {v:#x}")));
+            return Err(Error::corrupt(
+                block,
+                format!("decref of a block with refcount {v:#x}"),
+            ));
         }
         self.set_rc(block, v - 1)?;
         Ok(v - 1)
@@ -163,7 +179,9 @@ impl Meta {
             let p = self.cache.get(rcb).expect("loaded");
             let found = (0..GROUP).find(|&i| {
                 let b = g * GROUP + i;
-                rc::get(p, i as usize) == 0 && !self.unavailable.contains(&b) && !self.reserved.contains(&b)
+                rc::get(p, i as usize) == 0
+                    && !self.unavailable.contains(&b)
+                    && !self.reserved.contains(&b)
             });
             match found {
                 Some(i) => {
@@ -177,7 +195,10 @@ impl Meta {
     }
 
     fn no_space(&self, detail: String) -> Error {
-        Error::NoSpace { path: self.pool.path().to_path_buf(), detail }
+        Error::NoSpace {
+            path: self.pool.path().to_path_buf(),
+            detail,
+        }
     }
 
     /// Add one group to the pool; returns its first free block.
@@ -270,7 +291,11 @@ impl Meta {
             pages.push((block, page));
             seqs.push((block, seq));
         }
-        Ok(Collected { pages, seqs, freed: std::mem::take(&mut self.freed) })
+        Ok(Collected {
+            pages,
+            seqs,
+            freed: std::mem::take(&mut self.freed),
+        })
     }
 
     /// The log holds the transaction: remember where, and mark pages clean.

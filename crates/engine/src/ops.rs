@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::pool::{now_ns, Pool};
 use crate::tree::levels_for;
+use std::collections::HashMap;
 
 /// Largest volume: 2^56 bytes (64 PiB).
 pub const MAX_VOLUME_SIZE: u64 = 1 << 56;
@@ -127,15 +128,28 @@ impl Pool {
         }
     }
 
-    fn snapshot_info(&self, m: &crate::meta::Meta, s: &SnapshotRec) -> SnapshotInfo {
-        let mut children: Vec<String> = m
-            .catalog
-            .snapshots_of(s.volume)
-            .into_iter()
-            .filter(|c| c.parent == s.id)
-            .map(|c| c.name.clone())
-            .collect();
-        children.sort();
+    /// Names of each snapshot's children, for the snapshots of `vols`, in one pass.
+    fn children_of(m: &crate::meta::Meta, vol: Option<u64>) -> HashMap<u64, Vec<String>> {
+        let mut children: HashMap<u64, Vec<String>> = HashMap::new();
+        let snaps: Vec<&SnapshotRec> = match vol {
+            Some(v) => m.catalog.snapshots_of(v),
+            None => m.catalog.snapshots().collect(),
+        };
+        for c in snaps {
+            children.entry(c.parent).or_default().push(c.name.clone());
+        }
+        for v in children.values_mut() {
+            v.sort();
+        }
+        children
+    }
+
+    fn snapshot_info(
+        &self,
+        m: &crate::meta::Meta,
+        s: &SnapshotRec,
+        children: &HashMap<u64, Vec<String>>,
+    ) -> SnapshotInfo {
         SnapshotInfo {
             id: s.id,
             volume: m.catalog.volume(s.volume).name.clone(),
@@ -143,7 +157,7 @@ impl Pool {
             restore_size: s.size,
             created: s.created,
             parent: m.catalog.snapshot(s.parent).map(|p| p.name.clone()),
-            children,
+            children: children.get(&s.id).cloned().unwrap_or_default(),
             system: s.system,
             labels: s.labels.clone(),
             allocated_bytes: s.mapped * BLOCK as u64,
@@ -188,7 +202,11 @@ impl Pool {
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
         let m = self.lock_meta();
-        let mut v: Vec<VolumeInfo> = m.catalog.volumes().map(|v| self.volume_info(&m, v)).collect();
+        let mut v: Vec<VolumeInfo> = m
+            .catalog
+            .volumes()
+            .map(|v| self.volume_info(&m, v))
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
@@ -261,7 +279,12 @@ impl Pool {
     }
 
     /// Take a snapshot: O(1), whatever the volume's size or snapshot count.
-    pub fn create_snapshot(&self, volume: &str, name: &str, labels: &[(String, String)]) -> Result<SnapshotInfo> {
+    pub fn create_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<SnapshotInfo> {
         self.snapshot_inner(volume, name, labels, false)
     }
 
@@ -280,7 +303,10 @@ impl Pool {
         let info = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
             if m.catalog.has_snapshot(vid, name) {
-                return Err(Error::SnapshotExists { volume: volume.into(), snapshot: name.into() });
+                return Err(Error::SnapshotExists {
+                    volume: volume.into(),
+                    snapshot: name.into(),
+                });
             }
             let v = m.catalog.volume(vid).clone();
             let id = m.sb.next_id;
@@ -303,7 +329,7 @@ impl Pool {
                 m.incref(v.root)?;
             }
             m.catalog.volume_mut(vid).parent = id;
-            Ok(self.snapshot_info(m, &rec))
+            Ok(self.snapshot_info(m, &rec, &HashMap::new()))
         })?;
         self.commit()?;
         Ok(info)
@@ -313,15 +339,21 @@ impl Pool {
         let m = self.lock_meta();
         let vid = m.catalog.volume_id(volume)?;
         let sid = m.catalog.snapshot_id(vid, name)?;
-        Ok(self.snapshot_info(&m, m.catalog.snapshot(sid).expect("indexed")))
+        let children = Self::children_of(&m, Some(vid));
+        Ok(self.snapshot_info(&m, m.catalog.snapshot(sid).expect("indexed"), &children))
     }
 
     /// A volume's snapshots, oldest first.
     pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
         let m = self.lock_meta();
         let vid = m.catalog.volume_id(volume)?;
-        let mut v: Vec<SnapshotInfo> =
-            m.catalog.snapshots_of(vid).into_iter().map(|s| self.snapshot_info(&m, s)).collect();
+        let children = Self::children_of(&m, Some(vid));
+        let mut v: Vec<SnapshotInfo> = m
+            .catalog
+            .snapshots_of(vid)
+            .into_iter()
+            .map(|s| self.snapshot_info(&m, s, &children))
+            .collect();
         v.sort_by_key(|s| s.id);
         Ok(v)
     }
@@ -329,7 +361,12 @@ impl Pool {
     /// Every snapshot in the pool, oldest first.
     pub fn list_all_snapshots(&self) -> Vec<SnapshotInfo> {
         let m = self.lock_meta();
-        let mut v: Vec<SnapshotInfo> = m.catalog.snapshots().map(|s| self.snapshot_info(&m, s)).collect();
+        let children = Self::children_of(&m, None);
+        let mut v: Vec<SnapshotInfo> = m
+            .catalog
+            .snapshots()
+            .map(|s| self.snapshot_info(&m, s, &children))
+            .collect();
         v.sort_by_key(|s| s.id);
         v
     }
@@ -347,12 +384,21 @@ impl Pool {
         let sgate = self.gate(sid);
         let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
         self.with_meta(|m| {
-            let s = m.catalog.snapshot(sid).cloned().ok_or_else(|| Error::SnapshotNotFound {
-                volume: volume.into(),
-                snapshot: name.into(),
-            })?;
-            let children: Vec<u64> =
-                m.catalog.snapshots_of(vid).iter().filter(|c| c.parent == sid).map(|c| c.id).collect();
+            let s = m
+                .catalog
+                .snapshot(sid)
+                .cloned()
+                .ok_or_else(|| Error::SnapshotNotFound {
+                    volume: volume.into(),
+                    snapshot: name.into(),
+                })?;
+            let children: Vec<u64> = m
+                .catalog
+                .snapshots_of(vid)
+                .iter()
+                .filter(|c| c.parent == sid)
+                .map(|c| c.id)
+                .collect();
             for c in children {
                 m.catalog.snapshot_mut(c).parent = s.parent;
             }
@@ -379,10 +425,14 @@ impl Pool {
         let gate = self.gate(vid);
         let _g = gate.write().unwrap_or_else(|p| p.into_inner());
         let info = self.with_meta(|m| {
-            let s = m.catalog.snapshot(sid).cloned().ok_or_else(|| Error::SnapshotNotFound {
-                volume: volume.into(),
-                snapshot: snapshot.into(),
-            })?;
+            let s = m
+                .catalog
+                .snapshot(sid)
+                .cloned()
+                .ok_or_else(|| Error::SnapshotNotFound {
+                    volume: volume.into(),
+                    snapshot: snapshot.into(),
+                })?;
             if s.root != 0 {
                 m.incref(s.root)?;
             }
@@ -403,7 +453,12 @@ impl Pool {
 
     /// A linked clone: a new volume sharing every block with the snapshot,
     /// made in O(1).
-    pub fn clone_snapshot(&self, volume: &str, snapshot: &str, new_name: &str) -> Result<VolumeInfo> {
+    pub fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        new_name: &str,
+    ) -> Result<VolumeInfo> {
         check_name(new_name)?;
         let info = self.with_meta(|m| {
             let vid = m.catalog.volume_id(volume)?;
@@ -422,7 +477,12 @@ impl Pool {
                 created: now_ns(),
                 parent: 0,
                 mapped: s.mapped,
-                origin: Some(Origin { volume: vid, snapshot: sid, root: s.root, levels: s.levels }),
+                origin: Some(Origin {
+                    volume: vid,
+                    snapshot: sid,
+                    root: s.root,
+                    levels: s.levels,
+                }),
                 flattening: false,
             };
             m.create_record(Record::Volume(rec.clone()))?;

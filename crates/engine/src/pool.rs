@@ -130,7 +130,10 @@ impl Pool {
     pub fn create(backend: Arc<dyn Backend>, opts: PoolOptions) -> Result<Pool> {
         let loc = backend.location().to_path_buf();
         if backend.exists(POOL_FILE) {
-            return Err(Error::Conflict(format!("{} already holds a pool", loc.display())));
+            return Err(Error::Conflict(format!(
+                "{} already holds a pool",
+                loc.display()
+            )));
         }
         if opts.max_bytes != 0 && opts.max_bytes < 4 * GROUP * BLOCK as u64 {
             return Err(Error::InvalidArgument(format!(
@@ -140,9 +143,13 @@ impl Pool {
         }
         let io = |op, e| Error::io(op, &loc, 0, e);
         let pool_id = random_id();
-        let walf = backend.open(WAL_FILE, true).map_err(|e| io("create log", e))?;
+        let walf = backend
+            .open(WAL_FILE, true)
+            .map_err(|e| io("create log", e))?;
         Wal::create(walf, pool_id, opts.wal_bytes)?;
-        let file = backend.open(POOL_FILE, true).map_err(|e| io("create pool file", e))?;
+        let file = backend
+            .open(POOL_FILE, true)
+            .map_err(|e| io("create pool file", e))?;
         let sb = Superblock {
             pool_id,
             total_blocks: GROUP,
@@ -179,18 +186,27 @@ impl Pool {
                 detail: format!("no {POOL_FILE} and {WAL_FILE} here (create a pool first)"),
             });
         }
-        let file = backend.open(POOL_FILE, false).map_err(|e| Error::io("open", &loc, 0, e))?;
-        let walf = backend.open(WAL_FILE, false).map_err(|e| Error::io("open", &loc, 0, e))?;
+        let file = backend
+            .open(POOL_FILE, false)
+            .map_err(|e| Error::io("open", &loc, 0, e))?;
+        let walf = backend
+            .open(WAL_FILE, false)
+            .map_err(|e| Error::io("open", &loc, 0, e))?;
         let mut magic = [0u8; 8];
-        file.read_at(&mut magic, 0).map_err(|e| Error::io("read", file.path(), 0, e))?;
+        file.read_at(&mut magic, 0)
+            .map_err(|e| Error::io("read", file.path(), 0, e))?;
         if magic[..4] != MAGIC_SUPER.to_le_bytes() {
-            return Err(Error::NotAPool { path: file.path().to_path_buf(), detail: "no Lamina superblock".into() });
+            return Err(Error::NotAPool {
+                path: file.path().to_path_buf(),
+                detail: "no Lamina superblock".into(),
+            });
         }
         let (mut wal, replay) = Wal::open(walf.clone(), opts.wal_bytes)?;
         tracing::info!(pool = %loc.display(), transactions = replay.transactions, pages = replay.index.len(), "replaying log");
         wal.checkpoint(&replay.index, file.as_ref())?;
         let mut p = new_page();
-        file.read_at(&mut p[..], 0).map_err(|e| Error::io("read superblock", file.path(), 0, e))?;
+        file.read_at(&mut p[..], 0)
+            .map_err(|e| Error::io("read superblock", file.path(), 0, e))?;
         let sb = Superblock::decode(&p)?;
         if sb.pool_id != wal.pool_id() {
             return Err(Error::NotAPool {
@@ -198,9 +214,20 @@ impl Pool {
                 detail: "the log belongs to another pool".into(),
             });
         }
-        let mut meta = Meta::new(sb, opts.cache_bytes / BLOCK, HashMap::new(), file.clone(), walf);
+        let mut meta = Meta::new(
+            sb,
+            opts.cache_bytes / BLOCK,
+            HashMap::new(),
+            file.clone(),
+            walf,
+        );
         meta.load_catalog()?;
-        let flattening: Vec<u64> = meta.catalog.volumes().filter(|v| v.flattening).map(|v| v.id).collect();
+        let flattening: Vec<u64> = meta
+            .catalog
+            .volumes()
+            .filter(|v| v.flattening)
+            .map(|v| v.id)
+            .collect();
         let inner = Arc::new(Inner {
             backend,
             meta: Mutex::new(meta),
@@ -256,7 +283,13 @@ impl Pool {
     }
 
     pub(crate) fn gate(&self, id: u64) -> Arc<RwLock<()>> {
-        self.inner.gates.lock().unwrap().entry(id).or_default().clone()
+        self.inner
+            .gates
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .clone()
     }
 
     pub(crate) fn drop_gate(&self, id: u64) {
@@ -264,8 +297,11 @@ impl Pool {
     }
 
     pub(crate) fn stripe(&self, vol: u64, idx: u64) -> MutexGuard<'_, ()> {
-        let h = (vol.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) >> 32;
-        self.inner.stripes[(h as usize) % STRIPES].lock().unwrap_or_else(|p| p.into_inner())
+        let h = (vol.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+            >> 32;
+        self.inner.stripes[(h as usize) % STRIPES]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Make every acknowledged write and metadata change durable.
@@ -312,11 +348,17 @@ impl Pool {
         }
         let (now, later): (Vec<u64>, Vec<u64>) = {
             let m = self.lock_meta();
-            freed.into_iter().partition(|b| !m.wal_index.contains_key(b))
+            freed
+                .into_iter()
+                .partition(|b| !m.wal_index.contains_key(b))
         };
         self.inner.awaiting_checkpoint.lock().unwrap().extend(later);
         self.punch(&now);
-        let _barrier = self.inner.read_barrier.write().unwrap_or_else(|p| p.into_inner());
+        let _barrier = self
+            .inner
+            .read_barrier
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         self.lock_meta().release(&now);
     }
 
@@ -343,7 +385,11 @@ impl Pool {
         self.lock_meta().wal_index.clear();
         let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
         self.punch(&held);
-        let _barrier = self.inner.read_barrier.write().unwrap_or_else(|p| p.into_inner());
+        let _barrier = self
+            .inner
+            .read_barrier
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         self.lock_meta().release(&held);
         Ok(())
     }

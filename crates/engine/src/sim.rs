@@ -27,7 +27,10 @@ impl Image {
             let at = offset + done as u64;
             let (ci, co) = (at / CHUNK, (at % CHUNK) as usize);
             let n = (CHUNK as usize - co).min(buf.len() - done);
-            let chunk = self.chunks.entry(ci).or_insert_with(|| Box::new([0; CHUNK as usize]));
+            let chunk = self
+                .chunks
+                .entry(ci)
+                .or_insert_with(|| Box::new([0; CHUNK as usize]));
             chunk[co..co + n].copy_from_slice(&buf[done..done + n]);
             done += n;
         }
@@ -196,7 +199,8 @@ impl SimBackend {
     /// Make the `n`-th mutating operation from now (1-based) and every one
     /// after it fail. `None` disarms.
     pub fn fail_after(&self, n: Option<u64>) {
-        self.budget.store(n.map(|n| n as i64).unwrap_or(-1), Ordering::SeqCst);
+        self.budget
+            .store(n.map(|n| n as i64).unwrap_or(-1), Ordering::SeqCst);
     }
 
     /// Mutating operations left before the armed failure (None if disarmed).
@@ -261,7 +265,12 @@ impl SimBackend {
 
     /// Length of a file.
     pub fn file_len(&self, name: &str) -> u64 {
-        self.files.lock().unwrap().get(name).map(|f| f.state.lock().unwrap().current.len).unwrap_or(0)
+        self.files
+            .lock()
+            .unwrap()
+            .get(name)
+            .map(|f| f.state.lock().unwrap().current.len)
+            .unwrap_or(0)
     }
 
     /// Flip bits of a byte in a file, as media corruption would.
@@ -292,7 +301,10 @@ impl Backend for SimBackend {
             return Ok(f.clone());
         }
         if !create {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name}: not found")));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{name}: not found"),
+            ));
         }
         let f = Arc::new(SimFile {
             path: self.dir.join(name),

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// One file of a pool.
+#[allow(clippy::len_without_is_empty)]
 pub trait BlockFile: Send + Sync {
     /// Where the file lives, for error messages.
     fn path(&self) -> &Path;
@@ -85,7 +86,14 @@ pub struct OsFile {
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: fallocate only reads its integer arguments; the descriptor is
     // owned by `file`, which outlives the call.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {
@@ -123,7 +131,12 @@ impl BlockFile for OsFile {
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        match fallocate(&self.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match fallocate(
+            &self.file,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
             Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                 // A filesystem without hole punching: write zeros instead so
                 // freed data never leaks into a later allocation.

@@ -43,7 +43,10 @@ impl Meta {
         if node::level(p) != level {
             return Err(Error::corrupt(
                 block,
-                format!("node of level {} where level {level} was expected", node::level(p)),
+                format!(
+                    "node of level {} where level {level} was expected",
+                    node::level(p)
+                ),
             ));
         }
         let mut e = Box::new([0u64; FANOUT]);
@@ -72,7 +75,13 @@ impl Meta {
     /// The leaf node holding `idx` (0 if none) and whether the path to it
     /// (leaf included) is referenced only once, i.e. writable in place.
     /// With `check` false, exclusivity is not computed (and reported true).
-    pub fn tree_leaf(&mut self, root: u64, levels: u8, idx: u64, check: bool) -> Result<(u64, bool)> {
+    pub fn tree_leaf(
+        &mut self,
+        root: u64,
+        levels: u8,
+        idx: u64,
+        check: bool,
+    ) -> Result<(u64, bool)> {
         let mut b = root;
         let mut exclusive = true;
         for l in (0..levels).rev() {
@@ -210,7 +219,10 @@ impl Meta {
         while n < budget && self.sb.dead_head != 0 {
             let b = self.sb.dead_head;
             if self.rc(b)? != RC_DEAD {
-                return Err(Error::corrupt(b, "node on the dead list is not marked dead"));
+                return Err(Error::corrupt(
+                    b,
+                    "node on the dead list is not marked dead",
+                ));
             }
             let p = self.page(b, MAGIC_NODE)?;
             let (next, level) = (node::next_dead(p), node::level(p));
@@ -249,7 +261,15 @@ impl Meta {
         Ok(())
     }
 
-    fn walk_rec(&mut self, b: u64, level: u8, base: u64, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u64)) -> Result<()> {
+    fn walk_rec(
+        &mut self,
+        b: u64,
+        level: u8,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
         let entries = self.node_entries(b, level)?;
         let sp = span(level);
         for (i, &e) in entries.iter().enumerate() {
@@ -281,9 +301,15 @@ impl Meta {
 
     fn child(s: Sub, level: u8, e: u64) -> Sub {
         if s.level == level {
-            Sub { block: e, level: level.saturating_sub(1) }
+            Sub {
+                block: e,
+                level: level.saturating_sub(1),
+            }
         } else {
-            Sub { block: e, level: s.level }
+            Sub {
+                block: e,
+                level: s.level,
+            }
         }
     }
 
@@ -302,8 +328,14 @@ impl Meta {
         f: &mut dyn FnMut(u64, u64, u64),
     ) -> Result<()> {
         let top = la.max(lb) - 1;
-        let a = Sub { block: ra, level: la - 1 };
-        let b = Sub { block: rb, level: lb - 1 };
+        let a = Sub {
+            block: ra,
+            level: la - 1,
+        };
+        let b = Sub {
+            block: rb,
+            level: lb - 1,
+        };
         self.compare_rec(a, b, top, 0, lo, hi, want_equal, f)
     }
 
@@ -377,7 +409,9 @@ impl Meta {
     pub fn tree_grow(&mut self, root: &mut u64, levels: &mut u8, blocks: u64) -> Result<()> {
         let want = levels_for(blocks);
         if want > MAX_LEVELS {
-            return Err(Error::InvalidArgument(format!("{blocks} blocks exceed the largest volume")));
+            return Err(Error::InvalidArgument(format!(
+                "{blocks} blocks exceed the largest volume"
+            )));
         }
         while *levels < want {
             if *root != 0 {

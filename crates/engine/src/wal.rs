@@ -59,7 +59,14 @@ impl Wal {
     }
 
     pub fn create(file: Arc<dyn BlockFile>, pool_id: [u8; 16], capacity: u64) -> Result<Wal> {
-        let mut wal = Wal { file, pool_id, next_txn: 1, pos: WAL_START, header_seq: 0, capacity };
+        let mut wal = Wal {
+            file,
+            pool_id,
+            next_txn: 1,
+            pos: WAL_START,
+            header_seq: 0,
+            capacity,
+        };
         wal.file
             .allocate(0, capacity)
             .map_err(|e| Error::io("preallocate log", wal.file.path(), 0, e))?;
@@ -92,7 +99,8 @@ impl Wal {
         let mut best: Option<(u64, u64, [u8; 16])> = None; // (seq, start txn, pool id)
         for slot in SLOTS {
             let mut h = [0u8; 64];
-            file.read_at(&mut h, slot).map_err(|e| Error::io("read log header", file.path(), slot, e))?;
+            file.read_at(&mut h, slot)
+                .map_err(|e| Error::io("read log header", file.path(), slot, e))?;
             if get_u32(&h, 0) != WAL_MAGIC || get_u32(&h, 4) != frame_crc(&h, None) {
                 continue;
             }
@@ -105,7 +113,14 @@ impl Wal {
             path: file.path().to_path_buf(),
             detail: "no valid log header for this pool".into(),
         })?;
-        let mut wal = Wal { file, pool_id, next_txn: start, pos: WAL_START, header_seq, capacity };
+        let mut wal = Wal {
+            file,
+            pool_id,
+            next_txn: start,
+            pos: WAL_START,
+            header_seq,
+            capacity,
+        };
         let replay = wal.scan()?;
         Ok((wal, replay))
     }
@@ -115,18 +130,28 @@ impl Wal {
         let mut pending: Vec<(u64, u64)> = Vec::new();
         let mut pos = WAL_START;
         let mut transactions = 0;
-        let end = self.file.len().map_err(|e| Error::io("stat log", self.file.path(), 0, e))?;
+        let end = self
+            .file
+            .len()
+            .map_err(|e| Error::io("stat log", self.file.path(), 0, e))?;
         let mut page = vec![0u8; BLOCK];
         while pos + FRAME_HEADER as u64 <= end {
             let mut h = [0u8; FRAME_HEADER];
-            self.file.read_at(&mut h, pos).map_err(|e| Error::io("read log", self.file.path(), pos, e))?;
-            if get_u32(&h, 0) != FRAME_MAGIC || get_u64(&h, 8) != self.next_txn || h[32..48] != self.pool_id {
+            self.file
+                .read_at(&mut h, pos)
+                .map_err(|e| Error::io("read log", self.file.path(), pos, e))?;
+            if get_u32(&h, 0) != FRAME_MAGIC
+                || get_u64(&h, 8) != self.next_txn
+                || h[32..48] != self.pool_id
+            {
                 break;
             }
             match h[24] {
                 KIND_PAGE => {
                     let at = pos + FRAME_HEADER as u64;
-                    self.file.read_at(&mut page, at).map_err(|e| Error::io("read log", self.file.path(), at, e))?;
+                    self.file
+                        .read_at(&mut page, at)
+                        .map_err(|e| Error::io("read log", self.file.path(), at, e))?;
                     if get_u32(&h, 4) != frame_crc(&h, Some(&page)) {
                         break;
                     }
@@ -134,7 +159,9 @@ impl Wal {
                     pos = at + BLOCK as u64;
                 }
                 KIND_COMMIT => {
-                    if get_u32(&h, 4) != frame_crc(&h, None) || get_u32(&h, 28) as usize != pending.len() {
+                    if get_u32(&h, 4) != frame_crc(&h, None)
+                        || get_u32(&h, 28) as usize != pending.len()
+                    {
                         break;
                     }
                     index.extend(pending.drain(..));
@@ -146,7 +173,10 @@ impl Wal {
                 _ => break,
             }
         }
-        Ok(Replay { index, transactions })
+        Ok(Replay {
+            index,
+            transactions,
+        })
     }
 
     /// Append one transaction and make it durable. Returns the log offset of
@@ -203,9 +233,11 @@ impl Wal {
         for (&block, &off) in entries {
             self.read_image(off, &mut page)?;
             let at = block * BLOCK as u64;
-            pool.write_at(&page[..], at).map_err(|e| Error::io("write page home", pool.path(), at, e))?;
+            pool.write_at(&page[..], at)
+                .map_err(|e| Error::io("write page home", pool.path(), at, e))?;
         }
-        pool.sync().map_err(|e| Error::io("sync pool", pool.path(), 0, e))?;
+        pool.sync()
+            .map_err(|e| Error::io("sync pool", pool.path(), 0, e))?;
         self.write_header()?;
         self.pos = WAL_START;
         Ok(())

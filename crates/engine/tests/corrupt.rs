@@ -12,7 +12,11 @@ use proptest::prelude::*;
 use std::sync::Arc;
 
 fn opts() -> PoolOptions {
-    PoolOptions { background: false, cache_bytes: 64 * 4096, ..PoolOptions::default() }
+    PoolOptions {
+        background: false,
+        cache_bytes: 64 * 4096,
+        ..PoolOptions::default()
+    }
 }
 
 /// A small pool with volumes, snapshots and a clone, closed cleanly.
@@ -28,7 +32,8 @@ fn sample() -> (Arc<SimBackend>, Model) {
         h.write(b * BS, &d).unwrap();
         m.write(b * BS, &d);
     }
-    pool.create_snapshot("v", "s", &[("app".into(), "db".into())]).unwrap();
+    pool.create_snapshot("v", "s", &[("app".into(), "db".into())])
+        .unwrap();
     model.snaps.insert(("v".into(), "s".into()), m.clone());
     pool.clone_snapshot("v", "s", "c").unwrap();
     model.vols.insert("c".into(), m.clone());
@@ -55,7 +60,10 @@ fn exercise(backend: Arc<SimBackend>) -> Result<(), Error> {
         }
     }
     if !report.is_ok() {
-        return Err(Error::Corrupt { block: 0, detail: report.problems.join("; ") });
+        return Err(Error::Corrupt {
+            block: 0,
+            detail: report.problems.join("; "),
+        });
     }
     pool.abandon();
     Ok(())
@@ -72,7 +80,10 @@ fn foreign_files_are_refused_clearly() {
     assert!(e.to_string().contains("not a Lamina pool"), "{e}");
     // Creating over an existing pool is refused too.
     let d2 = tempfile::tempdir().unwrap();
-    Pool::create_dir(d2.path(), opts()).unwrap().close().unwrap();
+    Pool::create_dir(d2.path(), opts())
+        .unwrap()
+        .close()
+        .unwrap();
     assert!(Pool::create_dir(d2.path(), opts()).is_err());
 }
 
@@ -111,10 +122,19 @@ fn every_metadata_bit_flip_is_detected() {
         // Read through a pool-less path: the raw file.
         {
             use lamina_engine::storage::Backend;
-            fresh.open("pool.lam", false).unwrap().read_at(&mut page, block * BS).unwrap();
+            fresh
+                .open("pool.lam", false)
+                .unwrap()
+                .read_at(&mut page, block * BS)
+                .unwrap();
         }
-        let is_meta = [format::MAGIC_NODE, format::MAGIC_RC, format::MAGIC_RECORD, format::MAGIC_SUPER]
-            .contains(&format::get_u32(&page, 0));
+        let is_meta = [
+            format::MAGIC_NODE,
+            format::MAGIC_RC,
+            format::MAGIC_RECORD,
+            format::MAGIC_SUPER,
+        ]
+        .contains(&format::get_u32(&page, 0));
         fresh.corrupt("pool.lam", block * BS + 100);
         let r = exercise(fresh.clone());
         if is_meta {
@@ -130,7 +150,10 @@ fn every_metadata_bit_flip_is_detected() {
             }
         }
     }
-    assert!(flips > 5 && detected > 5, "{detected} of {flips} metadata flips detected");
+    assert!(
+        flips > 5 && detected > 5,
+        "{detected} of {flips} metadata flips detected"
+    );
 }
 
 #[test]

@@ -49,8 +49,17 @@ fn write(vol: &'static str, blocks: &'static [u64], seed: u8, delta: u64) -> Ste
     }
 }
 
-fn step(name: &'static str, engine: impl Fn(&Pool) -> Result<()> + 'static, model: impl Fn(&mut Model) + 'static) -> Step {
-    Step { name, commits: true, engine: Box::new(engine), model: Box::new(model) }
+fn step(
+    name: &'static str,
+    engine: impl Fn(&Pool) -> Result<()> + 'static,
+    model: impl Fn(&mut Model) + 'static,
+) -> Step {
+    Step {
+        name,
+        commits: true,
+        engine: Box::new(engine),
+        model: Box::new(model),
+    }
 }
 
 fn snap_of(m: &Model, v: &str) -> MVol {
@@ -62,15 +71,23 @@ fn snap_of(m: &Model, v: &str) -> MVol {
 fn script() -> Vec<Step> {
     let k = |a: &str, b: &str| (a.to_string(), b.to_string());
     vec![
-        step("create a", |p| p.create_volume("a", BIG).map(drop), |m| {
-            m.vols.insert("a".into(), MVol::new(BIG));
-        }),
+        step(
+            "create a",
+            |p| p.create_volume("a", BIG).map(drop),
+            |m| {
+                m.vols.insert("a".into(), MVol::new(BIG));
+            },
+        ),
         write("a", &[0, 1, 2, 503, 504, 100_000, 262_143], 1, 0),
         step("flush", |p| p.commit(), |_| {}),
-        step("snapshot a@s1", |p| p.create_snapshot("a", "s1", &[]).map(drop), move |m| {
-            let s = snap_of(m, "a");
-            m.snaps.insert(k("a", "s1"), s);
-        }),
+        step(
+            "snapshot a@s1",
+            |p| p.create_snapshot("a", "s1", &[]).map(drop),
+            move |m| {
+                let s = snap_of(m, "a");
+                m.snaps.insert(k("a", "s1"), s);
+            },
+        ),
         write("a", &[1, 504, 100_001], 2, 7),
         Step {
             name: "trim",
@@ -78,36 +95,64 @@ fn script() -> Vec<Step> {
             engine: Box::new(|p| p.open_volume("a")?.trim(0, 3 * BS)),
             model: Box::new(|m| m.vols.get_mut("a").unwrap().zero(0, 3 * BS)),
         },
-        step("clone a@s1 -> b", |p| p.clone_snapshot("a", "s1", "b").map(drop), move |m| {
-            let mut c = m.snaps[&k("a", "s1")].clone();
-            c.clone = true;
-            m.vols.insert("b".into(), c);
-        }),
+        step(
+            "clone a@s1 -> b",
+            |p| p.clone_snapshot("a", "s1", "b").map(drop),
+            move |m| {
+                let mut c = m.snaps[&k("a", "s1")].clone();
+                c.clone = true;
+                m.vols.insert("b".into(), c);
+            },
+        ),
         write("b", &[2, 505, 262_142], 3, 100),
-        step("snapshot b@t1", |p| p.create_snapshot("b", "t1", &[]).map(drop), move |m| {
-            let s = snap_of(m, "b");
-            m.snaps.insert(k("b", "t1"), s);
-        }),
+        step(
+            "snapshot b@t1",
+            |p| p.create_snapshot("b", "t1", &[]).map(drop),
+            move |m| {
+                let s = snap_of(m, "b");
+                m.snaps.insert(k("b", "t1"), s);
+            },
+        ),
         step("flatten b", |p| p.flatten("b").map(drop), |_| {}),
-        step("delete a@s1", |p| p.delete_snapshot("a", "s1"), move |m| {
-            m.snaps.remove(&k("a", "s1"));
-        }),
+        step(
+            "delete a@s1",
+            |p| p.delete_snapshot("a", "s1"),
+            move |m| {
+                m.snaps.remove(&k("a", "s1"));
+            },
+        ),
         step("reclaim", |p| p.reclaim_all().map(drop), |_| {}),
-        step("snapshot a@s2", |p| p.create_snapshot("a", "s2", &[]).map(drop), move |m| {
-            let s = snap_of(m, "a");
-            m.snaps.insert(k("a", "s2"), s);
-        }),
+        step(
+            "snapshot a@s2",
+            |p| p.create_snapshot("a", "s2", &[]).map(drop),
+            move |m| {
+                let s = snap_of(m, "a");
+                m.snaps.insert(k("a", "s2"), s);
+            },
+        ),
         write("a", &[0, 9, 504], 4, 0),
-        step("revert a to s2", |p| p.revert_volume("a", "s2").map(drop), move |m| {
-            let s = m.snaps[&k("a", "s2")].clone();
-            *m.vols.get_mut("a").unwrap() = s;
-        }),
-        step("expand a", |p| p.expand_volume("a", 300 * BIG).map(drop), |m| m.vols.get_mut("a").unwrap().size = 300 * BIG),
+        step(
+            "revert a to s2",
+            |p| p.revert_volume("a", "s2").map(drop),
+            move |m| {
+                let s = m.snaps[&k("a", "s2")].clone();
+                *m.vols.get_mut("a").unwrap() = s;
+            },
+        ),
+        step(
+            "expand a",
+            |p| p.expand_volume("a", 300 * BIG).map(drop),
+            |m| m.vols.get_mut("a").unwrap().size = 300 * BIG,
+        ),
         write("a", &[78_000_000], 5, 0),
-        step("delete b", |p| p.delete_volume("b", true), |m| {
-            m.vols.remove("b");
-            m.snaps.retain(|(v, _), _| v != "b");
-        }),
+        step(
+            "delete b",
+            |p| p.delete_volume("b", true),
+            |m| {
+                m.vols.remove("b");
+                m.snaps.retain(|(v, _), _| v != "b");
+            },
+        ),
         step("reclaim", |p| p.reclaim_all().map(drop), |_| {}),
         step("checkpoint", |p| p.checkpoint(), |_| {}),
     ]
@@ -128,7 +173,13 @@ fn differing(a: &Model, b: &Model) -> BTreeSet<(String, u64)> {
 }
 
 fn opts() -> PoolOptions {
-    PoolOptions { cache_bytes: 64 * 4096, wal_bytes: 256 << 10, max_dirty_pages: usize::MAX, max_bytes: 0, background: false }
+    PoolOptions {
+        cache_bytes: 64 * 4096,
+        wal_bytes: 256 << 10,
+        max_dirty_pages: usize::MAX,
+        max_bytes: 0,
+        background: false,
+    }
 }
 
 /// Run the script with the disk failing from mutating operation `fail_at`
@@ -152,7 +203,11 @@ fn run(fail_at: Option<u64>, crash_seed: Option<u64>) -> (u64, Option<&'static s
                 }
             }
             Err(e) => {
-                assert!(fail_at.is_some(), "step {} failed with no failure injected: {e}", s.name);
+                assert!(
+                    fail_at.is_some(),
+                    "step {} failed with no failure injected: {e}",
+                    s.name
+                );
                 let mut a = model.clone();
                 (s.model)(&mut a);
                 // Blocks written since the last commit (or by the failed
@@ -183,16 +238,25 @@ fn run(fail_at: Option<u64>, crash_seed: Option<u64>) -> (u64, Option<&'static s
     let pool = Pool::open(backend.clone(), opts())
         .unwrap_or_else(|e| panic!("reopen after failure at op {fail_at:?} in {failed:?}: {e}"));
     let report = pool.check().unwrap();
-    assert!(report.is_ok(), "fail at op {fail_at:?} in {failed:?}: check: {:?}", report.problems);
+    assert!(
+        report.is_ok(),
+        "fail at op {fail_at:?} in {failed:?}: check: {:?}",
+        report.problems
+    );
     let before = durable.compare(&pool, &unflushed);
     let after_ok = after.as_ref().map(|a| a.compare(&pool, &BTreeSet::new()));
     match (before, after_ok) {
         (Ok(()), _) | (_, Some(Ok(()))) => {}
-        (Err(b), a) => panic!("fail at op {fail_at:?} in {failed:?}: state is neither before ({b}) nor after ({a:?})"),
+        (Err(b), a) => panic!(
+            "fail at op {fail_at:?} in {failed:?}: state is neither before ({b}) nor after ({a:?})"
+        ),
     }
     // The recovered pool keeps working.
     pool.create_volume("after-crash", 1 << 20).unwrap();
-    pool.open_volume("after-crash").unwrap().write(0, &[7; 4096]).unwrap();
+    pool.open_volume("after-crash")
+        .unwrap()
+        .write(0, &[7; 4096])
+        .unwrap();
     pool.close().unwrap();
     (ops, failed)
 }

@@ -54,7 +54,9 @@ fn state_at(g: u64) -> HashMap<u64, u64> {
 /// Entry point of the child process; a no-op when run as an ordinary test.
 #[test]
 fn child_process_workload() {
-    let Ok(dir) = std::env::var(ENV_DIR) else { return };
+    let Ok(dir) = std::env::var(ENV_DIR) else {
+        return;
+    };
     let pool = Pool::open_dir(&dir, PoolOptions::default()).unwrap();
     let vol = pool.open_volume("v").unwrap();
     let mut out = std::io::stdout().lock();
@@ -83,7 +85,10 @@ fn verify(pool: &Pool, target: lamina_engine::Volume, g: u64, in_flight: Option<
     let mut buf = vec![0u8; BLOCK];
     for b in 0..BLOCKS {
         target.read(b * BLOCK as u64, &mut buf).unwrap();
-        let want = state.get(&b).map(|&gen| content(b, gen)).unwrap_or_else(|| vec![0; BLOCK]);
+        let want = state
+            .get(&b)
+            .map(|&gen| content(b, gen))
+            .unwrap_or_else(|| vec![0; BLOCK]);
         if buf == want {
             continue;
         }
@@ -100,7 +105,12 @@ fn round(seed: u64) {
     pool.close().unwrap();
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_process_workload", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_process_workload",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ENV_DIR, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -118,7 +128,9 @@ fn round(seed: u64) {
     let mut flushed = 0;
     let mut lines = Vec::new();
     while flushed < 3 {
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("child made no progress");
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("child made no progress");
         if let Some(g) = line.strip_prefix("flushed ") {
             flushed = g.parse().unwrap();
         }
@@ -142,14 +154,25 @@ fn round(seed: u64) {
         }
     }
     let pool = Pool::open_dir(dir.path(), PoolOptions::default()).unwrap();
-    verify(&pool, pool.open_volume("v").unwrap(), last, Some(last + 1), "volume");
+    verify(
+        &pool,
+        pool.open_volume("v").unwrap(),
+        last,
+        Some(last + 1),
+        "volume",
+    );
     for g in &snaps {
-        let snap = pool.open_snapshot("v", &format!("g{g}")).unwrap_or_else(|e| panic!("snapshot g{g} lost: {e}"));
+        let snap = pool
+            .open_snapshot("v", &format!("g{g}"))
+            .unwrap_or_else(|e| panic!("snapshot g{g} lost: {e}"));
         verify(&pool, snap, *g, None, &format!("snapshot g{g}"));
     }
     let report = pool.check().unwrap();
     assert!(report.is_ok(), "check after kill -9: {:?}", report.problems);
-    eprintln!("seed {seed}: killed after generation {last}, {} snapshots verified", snaps.len());
+    eprintln!(
+        "seed {seed}: killed after generation {last}, {} snapshots verified",
+        snaps.len()
+    );
     pool.close().unwrap();
 }
 

@@ -73,7 +73,16 @@ fn opts() -> PoolOptions {
 /// Byte offset for a position index within a volume of `size`.
 fn offset(size: u64, pos: usize, delta: usize) -> u64 {
     let blocks = size / BS;
-    let hot = [0, 1, 503, 504, 1007, blocks / 2, blocks.saturating_sub(1), blocks.saturating_sub(3)];
+    let hot = [
+        0,
+        1,
+        503,
+        504,
+        1007,
+        blocks / 2,
+        blocks.saturating_sub(1),
+        blocks.saturating_sub(3),
+    ];
     let b = hot[pos].min(blocks.saturating_sub(1));
     let d = [0u64, 1, 511, 4095][delta];
     (b * BS + d).min(size - 1)
@@ -140,7 +149,9 @@ impl Run {
             }
             Op::TrimAll(v) => {
                 let name = VOLS[v];
-                let Some(m) = self.model.vols.get_mut(name) else { return };
+                let Some(m) = self.model.vols.get_mut(name) else {
+                    return;
+                };
                 p.open_volume(name).unwrap().trim(0, m.size).unwrap();
                 for &b in m.blocks.keys() {
                     self.unflushed.insert((name.into(), b));
@@ -236,11 +247,16 @@ impl Run {
             Op::Expand(v) => {
                 let r = p.expand_volume(VOLS[v], 0);
                 assert!(r.is_err(), "size 0 is refused");
-                let Some(m) = self.model.vols.get_mut(VOLS[v]) else { return };
+                let Some(m) = self.model.vols.get_mut(VOLS[v]) else {
+                    return;
+                };
                 let size = m.size + 1000 * BS + 17;
                 p.expand_volume(VOLS[v], size).unwrap();
                 m.size = size;
-                assert!(p.expand_volume(VOLS[v], size - 1).is_err(), "shrink is refused");
+                assert!(
+                    p.expand_volume(VOLS[v], size - 1).is_err(),
+                    "shrink is refused"
+                );
                 self.committed();
             }
             Op::Reclaim => {
@@ -272,7 +288,10 @@ impl Run {
                         }
                         let mut buf = vec![0u8; BS as usize];
                         let n = (m.size - b * BS).min(BS) as usize;
-                        pool.open_volume(&name).unwrap().read(b * BS, &mut buf[..n]).unwrap();
+                        pool.open_volume(&name)
+                            .unwrap()
+                            .read(b * BS, &mut buf[..n])
+                            .unwrap();
                         m.blocks.insert(b, buf);
                     }
                 }
@@ -293,12 +312,27 @@ impl Run {
 
 fn run(ops: Vec<Op>) {
     if std::env::var("MODEL_TRACE").is_ok() {
-        eprintln!("case: {} ops, {} writes, {} snaps, {} crashes", ops.len(), ops.iter().filter(|o| matches!(o, Op::Write(..))).count(), ops.iter().filter(|o| matches!(o, Op::Snap(..))).count(), ops.iter().filter(|o| matches!(o, Op::Crash(..))).count());
+        eprintln!(
+            "case: {} ops, {} writes, {} snaps, {} crashes",
+            ops.len(),
+            ops.iter().filter(|o| matches!(o, Op::Write(..))).count(),
+            ops.iter().filter(|o| matches!(o, Op::Snap(..))).count(),
+            ops.iter().filter(|o| matches!(o, Op::Crash(..))).count()
+        );
     }
     let backend = Arc::new(SimBackend::new());
     let pool = Pool::create(backend.clone(), opts()).unwrap();
-    let mut r = Run { backend, pool: Some(pool), model: Model::default(), durable: Model::default(), unflushed: BTreeSet::new() };
-    for op in [Op::Create(0, true), Op::Create(1, false)].iter().chain(&ops) {
+    let mut r = Run {
+        backend,
+        pool: Some(pool),
+        model: Model::default(),
+        durable: Model::default(),
+        unflushed: BTreeSet::new(),
+    };
+    for op in [Op::Create(0, true), Op::Create(1, false)]
+        .iter()
+        .chain(&ops)
+    {
         r.step(op);
         r.model.verify(r.pool(), &BTreeSet::new());
     }

@@ -17,7 +17,10 @@ pub struct MVol {
 
 impl MVol {
     pub fn new(size: u64) -> Self {
-        MVol { size, ..Default::default() }
+        MVol {
+            size,
+            ..Default::default()
+        }
     }
 
     pub fn write(&mut self, off: u64, data: &[u8]) {
@@ -48,17 +51,27 @@ impl MVol {
     }
 
     pub fn read_block(&self, b: u64) -> Vec<u8> {
-        self.blocks.get(&b).cloned().unwrap_or_else(|| vec![0; BLOCK])
+        self.blocks
+            .get(&b)
+            .cloned()
+            .unwrap_or_else(|| vec![0; BLOCK])
     }
 }
 
 /// Pattern bytes for a write: depends on the seed and the absolute offset.
 pub fn pattern(seed: u8, off: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| ((off + i).wrapping_mul(31) as u8) ^ seed.wrapping_mul(101) ^ 0x5a).collect()
+    (0..len as u64)
+        .map(|i| ((off + i).wrapping_mul(31) as u8) ^ seed.wrapping_mul(101) ^ 0x5a)
+        .collect()
 }
 
 /// Compare one engine volume or snapshot with its model, skipping `skip` blocks.
-pub fn compare_one(what: &str, h: &lamina_engine::Volume, m: &MVol, skip: &BTreeSet<u64>) -> Result<(), String> {
+pub fn compare_one(
+    what: &str,
+    h: &lamina_engine::Volume,
+    m: &MVol,
+    skip: &BTreeSet<u64>,
+) -> Result<(), String> {
     let e = |x: lamina_engine::Error| format!("{what}: {x}");
     let size = h.size().map_err(e)?;
     if size != m.size {
@@ -116,11 +129,18 @@ impl Model {
         }
         for (name, m) in &self.vols {
             let h = pool.open_volume(name).map_err(|e| e.to_string())?;
-            let s: BTreeSet<u64> = skip.iter().filter(|(v, _)| v == name).map(|(_, b)| *b).collect();
+            let s: BTreeSet<u64> = skip
+                .iter()
+                .filter(|(v, _)| v == name)
+                .map(|(_, b)| *b)
+                .collect();
             compare_one(name, &h, m, &s)?;
         }
-        let snaps: BTreeSet<(String, String)> =
-            pool.list_all_snapshots().into_iter().map(|s| (s.volume, s.name)).collect();
+        let snaps: BTreeSet<(String, String)> = pool
+            .list_all_snapshots()
+            .into_iter()
+            .map(|s| (s.volume, s.name))
+            .collect();
         let want: BTreeSet<(String, String)> = self.snaps.keys().cloned().collect();
         if snaps != want {
             return Err(format!("snapshots {snaps:?}, model {want:?}"));
