@@ -29,7 +29,10 @@ fn verify_prefix(pool: &Pool, vol: &str, blocks: u64) {
     let mut buf = vec![0u8; BLOCK];
     for b in 0..blocks {
         v.read(b * BS, &mut buf).unwrap();
-        assert!(buf.iter().all(|&x| x == (b % 251) as u8 + 1), "block {b} lost after ENOSPC");
+        assert!(
+            buf.iter().all(|&x| x == (b % 251) as u8 + 1),
+            "block {b} lost after ENOSPC"
+        );
     }
 }
 
@@ -38,7 +41,10 @@ fn exercise(pool: &Pool) {
     let written = fill_until_full(pool, "v");
     assert!(written > 100);
     // Writes that need no new block still work: overwrite in place.
-    pool.open_volume("v").unwrap().write(0, &[1; BLOCK]).unwrap();
+    pool.open_volume("v")
+        .unwrap()
+        .write(0, &[1; BLOCK])
+        .unwrap();
     pool.commit().unwrap();
     let report = pool.check().unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
@@ -47,7 +53,11 @@ fn exercise(pool: &Pool) {
     match pool.create_snapshot("v", "s", &[]) {
         Ok(_) => {
             // Every block is now shared: the next write needs a new block.
-            let e = pool.open_volume("v").unwrap().write(0, &[2; BLOCK]).unwrap_err();
+            let e = pool
+                .open_volume("v")
+                .unwrap()
+                .write(0, &[2; BLOCK])
+                .unwrap_err();
             assert!(e.is_no_space(), "{e}");
             verify_prefix(pool, "v", written);
             // Deleting needs no new space.
@@ -62,7 +72,10 @@ fn exercise(pool: &Pool) {
     pool.reclaim_all().unwrap();
     pool.commit().unwrap();
     pool.create_snapshot("v", "s2", &[]).unwrap();
-    pool.open_volume("v").unwrap().write(0, &[3; BLOCK]).unwrap();
+    pool.open_volume("v")
+        .unwrap()
+        .write(0, &[3; BLOCK])
+        .unwrap();
     verify_prefix(pool, "v", 0);
     let report = pool.check().unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
@@ -71,7 +84,11 @@ fn exercise(pool: &Pool) {
 #[test]
 fn capacity_limit_gives_enospc_and_stays_consistent() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = PoolOptions { max_bytes: 24 << 20, background: false, ..PoolOptions::default() };
+    let opts = PoolOptions {
+        max_bytes: 24 << 20,
+        background: false,
+        ..PoolOptions::default()
+    };
     let pool = Pool::create_dir(dir.path(), opts.clone()).unwrap();
     exercise(&pool);
     pool.close().unwrap();
@@ -95,7 +112,11 @@ fn full_filesystem_gives_enospc_and_stays_consistent() {
         return;
     }
     let result = std::panic::catch_unwind(|| {
-        let opts = PoolOptions { wal_bytes: 1 << 20, background: false, ..PoolOptions::default() };
+        let opts = PoolOptions {
+            wal_bytes: 1 << 20,
+            background: false,
+            ..PoolOptions::default()
+        };
         let pool = Pool::create_dir(dir.path().join("pool"), opts.clone()).unwrap();
         exercise(&pool);
         pool.close().unwrap();
