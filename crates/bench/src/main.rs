@@ -362,6 +362,43 @@ fn clone_cost(base: &Path) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
+fn rss_mib() -> f64 {
+    proc_field("/proc/self/status", "VmRSS:").unwrap_or(0) as f64 / 1024.0
+}
+
+/// Memory with a sparse 1 TiB volume whose index is far larger than the
+/// page cache: resident memory must stay near the cache size.
+fn memory(base: &Path, quick: bool) -> Result<Value> {
+    let writes: u64 = if quick { 32_768 } else { 262_144 };
+    let pool = fresh_pool(base, "memory")?;
+    pool.create_volume("v", TIB)?;
+    let v = pool.open_volume("v")?;
+    let rss0 = rss_mib();
+    let t = Instant::now();
+    scatter(&v, TIB, writes, 4)?;
+    v.flush()?;
+    let write_s = t.elapsed().as_secs_f64();
+    let mut r = rng(4);
+    let mut buf = vec![0u8; BLOCK];
+    let t = Instant::now();
+    for _ in 0..writes {
+        v.read((r() % (TIB / BS)) * BS, &mut buf)?;
+    }
+    let read_s = t.elapsed().as_secs_f64();
+    let stats = pool.stats()?;
+    let usage = pool.usage("v", None)?;
+    pool.close()?;
+    Ok(json!({
+        "volume_bytes": TIB, "random_4k_writes": writes,
+        "data_bytes": usage.allocated_bytes,
+        "index_bytes": usage.exclusive_metadata_bytes,
+        "pool_used_bytes": stats.used_bytes,
+        "cache_limit_mib": opts().cache_bytes >> 20,
+        "rss_before_mib": rss0, "rss_after_mib": rss_mib(),
+        "write_seconds": write_s, "read_seconds": read_s,
+    }))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let tmp;
@@ -407,6 +444,7 @@ fn main() -> Result<()> {
             Box::new(|| delete_cost(&base, args.quick)),
         ),
         ("clone", Box::new(|| clone_cost(&base))),
+        ("memory_sparse_1tib", Box::new(|| memory(&base, args.quick))),
     ];
     for (name, f) in sections {
         let t = Instant::now();

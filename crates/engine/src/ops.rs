@@ -63,6 +63,8 @@ pub struct SnapshotInfo {
     pub labels: Vec<(String, String)>,
     /// Bytes mapped in the snapshot.
     pub allocated_bytes: u64,
+    /// Bytes of data only this snapshot references: what deleting it frees.
+    pub exclusive_bytes: u64,
 }
 
 /// Space used by a volume or snapshot.
@@ -144,13 +146,17 @@ impl Pool {
         children
     }
 
+    /// A snapshot's description. Its exclusive size walks only the part of
+    /// its tree no one else references (nothing, for a snapshot whose root
+    /// is still shared).
     fn snapshot_info(
         &self,
-        m: &crate::meta::Meta,
+        m: &mut crate::meta::Meta,
         s: &SnapshotRec,
         children: &HashMap<u64, Vec<String>>,
-    ) -> SnapshotInfo {
-        SnapshotInfo {
+    ) -> Result<SnapshotInfo> {
+        let (_, exclusive) = m.tree_exclusive(s.root, s.levels)?;
+        Ok(SnapshotInfo {
             id: s.id,
             volume: m.catalog.volume(s.volume).name.clone(),
             name: s.name.clone(),
@@ -161,7 +167,8 @@ impl Pool {
             system: s.system,
             labels: s.labels.clone(),
             allocated_bytes: s.mapped * BLOCK as u64,
-        }
+            exclusive_bytes: exclusive * BLOCK as u64,
+        })
     }
 
     /// Create an empty thin volume.
@@ -329,46 +336,53 @@ impl Pool {
                 m.incref(v.root)?;
             }
             m.catalog.volume_mut(vid).parent = id;
-            Ok(self.snapshot_info(m, &rec, &HashMap::new()))
+            self.snapshot_info(m, &rec, &HashMap::new())
         })?;
         self.commit()?;
         Ok(info)
     }
 
     pub fn snapshot_info_by_name(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
-        let m = self.lock_meta();
-        let vid = m.catalog.volume_id(volume)?;
-        let sid = m.catalog.snapshot_id(vid, name)?;
-        let children = Self::children_of(&m, Some(vid));
-        Ok(self.snapshot_info(&m, m.catalog.snapshot(sid).expect("indexed"), &children))
+        self.with_meta(|m| {
+            let vid = m.catalog.volume_id(volume)?;
+            let sid = m.catalog.snapshot_id(vid, name)?;
+            let children = Self::children_of(m, Some(vid));
+            let s = m.catalog.snapshot(sid).expect("indexed").clone();
+            self.snapshot_info(m, &s, &children)
+        })
     }
 
     /// A volume's snapshots, oldest first.
     pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
-        let m = self.lock_meta();
-        let vid = m.catalog.volume_id(volume)?;
-        let children = Self::children_of(&m, Some(vid));
-        let mut v: Vec<SnapshotInfo> = m
-            .catalog
-            .snapshots_of(vid)
-            .into_iter()
-            .map(|s| self.snapshot_info(&m, s, &children))
-            .collect();
-        v.sort_by_key(|s| s.id);
-        Ok(v)
+        self.with_meta(|m| {
+            let vid = m.catalog.volume_id(volume)?;
+            let snaps: Vec<SnapshotRec> =
+                m.catalog.snapshots_of(vid).into_iter().cloned().collect();
+            self.snapshot_infos(m, Some(vid), snaps)
+        })
     }
 
     /// Every snapshot in the pool, oldest first.
-    pub fn list_all_snapshots(&self) -> Vec<SnapshotInfo> {
-        let m = self.lock_meta();
-        let children = Self::children_of(&m, None);
-        let mut v: Vec<SnapshotInfo> = m
-            .catalog
-            .snapshots()
-            .map(|s| self.snapshot_info(&m, s, &children))
-            .collect();
+    pub fn list_all_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.with_meta(|m| {
+            let snaps: Vec<SnapshotRec> = m.catalog.snapshots().cloned().collect();
+            self.snapshot_infos(m, None, snaps)
+        })
+    }
+
+    fn snapshot_infos(
+        &self,
+        m: &mut crate::meta::Meta,
+        vol: Option<u64>,
+        snaps: Vec<SnapshotRec>,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let children = Self::children_of(m, vol);
+        let mut v = snaps
+            .iter()
+            .map(|s| self.snapshot_info(m, s, &children))
+            .collect::<Result<Vec<_>>>()?;
         v.sort_by_key(|s| s.id);
-        v
+        Ok(v)
     }
 
     /// Delete a snapshot. No data is copied: blocks nothing else references

@@ -138,6 +138,7 @@ impl Model {
         }
         let snaps: BTreeSet<(String, String)> = pool
             .list_all_snapshots()
+            .map_err(|e| e.to_string())?
             .into_iter()
             .map(|s| (s.volume, s.name))
             .collect();

@@ -1,0 +1,331 @@
+//! The engine's API as a user meets it: snapshot trees, usage figures, diff
+//! and export, full clones, names, labels and bad input.
+
+use lamina_engine::{Chunk, CloneState, Error, ExtentKind, Pool, PoolOptions, Target, BLOCK};
+
+const BS: u64 = BLOCK as u64;
+
+fn pool() -> (tempfile::TempDir, Pool) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Pool::create_dir(
+        dir.path(),
+        PoolOptions {
+            background: false,
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    (dir, p)
+}
+
+fn fill(p: &Pool, vol: &str, blocks: std::ops::Range<u64>, byte: u8) {
+    let v = p.open_volume(vol).unwrap();
+    for b in blocks {
+        v.write(b * BS, &[byte; BLOCK]).unwrap();
+    }
+}
+
+#[test]
+fn usage_counts_exclusive_blocks_and_delete_frees_them() {
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 30).unwrap();
+    fill(&p, "v", 0..10, 1);
+    p.create_snapshot("v", "s1", &[]).unwrap();
+    assert_eq!(
+        p.usage("v", Some("s1")).unwrap().exclusive_bytes,
+        0,
+        "all shared with the volume"
+    );
+    assert_eq!(
+        p.snapshot_info_by_name("v", "s1").unwrap().allocated_bytes,
+        10 * BS
+    );
+    fill(&p, "v", 0..4, 2);
+    let s1 = p.usage("v", Some("s1")).unwrap();
+    assert_eq!(
+        s1.exclusive_bytes,
+        4 * BS,
+        "the four overwritten blocks are the snapshot's alone"
+    );
+    assert_eq!(
+        p.snapshot_info_by_name("v", "s1").unwrap().exclusive_bytes,
+        4 * BS
+    );
+    let head = p.usage("v", None).unwrap();
+    assert_eq!(head.exclusive_bytes, 4 * BS);
+    assert_eq!(head.allocated_bytes, 10 * BS);
+    let before = p.stats().unwrap().used_bytes;
+    p.delete_snapshot("v", "s1").unwrap();
+    p.reclaim_all().unwrap();
+    let freed = before - p.stats().unwrap().used_bytes;
+    assert!(
+        freed >= 4 * BS && freed <= 4 * BS + 4 * BS,
+        "freed {freed} bytes: the 4 data blocks and the snapshot's own nodes"
+    );
+}
+
+#[test]
+fn snapshot_tree_revert_branches_and_delete_reparents() {
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 20).unwrap();
+    fill(&p, "v", 0..1, 1);
+    p.create_snapshot("v", "a", &[("team".into(), "db".into())])
+        .unwrap();
+    fill(&p, "v", 0..1, 2);
+    p.create_snapshot("v", "b", &[]).unwrap();
+    fill(&p, "v", 0..1, 3);
+    p.revert_volume("v", "a").unwrap();
+    let mut buf = [0u8; 16];
+    p.open_volume("v").unwrap().read(0, &mut buf).unwrap();
+    assert_eq!(buf, [1; 16], "revert restores the snapshot's data");
+    p.create_snapshot("v", "c", &[]).unwrap();
+    let a = p.snapshot_info_by_name("v", "a").unwrap();
+    assert_eq!(
+        a.children,
+        vec!["b".to_string(), "c".to_string()],
+        "a revert starts a new branch; b stays"
+    );
+    assert_eq!(a.labels, vec![("team".to_string(), "db".to_string())]);
+    assert!(!a.system);
+    assert_eq!(
+        p.volume_info_by_name("v")
+            .unwrap()
+            .parent_snapshot
+            .as_deref(),
+        Some("c")
+    );
+    p.delete_snapshot("v", "a").unwrap();
+    let b = p.snapshot_info_by_name("v", "b").unwrap();
+    assert_eq!(b.parent, None);
+    let list: Vec<String> = p
+        .list_snapshots("v")
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(list, ["b", "c"]);
+    let mut buf = [0u8; 16];
+    p.open_snapshot("v", "b")
+        .unwrap()
+        .read(0, &mut buf)
+        .unwrap();
+    assert_eq!(buf, [2; 16], "b keeps its data after its parent is deleted");
+}
+
+#[test]
+fn diff_export_and_full_clone_move_only_what_changed() {
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 30).unwrap();
+    fill(&p, "v", 0..8, 1);
+    fill(&p, "v", 1000..1002, 1);
+    p.create_snapshot("v", "s1", &[]).unwrap();
+    fill(&p, "v", 4..6, 2);
+    p.open_volume("v").unwrap().trim(1000 * BS, 2 * BS).unwrap();
+    p.create_snapshot("v", "s2", &[]).unwrap();
+    let d = p
+        .diff(
+            Some(&Target::snapshot("v", "s1")),
+            &Target::snapshot("v", "s2"),
+        )
+        .unwrap();
+    let kinds: Vec<(u64, u64, ExtentKind)> = d
+        .iter()
+        .map(|e| (e.offset / BS, e.len / BS, e.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(4, 2, ExtentKind::Data), (1000, 2, ExtentKind::Zero)]
+    );
+    // Extents of the snapshot: data and holes.
+    let ext = p
+        .open_snapshot("v", "s1")
+        .unwrap()
+        .extents(0, 2000 * BS)
+        .unwrap();
+    assert_eq!(ext[0].kind, ExtentKind::Data);
+    assert_eq!((ext[0].offset, ext[0].len), (0, 8 * BS));
+    assert_eq!(ext[1].kind, ExtentKind::Hole);
+    // A replica: full copy of s1, then the s1 -> s2 changes.
+    p.create_volume("replica", 1 << 30).unwrap();
+    let r = p.open_volume("replica").unwrap();
+    for c in p.export(None, &Target::snapshot("v", "s1")).unwrap() {
+        r.apply(&c.unwrap()).unwrap();
+    }
+    let inc = p
+        .export(
+            Some(&Target::snapshot("v", "s1")),
+            &Target::snapshot("v", "s2"),
+        )
+        .unwrap();
+    assert_eq!(inc.data_bytes(), 2 * BS, "only the changed blocks travel");
+    for c in inc {
+        let c = c.unwrap();
+        if let Chunk::Data { bytes, .. } = &c {
+            assert!(bytes.len() as u64 <= 1 << 20);
+        }
+        r.apply(&c).unwrap();
+    }
+    let same = p
+        .diff(
+            Some(&Target::snapshot("v", "s2")),
+            &Target::volume("replica"),
+        )
+        .unwrap();
+    assert!(
+        same.is_empty() || same.iter().all(|e| e.kind == ExtentKind::Data),
+        "{same:?}"
+    );
+    for b in [0u64, 4, 5, 7, 1000, 1001] {
+        let (mut x, mut y) = ([0u8; BLOCK], [0u8; BLOCK]);
+        r.read(b * BS, &mut x).unwrap();
+        p.open_snapshot("v", "s2")
+            .unwrap()
+            .read(b * BS, &mut y)
+            .unwrap();
+        assert_eq!(x, y, "block {b}");
+    }
+    // A full clone copies only allocated data and reports progress.
+    let mut last = (0, 0);
+    let info = p
+        .full_clone("v", "s2", "copy", &mut |d, t| last = (d, t))
+        .unwrap();
+    assert_eq!(last, (8 * BS, 8 * BS));
+    assert_eq!(info.allocated_bytes, 8 * BS);
+    assert_eq!(info.clone_state, CloneState::None);
+}
+
+#[test]
+fn clones_survive_their_origin_and_flatten() {
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 24).unwrap();
+    fill(&p, "v", 0..100, 9);
+    let c = p.clone_volume("v", "c").unwrap();
+    assert_eq!(c.clone_state, CloneState::Linked);
+    let sys = p.list_snapshots("v").unwrap();
+    assert!(
+        sys[0].system,
+        "a clone from a volume takes a system snapshot"
+    );
+    assert_eq!(c.origin.as_ref().unwrap().volume.as_deref(), Some("v"));
+    // The origin goes away entirely; the clone keeps its data.
+    p.delete_volume("v", true).unwrap();
+    p.reclaim_all().unwrap();
+    let mut buf = [0u8; BLOCK];
+    p.open_volume("c").unwrap().read(99 * BS, &mut buf).unwrap();
+    assert_eq!(buf, [9; BLOCK]);
+    assert_eq!(
+        p.volume_info_by_name("c").unwrap().origin.unwrap().volume,
+        None
+    );
+    p.flatten("c").unwrap();
+    assert_eq!(
+        p.volume_info_by_name("c").unwrap().clone_state,
+        CloneState::Independent
+    );
+    assert!(
+        matches!(p.flatten("c"), Err(Error::Conflict(_))),
+        "not a linked clone any more"
+    );
+    assert!(p.check().unwrap().is_ok());
+}
+
+#[test]
+fn background_flatten_finishes_while_the_clone_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Pool::create_dir(dir.path(), PoolOptions::default()).unwrap();
+    p.create_volume("v", 64 << 20).unwrap();
+    fill(&p, "v", 0..4000, 5);
+    p.create_snapshot("v", "s", &[]).unwrap();
+    p.clone_snapshot("v", "s", "c").unwrap();
+    let prog = p.flatten("c").unwrap();
+    fill(&p, "c", 0..50, 6);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !prog.finished.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "flatten did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(prog.error.lock().unwrap().is_none());
+    assert_eq!(
+        p.volume_info_by_name("c").unwrap().clone_state,
+        CloneState::Independent
+    );
+    let h = p.open_volume("c").unwrap();
+    let mut buf = [0u8; BLOCK];
+    h.read(10 * BS, &mut buf).unwrap();
+    assert_eq!(buf, [6; BLOCK]);
+    h.read(3999 * BS, &mut buf).unwrap();
+    assert_eq!(buf, [5; BLOCK]);
+    // Nothing is shared any more: deleting the origin frees all of its data.
+    assert_eq!(p.usage("c", None).unwrap().exclusive_bytes, 4000 * BS);
+    p.close().unwrap();
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let (_d, p) = pool();
+    let long = "a".repeat(256);
+    for bad in ["", "Upper", "-dash", "a b", "ü", long.as_str()] {
+        let e = p.create_volume(bad, 1 << 20).unwrap_err();
+        assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e}");
+        assert!(
+            e.to_string().contains("1 to 255 characters"),
+            "the rule is in the message: {e}"
+        );
+    }
+    p.create_volume(&"a".repeat(255), 1 << 20).unwrap();
+    p.create_snapshot(&"a".repeat(255), &"s".repeat(255), &[])
+        .unwrap();
+    assert!(p.create_volume("zero", 0).is_err());
+    assert!(p.create_volume("huge", u64::MAX).is_err());
+    p.create_volume("v", 10_000).unwrap();
+    assert!(matches!(
+        p.create_volume("v", 10_000),
+        Err(Error::VolumeExists(_))
+    ));
+    let v = p.open_volume("v").unwrap();
+    assert!(matches!(
+        v.write(9_999, &[1, 2]),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        v.write(u64::MAX, &[1]),
+        Err(Error::OutOfRange { .. })
+    ));
+    let mut buf = [0u8; 2];
+    assert!(matches!(
+        v.read(u64::MAX - 1, &mut buf),
+        Err(Error::OutOfRange { .. })
+    ));
+    v.write(9_998, &[1, 2]).unwrap(); // the last two bytes of an unaligned size
+    v.read(9_998, &mut buf).unwrap();
+    assert_eq!(buf, [1, 2]);
+    assert!(p
+        .create_snapshot("v", "s", &[("".into(), "x".into())])
+        .is_err());
+    assert!(p
+        .create_snapshot("v", "s", &[("k".into(), "v".repeat(5000))])
+        .is_err());
+    p.create_snapshot("v", "s", &[]).unwrap();
+    assert!(matches!(
+        p.create_snapshot("v", "s", &[]),
+        Err(Error::SnapshotExists { .. })
+    ));
+    let snap = p.open_snapshot("v", "s").unwrap();
+    assert!(matches!(snap.write(0, &[1]), Err(Error::ReadOnly(_))));
+    assert!(
+        matches!(p.delete_volume("v", false), Err(Error::Conflict(_))),
+        "has snapshots"
+    );
+    assert!(matches!(
+        p.delete_snapshot("v", "nope"),
+        Err(Error::SnapshotNotFound { .. })
+    ));
+    assert!(matches!(
+        p.open_volume("nope"),
+        Err(Error::VolumeNotFound(_))
+    ));
+    assert!(p.check().unwrap().is_ok());
+}
