@@ -147,6 +147,45 @@ impl Meta {
         self.set_rc(block, v + 1)
     }
 
+    /// Refcounts of many blocks, reading each refcount page once per run of
+    /// blocks in the same group (a node's children usually are).
+    pub fn rc_many(&mut self, blocks: &[u64], out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        let mut i = 0;
+        while i < blocks.len() {
+            let page = rc_page_of(blocks[i]);
+            let p = self.page(page, MAGIC_RC)?;
+            while i < blocks.len() && rc_page_of(blocks[i]) == page {
+                out.push(rc::get(p, (blocks[i] % GROUP) as usize));
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// One more reference on each of `blocks` (the children of a node being
+    /// copied), a refcount page at a time.
+    pub fn incref_many(&mut self, blocks: &[u64]) -> Result<()> {
+        let mut i = 0;
+        while i < blocks.len() {
+            let page = rc_page_of(blocks[i]);
+            let p = self.page_mut(page, MAGIC_RC)?;
+            while i < blocks.len() && rc_page_of(blocks[i]) == page {
+                let at = (blocks[i] % GROUP) as usize;
+                let v = rc::get(p, at);
+                if v == 0 || v >= RC_MAX {
+                    return Err(Error::corrupt(
+                        blocks[i],
+                        format!("incref of a block with refcount {v:#x}"),
+                    ));
+                }
+                rc::set(p, at, v + 1);
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Drop one reference; returns the new count.
     pub fn decref(&mut self, block: u64) -> Result<u32> {
         let v = self.rc(block)?;

@@ -451,13 +451,15 @@ impl Pool {
             if self.inner.stop.load(Ordering::SeqCst) {
                 break;
             }
+            let mut reclaimed = 0;
             loop {
                 if self.inner.stop.load(Ordering::SeqCst) {
                     return;
                 }
                 match self.with_meta(|m| m.reclaim(64)) {
                     Ok(0) => break,
-                    Ok(_) => {
+                    Ok(n) => {
+                        reclaimed += n;
                         if let Err(e) = self.maybe_commit() {
                             tracing::warn!(error = %e, "commit during reclaim failed");
                             break;
@@ -469,8 +471,10 @@ impl Pool {
                     }
                 }
             }
-            if let Err(e) = self.commit() {
-                tracing::warn!(error = %e, "commit after reclaim failed");
+            if reclaimed > 0 {
+                if let Err(e) = self.commit() {
+                    tracing::warn!(error = %e, "commit after reclaim failed");
+                }
             }
         }
     }

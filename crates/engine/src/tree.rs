@@ -136,12 +136,11 @@ impl Meta {
         let src = Box::new(*self.page(b, MAGIC_NODE)?);
         let level = node::level(&src);
         let nb = self.alloc_node(level)?;
-        for i in 0..FANOUT {
-            let e = node::entry(&src, i);
-            if e != 0 {
-                self.incref(e)?;
-            }
-        }
+        let children: Vec<u64> = (0..FANOUT)
+            .map(|i| node::entry(&src, i))
+            .filter(|&e| e != 0)
+            .collect();
+        self.incref_many(&children)?;
         let dst = self.page_mut(nb, MAGIC_NODE)?;
         dst[HEADER..].copy_from_slice(&src[HEADER..]);
         self.decref(b)?;
@@ -391,8 +390,11 @@ impl Meta {
     fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
         counts.0 += 1;
         let entries = self.node_entries(b, level)?;
-        for &e in entries.iter().filter(|&&e| e != 0) {
-            if self.rc(e)? != 1 {
+        let children: Vec<u64> = entries.iter().copied().filter(|&e| e != 0).collect();
+        let mut rcs = Vec::with_capacity(children.len());
+        self.rc_many(&children, &mut rcs)?;
+        for (&e, &rc) in children.iter().zip(&rcs) {
+            if rc != 1 {
                 continue;
             }
             if level == 0 {
