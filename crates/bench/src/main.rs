@@ -192,14 +192,22 @@ fn random_io(
     ops as f64 / secs
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    percentile(&mut v, 0.5)
+}
+
+/// 4 KiB random reads and writes on volumes at snapshot depth 0, 100 and
+/// 1,000 (each layer rewrote 1% of the blocks at random), and on a plain
+/// file, measured in alternating rounds so that the machine's noise falls on
+/// all of them alike; medians are reported.
 fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
     let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
     let blocks = size / BS;
     let depths: &[u64] = if quick { &[0, 100] } else { &[0, 100, 1000] };
+    let rounds = 3;
     let threads = 2;
-    let mut rows = Vec::new();
+    let chunk = vec![0xA5u8; 1 << 20];
 
-    // Anchor: the same I/O on a plain preallocated file in the same directory.
     let path = base.join("raw.img");
     let f = OpenOptions::new()
         .read(true)
@@ -207,77 +215,94 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
         .create(true)
         .truncate(true)
         .open(&path)?;
-    f.set_len(size)?;
-    let chunk = vec![0xA5u8; 1 << 20];
     for off in (0..size).step_by(chunk.len()) {
         f.write_all_at(&chunk, off)?;
     }
     f.sync_all()?;
     let raw = |at: u64, buf: &mut [u8]| {
-        let off = at & !1;
         if at & 1 == 1 {
-            f.write_all_at(buf, off).unwrap();
+            f.write_all_at(buf, at & !1).unwrap();
         } else {
-            f.read_exact_at(buf, off).unwrap();
+            f.read_exact_at(buf, at).unwrap();
         }
     };
-    let raw_r = random_io(&raw, blocks, false, threads, secs);
-    let raw_w = random_io(&raw, blocks, true, threads, secs);
-    drop(f);
-    let _ = std::fs::remove_file(&path);
-    rows.push(json!({"target": "plain file", "depth": 0, "read_iops": raw_r, "write_iops": raw_w}));
 
     let pool = fresh_pool(base, "depth")?;
-    pool.create_volume("v", size)?;
-    let v = pool.open_volume("v")?;
-    for off in (0..size).step_by(chunk.len()) {
-        v.write(off, &chunk)?;
-    }
-    v.flush()?;
-    let mut depth = 0;
+    let mut vols = Vec::new();
+    let mut first_writes = Vec::new();
     let mut r = rng(5);
-    let (mut base_r, mut base_w) = (0.0, 0.0);
-    let io = |at: u64, buf: &mut [u8]| {
-        if at & 1 == 1 {
-            v.write(at & !1, buf).unwrap();
-        } else {
-            v.read(at, buf).unwrap();
-        }
-    };
     for &d in depths {
-        // Each layer: rewrite 1% of the blocks at random, then snapshot.
-        while depth < d {
+        let name = format!("d{d}");
+        pool.create_volume(&name, size)?;
+        let v = pool.open_volume(&name)?;
+        for off in (0..size).step_by(chunk.len()) {
+            v.write(off, &chunk)?;
+        }
+        for layer in 0..d {
             for _ in 0..blocks / 100 {
-                v.write((r() % blocks) * BS, &[depth as u8; BLOCK])?;
+                v.write((r() % blocks) * BS, &[layer as u8; BLOCK])?;
             }
-            pool.create_snapshot("v", &format!("d{depth}"), &[])?;
-            depth += 1;
+            pool.create_snapshot(&name, &format!("l{layer}"), &[])?;
         }
         v.flush()?;
-        // Right after the last snapshot, every first write to a block copies on write.
-        let first = (d > 0).then(|| random_io(&io, blocks, true, threads, secs.min(1.0)));
-        // Then rewrite everything once, so what follows is the steady state.
+        // Right after the last snapshot every first write to a block copies on write.
+        let io = |at: u64, buf: &mut [u8]| {
+            if at & 1 == 1 {
+                v.write(at & !1, buf).unwrap();
+            } else {
+                v.read(at, buf).unwrap();
+            }
+        };
+        first_writes.push((d > 0).then(|| random_io(&io, blocks, true, threads, secs.min(1.0))));
+        // Rewrite everything once: what is measured next is the steady state.
         for off in (0..size).step_by(chunk.len()) {
             v.write(off, &chunk)?;
         }
         v.flush()?;
-        let rd = random_io(&io, blocks, false, threads, secs);
-        let wr = random_io(&io, blocks, true, threads, secs);
-        v.flush()?;
-        if d == 0 {
-            base_r = rd;
-            base_w = wr;
+        vols.push(v);
+    }
+
+    let n = depths.len() + 1;
+    let (mut reads, mut writes) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    for _ in 0..rounds {
+        reads[0].push(random_io(&raw, blocks, false, threads, secs));
+        writes[0].push(random_io(&raw, blocks, true, threads, secs));
+        f.sync_all()?;
+        for (i, v) in vols.iter().enumerate() {
+            let io = |at: u64, buf: &mut [u8]| {
+                if at & 1 == 1 {
+                    v.write(at & !1, buf).unwrap();
+                } else {
+                    v.read(at, buf).unwrap();
+                }
+            };
+            reads[i + 1].push(random_io(&io, blocks, false, threads, secs));
+            writes[i + 1].push(random_io(&io, blocks, true, threads, secs));
+            v.flush()?;
         }
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    let (raw_r, raw_w) = (median(reads[0].clone()), median(writes[0].clone()));
+    let (base_r, base_w) = (median(reads[1].clone()), median(writes[1].clone()));
+    let mut rows = vec![
+        json!({"target": "plain file", "read_iops": raw_r, "write_iops": raw_w,
+        "read_runs": reads[0], "write_runs": writes[0]}),
+    ];
+    for (i, &d) in depths.iter().enumerate() {
+        let (rd, wr) = (median(reads[i + 1].clone()), median(writes[i + 1].clone()));
         rows.push(json!({
             "target": "lamina", "depth": d,
-            "read_iops": rd, "write_iops": wr, "first_writes_after_snapshot_iops": first,
+            "read_iops": rd, "write_iops": wr, "first_writes_after_snapshot_iops": first_writes[i],
             "read_vs_depth0": rd / base_r, "write_vs_depth0": wr / base_w,
             "read_vs_plain_file": rd / raw_r, "write_vs_plain_file": wr / raw_w,
+            "read_runs": reads[i + 1], "write_runs": writes[i + 1],
         }));
     }
-    v.flush()?;
     pool.close()?;
-    Ok(json!({"volume_bytes": size, "threads": threads, "seconds": secs, "rows": rows}))
+    Ok(
+        json!({"volume_bytes": size, "threads": threads, "seconds_per_run": secs, "rounds": rounds, "rows": rows}),
+    )
 }
 
 fn delete_cost(base: &Path, quick: bool) -> Result<Value> {

@@ -64,6 +64,22 @@ impl Catalog {
             })
     }
 
+    /// (volume id, snapshot id) of `volume/snapshot`.
+    pub fn snapshot_ids(&self, volume: &str, snapshot: &str) -> Result<(u64, u64)> {
+        let vid = self.volume_id(volume)?;
+        Ok((vid, self.snapshot_id(vid, snapshot)?))
+    }
+
+    /// The record of a snapshot looked up earlier, unless deleted since.
+    pub fn snapshot_still(&self, id: u64, volume: &str, snapshot: &str) -> Result<SnapshotRec> {
+        self.snapshot(id)
+            .cloned()
+            .ok_or_else(|| Error::SnapshotNotFound {
+                volume: volume.into(),
+                snapshot: snapshot.into(),
+            })
+    }
+
     pub fn has_snapshot(&self, vol: u64, name: &str) -> bool {
         self.snap_by_name.contains_key(&(vol, name.to_string()))
     }

@@ -50,10 +50,7 @@ impl Pool {
 
     /// Open a snapshot for reading.
     pub fn open_snapshot(&self, volume: &str, snapshot: &str) -> Result<Volume> {
-        let m = self.lock_meta();
-        let vid = m.catalog.volume_id(volume)?;
-        let id = m.catalog.snapshot_id(vid, snapshot)?;
-        drop(m);
+        let (_, id) = self.lock_meta().catalog.snapshot_ids(volume, snapshot)?;
         Ok(Volume {
             pool: self.clone(),
             id,

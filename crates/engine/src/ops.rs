@@ -344,8 +344,7 @@ impl Pool {
 
     pub fn snapshot_info_by_name(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
         self.with_meta(|m| {
-            let vid = m.catalog.volume_id(volume)?;
-            let sid = m.catalog.snapshot_id(vid, name)?;
+            let (vid, sid) = m.catalog.snapshot_ids(volume, name)?;
             let children = Self::children_of(m, Some(vid));
             let s = m.catalog.snapshot(sid).expect("indexed").clone();
             self.snapshot_info(m, &s, &children)
@@ -388,24 +387,13 @@ impl Pool {
     /// Delete a snapshot. No data is copied: blocks nothing else references
     /// are freed by reclaim, at a cost in proportion to what is freed.
     pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<()> {
-        let (vid, sid) = {
-            let m = self.lock_meta();
-            let vid = m.catalog.volume_id(volume)?;
-            (vid, m.catalog.snapshot_id(vid, name)?)
-        };
+        let (vid, sid) = self.lock_meta().catalog.snapshot_ids(volume, name)?;
         let vgate = self.gate(vid);
         let _g = vgate.write().unwrap_or_else(|p| p.into_inner());
         let sgate = self.gate(sid);
         let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
         self.with_meta(|m| {
-            let s = m
-                .catalog
-                .snapshot(sid)
-                .cloned()
-                .ok_or_else(|| Error::SnapshotNotFound {
-                    volume: volume.into(),
-                    snapshot: name.into(),
-                })?;
+            let s = m.catalog.snapshot_still(sid, volume, name)?;
             let children: Vec<u64> = m
                 .catalog
                 .snapshots_of(vid)
@@ -431,22 +419,11 @@ impl Pool {
     /// Make the volume's data the snapshot's again. Later snapshots stay;
     /// the volume now grows a new branch from this snapshot.
     pub fn revert_volume(&self, volume: &str, snapshot: &str) -> Result<VolumeInfo> {
-        let (vid, sid) = {
-            let m = self.lock_meta();
-            let vid = m.catalog.volume_id(volume)?;
-            (vid, m.catalog.snapshot_id(vid, snapshot)?)
-        };
+        let (vid, sid) = self.lock_meta().catalog.snapshot_ids(volume, snapshot)?;
         let gate = self.gate(vid);
         let _g = gate.write().unwrap_or_else(|p| p.into_inner());
         let info = self.with_meta(|m| {
-            let s = m
-                .catalog
-                .snapshot(sid)
-                .cloned()
-                .ok_or_else(|| Error::SnapshotNotFound {
-                    volume: volume.into(),
-                    snapshot: snapshot.into(),
-                })?;
+            let s = m.catalog.snapshot_still(sid, volume, snapshot)?;
             if s.root != 0 {
                 m.incref(s.root)?;
             }
@@ -475,8 +452,7 @@ impl Pool {
     ) -> Result<VolumeInfo> {
         check_name(new_name)?;
         let info = self.with_meta(|m| {
-            let vid = m.catalog.volume_id(volume)?;
-            let sid = m.catalog.snapshot_id(vid, snapshot)?;
+            let (vid, sid) = m.catalog.snapshot_ids(volume, snapshot)?;
             if m.catalog.volume_id(new_name).is_ok() {
                 return Err(Error::VolumeExists(new_name.to_string()));
             }
