@@ -36,4 +36,4 @@ pub use io::Volume;
 pub use ops::{
     CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE,
 };
-pub use pool::{FlattenProgress, Pool, PoolOptions};
+pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE};

@@ -295,6 +295,12 @@ impl Pool {
         self.snapshot_inner(volume, name, labels, false)
     }
 
+    /// Take a snapshot marked as made by the system (e.g. as the source of
+    /// a clone of a live volume), not by a user.
+    pub fn create_system_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
+        self.snapshot_inner(volume, name, &[], true)
+    }
+
     pub(crate) fn snapshot_inner(
         &self,
         volume: &str,

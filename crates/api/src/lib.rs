@@ -1,0 +1,189 @@
+//! Lamina's resource types as they cross a process boundary: the daemon's
+//! HTTP/JSON API, the `lamina` CLI, and later CSI and the Kubernetes custom
+//! resources. It owns the wire shapes and the size syntax only; it must not
+//! depend on the engine or do I/O.
+
+mod size;
+pub use size::{format_size, parse_size};
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// The API's path prefix.
+pub const API_PREFIX: &str = "/v1";
+/// Header carrying the bearer token on TCP.
+pub const AUTH_HEADER: &str = "authorization";
+
+/// How a volume relates to the snapshot it was cloned from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CloneState {
+    /// Not a clone.
+    None,
+    /// Shares blocks with its origin snapshot.
+    Linked,
+    /// A flatten is copying the shared blocks.
+    Flattening,
+    /// Was cloned; shares nothing with its origin any more.
+    Independent,
+    /// A full clone is still copying data into it (not usable yet).
+    Copying,
+}
+
+/// Where a clone came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Origin {
+    /// Volume of the origin snapshot (absent if deleted since).
+    pub volume: Option<String>,
+    /// The origin snapshot (absent if deleted since).
+    pub snapshot: Option<String>,
+}
+
+/// An NBD export of a volume or snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Export {
+    /// NBD URI clients connect to (`nbd+unix:///NAME?socket=...` or `nbd://HOST:PORT/NAME`).
+    pub uri: String,
+    /// The export's name on the NBD server.
+    pub name: String,
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Volume {
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Creation time, RFC 3339.
+    pub created: String,
+    /// Bytes of data mapped in the volume.
+    pub allocated_bytes: u64,
+    /// Snapshot the live data descends from.
+    pub parent_snapshot: Option<String>,
+    pub origin: Option<Origin>,
+    pub clone_state: CloneState,
+    /// Set while the volume is exported over NBD.
+    pub export: Option<Export>,
+    /// Operation still running on the volume (a full clone or a flatten).
+    pub operation: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub volume: String,
+    pub name: String,
+    /// Creation time, RFC 3339.
+    pub created: String,
+    pub parent: Option<String>,
+    pub children: Vec<String>,
+    /// Made by the system (e.g. for a clone from a volume), not a user.
+    pub system: bool,
+    pub labels: BTreeMap<String, String>,
+    /// Size of the volume when the snapshot was taken: what a restore gives.
+    pub restore_size: u64,
+    /// Bytes of data mapped in the snapshot.
+    pub allocated_bytes: u64,
+    /// Bytes only this snapshot holds: what deleting it frees.
+    pub exclusive_bytes: u64,
+    pub export: Option<Export>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateVolume {
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExpandVolume {
+    /// New size in bytes; shrinking is refused.
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateSnapshot {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A new volume from a snapshot (`from_snapshot`, as `VOLUME/SNAPSHOT`) or
+/// from a volume as it is now (`from_volume`, which takes a system snapshot).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateClone {
+    pub name: String,
+    pub from_snapshot: Option<String>,
+    pub from_volume: Option<String>,
+    /// An independent copy of the data instead of a linked clone.
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// The answer to a clone request: the volume, and for a full clone the
+/// operation copying the data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CloneCreated {
+    pub volume: Volume,
+    pub operation: Option<Operation>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OperationState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// A long-running operation (full clone, flatten), recorded before it runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Operation {
+    pub id: String,
+    /// `full-clone` or `flatten`.
+    pub kind: String,
+    /// The volume it works on.
+    pub volume: String,
+    pub state: OperationState,
+    /// Bytes done and to do.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub started: String,
+    pub error: Option<String>,
+}
+
+/// Every error the API returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    /// One of: invalid, not_found, already_exists, conflict, no_space,
+    /// unauthorized, unavailable, internal.
+    pub code: String,
+    /// What was wrong.
+    pub message: String,
+    /// What to do about it, when there is something to say.
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.message)?;
+        if let Some(h) = &self.hint {
+            write!(f, " ({h})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Daemon identity and health.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub version: String,
+    pub data_dir: String,
+    pub nbd_socket: String,
+    pub volumes: u64,
+    pub snapshots: u64,
+    pub pool_used_bytes: u64,
+}

@@ -1,0 +1,137 @@
+//! The Lamina daemon (`lamina serve`): it owns one engine pool, an embedded
+//! transactional store (redb) for what is not the engine's (exports,
+//! operation records), the HTTP/JSON management API on a unix socket (and on
+//! TCP with a bearer token when asked), and the NBD exports. It must not
+//! implement storage (the engine's) or the NBD wire protocol (lamina-nbd's).
+
+mod apply;
+mod device;
+mod error;
+mod handlers;
+mod jobs;
+mod openapi;
+mod paths;
+mod state;
+mod store;
+
+pub use error::ServerError;
+pub use paths::{default_data_dir, Layout};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How to run the daemon.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where the pool, the store, the sockets and the token live.
+    pub data_dir: PathBuf,
+    /// Also serve the management API on TCP (requires the bearer token).
+    pub listen: Option<SocketAddr>,
+    /// Also serve NBD on TCP.
+    pub nbd_listen: Option<SocketAddr>,
+}
+
+/// Run until `shutdown` resolves, then stop accepting, let in-flight NBD
+/// requests finish, flush every volume and close the pool.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let layout = Layout::new(&config.data_dir);
+    layout.prepare()?;
+    let state = state::State::open(&layout, &config).await?;
+    let state = Arc::new(state);
+    state.recover().await?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    // NBD on the unix socket (and TCP when asked).
+    let nbd_unix = bind_unix(&layout.nbd_socket, 0o666)?;
+    let exports: Arc<dyn lamina_nbd::Exports> = state.exports.clone();
+    let opts = lamina_nbd::ServerOptions::default();
+    {
+        let (exports, opts, mut rx) = (exports.clone(), opts.clone(), stop_rx.clone());
+        tasks.spawn(async move {
+            let _ = lamina_nbd::serve_unix(nbd_unix, exports, opts, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await;
+        });
+    }
+    if let Some(addr) = config.nbd_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::io("bind NBD", addr.to_string(), e))?;
+        let (exports, opts, mut rx) = (exports.clone(), opts.clone(), stop_rx.clone());
+        tasks.spawn(async move {
+            let _ = lamina_nbd::serve_tcp(l, exports, opts, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await;
+        });
+    }
+
+    // The management API.
+    let api_unix = bind_unix(&layout.api_socket, 0o600)?;
+    let app = handlers::router(state.clone(), false);
+    {
+        let mut rx = stop_rx.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(api_unix, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+    }
+    if let Some(addr) = config.listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::io("bind API", addr.to_string(), e))?;
+        let app = handlers::router(state.clone(), true);
+        let mut rx = stop_rx.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+    }
+    tracing::info!(data_dir = %layout.root.display(), api = %layout.api_socket.display(), nbd = %layout.nbd_socket.display(), "lamina serving");
+    eprintln!(
+        "lamina: serving {} (API {}, NBD {})",
+        layout.root.display(),
+        layout.api_socket.display(),
+        layout.nbd_socket.display()
+    );
+
+    shutdown.await;
+    tracing::info!("shutting down: draining requests, flushing volumes");
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    state.close().await?;
+    let _ = std::fs::remove_file(&layout.api_socket);
+    let _ = std::fs::remove_file(&layout.nbd_socket);
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener, ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        // A socket left by a killed daemon; refuse if someone still answers.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServerError::AlreadyRunning(path.display().to_string()));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| ServerError::io("remove stale socket", path.display().to_string(), e))?;
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .map_err(|e| ServerError::io("bind", path.display().to_string(), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| ServerError::io("chmod", path.display().to_string(), e))?;
+    Ok(l)
+}

@@ -1,0 +1,57 @@
+//! The OpenAPI document the daemon serves at `/openapi.json`, generated from
+//! the handlers' annotations and the API types so that it cannot drift.
+
+use crate::handlers::*;
+use lamina_api as api;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Lamina",
+        description = "Thin volumes, instant snapshots and clones, exported over NBD."
+    ),
+    paths(
+        health,
+        list_volumes,
+        create_volume,
+        get_volume,
+        delete_volume,
+        expand_volume,
+        flatten_volume,
+        attach_volume,
+        detach_volume,
+        list_snapshots,
+        list_all_snapshots,
+        create_snapshot,
+        get_snapshot,
+        delete_snapshot,
+        revert,
+        attach_snapshot,
+        detach_snapshot,
+        create_clone,
+        list_operations,
+        get_operation
+    ),
+    components(schemas(
+        api::Volume,
+        api::Snapshot,
+        api::CreateVolume,
+        api::ExpandVolume,
+        api::CreateSnapshot,
+        api::CreateClone,
+        api::CloneCreated,
+        api::Operation,
+        api::OperationState,
+        api::ApiError,
+        api::Export,
+        api::Origin,
+        api::CloneState,
+        api::Health
+    ))
+)]
+struct Doc;
+
+pub fn document() -> utoipa::openapi::OpenApi {
+    Doc::openapi()
+}

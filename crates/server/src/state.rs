@@ -1,0 +1,215 @@
+//! The daemon's shared state: the pool, the store, the export registry, the
+//! per-volume operation locks, and conversions to API types.
+
+use crate::device::{EngineDevice, Registry};
+use crate::error::{Failure, ServerError};
+use crate::paths::Layout;
+use crate::store::{ExportRec, Store};
+use crate::Config;
+use lamina_api as api;
+use lamina_engine::{Pool, PoolOptions};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+pub struct State {
+    pub layout: Layout,
+    pub pool: Pool,
+    pub store: Store,
+    pub exports: Arc<Registry>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub token: Option<String>,
+    pub nbd_tcp: Option<SocketAddr>,
+}
+
+pub fn rfc3339(ns: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// Export name of a snapshot: `VOLUME@SNAPSHOT` ('@' is never in a name).
+pub fn snapshot_export(volume: &str, snapshot: &str) -> String {
+    format!("{volume}@{snapshot}")
+}
+
+impl State {
+    pub async fn open(layout: &Layout, config: &Config) -> Result<State, ServerError> {
+        let l = layout.clone();
+        let pool = tokio::task::spawn_blocking(move || {
+            if l.pool.join(lamina_engine::POOL_FILE).exists() {
+                Pool::open_dir(&l.pool, PoolOptions::default())
+            } else {
+                Pool::create_dir(&l.pool, PoolOptions::default())
+            }
+        })
+        .await
+        .expect("pool open task")?;
+        let store = Store::open(&layout.store)?;
+        let token = match config.listen {
+            Some(_) => Some(layout.token()?),
+            None => None,
+        };
+        let state = State {
+            layout: layout.clone(),
+            pool,
+            store,
+            exports: Arc::new(Registry::default()),
+            locks: Mutex::new(HashMap::new()),
+            token,
+            nbd_tcp: config.nbd_listen,
+        };
+        for (name, rec) in state.store.exports()? {
+            let handle = match &rec.snapshot {
+                None => state.pool.open_volume(&rec.volume),
+                Some(s) => state.pool.open_snapshot(&rec.volume, s),
+            };
+            match handle {
+                Ok(h) => state.exports.insert(&name, Arc::new(EngineDevice::new(h))),
+                Err(e) => {
+                    tracing::warn!(export = %name, error = %e, "dropping export of a volume that is gone");
+                    state.store.remove_export(&name)?;
+                }
+            }
+        }
+        Ok(state)
+    }
+
+    /// Serialises operations on one volume (by name).
+    pub fn lock(&self, volume: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .unwrap()
+            .entry(volume.to_string())
+            .or_default()
+            .clone()
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        match self.nbd_tcp {
+            Some(addr) => format!("nbd://{addr}/{export}"),
+            None => format!(
+                "nbd+unix:///{export}?socket={}",
+                self.layout.nbd_socket.display()
+            ),
+        }
+    }
+
+    fn export_of(&self, name: &str) -> Option<api::Export> {
+        let read_only = self.exports.read_only(name)?;
+        Some(api::Export {
+            uri: self.uri(name),
+            name: name.to_string(),
+            read_only,
+        })
+    }
+
+    pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
+        use lamina_engine::CloneState as C;
+        let operation = self.store.ops().ok().and_then(|ops| {
+            ops.into_iter()
+                .find(|o| o.volume == v.name && o.state == "running")
+                .map(|o| o.id)
+        });
+        let clone_state = match v.clone_state {
+            _ if operation.is_some() && v.clone_state == C::None => api::CloneState::Copying,
+            C::None => api::CloneState::None,
+            C::Linked => api::CloneState::Linked,
+            C::Flattening => api::CloneState::Flattening,
+            C::Independent => api::CloneState::Independent,
+        };
+        api::Volume {
+            export: self.export_of(&v.name),
+            name: v.name,
+            size: v.size,
+            created: rfc3339(v.created),
+            allocated_bytes: v.allocated_bytes,
+            parent_snapshot: v.parent_snapshot,
+            origin: v.origin.map(|o| api::Origin {
+                volume: o.volume,
+                snapshot: o.snapshot,
+            }),
+            clone_state,
+            operation,
+        }
+    }
+
+    pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {
+        api::Snapshot {
+            export: self.export_of(&snapshot_export(&s.volume, &s.name)),
+            volume: s.volume,
+            name: s.name,
+            created: rfc3339(s.created),
+            parent: s.parent,
+            children: s.children,
+            system: s.system,
+            labels: s.labels.into_iter().collect(),
+            restore_size: s.restore_size,
+            allocated_bytes: s.allocated_bytes,
+            exclusive_bytes: s.exclusive_bytes,
+        }
+    }
+
+    /// Export a volume or snapshot over NBD (idempotent).
+    pub fn attach(&self, volume: &str, snapshot: Option<&str>) -> Result<api::Export, Failure> {
+        let name = match snapshot {
+            None => volume.to_string(),
+            Some(s) => snapshot_export(volume, s),
+        };
+        if !self.exports.contains(&name) {
+            let h = match snapshot {
+                None => self.pool.open_volume(volume)?,
+                Some(s) => self.pool.open_snapshot(volume, s)?,
+            };
+            self.store
+                .put_export(
+                    &name,
+                    &ExportRec {
+                        volume: volume.into(),
+                        snapshot: snapshot.map(Into::into),
+                    },
+                )
+                .map_err(Failure::from)?;
+            self.exports.insert(&name, Arc::new(EngineDevice::new(h)));
+        }
+        Ok(self.export_of(&name).expect("just attached"))
+    }
+
+    pub fn detach(&self, volume: &str, snapshot: Option<&str>) -> Result<bool, Failure> {
+        let name = match snapshot {
+            None => volume.to_string(),
+            Some(s) => snapshot_export(volume, s),
+        };
+        self.store.remove_export(&name).map_err(Failure::from)?;
+        Ok(self.exports.remove(&name))
+    }
+
+    pub fn is_attached(&self, export: &str) -> bool {
+        self.exports.contains(export)
+    }
+
+    pub async fn close(&self) -> Result<(), ServerError> {
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || pool.close())
+            .await
+            .expect("close task")?;
+        Ok(())
+    }
+}
+
+/// Run blocking engine work off the async reactor.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(Failure::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("task failed: {e}"),
+            None,
+        ))
+    })
+}
