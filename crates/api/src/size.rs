@@ -44,7 +44,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             .checked_mul(mult)
             .ok_or_else(|| format!("{s:?} is too large"))?;
         let part = (f as u128 * mult as u128 / scale as u128) as u64;
-        if (f as u128 * mult as u128) % scale as u128 != 0 {
+        if !(f as u128 * mult as u128).is_multiple_of(scale as u128) {
             return Err(format!("{s:?} is not a whole number of bytes"));
         }
         whole
