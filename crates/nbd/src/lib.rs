@@ -3,7 +3,24 @@
 //! know about Lamina's engine, pools or the daemon. Written by hand because no
 //! permissively licensed async Rust crate offers a server with structured
 //! replies (see shared/reference/facts.md).
+//!
+//! Use [`serve_unix`] or [`serve_tcp`] for a listener, or
+//! [`serve_connection`] for one already-connected stream. What the server
+//! implements (options, commands, flags, errors, ordering) is described in
+//! `docs/nbd.md`.
 
 mod device;
+mod error;
+mod handshake;
+#[cfg(any(test, feature = "testing"))]
+pub mod mem;
+pub mod proto;
+mod server;
+mod transmission;
+
+#[cfg(test)]
+mod testkit;
 
 pub use device::{BlockDevice, DeviceError, Exports, Extent};
+pub use error::NbdError;
+pub use server::{serve_connection, serve_tcp, serve_unix, ServerOptions};

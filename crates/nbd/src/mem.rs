@@ -1,0 +1,353 @@
+//! In-memory exports for tests and fuzzing (cargo feature `testing`): a
+//! device that is a `Vec<u8>` behind a mutex with a 4 KiB allocation map, so
+//! block status reports real holes, and the bytes of a scripted client
+//! handshake.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::device::{BlockDevice, DeviceError, Exports, Extent};
+use crate::proto::*;
+
+/// Allocation granularity of [`MemDevice`].
+pub const MEM_BLOCK: u64 = 4096;
+
+/// A RAM-backed [`BlockDevice`]. Unwritten, trimmed and zeroed whole blocks
+/// are holes (reported as hole + zero); partially covered blocks stay
+/// allocated.
+#[derive(Debug)]
+pub struct MemDevice {
+    state: Mutex<State>,
+    read_only: bool,
+    native_zeroes: bool,
+    failing: Option<(u64, u64)>,
+    flushes: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    data: Vec<u8>,
+    allocated: Vec<bool>,
+}
+
+impl MemDevice {
+    /// A writable device of `size` bytes, all holes.
+    pub fn new(size: usize) -> Self {
+        let blocks = (size as u64).div_ceil(MEM_BLOCK) as usize;
+        MemDevice {
+            state: Mutex::new(State {
+                data: vec![0; size],
+                allocated: vec![false; blocks],
+            }),
+            read_only: false,
+            native_zeroes: true,
+            failing: None,
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    /// Refuses writes (the export is advertised read-only).
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// `write_zeroes` fails with `NotSupported`, as a device that cannot
+    /// zero quickly would.
+    pub fn without_native_zeroes(mut self) -> Self {
+        self.native_zeroes = false;
+        self
+    }
+
+    /// Any operation touching `[start, end)` fails with `DeviceError::Io`.
+    pub fn failing(mut self, start: u64, end: u64) -> Self {
+        self.failing = Some((start, end));
+        self
+    }
+
+    /// Stores `data` at `offset` regardless of read-only (test set-up).
+    pub fn load(&self, offset: u64, data: &[u8]) {
+        let mut s = self.lock();
+        let end = (offset as usize + data.len()).min(s.data.len());
+        let n = end.saturating_sub(offset as usize);
+        s.data[offset as usize..end].copy_from_slice(&data[..n]);
+        s.mark(offset, n as u64, true);
+    }
+
+    /// A copy of the contents.
+    pub fn contents(&self) -> Vec<u8> {
+        self.lock().data.clone()
+    }
+
+    /// Whether the block holding `offset` is allocated.
+    pub fn is_allocated(&self, offset: u64) -> bool {
+        self.lock()
+            .allocated
+            .get((offset / MEM_BLOCK) as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// How many times `flush` was called.
+    pub fn flush_count(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check(&self, offset: u64, len: u64, write: bool) -> Result<(), DeviceError> {
+        if write && self.read_only {
+            return Err(DeviceError::ReadOnly(
+                "in-memory device is read-only".into(),
+            ));
+        }
+        let size = self.lock().data.len() as u64;
+        if !matches!(offset.checked_add(len), Some(end) if end <= size) {
+            return Err(DeviceError::Invalid(format!(
+                "{offset}+{len} beyond {size}"
+            )));
+        }
+        if let Some((a, b)) = self.failing {
+            if offset < b && offset + len > a {
+                return Err(DeviceError::Io(format!(
+                    "injected failure at {offset}+{len}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn zero(&self, offset: u64, len: u64, punch: bool) {
+        let mut s = self.lock();
+        s.data[offset as usize..(offset + len) as usize].fill(0);
+        s.mark(offset, len, true);
+        if punch {
+            // Whole blocks inside the range become holes again.
+            let first = offset.div_ceil(MEM_BLOCK);
+            let last = (offset + len) / MEM_BLOCK;
+            for b in first..last {
+                s.allocated[b as usize] = false;
+            }
+        }
+    }
+}
+
+impl State {
+    fn mark(&mut self, offset: u64, len: u64, allocated: bool) {
+        if len == 0 {
+            return;
+        }
+        let first = offset / MEM_BLOCK;
+        let last = (offset + len - 1) / MEM_BLOCK;
+        for b in first..=last {
+            if let Some(a) = self.allocated.get_mut(b as usize) {
+                *a = allocated;
+            }
+        }
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn size(&self) -> Result<u64, DeviceError> {
+        Ok(self.lock().data.len() as u64)
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.check(offset, buf.len() as u64, false)?;
+        let s = self.lock();
+        buf.copy_from_slice(&s.data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), DeviceError> {
+        self.check(offset, data.len() as u64, true)?;
+        let mut s = self.lock();
+        s.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        s.mark(offset, data.len() as u64, true);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.check(offset, len, true)?;
+        self.zero(offset, len, true);
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), DeviceError> {
+        if !self.native_zeroes {
+            return Err(DeviceError::NotSupported("no native zeroing".into()));
+        }
+        self.check(offset, len, true)?;
+        self.zero(offset, len, may_trim);
+        Ok(())
+    }
+
+    /// Runs of allocated / unallocated blocks from `offset`. The last extent
+    /// runs to the end of its run, possibly past the request, which the
+    /// trait allows and the server must clip.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
+        self.check(offset, len, false)?;
+        let s = self.lock();
+        let size = s.data.len() as u64;
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let b = (at / MEM_BLOCK) as usize;
+            let alloc = s.allocated[b];
+            let mut next = b + 1;
+            while next < s.allocated.len() && s.allocated[next] == alloc {
+                next += 1;
+            }
+            let run_end = (next as u64 * MEM_BLOCK).min(size);
+            out.push(Extent {
+                length: run_end - at,
+                hole: !alloc,
+                zero: !alloc,
+            });
+            at = run_end;
+        }
+        Ok(out)
+    }
+}
+
+/// A fixed set of named devices.
+#[derive(Default)]
+pub struct MemExports {
+    entries: Vec<(String, String, Arc<dyn BlockDevice>)>,
+}
+
+impl MemExports {
+    /// No exports.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an export.
+    pub fn with(mut self, name: &str, description: &str, device: Arc<dyn BlockDevice>) -> Self {
+        self.entries
+            .push((name.to_string(), description.to_string(), device));
+        self
+    }
+}
+
+impl Exports for MemExports {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+        self.entries
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, d)| d.clone())
+    }
+
+    fn list(&self) -> Vec<(String, String)> {
+        self.entries
+            .iter()
+            .map(|(n, d, _)| (n.clone(), d.clone()))
+            .collect()
+    }
+}
+
+/// Appends one client option to `out`.
+pub fn client_option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// What a client sends to reach transmission on `export` in one go: flags
+/// with NO_ZEROES, then either NBD_OPT_STRUCTURED_REPLY,
+/// NBD_OPT_SET_META_CONTEXT `base:allocation` and NBD_OPT_GO (`structured`),
+/// or a bare NBD_OPT_EXPORT_NAME like the Linux kernel's client.
+pub fn client_handshake(export: &str, structured: bool) -> Vec<u8> {
+    let mut out = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    let name_len = (export.len() as u32).to_be_bytes();
+    if structured {
+        client_option(&mut out, OPT_STRUCTURED_REPLY, &[]);
+        let q = BASE_ALLOCATION.as_bytes();
+        let meta = [
+            &name_len,
+            export.as_bytes(),
+            &1u32.to_be_bytes(),
+            &(q.len() as u32).to_be_bytes(),
+            q,
+        ]
+        .concat();
+        client_option(&mut out, OPT_SET_META_CONTEXT, &meta);
+        let go = [&name_len, export.as_bytes(), &0u16.to_be_bytes()].concat();
+        client_option(&mut out, OPT_GO, &go);
+    } else {
+        client_option(&mut out, OPT_EXPORT_NAME, export.as_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_follow_writes_trims_and_zeroes() {
+        let d = MemDevice::new(64 * 1024);
+        assert_eq!(
+            d.block_status(0, 100).unwrap(),
+            vec![Extent {
+                length: 65536,
+                hole: true,
+                zero: true
+            }]
+        );
+        d.write(8192, &[1; 100], false).unwrap();
+        let e = d.block_status(0, 65536).unwrap();
+        assert_eq!(
+            e.iter().map(|e| (e.length, e.hole)).collect::<Vec<_>>(),
+            vec![(8192, true), (4096, false), (53248, true)]
+        );
+        d.trim(8192, 4096).unwrap();
+        assert!(!d.is_allocated(8192));
+        d.write(0, &[2; 8192], false).unwrap();
+        d.write_zeroes(100, 8000, true).unwrap(); // no whole block inside
+        assert!(d.is_allocated(0) && d.is_allocated(4096));
+        d.write_zeroes(0, 8192, false).unwrap();
+        assert!(d.is_allocated(0));
+        d.write_zeroes(0, 8192, true).unwrap();
+        assert!(!d.is_allocated(0) && !d.is_allocated(4096));
+        assert!(d.contents().iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn checks_range_read_only_and_failures() {
+        let d = MemDevice::new(4096).failing(1000, 1001);
+        assert!(matches!(
+            d.read(4000, &mut [0; 97]),
+            Err(DeviceError::Invalid(_))
+        ));
+        assert!(matches!(
+            d.read(u64::MAX, &mut [0; 2]),
+            Err(DeviceError::Invalid(_))
+        ));
+        assert!(matches!(d.read(999, &mut [0; 2]), Err(DeviceError::Io(_))));
+        let r = MemDevice::new(4096).read_only();
+        assert!(matches!(
+            r.write(0, &[1], false),
+            Err(DeviceError::ReadOnly(_))
+        ));
+        r.load(0, &[7; 10]);
+        let mut b = [0; 10];
+        r.read(0, &mut b).unwrap();
+        assert_eq!(b, [7; 10]);
+    }
+}
