@@ -1,10 +1,23 @@
-//! The `lamina` command. For now it manages pools offline (create, check,
-//! stats); the daemon and its API arrive with `lamina serve`. It owns
-//! argument parsing and output only, never engine logic.
+//! The `lamina` command: `lamina serve` runs the daemon; the other commands
+//! talk to it over its API (the unix socket in the data directory, or TCP
+//! with `--endpoint` and the bearer token); `lamina pool` works on a pool
+//! offline. It owns argument parsing and output only, never engine or
+//! daemon logic.
 
-use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
-use lamina_engine::{Pool, PoolOptions};
+mod client;
+mod cmd_clone;
+mod cmd_operation;
+mod cmd_pool;
+mod cmd_snapshot;
+mod cmd_volume;
+mod output;
+mod tree;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use client::{Client, Failure};
+use output::Format;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -14,128 +27,175 @@ use std::path::PathBuf;
     about = "Lamina block storage: thin volumes, instant snapshots and clones"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: Global,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+#[derive(Args)]
+struct Global {
+    /// The daemon's data directory (pool, store, sockets, token).
+    #[arg(long, global = true, env = "LAMINA_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Reach the daemon over TCP, e.g. http://127.0.0.1:7480 (needs the token).
+    #[arg(long, global = true, env = "LAMINA_ENDPOINT", value_name = "URL")]
+    endpoint: Option<String>,
+    /// Bearer token for --endpoint (default: read from DIR/token when readable).
+    #[arg(
+        long,
+        global = true,
+        env = "LAMINA_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
+    output: Format,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the daemon: the API on DIR/api.sock, NBD on DIR/nbd.sock (SIGTERM or Ctrl-C stops it).
+    Serve {
+        /// Also serve the API on TCP at ADDR (e.g. 127.0.0.1:7480); requests need the token in DIR/token.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// Also serve NBD on TCP at ADDR (e.g. 127.0.0.1:10809).
+        #[arg(long, value_name = "ADDR")]
+        nbd_listen: Option<SocketAddr>,
+    },
+    /// The daemon's version, data directory and pool usage.
+    Status,
+    /// Thin volumes.
+    Volume {
+        #[command(subcommand)]
+        cmd: cmd_volume::VolumeCmd,
+    },
+    /// Snapshots of volumes.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: cmd_snapshot::SnapshotCmd,
+    },
+    /// Clones: new volumes from snapshots or volumes.
+    Clone {
+        #[command(subcommand)]
+        cmd: cmd_clone::CloneCmd,
+    },
+    /// Long-running operations (full clones, flattens).
+    Operation {
+        #[command(subcommand)]
+        cmd: cmd_operation::OperationCmd,
+    },
     /// Manage a pool directory directly (the daemon must not be running on it).
     Pool {
         #[command(subcommand)]
-        cmd: PoolCmd,
+        cmd: cmd_pool::PoolCmd,
     },
 }
 
-#[derive(Subcommand)]
-enum PoolCmd {
-    /// Create an empty pool in DIR.
-    Create {
-        dir: PathBuf,
-        /// Capacity limit in bytes (default: the disk's).
-        #[arg(long, default_value_t = 0)]
-        max_bytes: u64,
-    },
-    /// Verify a pool offline: refcounts, reachability, checksums.
-    Check {
-        dir: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Space, volumes and snapshots of a pool.
-    Stats { dir: PathBuf },
+/// What every API command gets: the client and the output format.
+pub struct Ctx {
+    pub client: Client,
+    pub fmt: Format,
+}
+
+/// A size argument (`10GiB`, `512MiB`, `4096`).
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    lamina_api::parse_size(s)
 }
 
 fn main() {
+    let cli = Cli::parse();
+    let serving = matches!(cli.cmd, Cmd::Serve { .. });
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if serving { "info" } else { "warn" })
+    });
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("LAMINA_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Cli::parse()) {
+    if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
+        if let Some(h) = e.downcast_ref::<Failure>().and_then(|f| f.hint.as_deref()) {
+            eprintln!("hint: {h}");
+        }
         std::process::exit(1);
     }
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let g = cli.global;
+    let data_dir = g.data_dir.unwrap_or_else(lamina_server::default_data_dir);
+    let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
     match cli.cmd {
-        Cmd::Pool { cmd } => match cmd {
-            PoolCmd::Create { dir, max_bytes } => {
-                let opts = PoolOptions {
-                    max_bytes,
-                    background: false,
-                    ..PoolOptions::default()
-                };
-                Pool::create_dir(&dir, opts)
-                    .with_context(|| format!("creating a pool in {}", dir.display()))?
-                    .close()?;
-                println!("created pool in {}", dir.display());
-            }
-            PoolCmd::Check { dir, json } => {
-                let opts = PoolOptions {
-                    background: false,
-                    ..PoolOptions::default()
-                };
-                let pool = Pool::open_dir(&dir, opts)
-                    .with_context(|| format!("opening {}", dir.display()))?;
-                let r = pool.check()?;
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "ok": r.is_ok(), "total_blocks": r.total_blocks, "tree_nodes": r.tree_nodes,
-                            "data_blocks": r.data_blocks, "volumes": r.volumes, "snapshots": r.snapshots,
-                            "dead_nodes": r.dead_nodes, "leaked_blocks": r.leaked,
-                            "problem_count": r.problem_count, "problems": r.problems,
-                        })
-                    );
-                } else {
-                    println!(
-                        "{}: {} blocks, {} volumes, {} snapshots, {} tree nodes, {} data blocks, {} awaiting reclaim",
-                        dir.display(), r.total_blocks, r.volumes, r.snapshots, r.tree_nodes, r.data_blocks, r.dead_nodes
-                    );
-                    for p in &r.problems {
-                        println!("problem: {p}");
-                    }
+        Cmd::Pool { cmd } => cmd_pool::run(cmd),
+        Cmd::Serve { listen, nbd_listen } => serve(lamina_server::Config {
+            data_dir,
+            listen,
+            nbd_listen,
+        }),
+        cmd => {
+            let client = Client::new(&data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
+            let ctx = Ctx {
+                client,
+                fmt: g.output,
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(async move {
+                match cmd {
+                    Cmd::Status => status(&ctx).await,
+                    Cmd::Volume { cmd } => cmd_volume::run(&ctx, cmd).await,
+                    Cmd::Snapshot { cmd } => cmd_snapshot::run(&ctx, cmd).await,
+                    Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
+                    Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
+                    Cmd::Pool { .. } | Cmd::Serve { .. } => unreachable!("handled above"),
                 }
-                pool.abandon();
-                if !r.is_ok() {
-                    bail!("{} problem(s) found in {}", r.problem_count, dir.display());
-                }
-                if !json {
-                    println!("ok");
-                }
-            }
-            PoolCmd::Stats { dir } => {
-                let opts = PoolOptions {
-                    background: false,
-                    ..PoolOptions::default()
-                };
-                let pool = Pool::open_dir(&dir, opts)
-                    .with_context(|| format!("opening {}", dir.display()))?;
-                let s = pool.stats()?;
-                println!(
-                    "{}: {} bytes in the pool file, {} used, {} free; {} volumes, {} snapshots",
-                    dir.display(),
-                    s.total_bytes,
-                    s.used_bytes,
-                    s.free_bytes,
-                    s.volumes,
-                    s.snapshots
-                );
-                for v in pool.list_volumes() {
-                    println!(
-                        "volume {} size {} allocated {} snapshots {}",
-                        v.name,
-                        v.size,
-                        v.allocated_bytes,
-                        pool.list_snapshots(&v.name)?.len()
-                    );
-                }
-                pool.close()?;
-            }
-        },
+            })
+        }
     }
-    Ok(())
+}
+
+async fn status(ctx: &Ctx) -> Result<()> {
+    let v = ctx.client.get("/v1/health").await?;
+    output::show(ctx.fmt, &v, |h: &lamina_api::Health| {
+        output::fields(&[
+            ("Version", h.version.clone()),
+            ("Data directory", h.data_dir.clone()),
+            ("NBD socket", h.nbd_socket.clone()),
+            ("Volumes", h.volumes.to_string()),
+            ("Snapshots", h.snapshots.to_string()),
+            ("Pool used", lamina_api::format_size(h.pool_used_bytes)),
+        ])
+    })
+}
+
+/// `lamina serve`: the daemon until SIGTERM or SIGINT.
+fn serve(config: lamina_server::Config) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lamina")
+        .build()
+        .context("starting the async runtime")?;
+    let dir = config.data_dir.clone();
+    rt.block_on(async move {
+        // Installed before the daemon starts, so that a signal sent as soon
+        // as the socket answers stops it cleanly instead of killing it.
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = int.recv() => tracing::info!("SIGINT received"),
+            }
+        };
+        lamina_server::run(config, shutdown)
+            .await
+            .with_context(|| format!("serving {}", dir.display()))
+    })
 }

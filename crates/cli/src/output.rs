@@ -1,0 +1,158 @@
+//! Output: the API's JSON as it came (pretty), the same as YAML, or an
+//! aligned table for people.
+
+use anyhow::{Context, Result};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Yaml,
+    Table,
+}
+
+/// Print `value` as JSON or YAML; in table mode call `table` with it parsed
+/// as `T` and print what it returns.
+pub fn show<T: DeserializeOwned>(
+    fmt: Format,
+    value: &Value,
+    table: impl FnOnce(&T) -> String,
+) -> Result<()> {
+    match fmt {
+        Format::Json | Format::Yaml => print_raw(fmt, value),
+        Format::Table => {
+            let t: T = parse(value)?;
+            let s = table(&t);
+            print!("{s}");
+            if !s.is_empty() && !s.ends_with('\n') {
+                println!();
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Print a JSON value as JSON or YAML (in table mode, as JSON).
+pub fn print_raw(fmt: Format, value: &Value) -> Result<()> {
+    match fmt {
+        Format::Yaml => print!(
+            "{}",
+            serde_yaml::to_string(value).context("formatting YAML")?
+        ),
+        _ => println!("{}", serde_json::to_string_pretty(value)?),
+    }
+    Ok(())
+}
+
+/// An API answer as a typed value.
+pub fn parse<T: DeserializeOwned>(value: &Value) -> Result<T> {
+    serde_json::from_value(value.clone())
+        .context("the daemon's answer does not have the expected shape")
+}
+
+/// Columns padded to their widest cell, two spaces apart.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Table {
+        Table {
+            rows: vec![headers.iter().map(|h| h.to_string()).collect()],
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0; cols];
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for r in &self.rows {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate() {
+                line.push_str(c);
+                if i + 1 < r.len() {
+                    let pad = widths[i] - c.chars().count() + 2;
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `Key:  value` lines, keys aligned.
+pub fn fields(pairs: &[(&str, String)]) -> String {
+    let w = pairs
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let mut out = String::new();
+    for (k, v) in pairs {
+        out.push_str(&format!("{:<w$}  {v}\n", format!("{k}:")));
+    }
+    out
+}
+
+/// `-` for nothing.
+pub fn or_dash(s: Option<&str>) -> String {
+    s.filter(|s| !s.is_empty()).unwrap_or("-").to_string()
+}
+
+/// At most `max` characters, with `...` when cut.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(max.saturating_sub(3)).collect();
+        t.push_str("...");
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns() {
+        let mut t = Table::new(&["NAME", "SIZE"]);
+        t.row(vec!["a-long-name".into(), "1.0 GiB".into()]);
+        t.row(vec!["b".into(), "-".into()]);
+        assert_eq!(
+            t.render(),
+            "NAME         SIZE\na-long-name  1.0 GiB\nb            -\n"
+        );
+    }
+
+    #[test]
+    fn clips() {
+        assert_eq!(clip("abcdef", 6), "abcdef");
+        assert_eq!(clip("abcdefg", 6), "abc...");
+    }
+
+    #[test]
+    fn fields_align() {
+        assert_eq!(
+            fields(&[
+                ("Name", "v".into()),
+                ("Size", "1 B".into()),
+                ("Clone state", "none".into())
+            ]),
+            "Name:         v\nSize:         1 B\nClone state:  none\n"
+        );
+    }
+}
