@@ -133,22 +133,31 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                 ..=acked[r as usize].max(inflight[r as usize].unwrap_or(0)))
                 .filter(|g| g % REGIONS == r)
                 .collect();
+            // -r: a snapshot export is read-only; qemu-io opens read-write by default.
+            let reads = |cmd: String| {
+                run(Command::new("qemu-io")
+                    .args(["-r", "-f", "raw", &suri, "-c"])
+                    .arg(cmd))
+            };
             let good = later.iter().any(|g| {
-                let o = run(Command::new("qemu-io")
-                    .args(["-f", "raw", &suri, "-c"])
-                    .arg(format!(
-                        "read -P {} {} {}",
-                        pattern(r, *g),
-                        r * REGION,
-                        REGION
-                    )));
+                let o = reads(format!(
+                    "read -P {} {} {}",
+                    pattern(r, *g),
+                    r * REGION,
+                    REGION
+                ));
                 o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("failed")
             });
-            assert!(
-                good,
-                "snapshot {name}: region {r} lost generation {} acknowledged before it",
-                floor[r as usize]
-            );
+            if !good {
+                let dump = reads(format!("read -v {} 16", r * REGION));
+                panic!(
+                    "snapshot {name}: region {r} lost generation {} acknowledged before it (patterns of later generations: {:?}); it holds:\n{}{}",
+                    floor[r as usize],
+                    later.iter().map(|g| pattern(r, *g)).collect::<Vec<_>>(),
+                    String::from_utf8_lossy(&dump.stdout),
+                    String::from_utf8_lossy(&dump.stderr)
+                );
+            }
         }
     }
     // A clean stop, then the offline check.
