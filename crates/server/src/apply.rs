@@ -186,6 +186,12 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
                 arg(&a, "volume")?.to_string(),
                 arg(&a, "snapshot")?.to_string(),
             );
+            if st.is_attached(&vol) {
+                return Err(Failure::conflict(
+                    format!("volume {vol:?} is attached: reverting would change its data under its clients"),
+                    "detach it first: lamina volume detach VOLUME",
+                ));
+            }
             blocking(move || Ok(Outcome::Volume(p.revert_volume(&vol, &name)?))).await
         }
         "flatten" => {
