@@ -4,7 +4,7 @@
 use crate::client::{seg, Failure};
 use crate::output::{self, fields, or_dash, Table};
 use crate::Ctx;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lamina_api::{format_size, CloneState, Operation, OperationState, Volume};
@@ -112,10 +112,17 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Value> {
     let pb = bar();
     let url = format!("/v1/operations/{}", seg(id));
     loop {
-        let v = ctx.client.get(&url).await?;
+        let v = ctx.client.get(&url).await.with_context(|| {
+            format!("waiting for operation {id} (it goes on in the daemon: `lamina operation wait {id}`)")
+        })?;
         let op: Operation = output::parse(&v)?;
         if pb.message().is_empty() {
-            pb.set_message(format!("{} {}", op.kind, op.volume));
+            let what = if op.kind == "clone" {
+                "full clone"
+            } else {
+                op.kind.as_str()
+            };
+            pb.set_message(format!("{what} {}", op.volume));
         }
         if op.total_bytes > 0 {
             pb.set_length(op.total_bytes);

@@ -35,7 +35,7 @@ struct Cli {
 
 #[derive(Args)]
 struct Global {
-    /// The daemon's data directory (pool, store, sockets, token).
+    /// The daemon's data directory: pool, store, sockets, token [default: /var/lib/lamina for root, else $XDG_DATA_HOME/lamina or ~/.local/share/lamina].
     #[arg(long, global = true, env = "LAMINA_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Reach the daemon over TCP, e.g. http://127.0.0.1:7480 (needs the token).
@@ -51,7 +51,7 @@ struct Global {
     )]
     token: Option<String>,
     /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
+    #[arg(short = 'o', long, global = true, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
     output: Format,
 }
 
@@ -114,6 +114,7 @@ fn main() {
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(cli) {
