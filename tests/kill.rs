@@ -170,3 +170,84 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
         .args(["pool", "check"])
         .arg(d.data().join("pool")));
 }
+
+/// A full clone interrupted by SIGKILL resumes at restart and ends equal to
+/// its snapshot.
+#[test]
+fn full_clone_interrupted_by_sigkill_finishes_after_restart() {
+    need("qemu-io", "qemu-utils");
+    need("qemu-img", "qemu-utils");
+    let mut d = Daemon::start();
+    d.ok(&["volume", "create", "src", "--size", "256MiB"]);
+    let uri = d.attach(&["volume", "attach", "src"]);
+    ok(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        &uri,
+        "-c",
+        "write -P 0x61 0 96M",
+        "-c",
+        "write -P 0x62 128M 64M",
+        "-c",
+        "flush",
+    ]));
+    d.ok(&["snapshot", "create", "src", "s"]);
+    let out = d.ok(&[
+        "clone",
+        "create",
+        "copy",
+        "--from-snapshot",
+        "src/s",
+        "--full",
+        "--no-wait",
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let op = v["operation"]["id"]
+        .as_str()
+        .expect("a full clone answers with its operation")
+        .to_string();
+    std::thread::sleep(Duration::from_millis(150));
+    let before: serde_json::Value =
+        serde_json::from_str(&d.ok(&["operation", "get", &op, "-o", "json"])).unwrap();
+    d.kill9();
+    d.restart();
+    if before["state"] == "running" {
+        assert!(
+            d.log().contains("interrupted by a restart"),
+            "the restarted daemon did not resume the copy:\n{}",
+            d.log()
+        );
+        eprintln!(
+            "killed at {} of {} bytes copied",
+            before["done_bytes"], before["total_bytes"]
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let o: serde_json::Value =
+            serde_json::from_str(&d.ok(&["operation", "get", &op, "-o", "json"])).unwrap();
+        match o["state"].as_str() {
+            Some("succeeded") => break,
+            Some("running") => {}
+            other => panic!(
+                "the interrupted full clone ended {other:?}: {o}\n{}",
+                d.log()
+            ),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the full clone did not finish after the restart"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let snap = d.attach(&["snapshot", "attach", "src", "s"]);
+    let copy = d.attach(&["volume", "attach", "copy"]);
+    let o = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &snap, &copy]));
+    assert!(
+        o.status.success(),
+        "the resumed full clone differs from its snapshot: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

@@ -233,8 +233,13 @@ impl State {
     }
 }
 
-/// An operation record as the API shows it.
-pub fn operation(rec: &OpRec) -> api::Operation {
+/// An operation record as the API shows it, with live progress if a job is
+/// copying for it.
+pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
+    let (done_bytes, total_bytes) = match st.progress.lock().unwrap().get(&rec.id) {
+        Some(&p) if rec.state == "running" => p,
+        _ => (rec.done_bytes, rec.total_bytes),
+    };
     api::Operation {
         id: rec.id.clone(),
         kind: rec.kind.clone(),
@@ -244,8 +249,8 @@ pub fn operation(rec: &OpRec) -> api::Operation {
             "failed" => api::OperationState::Failed,
             _ => api::OperationState::Running,
         },
-        done_bytes: rec.done_bytes,
-        total_bytes: rec.total_bytes,
+        done_bytes,
+        total_bytes,
         started: rec.started.clone(),
         error: rec.error.clone(),
     }

@@ -369,7 +369,7 @@ pub async fn create_clone(
                     .store
                     .op(id)
                     .map_err(Failure::from)?
-                    .map(|r| operation(&r)),
+                    .map(|r| operation(&st, &r)),
                 None => None,
             };
             let status = if op.is_some() {
@@ -396,7 +396,7 @@ pub async fn list_operations(st: St) -> R<Json<Vec<api::Operation>>> {
         .ops()
         .map_err(Failure::from)?
         .iter()
-        .map(operation)
+        .map(|r| operation(&st, r))
         .collect();
     ops.sort_by(|a, b| a.started.cmp(&b.started));
     Ok(Json(ops))
@@ -405,7 +405,7 @@ pub async fn list_operations(st: St) -> R<Json<Vec<api::Operation>>> {
 #[utoipa::path(get, path = "/v1/operations/{id}", responses((status = 200, body = api::Operation)))]
 pub async fn get_operation(st: St, Path(id): Path<String>) -> R<Json<api::Operation>> {
     match st.store.op(&id).map_err(Failure::from)? {
-        Some(r) => Ok(Json(operation(&r))),
+        Some(r) => Ok(Json(operation(&st, &r))),
         None => Err(Failure::not_found(format!("no operation {id:?}"))),
     }
 }

@@ -106,6 +106,7 @@ fn copy(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let export = pool.export(None, &Target::snapshot(vol, snap))?;
     rec.total_bytes = export.data_bytes();
+    st.store.put_op(rec)?;
     let resume = rec.args["resume_offset"].as_u64().unwrap_or(0);
     let dst = pool.open_volume(name)?;
     let mut done = 0;
@@ -125,6 +126,10 @@ fn copy(
         dst.apply(&chunk)?;
         done += data;
         since += data;
+        st.progress
+            .lock()
+            .unwrap()
+            .insert(rec.id.clone(), (done, rec.total_bytes));
         if since >= CHECKPOINT_BYTES {
             dst.flush()?;
             since = 0;
@@ -135,5 +140,6 @@ fn copy(
     }
     dst.flush()?;
     rec.done_bytes = done;
+    st.progress.lock().unwrap().remove(&rec.id);
     Ok(())
 }

@@ -20,6 +20,8 @@ pub struct State {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub token: Option<String>,
     pub nbd_tcp: Option<SocketAddr>,
+    /// Live progress of running copy jobs: operation id -> (done, total) bytes.
+    pub progress: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 pub fn rfc3339(ns: u64) -> String {
@@ -61,6 +63,7 @@ impl State {
             locks: Mutex::new(HashMap::new()),
             token,
             nbd_tcp: config.nbd_listen,
+            progress: Mutex::new(HashMap::new()),
         };
         for (name, rec) in state.store.exports()? {
             let handle = match &rec.snapshot {
