@@ -184,6 +184,19 @@ fn serve(config: lamina_server::Config) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     let dir = config.data_dir.clone();
+    // The daemon notices another one only after opening the pool; do not
+    // let a second daemon touch a pool that one is serving.
+    let sock = lamina_server::Layout::new(&dir).api_socket;
+    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+        anyhow::bail!(Failure::new(
+            format!(
+                "another Lamina daemon is already serving {} (its API answers at {})",
+                dir.display(),
+                sock.display()
+            ),
+            Some("stop it first (SIGTERM), or give this one another --data-dir".into()),
+        ));
+    }
     rt.block_on(async move {
         // Installed before the daemon starts, so that a signal sent as soon
         // as the socket answers stops it cleanly instead of killing it.

@@ -114,6 +114,19 @@ fn volumes_in_table_json_and_yaml() {
     assert!(out.contains("deleted volume vol-b"), "{out}");
     assert_eq!(d.json(&["volume", "list"]).as_array().unwrap().len(), 2);
 
+    // A second daemon on the same data directory is refused; the first goes on.
+    let err = d.lamina(&["serve"]).fails(1);
+    assert!(
+        err.contains("another Lamina daemon is already serving"),
+        "{err}"
+    );
+    assert!(
+        !d.log().contains("replaying log") || d.log().matches("replaying log").count() == 1,
+        "{}",
+        d.log()
+    );
+    d.ok(&["volume", "get", "vol-a"]);
+
     let status = d.ok(&["status"]);
     assert!(status.contains(d.data().to_str().unwrap()), "{status}");
     d.stop_cleanly();
