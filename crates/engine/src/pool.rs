@@ -192,6 +192,17 @@ impl Pool {
         let walf = backend
             .open(WAL_FILE, false)
             .map_err(|e| Error::io("open", &loc, 0, e))?;
+        // One process at a time: a second opener would replay the log and
+        // write metadata under the first one's feet.
+        if let Err(e) = file.try_lock() {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(Error::Conflict(format!(
+                    "the pool in {} is in use by another process (a running `lamina serve`?)",
+                    loc.display()
+                )));
+            }
+            return Err(Error::io("lock", file.path(), 0, e));
+        }
         let mut magic = [0u8; 8];
         file.read_at(&mut magic, 0)
             .map_err(|e| Error::io("read", file.path(), 0, e))?;

@@ -29,6 +29,11 @@ pub trait BlockFile: Send + Sync {
     fn len(&self) -> io::Result<u64>;
     /// Truncate or extend.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Take an exclusive lock for as long as this file stays open, failing
+    /// at once (`WouldBlock`) if another open file holds it.
+    fn try_lock(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens the files of one pool by name.
@@ -166,5 +171,16 @@ impl BlockFile for OsFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+
+    fn try_lock(&self) -> io::Result<()> {
+        // SAFETY: flock only reads its integer arguments; the descriptor is
+        // owned by `self.file`, which outlives the call.
+        let rc = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }

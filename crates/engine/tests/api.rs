@@ -329,3 +329,19 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     assert!(p.check().unwrap().is_ok());
 }
+
+#[test]
+fn a_pool_is_opened_by_one_owner_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = PoolOptions {
+        background: false,
+        ..PoolOptions::default()
+    };
+    let p = Pool::create_dir(dir.path(), opts.clone()).unwrap();
+    let e = Pool::open_dir(dir.path(), opts.clone())
+        .err()
+        .expect("a second opener is refused");
+    assert!(e.to_string().contains("in use by another process"), "{e}");
+    p.close().unwrap();
+    Pool::open_dir(dir.path(), opts).unwrap().close().unwrap();
+}
