@@ -43,6 +43,13 @@ pub async fn run(
     volume: &str,
     args: Value,
 ) -> Result<Outcome, Failure> {
+    // Refuse malformed names before anything is recorded.
+    if matches!(kind, "create-volume" | "clone") {
+        lamina_engine::check_name(volume)?;
+    }
+    if kind == "create-snapshot" {
+        lamina_engine::check_name(args["name"].as_str().unwrap_or_default())?;
+    }
     let lock = st.lock(volume);
     let _guard = lock.lock().await;
     let rec = OpRec {
@@ -60,7 +67,7 @@ pub async fn run(
     let r2 = rec.clone();
     blocking(move || st2.store.put_op(&r2).map_err(Failure::from)).await?;
     let result = apply(st, &rec).await;
-    // A full clone stays running: its job marks it done.
+    // A full clone or a flatten stays running: its job marks it done.
     if !matches!(result, Ok(Outcome::Clone(_, Some(_)))) {
         let mut done = rec;
         match &result {
@@ -196,11 +203,11 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
         }
         "flatten" => {
             let name = arg(&a, "name")?.to_string();
-            blocking(move || {
-                p.flatten(&name)?;
-                Ok(Outcome::Volume(p.volume_info_by_name(&name)?))
-            })
-            .await
+            let (p2, n2) = (p.clone(), name.clone());
+            let progress = blocking(move || Ok(p2.flatten(&n2)?)).await?;
+            let info = blocking(move || Ok(p.volume_info_by_name(&name)?)).await?;
+            crate::jobs::watch_flatten(&st, &rec, progress)?;
+            Ok(Outcome::Clone(info, Some(rec.id.clone())))
         }
         "clone" => crate::jobs::clone(&st, &rec).await,
         other => Err(Failure::invalid(format!(

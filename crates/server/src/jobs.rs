@@ -14,6 +14,45 @@ use std::sync::Arc;
 /// Progress is recorded (after a flush of the target) every this many bytes.
 const CHECKPOINT_BYTES: u64 = 64 << 20;
 
+/// Follow an engine flatten (which runs on its own thread) and record its
+/// end in the operation; at shutdown the record stays running, the engine
+/// resumes the flatten when it reopens the pool, and recovery follows it again.
+pub fn watch_flatten(
+    st: &Arc<State>,
+    rec: &OpRec,
+    progress: Arc<lamina_engine::FlattenProgress>,
+) -> Result<(), Failure> {
+    use std::sync::atomic::Ordering;
+    let (st2, mut rec) = (st.clone(), rec.clone());
+    st.spawn_job("lamina-flatten-watch", move || {
+        while !progress.finished.load(Ordering::SeqCst) {
+            if st2.is_stopping() {
+                return;
+            }
+            let p = (
+                progress.done.load(Ordering::SeqCst),
+                progress.total.load(Ordering::SeqCst),
+            );
+            st2.progress.lock().unwrap().insert(rec.id.clone(), p);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        st2.progress.lock().unwrap().remove(&rec.id);
+        rec.done_bytes = progress.done.load(Ordering::SeqCst);
+        rec.total_bytes = progress.total.load(Ordering::SeqCst);
+        match progress.error.lock().unwrap().clone() {
+            None => rec.state = "succeeded".into(),
+            Some(e) => {
+                rec.state = "failed".into();
+                rec.error = Some(e);
+            }
+        }
+        if let Err(e) = st2.store.put_op(&rec) {
+            tracing::error!(op = %rec.id, error = %e, "could not record the end of a flatten");
+        }
+    })
+    .map_err(|e| Failure::invalid(format!("cannot follow the flatten: {e}")))
+}
+
 pub async fn clone(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
     let a = &rec.args;
     let name = a["name"].as_str().unwrap_or_default().to_string();
@@ -69,33 +108,36 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
         return Ok(Outcome::Clone(info, None));
     }
     let (st2, rec2) = (st.clone(), rec.clone());
-    std::thread::Builder::new()
-        .name("lamina-full-clone".into())
-        .spawn(move || {
-            let mut rec = rec2;
-            rec.state = "running".into();
-            let r = copy(&st2.pool, &st2, &mut rec, &src_vol, &src_snap, &name);
-            match r {
-                Ok(()) => {
-                    if system {
-                        let _ = st2.pool.delete_snapshot(&src_vol, &src_snap);
-                    }
-                    rec.state = "succeeded".into();
-                }
-                Err(e) => {
-                    tracing::error!(op = %rec.id, error = %e, "full clone failed");
-                    rec.state = "failed".into();
-                    rec.error = Some(e.to_string());
-                }
+    st.spawn_job("lamina-full-clone", move || {
+        let mut rec = rec2;
+        rec.state = "running".into();
+        match copy(&st2.pool, &st2, &mut rec, &src_vol, &src_snap, &name) {
+            Ok(false) => {
+                tracing::info!(op = %rec.id, "daemon stopping: the copy resumes at the next start");
+                return;
             }
-            if let Err(e) = st2.store.put_op(&rec) {
-                tracing::error!(op = %rec.id, error = %e, "could not record the end of a full clone");
+            Ok(true) => {
+                if system {
+                    let _ = st2.pool.delete_snapshot(&src_vol, &src_snap);
+                }
+                rec.state = "succeeded".into();
             }
-        })
-        .map_err(|e| Failure::invalid(format!("cannot start the copy: {e}")))?;
+            Err(e) => {
+                tracing::error!(op = %rec.id, error = %e, "full clone failed");
+                rec.state = "failed".into();
+                rec.error = Some(e.to_string());
+            }
+        }
+        if let Err(e) = st2.store.put_op(&rec) {
+            tracing::error!(op = %rec.id, error = %e, "could not record the end of a full clone");
+        }
+    })
+    .map_err(|e| Failure::invalid(format!("cannot start the copy: {e}")))?;
     Ok(Outcome::Clone(info, Some(rec.id.clone())))
 }
 
+/// Copy the snapshot's data into the new volume; `Ok(false)` if the daemon
+/// is stopping (progress so far is recorded, the operation stays running).
 fn copy(
     pool: &Pool,
     st: &State,
@@ -103,7 +145,7 @@ fn copy(
     vol: &str,
     snap: &str,
     name: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<bool, Box<dyn std::error::Error>> {
     let export = pool.export(None, &Target::snapshot(vol, snap))?;
     rec.total_bytes = export.data_bytes();
     st.store.put_op(rec)?;
@@ -112,6 +154,11 @@ fn copy(
     let mut done = 0;
     let mut since = 0;
     for chunk in export {
+        if st.is_stopping() {
+            dst.flush()?;
+            st.progress.lock().unwrap().remove(&rec.id);
+            return Ok(false);
+        }
         let chunk = chunk?;
         let (offset, end, data) = match &chunk {
             Chunk::Data { offset, bytes } => {
@@ -141,5 +188,5 @@ fn copy(
     dst.flush()?;
     rec.done_bytes = done;
     st.progress.lock().unwrap().remove(&rec.id);
-    Ok(())
+    Ok(true)
 }

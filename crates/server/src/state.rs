@@ -22,6 +22,11 @@ pub struct State {
     pub nbd_tcp: Option<SocketAddr>,
     /// Live progress of running copy jobs: operation id -> (done, total) bytes.
     pub progress: Mutex<HashMap<String, (u64, u64)>>,
+    /// Set at shutdown: background jobs stop at their next step and leave
+    /// their operation running, to be resumed at the next start.
+    pub stopping: std::sync::atomic::AtomicBool,
+    /// Background jobs (full clones, flatten watchers), joined at shutdown.
+    pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 pub fn rfc3339(ns: u64) -> String {
@@ -64,6 +69,8 @@ impl State {
             token,
             nbd_tcp: config.nbd_listen,
             progress: Mutex::new(HashMap::new()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            jobs: Mutex::new(Vec::new()),
         };
         for (name, rec) in state.store.exports()? {
             let handle = match &rec.snapshot {
@@ -194,7 +201,30 @@ impl State {
         self.exports.contains(export)
     }
 
+    /// Start a background job, joined at shutdown.
+    pub fn spawn_job(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let h = std::thread::Builder::new().name(name.into()).spawn(f)?;
+        let mut jobs = self.jobs.lock().unwrap();
+        jobs.retain(|j| !j.is_finished());
+        jobs.push(h);
+        Ok(())
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub async fn close(&self) -> Result<(), ServerError> {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let jobs = std::mem::take(&mut *self.jobs.lock().unwrap());
+        tokio::task::spawn_blocking(move || {
+            for j in jobs {
+                let _ = j.join();
+            }
+        })
+        .await
+        .expect("join jobs");
         let pool = self.pool.clone();
         tokio::task::spawn_blocking(move || pool.close())
             .await
