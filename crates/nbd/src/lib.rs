@@ -11,12 +11,15 @@
 
 mod device;
 mod error;
+mod exec;
 mod handshake;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod proto;
+mod runner;
 mod server;
 mod transmission;
+mod writer;
 
 #[cfg(test)]
 mod testkit;

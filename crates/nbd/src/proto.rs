@@ -64,9 +64,9 @@ pub const OPT_GO: u32 = 7;
 /// Option: use structured replies.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 /// Option: list metadata contexts.
-pub const OPT_LIST_META_CONTEXT: u32 = 10;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
 /// Option: select metadata contexts.
-pub const OPT_SET_META_CONTEXT: u32 = 11;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 /// Option reply: success / end of a list.
 pub const REP_ACK: u32 = 1;

@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::device::Exports;
+use crate::writer::BoxedWrite;
 use crate::{handshake, transmission, NbdError};
 
 /// Socket buffer sizes for each direction of a connection.
@@ -104,6 +105,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let mut reader = BufReader::with_capacity(SOCKET_BUFFER, r);
+    let w: BoxedWrite = Box::new(w);
     let mut writer = BufWriter::with_capacity(SOCKET_BUFFER, w);
     let session = tokio::select! {
         s = handshake::negotiate(&mut reader, &mut writer, exports, opts.max_payload) => s?,

@@ -1,0 +1,227 @@
+//! The blocking side of a connection: *runners* (blocking tasks) take the
+//! requests the reader queued, call the device and write the replies.
+//!
+//! Handing each request to its own blocking task costs two thread wake-ups
+//! per request, which dominates with a fast device (page-cache hits take a
+//! few microseconds). So the policy adapts to how long device calls take,
+//! measured as a moving average:
+//!
+//! * fast device: one runner takes everything queued, runs it in order and
+//!   writes the replies together; it keeps taking work until the queue is
+//!   empty, so a busy connection needs no wake-ups at all. If a call turns
+//!   out slow, the runner hands half of its remaining work back and starts
+//!   another runner ([`SPLIT_AFTER`]); if the reader finds the runners
+//!   making no progress for [`SPLIT_AFTER`], it starts another one too.
+//! * slow device (the start state, until calls prove fast): a runner takes
+//!   one request at a time and the reader starts a runner per queued
+//!   request, so a disk sees the client's whole queue depth.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::device::{BlockDevice, DeviceError};
+use crate::exec::{execute, ReplyMode};
+use crate::proto::{errno, Reply, Request};
+use crate::writer::{Permits, ReplyWriter};
+
+/// How long a runner works before it shares out its remaining work, and how
+/// long the runners may make no progress before the reader starts another.
+const SPLIT_AFTER: Duration = Duration::from_micros(100);
+/// Average device call time above which the device counts as slow.
+const SLOW_CALL_NS: u64 = 50_000;
+
+/// One request on its way to a runner.
+pub(crate) struct Job {
+    pub req: Request,
+    pub payload: Vec<u8>,
+    pub permits: Permits,
+    /// Already answered without the device (refusals, CACHE).
+    pub reply: Option<Reply>,
+    /// Held until the device call completes (flush ordering).
+    pub hold: Option<Arc<dyn Send + Sync>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Runners started and not yet finished.
+    runners: usize,
+}
+
+/// What the reader and the runners of one connection share.
+pub(crate) struct Executor {
+    queue: Mutex<Queue>,
+    device: Arc<dyn BlockDevice>,
+    pub mode: ReplyMode,
+    pub writer: ReplyWriter,
+    span: tracing::Span,
+    max_runners: usize,
+    /// Moving average of device call time, in nanoseconds.
+    call_ns: AtomicU64,
+    /// When a runner last took work or finished a call (ns since `clock`).
+    progress_ns: AtomicU64,
+    clock: Instant,
+}
+
+impl Executor {
+    pub(crate) fn new(
+        device: Arc<dyn BlockDevice>,
+        mode: ReplyMode,
+        writer: ReplyWriter,
+        max_runners: usize,
+    ) -> Self {
+        Executor {
+            queue: Mutex::new(Queue::default()),
+            device,
+            mode,
+            writer,
+            span: tracing::Span::current(),
+            max_runners: max_runners.max(1),
+            call_ns: AtomicU64::new(2 * SLOW_CALL_NS),
+            progress_ns: AtomicU64::new(0),
+            clock: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+    }
+
+    fn slow(&self) -> bool {
+        self.call_ns.load(Ordering::Relaxed) > SLOW_CALL_NS
+    }
+
+    /// Queues `jobs` (leaving it empty) and starts runners as the policy
+    /// says.
+    pub(crate) fn submit(self: &Arc<Self>, jobs: &mut VecDeque<Job>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let now = self.now_ns();
+        let slow = self.slow();
+        let mut q = self.lock();
+        q.jobs.append(jobs);
+        let stalled = now.saturating_sub(self.progress_ns.load(Ordering::Relaxed))
+            > SPLIT_AFTER.as_nanos() as u64;
+        let wanted = if slow {
+            q.jobs.len()
+        } else {
+            usize::from(q.runners == 0 || stalled)
+        };
+        let start = wanted.min(self.max_runners.saturating_sub(q.runners));
+        q.runners += start;
+        drop(q);
+        if start > 0 && stalled {
+            // One new runner per stall, not one per request.
+            self.progress_ns.store(now, Ordering::Relaxed);
+        }
+        for _ in 0..start {
+            let ex = self.clone();
+            tokio::task::spawn_blocking(move || ex.runner());
+        }
+    }
+
+    /// Runs one job on its own blocking task (FLUSH, once it may run).
+    pub(crate) fn run_alone(self: &Arc<Self>, job: Job) {
+        let ex = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let reply = match job.reply {
+                Some(r) => r,
+                None => ex.complete(&job.req, job.payload),
+            };
+            ex.writer.send_blocking(vec![(reply, job.permits)]);
+        });
+    }
+
+    fn runner(self: Arc<Self>) {
+        loop {
+            let mut jobs = {
+                let mut q = self.lock();
+                if q.jobs.is_empty() {
+                    q.runners -= 1;
+                    return;
+                }
+                self.progress_ns.store(self.now_ns(), Ordering::Relaxed);
+                if self.slow() {
+                    q.jobs.pop_front().into_iter().collect()
+                } else {
+                    std::mem::take(&mut q.jobs)
+                }
+            };
+            let mut replies = Vec::with_capacity(jobs.len());
+            let mut started = Instant::now();
+            while let Some(job) = jobs.pop_front() {
+                let reply = match job.reply {
+                    Some(r) => r,
+                    None => {
+                        let t = Instant::now();
+                        let r = self.complete(&job.req, job.payload);
+                        self.record(t.elapsed());
+                        r
+                    }
+                };
+                drop(job.hold);
+                replies.push((reply, job.permits));
+                if started.elapsed() > SPLIT_AFTER {
+                    self.writer.send_blocking(std::mem::take(&mut replies));
+                    self.share(&mut jobs);
+                    started = Instant::now();
+                }
+            }
+            if !replies.is_empty() {
+                self.writer.send_blocking(replies);
+            }
+        }
+    }
+
+    /// Gives half of `jobs` back to the queue and starts another runner if
+    /// anything is queued.
+    fn share(self: &Arc<Self>, jobs: &mut VecDeque<Job>) {
+        let rest = if jobs.len() >= 2 {
+            jobs.split_off(jobs.len() / 2)
+        } else {
+            VecDeque::new()
+        };
+        let mut q = self.lock();
+        for j in rest.into_iter().rev() {
+            q.jobs.push_front(j);
+        }
+        if !q.jobs.is_empty() && q.runners < self.max_runners {
+            q.runners += 1;
+            drop(q);
+            let ex = self.clone();
+            tokio::task::spawn_blocking(move || ex.runner());
+        }
+    }
+
+    fn record(&self, took: Duration) {
+        let sample = took.as_nanos().min(u128::from(u64::MAX >> 4)) as u64;
+        let old = self.call_ns.load(Ordering::Relaxed);
+        self.call_ns
+            .store(old - old / 8 + sample / 8, Ordering::Relaxed);
+        self.progress_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// Runs a validated request on the device; its reply or error reply.
+    fn complete(&self, req: &Request, payload: Vec<u8>) -> Reply {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            execute(&*self.device, self.mode, req, payload)
+        }))
+        .unwrap_or_else(|_| Err(DeviceError::Io("the device panicked".into())));
+        match outcome {
+            Ok(reply) => reply,
+            Err(e) => {
+                let _g = self.span.enter();
+                tracing::warn!(kind = req.kind, offset = req.offset, length = req.length, error = %e, "device error");
+                self.mode.error(req.cookie, errno(&e), &e.to_string())
+            }
+        }
+    }
+}

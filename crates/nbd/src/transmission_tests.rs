@@ -1,0 +1,419 @@
+//! Transmission-phase tests over an in-memory pipe.
+
+use super::*;
+use crate::device::{BlockDevice, DeviceError, Extent};
+use crate::mem::{MemDevice, MemExports};
+use crate::testkit::*;
+use crate::Exports;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn pattern(off: usize, len: usize) -> Vec<u8> {
+    (off..off + len)
+        .map(|i| if i < 65536 { i as u8 } else { 0 })
+        .collect()
+}
+
+async fn disc(mut c: Client) {
+    c.request(CMD_DISC, 0, 0, 0, 0).await;
+    c.closed().await.unwrap();
+}
+
+#[tokio::test]
+async fn structured_read_write_and_zero_length() {
+    let mut c = Client::structured("disk").await;
+    c.request(CMD_READ, 0, 1, 100, 1000).await;
+    let ch = c.chunk().await;
+    assert_eq!(
+        (ch.flags, ch.kind, ch.cookie),
+        (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 1)
+    );
+    assert_eq!(&ch.payload[..8], &100u64.to_be_bytes());
+    assert_eq!(&ch.payload[8..], &pattern(100, 1000)[..]);
+
+    c.request(CMD_WRITE, CMD_FLAG_FUA, 2, 4096, 3).await;
+    c.send(&[9, 8, 7]).await;
+    let ch = c.chunk().await;
+    assert_eq!(
+        (ch.kind, ch.cookie, ch.errno()),
+        (0xffff, 2, 0),
+        "simple success reply"
+    );
+    c.request(CMD_READ, CMD_FLAG_DF, 3, 4095, 5).await;
+    assert_eq!(
+        &c.chunk().await.payload[8..],
+        &[4095u16 as u8, 9, 8, 7, 4099u16 as u8]
+    );
+
+    c.request(CMD_READ, 0, 4, 0, 0).await;
+    let ch = c.chunk().await;
+    assert_eq!(
+        (ch.flags, ch.kind, ch.payload.len()),
+        (REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0)
+    );
+    c.request(CMD_WRITE, 0, 5, 0, 0).await;
+    assert_eq!(c.chunk().await.errno(), 0);
+    disc(c).await;
+}
+
+#[tokio::test]
+async fn simple_replies_for_the_kernel_client() {
+    let (exports, disk, _, _) = exports();
+    let mut c = Client::start(exports, ServerOptions::default()).await;
+    c.send(&crate::mem::client_handshake("disk", false)).await;
+    let mut h = [0u8; 10];
+    c.r.read_exact(&mut h).await.unwrap();
+    c.request(CMD_READ, 0, 7, 10, 20).await;
+    assert_eq!(c.simple_reply(20).await, (0, 7, pattern(10, 20)));
+    c.request(CMD_WRITE, 0, 8, 0, 4).await;
+    c.send(b"abcd").await;
+    assert_eq!(c.simple_reply(0).await, (0, 8, vec![]));
+    assert_eq!(&disk.contents()[..4], b"abcd");
+    // DF is only valid with structured replies.
+    c.request(CMD_READ, CMD_FLAG_DF, 9, 0, 4).await;
+    assert_eq!(c.simple_reply(4).await.0, EINVAL);
+    c.request(CMD_READ, 0, 10, SIZE as u64, 1).await;
+    assert_eq!(c.simple_reply(1).await.0, EINVAL);
+    c.request(CMD_BLOCK_STATUS, 0, 11, 0, 512).await;
+    assert_eq!(c.simple_reply(0).await.0, EINVAL);
+    disc(c).await;
+}
+
+#[tokio::test]
+async fn range_and_limit_errors() {
+    let mut c = Client::structured("disk").await;
+    let end = SIZE as u64;
+    for (kind, off, len, errno) in [
+        (CMD_READ, end - 1, 2, EINVAL),
+        (CMD_READ, u64::MAX, 2, EINVAL),
+        (CMD_READ, 0, (32 << 20) + 1, EINVAL),
+        (CMD_TRIM, end, 1, EINVAL),
+        (CMD_CACHE, u64::MAX - 1, 4, EINVAL),
+        (CMD_WRITE_ZEROES, end - 1, 2, ENOSPC),
+        (CMD_BLOCK_STATUS, end, 1, EINVAL),
+        (CMD_BLOCK_STATUS, 0, 0, EINVAL),
+        (42, 0, 0, EINVAL),
+    ] {
+        c.request(kind, 0, 100 + u64::from(kind), off, len).await;
+        let ch = c.chunk().await;
+        assert_eq!(
+            (ch.kind, ch.flags, ch.errno()),
+            (REPLY_TYPE_ERROR, REPLY_FLAG_DONE, errno),
+            "{kind} {off} {len}"
+        );
+    }
+    // A write past the end still has its payload consumed.
+    c.request(CMD_WRITE, 0, 1, end - 2, 4).await;
+    c.send(&[1, 2, 3, 4]).await;
+    assert_eq!(c.chunk().await.errno(), ENOSPC);
+    // Flags not valid for the command.
+    c.request(CMD_WRITE, CMD_FLAG_NO_HOLE, 2, 0, 1).await;
+    c.send(&[1]).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    c.request(CMD_READ, 1 << 9, 3, 0, 1).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    c.request(CMD_CACHE, CMD_FLAG_FUA, 4, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), 0);
+    // A device error maps to EIO.
+    c.request(CMD_READ, 0, 5, end - 8192, 8192).await;
+    let ch = c.chunk().await;
+    assert_eq!((ch.cookie, ch.errno()), (5, EIO));
+    disc(c).await;
+}
+
+#[tokio::test]
+async fn oversized_write_closes() {
+    let mut c = Client::structured("disk").await;
+    c.request(CMD_WRITE, 0, 1, 0, (32 << 20) + 1).await;
+    assert!(matches!(
+        c.closed().await,
+        Err(NbdError::PayloadTooLarge { .. })
+    ));
+}
+
+#[tokio::test]
+async fn bad_request_magic_closes() {
+    let mut c = Client::structured("disk").await;
+    let mut r = Request {
+        flags: 0,
+        kind: CMD_READ,
+        cookie: 1,
+        offset: 0,
+        length: 1,
+    }
+    .encode();
+    r[3] ^= 1;
+    c.send(&r).await;
+    assert!(matches!(
+        c.closed().await,
+        Err(NbdError::RequestMagic(0x2560_9512))
+    ));
+}
+
+#[tokio::test]
+async fn client_vanishing_mid_request() {
+    let mut c = Client::structured("disk").await;
+    c.send(
+        &Request {
+            flags: 0,
+            kind: CMD_WRITE,
+            cookie: 1,
+            offset: 0,
+            length: 100,
+        }
+        .encode(),
+    )
+    .await;
+    c.send(&[0; 50]).await;
+    c.w.shutdown().await.unwrap();
+    assert!(matches!(c.closed().await, Err(NbdError::Io(_))));
+    let mut c = Client::structured("disk").await;
+    c.send(&[0x25, 0x60]).await;
+    c.w.shutdown().await.unwrap();
+    assert!(matches!(c.closed().await, Err(NbdError::Io(_))));
+    // Between requests it is a clean end.
+    let mut c = Client::structured("disk").await;
+    c.w.shutdown().await.unwrap();
+    assert!(c.closed().await.is_ok());
+}
+
+#[tokio::test]
+async fn read_only_export_refuses_writes() {
+    for structured in [true, false] {
+        let mut c = if structured {
+            Client::structured("ro").await
+        } else {
+            Client::simple("ro").await
+        };
+        c.request(CMD_WRITE, 0, 1, 0, 2).await;
+        c.send(&[1, 2]).await;
+        c.request(CMD_TRIM, 0, 2, 0, 4096).await;
+        c.request(CMD_WRITE_ZEROES, 0, 3, 0, 4096).await;
+        c.request(CMD_READ, 0, 4, 0, 2).await;
+        for cookie in 1..=3 {
+            let ch = c.chunk().await;
+            assert_eq!((ch.cookie, ch.errno()), (cookie, EPERM));
+        }
+        let ch = c.chunk().await;
+        assert_eq!(ch.cookie, 4);
+        if structured {
+            assert_eq!(ch.kind, REPLY_TYPE_OFFSET_DATA);
+        } else {
+            let mut d = [0u8; 2];
+            c.r.read_exact(&mut d).await.unwrap();
+        }
+        disc(c).await;
+    }
+}
+
+fn status(ch: &Chunk) -> Vec<(u32, u32)> {
+    assert_eq!(ch.kind, REPLY_TYPE_BLOCK_STATUS);
+    assert_eq!(&ch.payload[..4], &BASE_ALLOCATION_ID.to_be_bytes());
+    ch.payload[4..]
+        .chunks(8)
+        .map(|d| {
+            (
+                u32::from_be_bytes(d[..4].try_into().unwrap()),
+                u32::from_be_bytes(d[4..].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn block_status_trim_and_zeroes() {
+    let mut c = Client::structured("disk").await;
+    c.request(CMD_BLOCK_STATUS, 0, 1, 0, 128 * 1024).await;
+    assert_eq!(status(&c.chunk().await), vec![(65536, 0), (65536, 3)]);
+    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 2, 100, 128 * 1024)
+        .await;
+    assert_eq!(status(&c.chunk().await), vec![(65436, 0)]);
+    c.request(CMD_TRIM, 0, 3, 4096, 8192).await;
+    c.request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 4, 16384, 8192)
+        .await;
+    c.request(CMD_WRITE_ZEROES, CMD_FLAG_FUA, 5, 32768, 4096)
+        .await;
+    let mut cookies: Vec<u64> = Vec::new();
+    for _ in 0..3 {
+        let ch = c.chunk().await;
+        assert_eq!(ch.errno(), 0);
+        cookies.push(ch.cookie);
+    }
+    cookies.sort();
+    assert_eq!(cookies, vec![3, 4, 5]);
+    c.request(CMD_BLOCK_STATUS, 0, 6, 0, 40960).await;
+    assert_eq!(
+        status(&c.chunk().await),
+        vec![(4096, 0), (8192, 3), (20480, 0), (4096, 3), (4096, 0)]
+    );
+    c.request(CMD_READ, 0, 7, 4096, 8192).await;
+    assert!(c.chunk().await.payload[8..].iter().all(|b| *b == 0));
+    disc(c).await;
+}
+
+#[tokio::test]
+async fn fast_zero_and_emulated_zeroes() {
+    let (exports, _, _, nz) = exports();
+    nz.load(0, &[0xff; 8192]);
+    let mut c = Client::scripted(exports, ServerOptions::default(), "slow-zero").await;
+    c.request(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 1, 0, 4096)
+        .await;
+    let ch = c.chunk().await;
+    assert_eq!((ch.kind, ch.errno()), (REPLY_TYPE_ERROR, ENOTSUP));
+    assert!(
+        nz.contents()[..4096].iter().all(|b| *b == 0xff),
+        "fast zero must not write"
+    );
+    c.request(CMD_WRITE_ZEROES, 0, 2, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), 0);
+    assert!(nz.contents()[..4096].iter().all(|b| *b == 0));
+    assert!(nz.contents()[4096..8192].iter().all(|b| *b == 0xff));
+    disc(c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_all_answered_before_disc_closes() {
+    let (exports, disk, _, _) = exports();
+    let opts = ServerOptions {
+        max_in_flight: 4,
+        ..ServerOptions::default()
+    };
+    let mut c = Client::scripted(exports, opts, "disk").await;
+    // 100 writes and reads, then a flush and DISC, all without waiting.
+    let mut batch = Vec::new();
+    for i in 0..100u64 {
+        let w = Request {
+            flags: 0,
+            kind: CMD_WRITE,
+            cookie: i,
+            offset: 65536 + i * 512,
+            length: 512,
+        };
+        batch.extend_from_slice(&w.encode());
+        batch.extend_from_slice(&[i as u8; 512]);
+        let r = Request {
+            flags: 0,
+            kind: CMD_READ,
+            cookie: 1000 + i,
+            offset: i * 512,
+            length: 512,
+        };
+        batch.extend_from_slice(&r.encode());
+    }
+    batch.extend_from_slice(
+        &Request {
+            flags: 0,
+            kind: CMD_FLUSH,
+            cookie: 5000,
+            offset: 0,
+            length: 0,
+        }
+        .encode(),
+    );
+    batch.extend_from_slice(
+        &Request {
+            flags: 0,
+            kind: CMD_DISC,
+            cookie: 0,
+            offset: 0,
+            length: 0,
+        }
+        .encode(),
+    );
+    // The pipe holds all of it; the server reads while it answers.
+    c.w.write_all(&batch).await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    {
+        while seen.len() < 201 {
+            let ch = c.chunk().await;
+            assert_eq!(ch.errno(), 0);
+            if ch.cookie >= 1000 && ch.cookie < 5000 {
+                let i = (ch.cookie - 1000) as usize;
+                assert_eq!(&ch.payload[8..], &pattern(i * 512, 512)[..]);
+            }
+            assert!(seen.insert(ch.cookie), "duplicate reply");
+        }
+    }
+    c.closed().await.unwrap();
+    let data = disk.contents();
+    for i in 0..100usize {
+        assert!(data[65536 + i * 512..65536 + (i + 1) * 512]
+            .iter()
+            .all(|b| *b == i as u8));
+    }
+    assert_eq!(disk.flush_count(), 1);
+}
+
+/// Records the order of completed writes and flushes; writes are slow.
+struct Recorder {
+    inner: MemDevice,
+    log: Mutex<Vec<&'static str>>,
+}
+
+impl BlockDevice for Recorder {
+    fn size(&self) -> Result<u64, DeviceError> {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), DeviceError> {
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), DeviceError> {
+        std::thread::sleep(Duration::from_millis(if o == 0 { 200 } else { 1 }));
+        self.inner.write(o, d, f)?;
+        self.log
+            .lock()
+            .unwrap()
+            .push(if o == 0 { "slow write" } else { "write" });
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.log.lock().unwrap().push("flush");
+        Ok(())
+    }
+    fn trim(&self, o: u64, l: u64) -> Result<(), DeviceError> {
+        self.inner.trim(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, t: bool) -> Result<(), DeviceError> {
+        self.inner.write_zeroes(o, l, t)
+    }
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<Extent>, DeviceError> {
+        self.inner.block_status(o, l)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_earlier_writes_only() {
+    let dev = Arc::new(Recorder {
+        inner: MemDevice::new(SIZE),
+        log: Mutex::new(Vec::new()),
+    });
+    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", dev.clone()));
+    let mut c = Client::scripted(exports, ServerOptions::default(), "d").await;
+    // slow write, flush A, write, flush B: A must follow the slow write;
+    // B must follow both writes; A need not wait for the second write.
+    c.request(CMD_WRITE, 0, 1, 0, 1).await;
+    c.send(&[1]).await;
+    c.request(CMD_FLUSH, 0, 2, 0, 0).await;
+    c.request(CMD_WRITE, 0, 3, 4096, 1).await;
+    c.send(&[1]).await;
+    c.request(CMD_FLUSH, 0, 4, 0, 0).await;
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.push(c.chunk().await.cookie);
+    }
+    let log = dev.log.lock().unwrap().clone();
+    assert_eq!(log.iter().filter(|e| **e == "flush").count(), 2);
+    let slow = log.iter().position(|e| *e == "slow write").unwrap();
+    let fast = log.iter().position(|e| *e == "write").unwrap();
+    let first_flush = log.iter().position(|e| *e == "flush").unwrap();
+    let last_flush = log.iter().rposition(|e| *e == "flush").unwrap();
+    assert!(first_flush > slow && last_flush > fast, "{log:?}");
+    assert_eq!(order[0], 3, "the fast write is answered first: {order:?}");
+    let pos = |c| order.iter().position(|x| *x == c).unwrap();
+    assert!(pos(2) > pos(1) && pos(4) > pos(1), "{order:?}");
+    disc(c).await;
+}

@@ -1,0 +1,102 @@
+//! The one reply writer of a connection: a mutex around the buffered write
+//! half. The blocking task that completed a request writes its own reply
+//! (no hand-off to another task or thread); whichever writer finds no other
+//! reply ready flushes the buffer, so a burst of pipelined replies shares
+//! system calls while a lone reply goes out at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit};
+
+use crate::proto::Reply;
+
+/// The write half as the transmission phase sees it.
+pub(crate) type BoxedWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// What a request holds from its header to its reply (see `transmission`).
+pub(crate) struct Permits {
+    pub _slot: OwnedSemaphorePermit,
+    pub _bytes: Option<OwnedSemaphorePermit>,
+}
+
+struct State {
+    w: BufWriter<BoxedWrite>,
+    error: Option<std::io::Error>,
+}
+
+pub(crate) struct ReplyWriter {
+    state: Mutex<State>,
+    /// Replies completed and waiting for (or holding) the lock.
+    ready: AtomicUsize,
+    failed: Notify,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ReplyWriter {
+    /// Must be called within the runtime that serves the connection.
+    pub(crate) fn new(w: BufWriter<BoxedWrite>) -> Self {
+        ReplyWriter {
+            state: Mutex::new(State { w, error: None }),
+            ready: AtomicUsize::new(0),
+            failed: Notify::new(),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    /// Writes replies in order, then releases their permits. After a write
+    /// error replies are dropped and [`ReplyWriter::failed`] fires.
+    pub(crate) async fn send(&self, replies: Vec<(Reply, Permits)>) {
+        let n = replies.len();
+        self.ready.fetch_add(n, Ordering::SeqCst);
+        let mut st = self.state.lock().await;
+        // Every increment is followed by a decrement under the lock, so the
+        // last one to decrement reaches 0 and flushes for everyone before.
+        let last = self.ready.fetch_sub(n, Ordering::SeqCst) == n;
+        if st.error.is_none() {
+            if let Err(e) = write(&mut st.w, &replies, last).await {
+                st.error = Some(e);
+                self.failed.notify_one();
+            }
+        }
+        drop(st);
+        drop(replies);
+    }
+
+    /// [`ReplyWriter::send`] from a blocking task.
+    pub(crate) fn send_blocking(&self, replies: Vec<(Reply, Permits)>) {
+        self.runtime.block_on(self.send(replies))
+    }
+
+    /// Resolves once a write has failed.
+    pub(crate) async fn failed(&self) {
+        self.failed.notified().await
+    }
+
+    /// Flushes and shuts the write half down; returns the first error.
+    pub(crate) async fn close(&self) -> std::io::Result<()> {
+        let mut st = self.state.lock().await;
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        st.w.flush().await?;
+        st.w.shutdown().await
+    }
+}
+
+async fn write(
+    w: &mut BufWriter<BoxedWrite>,
+    replies: &[(Reply, Permits)],
+    flush: bool,
+) -> std::io::Result<()> {
+    for (reply, _) in replies {
+        w.write_all(reply.head()).await?;
+        if !reply.body().is_empty() {
+            w.write_all(reply.body()).await?;
+        }
+    }
+    if flush {
+        w.flush().await?;
+    }
+    Ok(())
+}
