@@ -51,53 +51,45 @@ pub async fn run(
     let nbd_unix = bind_unix(&layout.nbd_socket, 0o666)?;
     let exports: Arc<dyn lamina_nbd::Exports> = state.exports.clone();
     let opts = lamina_nbd::ServerOptions::default();
-    {
-        let (exports, opts, mut rx) = (exports.clone(), opts.clone(), stop_rx.clone());
-        tasks.spawn(async move {
-            let _ = lamina_nbd::serve_unix(nbd_unix, exports, opts, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await;
-        });
-    }
+    let stopped = |rx: &tokio::sync::watch::Receiver<bool>| {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tasks.spawn(lamina_nbd::serve_unix(
+        nbd_unix,
+        exports.clone(),
+        opts.clone(),
+        stopped(&stop_rx),
+    ));
     if let Some(addr) = config.nbd_listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| ServerError::io("bind NBD", addr.to_string(), e))?;
-        let (exports, opts, mut rx) = (exports.clone(), opts.clone(), stop_rx.clone());
-        tasks.spawn(async move {
-            let _ = lamina_nbd::serve_tcp(l, exports, opts, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await;
-        });
+        tasks.spawn(lamina_nbd::serve_tcp(
+            l,
+            exports.clone(),
+            opts.clone(),
+            stopped(&stop_rx),
+        ));
     }
 
     // The management API.
     let api_unix = bind_unix(&layout.api_socket, 0o600)?;
     let app = handlers::router(state.clone(), false);
-    {
-        let mut rx = stop_rx.clone();
-        tasks.spawn(async move {
-            let _ = axum::serve(api_unix, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await;
-        });
-    }
+    let api = axum::serve(api_unix, app).with_graceful_shutdown(stopped(&stop_rx));
+    tasks.spawn(async move {
+        let _ = api.await;
+    });
     if let Some(addr) = config.listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| ServerError::io("bind API", addr.to_string(), e))?;
-        let app = handlers::router(state.clone(), true);
-        let mut rx = stop_rx.clone();
+        let api = axum::serve(l, handlers::router(state.clone(), true))
+            .with_graceful_shutdown(stopped(&stop_rx));
         tasks.spawn(async move {
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await;
+            let _ = api.await;
         });
     }
     tracing::info!(data_dir = %layout.root.display(), api = %layout.api_socket.display(), nbd = %layout.nbd_socket.display(), "lamina serving");
