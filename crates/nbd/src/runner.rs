@@ -8,17 +8,23 @@
 //!
 //! * fast device: one runner takes everything queued, runs it in order and
 //!   writes the replies together; it keeps taking work until the queue is
-//!   empty, so a busy connection needs no wake-ups at all. If a call turns
+//!   empty (and lingers briefly, yielding its CPU, before it ends), so a
+//!   busy connection needs few wake-ups. If a call turns
 //!   out slow, the runner hands half of its remaining work back and starts
 //!   another runner ([`SPLIT_AFTER`]); if the reader finds the runners
 //!   making no progress for [`SPLIT_AFTER`], it starts another one too.
-//! * slow device (the start state, until calls prove fast): a runner takes
-//!   one request at a time and the reader starts a runner per queued
-//!   request, so a disk sees the client's whole queue depth.
+//! * slow device (most recent calls took over [`SLOW_CALL`]; also the start
+//!   state, until calls prove fast): a runner takes one request at a time
+//!   and the reader starts a runner per queued request, so a disk sees the
+//!   client's whole queue depth.
+//!
+//! The cost of the fast policy is head-of-line blocking when a call is
+//! unexpectedly slow (a cache miss): requests the runner already took wait
+//! for that one call before being shared out.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,8 +36,12 @@ use crate::writer::{Permits, ReplyWriter};
 /// How long a runner works before it shares out its remaining work, and how
 /// long the runners may make no progress before the reader starts another.
 const SPLIT_AFTER: Duration = Duration::from_micros(100);
-/// Average device call time above which the device counts as slow.
-const SLOW_CALL_NS: u64 = 50_000;
+/// A device call longer than this counts as slow.
+const SLOW_CALL: Duration = Duration::from_micros(50);
+/// Fixed-point 1.0 for the share of slow calls.
+const ONE: u32 = 1 << 16;
+/// How long an idle runner waits for more work before it ends.
+const LINGER: Duration = Duration::from_micros(30);
 
 /// One request on its way to a runner.
 pub(crate) struct Job {
@@ -59,8 +69,12 @@ pub(crate) struct Executor {
     pub writer: ReplyWriter,
     span: tracing::Span,
     max_runners: usize,
-    /// Moving average of device call time, in nanoseconds.
-    call_ns: AtomicU64,
+    /// Moving average of the share of slow calls (fixed point, [`ONE`] is
+    /// all of them). A share rather than a mean time, so that a thread
+    /// preempted mid-call on a busy machine does not flip the policy.
+    slow_share: AtomicU32,
+    /// Length of `queue.jobs`, readable without the lock.
+    queued: AtomicUsize,
     /// When a runner last took work or finished a call (ns since `clock`).
     progress_ns: AtomicU64,
     clock: Instant,
@@ -80,7 +94,8 @@ impl Executor {
             writer,
             span: tracing::Span::current(),
             max_runners: max_runners.max(1),
-            call_ns: AtomicU64::new(2 * SLOW_CALL_NS),
+            slow_share: AtomicU32::new(ONE),
+            queued: AtomicUsize::new(0),
             progress_ns: AtomicU64::new(0),
             clock: Instant::now(),
         }
@@ -94,8 +109,9 @@ impl Executor {
         self.clock.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
     }
 
+    /// Whether most recent device calls were slow.
     fn slow(&self) -> bool {
-        self.call_ns.load(Ordering::Relaxed) > SLOW_CALL_NS
+        self.slow_share.load(Ordering::Relaxed) > ONE / 2
     }
 
     /// Queues `jobs` (leaving it empty) and starts runners as the policy
@@ -108,6 +124,7 @@ impl Executor {
         let slow = self.slow();
         let mut q = self.lock();
         q.jobs.append(jobs);
+        self.queued.store(q.jobs.len(), Ordering::Relaxed);
         let stalled = now.saturating_sub(self.progress_ns.load(Ordering::Relaxed))
             > SPLIT_AFTER.as_nanos() as u64;
         let wanted = if slow {
@@ -142,34 +159,21 @@ impl Executor {
 
     fn runner(self: Arc<Self>) {
         loop {
-            let mut jobs = {
-                let mut q = self.lock();
-                if q.jobs.is_empty() {
-                    q.runners -= 1;
-                    return;
-                }
-                self.progress_ns.store(self.now_ns(), Ordering::Relaxed);
-                if self.slow() {
-                    q.jobs.pop_front().into_iter().collect()
-                } else {
-                    std::mem::take(&mut q.jobs)
-                }
-            };
+            let Some(mut jobs) = self.take() else { return };
             let mut replies = Vec::with_capacity(jobs.len());
             let mut started = Instant::now();
             while let Some(job) = jobs.pop_front() {
-                let reply = match job.reply {
-                    Some(r) => r,
+                let (reply, end) = match job.reply {
+                    Some(r) => (r, None),
                     None => {
                         let t = Instant::now();
                         let r = self.complete(&job.req, job.payload);
-                        self.record(t.elapsed());
-                        r
+                        (r, Some(self.record(t)))
                     }
                 };
                 drop(job.hold);
                 replies.push((reply, job.permits));
-                if started.elapsed() > SPLIT_AFTER {
+                if end.is_some_and(|end| end - started > SPLIT_AFTER) {
                     self.writer.send_blocking(std::mem::take(&mut replies));
                     self.share(&mut jobs);
                     started = Instant::now();
@@ -178,6 +182,35 @@ impl Executor {
             if !replies.is_empty() {
                 self.writer.send_blocking(replies);
             }
+        }
+    }
+
+    /// The next jobs for a runner, or `None` when it should end (it has
+    /// then been counted out). An idle runner lingers for [`LINGER`] first:
+    /// more work usually follows at once, and picking it up here is much
+    /// cheaper than waking a new runner.
+    fn take(&self) -> Option<VecDeque<Job>> {
+        let mut q = self.lock();
+        if q.jobs.is_empty() {
+            drop(q);
+            let until = Instant::now() + LINGER;
+            while self.queued.load(Ordering::Relaxed) == 0 && Instant::now() < until {
+                std::thread::yield_now();
+            }
+            q = self.lock();
+            if q.jobs.is_empty() {
+                q.runners -= 1;
+                return None;
+            }
+        }
+        self.progress_ns.store(self.now_ns(), Ordering::Relaxed);
+        if self.slow() {
+            let job = q.jobs.pop_front();
+            self.queued.store(q.jobs.len(), Ordering::Relaxed);
+            Some(job.into_iter().collect())
+        } else {
+            self.queued.store(0, Ordering::Relaxed);
+            Some(std::mem::take(&mut q.jobs))
         }
     }
 
@@ -193,6 +226,7 @@ impl Executor {
         for j in rest.into_iter().rev() {
             q.jobs.push_front(j);
         }
+        self.queued.store(q.jobs.len(), Ordering::Relaxed);
         if !q.jobs.is_empty() && q.runners < self.max_runners {
             q.runners += 1;
             drop(q);
@@ -201,12 +235,16 @@ impl Executor {
         }
     }
 
-    fn record(&self, took: Duration) {
-        let sample = took.as_nanos().min(u128::from(u64::MAX >> 4)) as u64;
-        let old = self.call_ns.load(Ordering::Relaxed);
-        self.call_ns
-            .store(old - old / 8 + sample / 8, Ordering::Relaxed);
-        self.progress_ns.store(self.now_ns(), Ordering::Relaxed);
+    /// Accounts for a device call that started at `start`; returns now.
+    fn record(&self, start: Instant) -> Instant {
+        let end = Instant::now();
+        let sample = if end - start > SLOW_CALL { ONE / 16 } else { 0 };
+        let old = self.slow_share.load(Ordering::Relaxed);
+        self.slow_share
+            .store(old - old / 16 + sample, Ordering::Relaxed);
+        let progress = (end - self.clock).as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.progress_ns.store(progress, Ordering::Relaxed);
+        end
     }
 
     /// Runs a validated request on the device; its reply or error reply.
