@@ -50,8 +50,6 @@ pub(crate) struct Job {
     pub permits: Permits,
     /// Already answered without the device (refusals, CACHE).
     pub reply: Option<Reply>,
-    /// Held until the device call completes (flush ordering).
-    pub hold: Option<Arc<dyn Send + Sync>>,
 }
 
 #[derive(Default)]
@@ -171,7 +169,6 @@ impl Executor {
                         (r, Some(self.record(t)))
                     }
                 };
-                drop(job.hold);
                 replies.push((reply, job.permits));
                 if end.is_some_and(|end| end - started > SPLIT_AFTER) {
                     self.writer.send_blocking(std::mem::take(&mut replies));

@@ -14,10 +14,12 @@
 //! reading replies stalls instead of growing the server's memory. Ending the
 //! connection waits for every slot, i.e. for every request in flight.
 //!
-//! Flush ordering: writes, trims and zeroings hold the current *epoch*; a
-//! FLUSH closes the epoch and waits until every request of it (and, through
-//! a chain, of every earlier epoch) has completed before calling
-//! `device.flush()`. Requests read after the FLUSH are not waited for.
+//! Flush ordering: writes, trims and zeroings hold the current *epoch* until
+//! their reply is written; a FLUSH closes the epoch and waits until every
+//! request of it (and, through a chain, of every earlier epoch) has been
+//! answered before calling `device.flush()`. So a FLUSH is answered after
+//! every write received before it, and requests read after it are not
+//! waited for.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -270,15 +272,15 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 self.flush(req, permits);
                 continue;
             }
-            let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-            let hold = (writes && reply.is_none())
-                .then(|| self.epochs.current.clone() as Arc<dyn Send + Sync>);
+            let mut permits = permits;
+            if reply.is_none() && matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) {
+                permits.hold = Some(self.epochs.current.clone());
+            }
             self.batch.push_back(Job {
                 req,
                 payload,
                 permits,
                 reply,
-                hold,
             });
         }
     }
@@ -309,6 +311,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         Some(Permits {
             _slot: slot,
             _bytes: bytes,
+            hold: None,
         })
     }
 
@@ -331,7 +334,6 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 payload: Vec::new(),
                 permits,
                 reply: None,
-                hold: None,
             });
         });
     }

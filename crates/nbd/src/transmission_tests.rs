@@ -417,3 +417,59 @@ async fn flush_waits_for_earlier_writes_only() {
     assert!(pos(2) > pos(1) && pos(4) > pos(1), "{order:?}");
     disc(c).await;
 }
+
+/// Reads at offset 0 take 300 ms; everything else is instant.
+struct OneSlowBlock(MemDevice);
+
+impl BlockDevice for OneSlowBlock {
+    fn size(&self) -> Result<u64, DeviceError> {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), DeviceError> {
+        if o == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.0.read(o, b)
+    }
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), DeviceError> {
+        self.0.write(o, d, f)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn trim(&self, o: u64, l: u64) -> Result<(), DeviceError> {
+        self.0.trim(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, t: bool) -> Result<(), DeviceError> {
+        self.0.write_zeroes(o, l, t)
+    }
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<Extent>, DeviceError> {
+        self.0.block_status(o, l)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_call_does_not_hold_up_later_requests() {
+    let dev = Arc::new(OneSlowBlock(MemDevice::new(SIZE)));
+    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", dev));
+    let mut c = Client::scripted(exports, ServerOptions::default(), "d").await;
+    // Enough fast calls for the server to treat the device as fast.
+    for i in 0..64 {
+        c.request(CMD_READ, 0, 100 + i, 4096, 512).await;
+        c.chunk().await;
+    }
+    c.request(CMD_READ, 0, 1, 0, 512).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for i in 0..10 {
+        c.request(CMD_READ, 0, 10 + i, 8192, 512).await;
+    }
+    let mut order = Vec::new();
+    for _ in 0..11 {
+        order.push(c.chunk().await.cookie);
+    }
+    assert_eq!(order.last(), Some(&1), "{order:?}");
+    disc(c).await;
+}

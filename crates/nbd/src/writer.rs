@@ -14,10 +14,13 @@ use crate::proto::Reply;
 /// The write half as the transmission phase sees it.
 pub(crate) type BoxedWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
-/// What a request holds from its header to its reply (see `transmission`).
+/// What a request holds from its header until its reply is written (see
+/// `transmission`): a slot, a share of the byte budget, and for writes the
+/// flush epoch.
 pub(crate) struct Permits {
     pub _slot: OwnedSemaphorePermit,
     pub _bytes: Option<OwnedSemaphorePermit>,
+    pub hold: Option<std::sync::Arc<dyn Send + Sync>>,
 }
 
 struct State {
