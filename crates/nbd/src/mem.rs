@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{BlockDevice, DeviceError, Exports, Extent};
 use crate::proto::*;
+use crate::{serve_connection, NbdError, ServerOptions};
 
 /// Allocation granularity of [`MemDevice`].
 pub const MEM_BLOCK: u64 = 4096;
@@ -293,6 +294,52 @@ pub fn client_handshake(export: &str, structured: bool) -> Vec<u8> {
         client_option(&mut out, OPT_EXPORT_NAME, export.as_bytes());
     }
     out
+}
+
+/// Runs one whole connection with `input` as everything the client sends
+/// (then end of stream) and returns what the server sent and how the
+/// connection ended. Uses one current-thread runtime per calling thread,
+/// kept between calls. For fuzzing and property tests.
+pub fn run_script(
+    exports: Arc<dyn Exports>,
+    opts: &ServerOptions,
+    input: &[u8],
+) -> (Vec<u8>, Result<(), NbdError>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    thread_local! {
+        static RUNTIME: Option<tokio::runtime::Runtime> =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().ok();
+    }
+    RUNTIME.with(|rt| {
+        let Some(rt) = rt else {
+            return (
+                Vec::new(),
+                Err(NbdError::Io(std::io::Error::other("no runtime"))),
+            );
+        };
+        rt.block_on(async {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let (mut r, mut w) = tokio::io::split(client);
+            let input = input.to_vec();
+            let feeder = tokio::spawn(async move {
+                // The server may hang up early; that is its right.
+                let _ = w.write_all(&input).await;
+                let _ = w.shutdown().await;
+            });
+            let drain = tokio::spawn(async move {
+                let mut out = Vec::new();
+                let _ = r.read_to_end(&mut out).await;
+                out
+            });
+            let result = serve_connection(server, exports, opts).await;
+            feeder.abort();
+            // Let both tasks finish so that nothing of this connection
+            // outlives the call.
+            let _ = feeder.await;
+            let out = drain.await.unwrap_or_default();
+            (out, result)
+        })
+    })
 }
 
 #[cfg(test)]

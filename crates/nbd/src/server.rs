@@ -223,35 +223,13 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Feeds `input` as the whole client side, then closes it; returns the
-    /// server's output and result. Panics if the server does not finish.
+    /// server's output and result.
     fn run_client_bytes(input: Vec<u8>) -> (Vec<u8>, Result<(), NbdError>) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let (client, server) = tokio::io::duplex(64 * 1024);
-            let (mut r, mut w) = tokio::io::split(client);
-            let opts = ServerOptions {
-                max_payload: 1 << 20,
-                ..ServerOptions::default()
-            };
-            let task =
-                tokio::spawn(async move { serve_connection(server, exports().0, &opts).await });
-            let writer = tokio::spawn(async move {
-                let _ = w.write_all(&input).await;
-                let _ = w.shutdown().await;
-            });
-            let mut out = Vec::new();
-            let read = tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut out)).await;
-            assert!(read.is_ok(), "server never closed");
-            let res = tokio::time::timeout(Duration::from_secs(20), task)
-                .await
-                .expect("server hung")
-                .unwrap();
-            writer.abort();
-            (out, res)
-        })
+        let opts = ServerOptions {
+            max_payload: 1 << 20,
+            ..ServerOptions::default()
+        };
+        crate::mem::run_script(exports().0, &opts, &input)
     }
 
     /// Checks that `out` (after the handshake) is a sequence of well-formed

@@ -24,7 +24,9 @@ pub(crate) struct Permits {
 }
 
 struct State {
-    w: BufWriter<BoxedWrite>,
+    /// `None` once closed: the stream is released with the connection, not
+    /// with the last blocking task that still holds the writer.
+    w: Option<BufWriter<BoxedWrite>>,
     error: Option<std::io::Error>,
 }
 
@@ -40,7 +42,10 @@ impl ReplyWriter {
     /// Must be called within the runtime that serves the connection.
     pub(crate) fn new(w: BufWriter<BoxedWrite>) -> Self {
         ReplyWriter {
-            state: Mutex::new(State { w, error: None }),
+            state: Mutex::new(State {
+                w: Some(w),
+                error: None,
+            }),
             ready: AtomicUsize::new(0),
             failed: Notify::new(),
             runtime: tokio::runtime::Handle::current(),
@@ -52,17 +57,18 @@ impl ReplyWriter {
     pub(crate) async fn send(&self, replies: Vec<(Reply, Permits)>) {
         let n = replies.len();
         self.ready.fetch_add(n, Ordering::SeqCst);
-        let mut st = self.state.lock().await;
+        let mut guard = self.state.lock().await;
         // Every increment is followed by a decrement under the lock, so the
         // last one to decrement reaches 0 and flushes for everyone before.
         let last = self.ready.fetch_sub(n, Ordering::SeqCst) == n;
-        if st.error.is_none() {
-            if let Err(e) = write(&mut st.w, &replies, last).await {
+        let st = &mut *guard;
+        if let (Some(w), None) = (st.w.as_mut(), st.error.as_ref()) {
+            if let Err(e) = write(w, &replies, last).await {
                 st.error = Some(e);
                 self.failed.notify_one();
             }
         }
-        drop(st);
+        drop(guard);
         drop(replies);
     }
 
@@ -76,14 +82,19 @@ impl ReplyWriter {
         self.failed.notified().await
     }
 
-    /// Flushes and shuts the write half down; returns the first error.
+    /// Flushes, shuts the write half down and drops it; returns the first
+    /// error. Replies sent afterwards are dropped.
     pub(crate) async fn close(&self) -> std::io::Result<()> {
         let mut st = self.state.lock().await;
+        let w = st.w.take();
         if let Some(e) = st.error.take() {
             return Err(e);
         }
-        st.w.flush().await?;
-        st.w.shutdown().await
+        if let Some(mut w) = w {
+            w.flush().await?;
+            w.shutdown().await?;
+        }
+        Ok(())
     }
 }
 
