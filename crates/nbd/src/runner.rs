@@ -4,7 +4,7 @@
 //! Handing each request to its own blocking task costs two thread wake-ups
 //! per request, which dominates with a fast device (page-cache hits take a
 //! few microseconds). So the policy adapts to how long device calls take,
-//! measured as a moving average:
+//! judged by the share of recent calls that were slow:
 //!
 //! * fast device: one runner takes everything queued, runs it in order and
 //!   writes the replies together; it keeps taking work until the queue is
