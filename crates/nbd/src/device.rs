@@ -30,6 +30,7 @@ pub enum DeviceError {
 /// One extent of a block-status reply (base:allocation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
+    /// Bytes covered by this extent.
     pub length: u64,
     /// NBD_STATE_HOLE: no storage allocated.
     pub hole: bool,

@@ -9,6 +9,8 @@
 //! implements (options, commands, flags, errors, ordering) is described in
 //! `docs/nbd.md`.
 
+#![warn(missing_docs)]
+
 mod device;
 mod error;
 mod exec;
