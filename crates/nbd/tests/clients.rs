@@ -10,17 +10,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lamina_nbd::mem::{MemDevice, MemExports};
-use lamina_nbd::{serve_unix, BlockDevice, ServerOptions};
+use lamina_nbd::{serve_tcp, serve_unix, BlockDevice, ServerOptions};
 
 const MIB: usize = 1 << 20;
 
-/// A server on a unix socket; stops (and waits for its connections) on drop.
+/// The same exports on a unix socket and on a loopback TCP port; stops
+/// (and waits for its connections) on drop.
 struct Server {
     rt: tokio::runtime::Runtime,
     dir: tempfile::TempDir,
     socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    tcp_port: u16,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     disk: Arc<MemDevice>,
     ro: Arc<MemDevice>,
 }
@@ -50,23 +52,34 @@ impl Server {
             .with("sparse", "two data extents", sparse)
             .with("img", "", Arc::new(MemDevice::new(8 * MIB)))
             .with("fio", "", Arc::new(MemDevice::new(32 * MIB)));
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let listener = {
+        let exports = Arc::new(exports);
+        let (unix, tcp) = {
             let _g = rt.enter();
-            tokio::net::UnixListener::bind(&socket).unwrap()
+            let unix = tokio::net::UnixListener::bind(&socket).unwrap();
+            let tcp = rt
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap();
+            (unix, tcp)
         };
-        let task = rt.spawn(serve_unix(
-            listener,
-            Arc::new(exports),
-            ServerOptions::default(),
-            stop_rx,
-        ));
+        let tcp_port = tcp.local_addr().unwrap().port();
+        let (stop_unix, unix_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tcp, tcp_rx) = tokio::sync::oneshot::channel::<()>();
+        let tasks = vec![
+            rt.spawn(serve_unix(
+                unix,
+                exports.clone(),
+                ServerOptions::default(),
+                unix_rx,
+            )),
+            rt.spawn(serve_tcp(tcp, exports, ServerOptions::default(), tcp_rx)),
+        ];
         Server {
             rt,
             dir,
             socket,
-            stop: Some(stop_tx),
-            task: Some(task),
+            tcp_port,
+            stop: vec![stop_unix, stop_tcp],
+            tasks,
             disk,
             ro,
         }
@@ -83,10 +96,10 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
+        for stop in self.stop.drain(..) {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
+        for task in self.tasks.drain(..) {
             let done = self
                 .rt
                 .block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await });
@@ -218,6 +231,39 @@ fn nbdinfo_reports_size_flags_and_lists_exports() {
     assert_eq!(names, ["disk", "ro", "sparse", "img", "fio"]);
     assert_eq!(exports[1]["description"], "read-only pattern");
     assert_eq!(exports[0]["contexts"][0], "base:allocation");
+}
+
+#[test]
+fn clients_over_tcp() {
+    let s = Server::start();
+    let uri = format!("nbd://127.0.0.1:{}/disk", s.tcp_port);
+    let info = json(&run(
+        tool("nbdinfo", "libnbd-bin").arg("--json").arg(&uri),
+        T,
+    ));
+    assert_eq!(info["exports"][0]["export-size"], 64 * MIB);
+    let o = run(
+        tool("qemu-io", "qemu-utils")
+            .args(["-f", "raw"])
+            .arg(&uri)
+            .args([
+                "-c",
+                "write -P 0x42 8M 256k",
+                "-c",
+                "read -P 0x42 8M 256k",
+                "-c",
+                "flush",
+            ]),
+        T,
+    );
+    assert!(
+        o.status.success() && !text(&o).contains("failed"),
+        "{}",
+        text(&o)
+    );
+    assert!(s.disk.contents()[8 * MIB..8 * MIB + 256 * 1024]
+        .iter()
+        .all(|b| *b == 0x42));
 }
 
 #[test]
