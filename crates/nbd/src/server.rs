@@ -345,6 +345,46 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_does_not_wait_for_half_sent_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_unix(
+            listener,
+            exports().0,
+            ServerOptions::default(),
+            stop_rx,
+        ));
+        // One client mid-handshake, one mid-write.
+        let mut a = tokio::net::UnixStream::connect(&path).await.unwrap();
+        a.write_all(&[0, 0, 0, 3]).await.unwrap();
+        let mut b = tokio::net::UnixStream::connect(&path).await.unwrap();
+        b.write_all(&client_handshake("disk", false)).await.unwrap();
+        let mut h = [0u8; 18 + 10];
+        b.read_exact(&mut h).await.unwrap();
+        let w = Request {
+            flags: 0,
+            kind: CMD_WRITE,
+            cookie: 1,
+            offset: 0,
+            length: 4096,
+        };
+        b.write_all(&w.encode()).await.unwrap();
+        b.write_all(&[1; 100]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        for s in [&mut a, &mut b] {
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tcp_accept_loop() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -209,50 +209,24 @@ struct Reader<R> {
 impl<R: AsyncRead + Unpin> Reader<R> {
     /// Reads and dispatches requests until the connection should end.
     async fn run(&mut self, shutdown: &mut Shutdown) -> Result<(), NbdError> {
-        let mut header = [0u8; REQUEST_LEN];
+        let sh = self.sh.clone();
         loop {
             // Dispatch once reading on would wait for the client.
             if self.batch.len() >= MAX_BATCH || self.reader.buffer().len() < REQUEST_LEN {
                 self.dispatch();
             }
-            let read = tokio::select! {
+            let next = tokio::select! {
                 biased;
-                _ = self.sh.writer.failed() => return Ok(()),
+                _ = sh.writer.failed() => return Ok(()),
                 _ = shutdown.wait() => {
                     tracing::debug!("server shutting down: no more requests");
                     return Ok(());
                 }
-                r = read_header(&mut self.reader, &mut header) => r,
+                next = self.next_request() => next?,
             };
-            if !read? {
-                tracing::debug!("client closed the connection without NBD_CMD_DISC");
-                return Ok(());
-            }
-            let req = Request::decode(&header).map_err(NbdError::RequestMagic)?;
-            match req.kind {
-                CMD_DISC => {
-                    tracing::debug!("NBD_CMD_DISC");
-                    return Ok(());
-                }
-                CMD_WRITE if req.length > self.max_payload => {
-                    return Err(NbdError::PayloadTooLarge {
-                        length: req.length,
-                        max: self.max_payload,
-                    });
-                }
-                _ => {}
-            }
-            let Some(permits) = self.permits(&req).await else {
+            let Some((req, payload, mut permits)) = next else {
                 return Ok(());
             };
-            let mut payload = Vec::new();
-            if req.kind == CMD_WRITE {
-                if self.reader.buffer().len() < req.length as usize {
-                    self.dispatch();
-                }
-                payload = vec![0u8; req.length as usize];
-                self.reader.read_exact(&mut payload).await?;
-            }
             let reply = match self.checker.check(&req) {
                 Err((errno, message)) => {
                     tracing::debug!(
@@ -263,7 +237,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                         message,
                         "request refused"
                     );
-                    Some(self.sh.mode.error(req.cookie, errno, message))
+                    Some(sh.mode.error(req.cookie, errno, message))
                 }
                 Ok(()) if req.kind == CMD_CACHE => Some(Reply::simple(req.cookie, 0, Vec::new())),
                 Ok(()) => None,
@@ -272,7 +246,6 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 self.flush(req, permits);
                 continue;
             }
-            let mut permits = permits;
             if reply.is_none() && matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) {
                 permits.hold = Some(self.epochs.current.clone());
             }
@@ -283,6 +256,42 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 reply,
             });
         }
+    }
+
+    /// The next request with its payload and permits; `None` when the
+    /// client has ended the connection (DISC or end of stream).
+    async fn next_request(&mut self) -> Result<Option<(Request, Vec<u8>, Permits)>, NbdError> {
+        let mut header = [0u8; REQUEST_LEN];
+        if !read_header(&mut self.reader, &mut header).await? {
+            tracing::debug!("client closed the connection without NBD_CMD_DISC");
+            return Ok(None);
+        }
+        let req = Request::decode(&header).map_err(NbdError::RequestMagic)?;
+        match req.kind {
+            CMD_DISC => {
+                tracing::debug!("NBD_CMD_DISC");
+                return Ok(None);
+            }
+            CMD_WRITE if req.length > self.max_payload => {
+                return Err(NbdError::PayloadTooLarge {
+                    length: req.length,
+                    max: self.max_payload,
+                });
+            }
+            _ => {}
+        }
+        let Some(permits) = self.permits(&req).await else {
+            return Ok(None);
+        };
+        let mut payload = Vec::new();
+        if req.kind == CMD_WRITE {
+            if self.reader.buffer().len() < req.length as usize {
+                self.dispatch();
+            }
+            payload = vec![0u8; req.length as usize];
+            self.reader.read_exact(&mut payload).await?;
+        }
+        Ok(Some((req, payload, permits)))
     }
 
     /// A slot, and for READ/WRITE a share of the byte budget. Dispatches the
