@@ -95,13 +95,9 @@ where
         out: Vec::new(),
     };
     loop {
-        let mut head = [0u8; 16];
+        let mut head = [0u8; OPTION_HEADER_LEN];
         r.read_exact(&mut head).await?;
-        let mut c = Cursor::new(&head);
-        let (hi, lo) = (c.u32().unwrap_or(0), c.u32().unwrap_or(0));
-        let magic = (u64::from(hi) << 32) | u64::from(lo);
-        let option = c.u32().unwrap_or(0);
-        let length = c.u32().unwrap_or(0);
+        let (magic, option, length) = decode_option_header(&head);
         if magic != IHAVEOPT {
             return Err(NbdError::OptionMagic(magic));
         }

@@ -215,6 +215,14 @@ impl Request {
     }
 }
 
+/// Length of a client option header.
+pub const OPTION_HEADER_LEN: usize = 16;
+
+/// Decodes a client option header: (magic, option, data length).
+pub fn decode_option_header(b: &[u8; OPTION_HEADER_LEN]) -> (u64, u32, u32) {
+    (be64(&b[0..8]), be32(&b[8..12]), be32(&b[12..16]))
+}
+
 fn be16(b: &[u8]) -> u16 {
     let mut a = [0u8; 2];
     a.copy_from_slice(b);
