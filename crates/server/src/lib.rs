@@ -103,7 +103,16 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: draining requests, flushing volumes");
     let _ = stop_tx.send(true);
-    while tasks.join_next().await.is_some() {}
+    // Requests in flight finish; a client that never reads its replies
+    // does not hold the shutdown up for more than a minute.
+    let drained = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("connections still open after 60 s; closing the pool anyway");
+        tasks.abort_all();
+    }
     state.close().await?;
     let _ = std::fs::remove_file(&layout.api_socket);
     let _ = std::fs::remove_file(&layout.nbd_socket);
