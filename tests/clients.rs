@@ -167,6 +167,7 @@ fn fio_verifies_through_snapshots_and_clones() {
             "--size=32m",
             "--verify=crc32c",
             "--randseed=1234",
+            "--verify_state_save=0",
             "--output-format=json",
         ])
         .arg(format!("--uri={uri}"))

@@ -482,6 +482,7 @@ fn fio_random_read_write_with_verification() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
                 "--runtime=5",
             ])
             .arg(format!("--uri={}", s.uri("fio"))),
