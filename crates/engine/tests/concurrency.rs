@@ -79,25 +79,21 @@ fn snapshots_are_points_in_time_under_concurrent_writes() {
                     gen += 1;
                     let g = gen * WRITERS + w; // unique per block across writers
                     let start = clock.fetch_add(1, Ordering::SeqCst);
-                    if r % 10 == 0 {
+                    // One write in ten is a trim: it leaves zeros (generation 0).
+                    let gen = if r % 10 == 0 {
                         v.trim(block * BS, BS).unwrap();
-                        let end = clock.fetch_add(1, Ordering::SeqCst);
-                        history
-                            .lock()
-                            .unwrap()
-                            .entry(block)
-                            .or_default()
-                            .push(Stamp { gen: 0, start, end });
+                        0
                     } else {
                         v.write(block * BS, &content(block, g)).unwrap();
-                        let end = clock.fetch_add(1, Ordering::SeqCst);
-                        history
-                            .lock()
-                            .unwrap()
-                            .entry(block)
-                            .or_default()
-                            .push(Stamp { gen: g, start, end });
-                    }
+                        g
+                    };
+                    let end = clock.fetch_add(1, Ordering::SeqCst);
+                    history
+                        .lock()
+                        .unwrap()
+                        .entry(block)
+                        .or_default()
+                        .push(Stamp { gen, start, end });
                 }
             });
         }

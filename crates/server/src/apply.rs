@@ -65,7 +65,7 @@ pub async fn run(
     };
     let st2 = st.clone();
     let r2 = rec.clone();
-    blocking(move || st2.store.put_op(&r2).map_err(Failure::from)).await?;
+    blocking(move || st2.record(&r2).map_err(Failure::from)).await?;
     let result = apply(st, &rec).await;
     // A full clone or a flatten stays running: its job marks it done.
     if !matches!(result, Ok(Outcome::Clone(_, Some(_)))) {
@@ -78,7 +78,7 @@ pub async fn run(
             }
         }
         let st2 = st.clone();
-        blocking(move || st2.store.put_op(&done).map_err(Failure::from)).await?;
+        blocking(move || st2.record(&done).map_err(Failure::from)).await?;
     }
     result
 }
@@ -234,7 +234,7 @@ impl State {
                     rec.error = Some(format!("after a restart: {}", f.1.message));
                 }
             }
-            self.store.put_op(&rec)?;
+            self.record(&rec)?;
         }
         Ok(())
     }

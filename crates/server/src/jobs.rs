@@ -46,7 +46,7 @@ pub fn watch_flatten(
                 rec.error = Some(e);
             }
         }
-        if let Err(e) = st2.store.put_op(&rec) {
+        if let Err(e) = st2.record(&rec) {
             tracing::error!(op = %rec.id, error = %e, "could not record the end of a flatten");
         }
     })
@@ -128,7 +128,7 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
                 rec.error = Some(e.to_string());
             }
         }
-        if let Err(e) = st2.store.put_op(&rec) {
+        if let Err(e) = st2.record(&rec) {
             tracing::error!(op = %rec.id, error = %e, "could not record the end of a full clone");
         }
     })
@@ -148,7 +148,7 @@ fn copy(
 ) -> Result<bool, Box<dyn std::error::Error>> {
     let export = pool.export(None, &Target::snapshot(vol, snap))?;
     rec.total_bytes = export.data_bytes();
-    st.store.put_op(rec)?;
+    st.record(rec)?;
     let resume = rec.args["resume_offset"].as_u64().unwrap_or(0);
     let dst = pool.open_volume(name)?;
     let mut done = 0;
@@ -182,7 +182,7 @@ fn copy(
             since = 0;
             rec.done_bytes = done;
             rec.args["resume_offset"] = json!(end);
-            st.store.put_op(rec)?;
+            st.record(rec)?;
         }
     }
     dst.flush()?;

@@ -25,6 +25,9 @@ pub struct State {
     /// Set at shutdown: background jobs stop at their next step and leave
     /// their operation running, to be resumed at the next start.
     pub stopping: std::sync::atomic::AtomicBool,
+    /// Running operations by volume (mirrors the store's records in state
+    /// `running`), so describing a volume needs no scan of the store.
+    running: Mutex<HashMap<String, String>>,
     /// Background jobs (full clones, flatten watchers), joined at shutdown.
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -71,7 +74,17 @@ impl State {
             progress: Mutex::new(HashMap::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             jobs: Mutex::new(Vec::new()),
+            running: Mutex::new(HashMap::new()),
         };
+        for op in state.store.ops()? {
+            if op.state == "running" {
+                state
+                    .running
+                    .lock()
+                    .unwrap()
+                    .insert(op.volume.clone(), op.id.clone());
+            }
+        }
         for (name, rec) in state.store.exports()? {
             let handle = match &rec.snapshot {
                 None => state.pool.open_volume(&rec.volume),
@@ -119,11 +132,7 @@ impl State {
 
     pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
         use lamina_engine::CloneState as C;
-        let operation = self.store.ops().ok().and_then(|ops| {
-            ops.into_iter()
-                .find(|o| o.volume == v.name && o.state == "running")
-                .map(|o| o.id)
-        });
+        let operation = self.running.lock().unwrap().get(&v.name).cloned();
         let clone_state = match v.clone_state {
             _ if operation.is_some() && v.clone_state == C::None => api::CloneState::Copying,
             C::None => api::CloneState::None,
@@ -199,6 +208,18 @@ impl State {
 
     pub fn is_attached(&self, export: &str) -> bool {
         self.exports.contains(export)
+    }
+
+    /// Write an operation record, keeping the index of running ones in step.
+    pub fn record(&self, op: &crate::store::OpRec) -> Result<(), ServerError> {
+        self.store.put_op(op)?;
+        let mut running = self.running.lock().unwrap();
+        if op.state == "running" {
+            running.insert(op.volume.clone(), op.id.clone());
+        } else if running.get(&op.volume) == Some(&op.id) {
+            running.remove(&op.volume);
+        }
+        Ok(())
     }
 
     /// Start a background job, joined at shutdown.
