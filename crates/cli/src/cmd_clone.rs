@@ -66,7 +66,7 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
     let final_op = crate::cmd_operation::wait(ctx, &op.id).await?;
     let volume = ctx
         .client
-        .get(&format!("/v1/volumes/{}", crate::client::seg(&name)))
+        .get(&format!("/v1/volumes/{}", lamina_cli::client::seg(&name)))
         .await?;
     let body = json!({"volume": volume, "operation": final_op});
     match ctx.fmt {

@@ -1,13 +1,13 @@
 //! `lamina operation ...`, and waiting for long-running work with a
 //! progress bar.
 
-use crate::client::{seg, Failure};
 use crate::output::{self, fields, or_dash, Table};
 use crate::Ctx;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lamina_api::{format_size, CloneState, Operation, OperationState, Volume};
+use lamina_cli::client::{seg, Failure};
 use serde_json::Value;
 use std::time::Duration;
 

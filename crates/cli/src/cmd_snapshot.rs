@@ -1,6 +1,5 @@
 //! `lamina snapshot ...`
 
-use crate::client::seg;
 use crate::cmd_volume::done;
 use crate::output::{self, fields, or_dash, Format, Table};
 use crate::Ctx;
@@ -8,6 +7,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use hyper::StatusCode;
 use lamina_api::{format_size, Export, Snapshot, Volume};
+use lamina_cli::client::seg;
 use serde_json::json;
 use std::collections::BTreeMap;
 

@@ -1,12 +1,12 @@
 //! `lamina volume ...`
 
-use crate::client::seg;
 use crate::output::{self, fields, or_dash, Format, Table};
 use crate::Ctx;
 use anyhow::Result;
 use clap::Subcommand;
 use hyper::StatusCode;
 use lamina_api::{format_size, CloneState, Export, Volume};
+use lamina_cli::client::seg;
 use serde_json::json;
 
 #[derive(Subcommand)]

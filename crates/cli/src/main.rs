@@ -4,7 +4,7 @@
 //! offline. It owns argument parsing and output only, never engine or
 //! daemon logic.
 
-mod client;
+use lamina_cli::client;
 mod cmd_clone;
 mod cmd_operation;
 mod cmd_pool;

@@ -1,0 +1,156 @@
+//! The I/O path: fio through the nbd engine against a Lamina volume,
+//! qemu-nbd serving a raw file and a qcow2 file, and nbdkit's file plugin;
+//! and fio straight on a file with O_DIRECT, the disk's own limit. All hold
+//! the same data, every block written; each round runs every job against
+//! every target before the next round starts.
+
+use crate::suite::anchors::{data_file, nbdcopy, nbdkit_file, qemu_img, qemu_nbd};
+use crate::suite::fio::{self, Job, Target};
+use crate::suite::record::Better;
+use crate::suite::{path_str, Ctx};
+use anyhow::Result;
+
+const CASE: &str = "io";
+
+pub fn jobs(seconds: f64) -> Vec<(&'static str, Job)> {
+    vec![
+        ("4k randread QD1", Job::new("randread", "4k", 1, seconds)),
+        ("4k randread QD32", Job::new("randread", "4k", 32, seconds)),
+        ("4k randwrite QD1", Job::new("randwrite", "4k", 1, seconds)),
+        (
+            "4k randwrite QD32",
+            Job::new("randwrite", "4k", 32, seconds),
+        ),
+        ("1M read QD8", Job::new("read", "1m", 8, seconds)),
+        ("1M write QD8", Job::new("write", "1m", 8, seconds)),
+    ]
+}
+
+/// Record one fio outcome: throughput (IOPS for 4 KiB, MB/s for 1 MiB) and
+/// p99 completion latency.
+pub fn record(ctx: &mut Ctx, case: &str, target: &str, label: &str, bs: &str, o: &fio::Outcome) {
+    if bs == "4k" {
+        ctx.rec
+            .add(case, target, label, "IOPS", Better::Higher, o.iops);
+    } else {
+        ctx.rec
+            .add(case, target, label, "MB/s", Better::Higher, o.mb_per_s);
+    }
+    ctx.rec.add(
+        case,
+        target,
+        &format!("{label} p99"),
+        "µs",
+        Better::Lower,
+        o.p99_us,
+    );
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let dir = ctx.scratch("io")?;
+    let size = ctx.p.size;
+    let data = dir.join("data.raw");
+    data_file(&data, size, 1)?;
+    let raw = dir.join("qemu.raw");
+    let kit = dir.join("nbdkit.raw");
+    let direct = dir.join("direct.raw");
+    let qcow2 = dir.join("qemu.qcow2");
+    for f in [&raw, &kit, &direct] {
+        std::fs::copy(&data, f)?;
+    }
+    qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        &path_str(&data),
+        &path_str(&qcow2),
+    ])?;
+
+    let lamina = ctx.lamina("io-lamina")?;
+    lamina.create_volume("io", size)?;
+    let lamina_uri = lamina.attach("io")?;
+    nbdcopy(&path_str(&data), &lamina_uri)?;
+    std::fs::remove_file(&data)?;
+
+    let (_q1, raw_uri) = qemu_nbd("qemu-nbd-raw", &raw, "raw", &dir)?;
+    let (_q2, qcow2_uri) = qemu_nbd("qemu-nbd-qcow2", &qcow2, "qcow2", &dir)?;
+    let (_k, kit_uri) = nbdkit_file("nbdkit-file", &kit, &dir)?;
+    let targets = [
+        ("lamina", Target::Nbd(lamina_uri)),
+        ("nbdkit file", Target::Nbd(kit_uri)),
+        ("qemu-nbd raw", Target::Nbd(raw_uri)),
+        ("qemu-nbd qcow2", Target::Nbd(qcow2_uri)),
+        ("file O_DIRECT", Target::File(direct.clone(), size)),
+    ];
+    let jobs = jobs(ctx.p.seconds);
+    for round in 0..ctx.p.rounds {
+        for (label, job) in &jobs {
+            // Rotate who goes first, so no target always runs on a warm or
+            // a cold machine.
+            for i in 0..targets.len() {
+                let (name, t) = &targets[(i + round) % targets.len()];
+                let o = fio::run(job, t)?;
+                eprintln!(
+                    "  round {round} {label:18} {name:15} {:>9.0} IOPS {:>7.0} MB/s p99 {:>7.0} µs",
+                    o.iops, o.mb_per_s, o.p99_us
+                );
+                record(ctx, CASE, name, label, job.bs, &o);
+            }
+        }
+    }
+    for (label, _) in &jobs {
+        let goal = label.starts_with("4k rand").then_some(0.75);
+        ctx.rec.compare(
+            CASE,
+            &format!("{label} vs nbdkit file"),
+            label,
+            "lamina",
+            "nbdkit file",
+            goal,
+        );
+        ctx.rec.compare(
+            CASE,
+            &format!("{label} vs qemu-nbd raw"),
+            label,
+            "lamina",
+            "qemu-nbd raw",
+            None,
+        );
+        ctx.rec.compare(
+            CASE,
+            &format!("{label} vs qemu-nbd qcow2"),
+            label,
+            "lamina",
+            "qemu-nbd qcow2",
+            None,
+        );
+        ctx.rec.compare(
+            CASE,
+            &format!("{label} vs the file, O_DIRECT"),
+            label,
+            "lamina",
+            "file O_DIRECT",
+            None,
+        );
+        let p99 = format!("{label} p99");
+        ctx.rec.compare(
+            CASE,
+            &format!("{p99} latency vs nbdkit file"),
+            &p99,
+            "lamina",
+            "nbdkit file",
+            None,
+        );
+    }
+    ctx.rec.note(
+        CASE,
+        format!(
+            "{} MiB of random data in each target, every block written; fio's nbd engine over a unix socket, one connection; \
+             the file O_DIRECT row is fio with io_uring on a copy of the same file, the disk's own limit.",
+            size >> 20
+        ),
+    );
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! One module per case of the suite. Each takes the shared context, adds
+//! its records and comparisons, and notes what it could not run and why.
+
+pub mod clone;
+pub mod delete;
+pub mod depth;
+pub mod io;
+pub mod scale;
+pub mod snapshot;

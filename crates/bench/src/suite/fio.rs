@@ -1,0 +1,195 @@
+//! fio, the load generator for every I/O figure: through its nbd engine
+//! (libnbd) for anything served over NBD, or io_uring with O_DIRECT on a
+//! plain file for the disk's own limit. One job, one connection.
+
+use super::proc;
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// fio's `rw`: randread, randwrite, read, write.
+    pub rw: &'static str,
+    pub bs: &'static str,
+    pub iodepth: u32,
+    pub seconds: f64,
+    /// Stop after this many I/Os instead of after `seconds`.
+    pub number_ios: Option<u64>,
+    /// Limit to the first `size` bytes of the target.
+    pub size: Option<u64>,
+    pub seed: u64,
+}
+
+impl Job {
+    pub fn new(rw: &'static str, bs: &'static str, iodepth: u32, seconds: f64) -> Job {
+        Job {
+            rw,
+            bs,
+            iodepth,
+            seconds,
+            number_ios: None,
+            size: None,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// An NBD URI, e.g. `nbd+unix:///vol?socket=/path`.
+    Nbd(String),
+    /// A file of this size, opened with O_DIRECT.
+    File(PathBuf, u64),
+}
+
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Outcome {
+    pub iops: f64,
+    pub mb_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub ios: u64,
+}
+
+fn command(job: &Job, target: &Target) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=bench",
+        "--output-format=json",
+        "--group_reporting",
+        "--norandommap",
+        "--verify_state_save=0",
+    ]);
+    c.arg(format!("--rw={}", job.rw))
+        .arg(format!("--bs={}", job.bs))
+        .arg(format!("--iodepth={}", job.iodepth))
+        .arg(format!("--randseed={}", job.seed));
+    match job.number_ios {
+        Some(n) => {
+            c.arg(format!("--number_ios={n}"));
+        }
+        None => {
+            c.arg("--time_based")
+                .arg(format!("--runtime={}ms", (job.seconds * 1000.0) as u64));
+        }
+    }
+    match target {
+        Target::Nbd(uri) => {
+            c.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+            if let Some(s) = job.size {
+                c.arg(format!("--size={s}"));
+            }
+        }
+        Target::File(path, size) => {
+            c.args(["--ioengine=io_uring", "--direct=1"])
+                .arg(format!("--filename={}", path.display()))
+                .arg(format!("--size={}", job.size.unwrap_or(*size)));
+        }
+    }
+    c
+}
+
+/// Run one job to completion.
+pub fn run(job: &Job, target: &Target) -> Result<Outcome> {
+    let out = proc::run(&mut command(job, target))?;
+    parse(job, &out)
+}
+
+/// A job running in the background, for loads measured while something
+/// else happens.
+pub struct Running {
+    job: Job,
+    child: Option<Child>,
+}
+
+pub fn spawn(job: &Job, target: &Target) -> Result<Running> {
+    let child = command(job, target)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting fio")?;
+    Ok(Running {
+        job: job.clone(),
+        child: Some(child),
+    })
+}
+
+impl Running {
+    pub fn wait(mut self) -> Result<Outcome> {
+        let out = self.child.take().unwrap().wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "fio failed: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        parse(&self.job, &stdout)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn parse(job: &Job, out: &str) -> Result<Outcome> {
+    // The nbd engine prints a line before the JSON document.
+    let start = out
+        .find('{')
+        .with_context(|| format!("no JSON in fio output: {out}"))?;
+    let v: Value =
+        serde_json::from_str(&out[start..]).with_context(|| format!("fio output: {out}"))?;
+    let j = &v["jobs"][0];
+    if j["error"].as_i64().unwrap_or(0) != 0 {
+        bail!("fio reported error {}: {out}", j["error"]);
+    }
+    let side = if job.rw.contains("read") {
+        &j["read"]
+    } else {
+        &j["write"]
+    };
+    let pct = |k: &str| {
+        side["clat_ns"]["percentile"][k]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1e3
+    };
+    Ok(Outcome {
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        mb_per_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        p50_us: pct("50.000000"),
+        p99_us: pct("99.000000"),
+        max_us: side["clat_ns"]["max"].as_f64().unwrap_or(f64::NAN) / 1e3,
+        ios: side["total_ios"].as_u64().unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fio_json_after_the_nbd_banner() {
+        let out = r#"fio: connected to NBD server
+{"jobs":[{"error":0,"read":{"iops":1000.5,"bw_bytes":4096000,"total_ios":5000,
+"clat_ns":{"max":90000,"percentile":{"50.000000":20000,"99.000000":80000}}},
+"write":{"iops":0}}]}"#;
+        let o = parse(&Job::new("randread", "4k", 32, 1.0), out).unwrap();
+        assert_eq!(o.iops, 1000.5);
+        assert_eq!(o.mb_per_s, 4.096);
+        assert_eq!((o.p50_us, o.p99_us, o.max_us), (20.0, 80.0, 90.0));
+        assert_eq!(o.ios, 5000);
+        assert!(parse(&Job::new("randread", "4k", 32, 1.0), "fio: nothing").is_err());
+        let failed = r#"{"jobs":[{"error":5,"read":{}}]}"#;
+        assert!(parse(&Job::new("randread", "4k", 32, 1.0), failed).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! (being written: qemu-storage-daemon and its QMP client)

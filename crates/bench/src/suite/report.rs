@@ -1,0 +1,214 @@
+//! The report: every raw figure as JSON, and a markdown page of ratios with
+//! the machine, the profile and the command that produced them.
+
+use super::record::{Better, Ratio, Record};
+use super::{Ctx, CASES};
+use anyhow::Result;
+use serde_json::{json, Value};
+use std::fmt::Write;
+use std::path::Path;
+
+pub fn write(
+    out: &Path,
+    ctx: &Ctx,
+    machine: &Value,
+    command: &str,
+    timings: &[(String, f64)],
+    secs: f64,
+) -> Result<()> {
+    let ratios = ctx.rec.ratios();
+    let doc = json!({
+        "command": command,
+        "machine": machine,
+        "profile": ctx.p,
+        "seconds": secs,
+        "case_seconds": timings,
+        "records": ctx.rec.records,
+        "ratios": ratios,
+        "notes": ctx.rec.notes,
+    });
+    std::fs::write(
+        out.join("bench-suite.json"),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    let plotted = super::plot::depth(&ctx.rec, &out.join("bench-depth.png"))?;
+    std::fs::write(
+        out.join("benchmarks.md"),
+        markdown(ctx, machine, command, timings, secs, &ratios, plotted),
+    )?;
+    Ok(())
+}
+
+fn fmt(v: f64) -> String {
+    if !v.is_finite() {
+        "–".into()
+    } else if v.abs() >= 100.0 {
+        format!("{:.0}", v)
+    } else if v.abs() >= 10.0 {
+        format!("{:.1}", v)
+    } else if v.abs() >= 1.0 {
+        format!("{:.2}", v)
+    } else {
+        format!("{:.3}", v)
+    }
+}
+
+fn ratio_row(r: &Ratio) -> String {
+    let goal = match (r.comparison.goal, r.meets_goal) {
+        (Some(g), Some(m)) => format!(
+            "{} {}× — {}",
+            if r.better == Better::Higher {
+                "≥"
+            } else {
+                "≤"
+            },
+            fmt(g),
+            if m { "met" } else { "**missed**" }
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "| {} | {} {} | {} {} | **{}×** | {}–{} | {} | {} |\n",
+        r.comparison.label,
+        fmt(r.lamina_median),
+        r.unit,
+        fmt(r.anchor_median),
+        r.unit,
+        fmt(r.median),
+        fmt(r.min),
+        fmt(r.max),
+        r.verdict,
+        goal
+    )
+}
+
+fn raw_row(r: &Record) -> String {
+    let vals: Vec<String> = r.values.iter().map(|v| fmt(*v)).collect();
+    let lo = r.values.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = r.values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "| {} | {} | {} {} | {}–{} | {} |\n",
+        r.target,
+        r.metric,
+        fmt(r.median()),
+        r.unit,
+        fmt(lo),
+        fmt(hi),
+        vals.join(", ")
+    )
+}
+
+fn markdown(
+    ctx: &Ctx,
+    machine: &Value,
+    command: &str,
+    timings: &[(String, f64)],
+    secs: f64,
+    ratios: &[Ratio],
+    plotted: bool,
+) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# Benchmarks\n");
+    let _ = writeln!(
+        m,
+        "Written by the suite itself: `{command}` ({} profile, {:.0} min, {}). \
+         Every figure here comes from that one run, on this machine:\n",
+        ctx.p.name,
+        secs / 60.0,
+        machine["date"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        m,
+        "- {} cores ({}), {} GiB memory, kernel {}\n- scratch files on {} ({})\n- Lamina commit {}\n",
+        machine["cores"],
+        machine["cpu"].as_str().unwrap_or(""),
+        machine["memory_gib"],
+        machine["kernel"].as_str().unwrap_or(""),
+        machine["filesystem"].as_str().unwrap_or(""),
+        machine["work_dir"].as_str().unwrap_or(""),
+        machine["lamina_commit"].as_str().unwrap_or("")
+    );
+    if let Some(t) = machine["tools"].as_object() {
+        let _ = writeln!(m, "Tools:");
+        for (k, v) in t {
+            let _ = writeln!(m, "- {k}: {}", v.as_str().unwrap_or(""));
+        }
+        m.push('\n');
+    }
+    let _ = writeln!(
+        m,
+        "How to read it: each comparison is a ratio **Lamina / anchor** of the same \
+         metric, measured round by round with the two runs next to each other in time \
+         ({} rounds of {} s per fio run); the table gives the median ratio and the \
+         spread (lowest–highest round). Absolute numbers are for reference only: the \
+         machine is small and shared. Within 5% either way counts as even; \
+         otherwise the verdict says who wins, and says so when Lamina loses. Where \
+         `targets.md` sets a goal the last column says whether it is met. \
+         Raw figures, per round, are in `bench-suite.json` beside this page.\n",
+        ctx.p.rounds, ctx.p.seconds
+    );
+    let _ = writeln!(
+        m,
+        "Profile: `{}`\n",
+        serde_json::to_string(&ctx.p).unwrap_or_default()
+    );
+    for (name, title, _) in CASES {
+        let recs: Vec<&Record> = ctx.rec.records.iter().filter(|r| r.case == *name).collect();
+        let notes: Vec<&String> = ctx
+            .rec
+            .notes
+            .iter()
+            .filter(|(c, _)| c == name)
+            .map(|(_, n)| n)
+            .collect();
+        if recs.is_empty() && notes.is_empty() {
+            continue;
+        }
+        let took = timings
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| *s)
+            .unwrap_or(0.0);
+        let _ = writeln!(m, "## {title}\n\n_{:.0} s of the run._\n", took);
+        for n in &notes {
+            let _ = writeln!(m, "- {n}");
+        }
+        if !notes.is_empty() {
+            m.push('\n');
+        }
+        if *name == "depth" && plotted {
+            let _ = writeln!(m, "![throughput against snapshot depth](bench-depth.png)\n");
+        }
+        let rs: Vec<&Ratio> = ratios
+            .iter()
+            .filter(|r| r.comparison.case == *name)
+            .collect();
+        if !rs.is_empty() {
+            let _ = writeln!(
+                m,
+                "| comparison | Lamina | anchor | ratio | spread | verdict | target |"
+            );
+            let _ = writeln!(m, "|---|---|---|---|---|---|---|");
+            for r in rs {
+                m.push_str(&ratio_row(r));
+            }
+            m.push('\n');
+        }
+        if !recs.is_empty() {
+            let _ = writeln!(m, "<details><summary>raw figures</summary>\n");
+            let _ = writeln!(m, "| target | metric | median | spread | rounds |");
+            let _ = writeln!(m, "|---|---|---|---|---|");
+            for r in recs {
+                m.push_str(&raw_row(r));
+            }
+            let _ = writeln!(m, "\n</details>\n");
+        }
+    }
+    let _ = writeln!(
+        m,
+        "## The engine in process\n\nFigures without the daemon or NBD in the way \
+         (`cargo run --release -p lamina-bench -- engine`) are in \
+         [bench-engine.md](bench-engine.md)."
+    );
+    m
+}
