@@ -56,10 +56,23 @@ pub struct Ratio {
     pub meets_goal: Option<bool>,
 }
 
+/// An absolute bound from `targets.md` on one Lamina record's median, for
+/// measures with no anchor (a list under a second, RSS under 512 MiB).
+#[derive(Serialize, Clone, Debug)]
+pub struct Goal {
+    pub case: String,
+    pub label: String,
+    pub target: String,
+    pub metric: String,
+    /// At least this when higher is better, at most this when lower is.
+    pub bound: f64,
+}
+
 #[derive(Default, Serialize)]
 pub struct Records {
     pub records: Vec<Record>,
     pub comparisons: Vec<Comparison>,
+    pub goals: Vec<Goal>,
     /// Free text per case: what was not run and why, what was seen.
     pub notes: Vec<(String, String)>,
 }
@@ -115,6 +128,32 @@ impl Records {
             anchor: anchor.into(),
             goal,
         });
+    }
+
+    pub fn goal(&mut self, case: &str, label: &str, target: &str, metric: &str, bound: f64) {
+        self.goals.push(Goal {
+            case: case.into(),
+            label: label.into(),
+            target: target.into(),
+            metric: metric.into(),
+            bound,
+        });
+    }
+
+    /// Every goal whose record exists, with its median and whether it is met.
+    pub fn goals_checked(&self) -> Vec<(Goal, &Record, bool)> {
+        self.goals
+            .iter()
+            .filter_map(|g| {
+                let r = self.get(&g.case, &g.target, &g.metric)?;
+                let m = r.median();
+                let met = match r.better {
+                    Better::Higher => m >= g.bound,
+                    Better::Lower => m <= g.bound,
+                };
+                Some((g.clone(), r, met))
+            })
+            .collect()
     }
 
     pub fn note(&mut self, case: &str, text: impl Into<String>) {
@@ -232,6 +271,11 @@ mod tests {
         r.compare("io", "rr", "iops", "lamina", "nbdkit", Some(0.75));
         r.compare("lat", "snap", "p99", "lamina", "qsd", None);
         r.compare("lat", "missing", "p99", "lamina", "nobody", None);
+        r.goal("lat", "snapshot p99", "lamina", "p99", 5.0);
+        r.goal("lat", "absent", "lamina", "p50", 5.0);
+        let g = r.goals_checked();
+        assert_eq!(g.len(), 1);
+        assert!(g[0].2, "2 ms is within a 5 ms bound");
         let x = r.ratios();
         assert_eq!(x.len(), 2, "a comparison with a missing side is left out");
         assert_eq!(x[0].ratios, vec![0.9, 1.1, 0.8]);

@@ -25,6 +25,7 @@ pub fn write(
         "case_seconds": timings,
         "records": ctx.rec.records,
         "ratios": ratios,
+        "goals": ctx.rec.goals_checked().iter().map(|(g, r, met)| json!({"goal": g, "median": r.median(), "met": met})).collect::<Vec<_>>(),
         "notes": ctx.rec.notes,
     });
     std::fs::write(
@@ -178,6 +179,34 @@ fn markdown(
         }
         if *name == "depth" && plotted {
             let _ = writeln!(m, "![throughput against snapshot depth](bench-depth.png)\n");
+        }
+        let goals: Vec<_> = ctx
+            .rec
+            .goals_checked()
+            .into_iter()
+            .filter(|(g, _, _)| g.case == *name)
+            .collect();
+        if !goals.is_empty() {
+            let _ = writeln!(m, "| measure | Lamina | target | |");
+            let _ = writeln!(m, "|---|---|---|---|");
+            for (g, r, met) in goals {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} {} | {} {} {} | {} |",
+                    g.label,
+                    fmt(r.median()),
+                    r.unit,
+                    if r.better == Better::Higher {
+                        "≥"
+                    } else {
+                        "≤"
+                    },
+                    fmt(g.bound),
+                    r.unit,
+                    if met { "met" } else { "**missed**" }
+                );
+            }
+            m.push('\n');
         }
         let rs: Vec<&Ratio> = ratios
             .iter()
