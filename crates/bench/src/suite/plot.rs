@@ -32,7 +32,11 @@ type Panels = BTreeMap<String, BTreeMap<String, Vec<(usize, f64)>>>;
 
 fn panels(rec: &Records) -> Panels {
     let mut p = Panels::new();
-    for r in rec.records.iter().filter(|r| r.case == "depth") {
+    for r in rec
+        .records
+        .iter()
+        .filter(|r| r.case == "depth" && r.unit == "IOPS")
+    {
         let Some((name, depth)) = r.target.split_once('@') else {
             continue;
         };
