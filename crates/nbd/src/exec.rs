@@ -42,7 +42,7 @@ pub(crate) fn execute(
     let ok = || Reply::simple(cookie, 0, Vec::new());
     match req.kind {
         CMD_READ => {
-            let mut buf = vec![0u8; req.length as usize];
+            let mut buf = crate::bufs::take(req.length as usize);
             if !buf.is_empty() {
                 dev.read(offset, &mut buf)?;
             }
@@ -56,6 +56,7 @@ pub(crate) fn execute(
             if !payload.is_empty() {
                 dev.write(offset, &payload, fua)?;
             }
+            crate::bufs::give(payload);
             Ok(ok())
         }
         CMD_FLUSH => dev.flush().map(|()| ok()),

@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+mod bufs;
 mod device;
 mod error;
 mod exec;

@@ -346,6 +346,11 @@ impl Reply {
     pub fn body(&self) -> &[u8] {
         &self.body
     }
+
+    /// The body, to reuse its buffer once the reply is written.
+    pub(crate) fn into_body(self) -> Vec<u8> {
+        self.body
+    }
 }
 
 /// Turn block-status extents into base:allocation descriptors for a request

@@ -69,7 +69,10 @@ impl ReplyWriter {
             }
         }
         drop(guard);
-        drop(replies);
+        for (reply, permits) in replies {
+            crate::bufs::give(reply.into_body());
+            drop(permits);
+        }
     }
 
     /// [`ReplyWriter::send`] from a blocking task.
