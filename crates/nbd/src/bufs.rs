@@ -31,6 +31,15 @@ fn kept() -> std::sync::MutexGuard<'static, Kept> {
 
 /// A buffer of `len` zero bytes.
 pub(crate) fn take(len: usize) -> Vec<u8> {
+    let mut b = take_to_overwrite(len);
+    b.fill(0);
+    b
+}
+
+/// A buffer of `len` bytes that the caller overwrites whole before any of
+/// it is used (a WRITE payload read off the socket): a reused one keeps
+/// its old bytes rather than paying to zero them.
+pub(crate) fn take_to_overwrite(len: usize) -> Vec<u8> {
     if (MIN..=MAX).contains(&len) {
         let found = {
             let mut k = kept();
@@ -42,7 +51,6 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
             })
         };
         if let Some(mut b) = found {
-            b.clear();
             b.resize(len, 0);
             return b;
         }
@@ -82,6 +90,9 @@ mod tests {
             );
             give(b);
         }
+        let b = take_to_overwrite(MIN + 1);
+        assert_eq!(b.len(), MIN + 1);
+        give(b);
     }
 
     #[test]

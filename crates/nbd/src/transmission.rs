@@ -288,7 +288,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             if self.reader.buffer().len() < req.length as usize {
                 self.dispatch();
             }
-            payload = crate::bufs::take(req.length as usize);
+            payload = crate::bufs::take_to_overwrite(req.length as usize);
             self.reader.read_exact(&mut payload).await?;
         }
         Ok(Some((req, payload, permits)))
