@@ -193,6 +193,9 @@ impl Pool {
 
     fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
         let f = &self.inner.file;
+        self.inner
+            .unwritten
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         f.write_at(buf, at)
             .map_err(|e| Error::io("write data", f.path(), at, e))
     }

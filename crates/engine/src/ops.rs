@@ -311,8 +311,14 @@ impl Pool {
         check_name(name)?;
         check_labels(labels)?;
         let vid = self.lock_meta().catalog.volume_id(volume)?;
+        // Write back the data already written before stopping the volume's
+        // writers: the commit below must sync it anyway, and doing it here,
+        // while they still run, leaves it little to do while they wait.
+        let file = &self.inner.file;
+        file.sync()
+            .map_err(|e| Error::io("sync pool before a snapshot", file.path(), 0, e))?;
         let gate = self.gate(vid);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let g = gate.write().unwrap_or_else(|p| p.into_inner());
         let info = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
             if m.catalog.has_snapshot(vid, name) {
@@ -344,6 +350,10 @@ impl Pool {
             m.catalog.volume_mut(vid).parent = id;
             self.snapshot_info(m, &rec, &HashMap::new())
         })?;
+        // The snapshot shares the volume's root now, so any write from here
+        // on copies before it changes a block: writers may go on while the
+        // commit makes the snapshot durable (it is answered only after).
+        drop(g);
         self.commit()?;
         Ok(info)
     }

@@ -22,6 +22,8 @@ use std::time::Duration;
 pub const POOL_FILE: &str = "pool.lam";
 pub const WAL_FILE: &str = "wal.lam";
 const STRIPES: usize = 1024;
+/// How often the writeback thread looks for data to start writing back.
+const WRITEBACK_EVERY: Duration = Duration::from_millis(50);
 
 /// Tunables of an open pool.
 #[derive(Clone, Debug)]
@@ -65,6 +67,8 @@ pub(crate) struct Inner {
     pub opts: PoolOptions,
     stop: AtomicBool,
     wake: (Mutex<bool>, Condvar),
+    /// Data bytes written since the writeback thread last started writeback.
+    pub unwritten: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     pub flatten: Mutex<HashMap<u64, Arc<FlattenProgress>>>,
     /// Blocks freed but kept back until the next checkpoint, because the log
@@ -250,6 +254,7 @@ impl Pool {
             opts: opts.clone(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
+            unwritten: AtomicU64::new(0),
             threads: Mutex::new(Vec::new()),
             flatten: Mutex::new(HashMap::new()),
             awaiting_checkpoint: Mutex::new(Vec::new()),
@@ -261,6 +266,12 @@ impl Pool {
                 .name("lamina-reclaim".into())
                 .spawn(move || p.reclaim_loop())
                 .expect("spawn reclaim thread");
+            pool.inner.threads.lock().unwrap().push(t);
+            let p = pool.clone();
+            let t = std::thread::Builder::new()
+                .name("lamina-writeback".into())
+                .spawn(move || p.writeback_loop())
+                .expect("spawn writeback thread");
             pool.inner.threads.lock().unwrap().push(t);
             for id in flattening {
                 pool.start_flatten_thread(id);
@@ -447,6 +458,22 @@ impl Pool {
             self.commit()?;
         }
         Ok(total)
+    }
+
+    /// Keeps the data not yet written back small: the page cache would
+    /// otherwise hold gigabytes of a busy volume's writes, and every commit
+    /// that must sync them (a snapshot, a client's flush) would wait for
+    /// all of them at once. Started writeback does not block writers.
+    fn writeback_loop(&self) {
+        while !self.inner.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(WRITEBACK_EVERY);
+            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0 {
+                continue;
+            }
+            if let Err(e) = self.inner.file.start_writeback() {
+                tracing::debug!(error = %e, "starting writeback failed");
+            }
+        }
     }
 
     fn reclaim_loop(&self) {
