@@ -5,13 +5,21 @@
 use super::proc::{self, Server};
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// qemu-nbd serving `file` (format `raw` or `qcow2`) on a unix socket,
 /// with its defaults (writeback cache), for several clients in turn.
 pub fn qemu_nbd(name: &str, file: &Path, format: &str, dir: &Path) -> Result<(Server, String)> {
     let sock = dir.join(format!("{name}.sock"));
+    let s = Server::start(name, qemu_nbd_command(file, format, &sock), dir, &sock)?;
+    Ok((s, qemu_nbd_uri(&sock)))
+}
+
+/// The command `qemu_nbd` runs, for a case that starts it itself (to time
+/// how soon it serves).
+pub fn qemu_nbd_command(file: &Path, format: &str, sock: &Path) -> Command {
     let mut c = Command::new("qemu-nbd");
     c.args([
         "--persistent",
@@ -21,10 +29,14 @@ pub fn qemu_nbd(name: &str, file: &Path, format: &str, dir: &Path) -> Result<(Se
         format,
         "-k",
     ])
-    .arg(&sock)
+    .arg(sock)
     .arg(file);
-    let s = Server::start(name, c, dir, &sock)?;
-    Ok((s, format!("nbd+unix:///disk?socket={}", sock.display())))
+    c
+}
+
+/// The URI of the export `qemu_nbd_command` serves on `sock`.
+pub fn qemu_nbd_uri(sock: &Path) -> String {
+    format!("nbd+unix:///disk?socket={}", sock.display())
 }
 
 /// nbdkit's file plugin on a raw file: the NBD protocol's ceiling here.
@@ -67,6 +79,84 @@ pub fn qemu_img(args: &[&str]) -> Result<String> {
 
 /// Copy between two NBD URIs (or files) with nbdcopy, which skips holes.
 pub fn nbdcopy(from: &str, to: &str) -> Result<()> {
-    proc::run(Command::new("nbdcopy").args(["--", from, to]))?;
+    nbdcopy_with(&[], from, to)
+}
+
+/// The same with options (`--flush`, `--destination-is-zero`, ...).
+pub fn nbdcopy_with(options: &[&str], from: &str, to: &str) -> Result<()> {
+    proc::run(Command::new("nbdcopy").args(options).args(["--", from, to]))?;
     Ok(())
+}
+
+/// A qcow2 chain of external overlays, grown one layer at a time.
+pub struct Chain {
+    dir: PathBuf,
+    pub layers: Vec<PathBuf>,
+    size: u64,
+}
+
+impl Chain {
+    /// A chain of one layer: a qcow2 copy of a raw file.
+    pub fn from_raw(dir: &Path, raw: &Path, size: u64) -> Result<Chain> {
+        let c = Chain {
+            dir: dir.to_path_buf(),
+            layers: vec![dir.join("layer-0000.qcow2")],
+            size,
+        };
+        qemu_img(&[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            &raw.display().to_string(),
+            &c.top().display().to_string(),
+        ])?;
+        Ok(c)
+    }
+
+    pub fn depth(&self) -> usize {
+        self.layers.len() - 1
+    }
+
+    pub fn top(&self) -> &Path {
+        self.layers.last().unwrap()
+    }
+
+    /// A new empty overlay on top (what `blockdev-snapshot-sync` or
+    /// `qemu-img snapshot`-less workflows make).
+    pub fn push(&mut self) -> Result<()> {
+        let next = self
+            .dir
+            .join(format!("layer-{:04}.qcow2", self.layers.len()));
+        // -u: no need to open the whole chain to learn the size.
+        qemu_img(&[
+            "create",
+            "-q",
+            "-u",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            &super::path_str(self.top()),
+            &super::path_str(&next),
+            &self.size.to_string(),
+        ])?;
+        self.layers.push(next);
+        Ok(())
+    }
+
+    pub fn serve(&self) -> Result<(Server, String)> {
+        qemu_nbd("qemu-nbd-chain", self.top(), "qcow2", &self.dir)
+    }
+
+    /// Bytes the files of layers `from..` take on disk.
+    pub fn allocated_from(&self, from: usize) -> Result<u64> {
+        let mut n = 0;
+        for l in &self.layers[from..] {
+            n += std::fs::metadata(l)?.blocks() * 512;
+        }
+        Ok(n)
+    }
 }

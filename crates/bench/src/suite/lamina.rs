@@ -122,8 +122,8 @@ impl Lamina {
         Ok(())
     }
 
-    /// Create a clone; the API's answer (`volume`, and `operation` for a
-    /// full clone).
+    /// Create a clone of a snapshot; the API's answer (`volume`, and
+    /// `operation` for a full clone).
     pub fn clone_snapshot(
         &self,
         name: &str,
@@ -134,25 +134,53 @@ impl Lamina {
         self.call(
             Method::POST,
             "/v1/clones",
-            Some(json!({"name": name, "from_volume": volume, "from_snapshot": snapshot, "full": full})),
+            Some(json!({"name": name, "from_snapshot": format!("{volume}/{snapshot}"), "full": full})),
+        )
+    }
+
+    /// Create a clone of a volume as it is now (the daemon takes a system
+    /// snapshot of it first); the API's answer, as for `clone_snapshot`.
+    pub fn clone_volume(&self, name: &str, volume: &str, full: bool) -> Result<Value> {
+        self.call(
+            Method::POST,
+            "/v1/clones",
+            Some(json!({"name": name, "from_volume": volume, "full": full})),
         )
     }
 
     /// Wait for an operation to finish; error if it failed.
     pub fn wait_operation(&self, id: &str) -> Result<Value> {
+        self.wait_operation_every(id, Duration::from_millis(20))
+    }
+
+    /// The same, asking every `every`: short for timing a short operation.
+    pub fn wait_operation_every(&self, id: &str, every: Duration) -> Result<Value> {
         loop {
-            let op = self.call(Method::GET, &format!("/v1/operations/{}", seg(id)), None)?;
+            let op = self.operation(id)?;
             match op["state"].as_str().unwrap_or("") {
                 "succeeded" => return Ok(op),
                 "failed" => bail!("operation {id} failed: {}", op["error"]),
-                _ => std::thread::sleep(Duration::from_millis(20)),
+                _ => std::thread::sleep(every),
             }
         }
+    }
+
+    /// An operation as the API describes it now.
+    pub fn operation(&self, id: &str) -> Result<Value> {
+        self.call(Method::GET, &format!("/v1/operations/{}", seg(id)), None)
     }
 
     pub fn list_all_snapshots(&self) -> Result<Vec<Value>> {
         let v = self.call(Method::GET, "/v1/snapshots", None)?;
         Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    /// Bytes of the pool in use, as the daemon reports them.
+    pub fn used(&self) -> Result<u64> {
+        let h = self.call(Method::GET, "/v1/health", None)?;
+        h["pool_used_bytes"]
+            .as_u64()
+            .context("health has no pool_used_bytes")
     }
 
     pub fn rss_mib(&self) -> f64 {

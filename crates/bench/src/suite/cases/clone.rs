@@ -1,8 +1,793 @@
-//! (being written)
+//! Clones. A linked clone: how soon a clone of a large volume holding data
+//! is usable (created, attached, its first 4 KiB read over NBD), against a
+//! snapshot of the same volume and against what a qcow2 user does (a new
+//! overlay on the image, served by qemu-nbd). A full clone: its time, the
+//! bytes it writes, and what it costs reads on the source meanwhile,
+//! against nbdcopy between two raw qemu-nbd exports holding the same data.
 
-use crate::suite::Ctx;
-use anyhow::{bail, Result};
+use crate::suite::anchors::{data_file, nbdcopy_with, qemu_img, qemu_nbd, qemu_nbd_command};
+use crate::suite::cases::io;
+use crate::suite::fio::{self, Job, Target};
+use crate::suite::lamina::Lamina;
+use crate::suite::proc::{self, Server};
+use crate::suite::record::Better;
+use crate::suite::{path_str, Ctx, MIB};
+use anyhow::{bail, ensure, Context, Result};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
-pub fn run(_ctx: &mut Ctx) -> Result<()> {
-    bail!("not written yet")
+const CASE: &str = "clone";
+const LAMINA: &str = "lamina";
+const SNAPSHOT: &str = "lamina snapshot";
+const FROM_VOLUME: &str = "lamina, clone of the live volume";
+const QCOW2: &str = "qcow2 overlay + qemu-nbd";
+const NBDCOPY: &str = "nbdcopy raw→raw";
+
+const CREATE: &str = "linked clone: create call";
+const ATTACH: &str = "linked clone: attach (serve)";
+const FIRST_READ: &str = "linked clone: first 4 KiB read";
+const USABLE: &str = "linked clone: usable after";
+
+const FULL_TIME: &str = "full clone: time";
+const FULL_RATE: &str = "full clone: rate (allocated bytes / time)";
+const FULL_BYTES: &str = "full clone: bytes written";
+const FULL_AMP: &str = "full clone: bytes written ÷ allocated";
+const READ_ALONE: &str = "4k randread QD32 on the source, alone";
+const READ_DURING: &str = "4k randread QD32 on the source, during a full clone";
+const READ_KEPT: &str = "source read IOPS during a full clone ÷ alone";
+const FULL_LOADED: &str = "full clone: rate with reads on the source";
+
+/// nbdcopy as a user copying onto a new, empty file would run it, and as
+/// durable at the end as Lamina's full clone (which flushes the copy).
+const NBDCOPY_OPTS: &[&str] = &["--destination-is-zero", "--flush"];
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The four times of one linked clone, in ms: create, attach, first read,
+/// and all three end to end.
+struct Linked {
+    create: f64,
+    attach: f64,
+    read: f64,
+    usable: f64,
+}
+
+impl Linked {
+    fn record(&self, ctx: &mut Ctx, target: &str) {
+        for (metric, v) in [
+            (CREATE, self.create),
+            (ATTACH, self.attach),
+            (FIRST_READ, self.read),
+            (USABLE, self.usable),
+        ] {
+            ctx.rec.add(CASE, target, metric, "ms", Better::Lower, v);
+        }
+    }
+}
+
+fn check_first(got: &[u8], want: &[u8], what: &str) -> Result<()> {
+    ensure!(
+        got == want,
+        "the first 4 KiB read through {what} differ from the source's"
+    );
+    Ok(())
+}
+
+/// Lamina: clone the snapshot `src/base`, attach the clone, read its first
+/// 4 KiB; then detach and delete it (not timed).
+fn linked_lamina(l: &Lamina, i: usize, size: u64, first: &[u8]) -> Result<Linked> {
+    let name = format!("linked{i}");
+    let t = Instant::now();
+    l.clone_snapshot(&name, "src", "base", false)
+        .context("linked clone of src/base")?;
+    let created = t.elapsed();
+    let uri = l.attach(&name)?;
+    let attached = t.elapsed();
+    let mut buf = vec![0u8; 4096];
+    let mut c = Nbd::connect(&uri)?;
+    c.read(0, &mut buf)?;
+    let usable = t.elapsed();
+    check_first(&buf, first, "a Lamina linked clone")?;
+    ensure!(
+        c.size == size,
+        "the clone's export is {} bytes, not {size}",
+        c.size
+    );
+    drop(c);
+    l.detach(&name)?;
+    l.delete_volume(&name, false)?;
+    Ok(Linked {
+        create: ms(created),
+        attach: ms(attached - created),
+        read: ms(usable - attached),
+        usable: ms(usable),
+    })
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// qcow2: `qemu-img create -b base.qcow2` a new overlay, serve it with
+/// qemu-nbd (timed until its socket accepts a connection), read its first
+/// 4 KiB over that connection; then stop qemu-nbd and remove the overlay.
+fn linked_qcow2(dir: &Path, logs: &Path, base: &Path, size: u64, first: &[u8]) -> Result<Linked> {
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("overlay.sock");
+    let _ = std::fs::remove_file(&overlay);
+    let _ = std::fs::remove_file(&sock);
+    let log_path = logs.join("qemu-nbd-overlay.log");
+    let log = std::fs::File::create(&log_path)?;
+    let t = Instant::now();
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        &path_str(base),
+        "-F",
+        "qcow2",
+        &path_str(&overlay),
+    ])?;
+    let created = t.elapsed();
+    let mut child = Reaped(
+        qemu_nbd_command(&overlay, "qcow2", &sock)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting qemu-nbd on the overlay")?,
+    );
+    // Poll for the socket every millisecond: the time it takes to serve is
+    // what is measured here.
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&sock) {
+            break s;
+        }
+        if let Some(st) = child.0.try_wait()? {
+            bail!(
+                "qemu-nbd on the overlay exited with {st}: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("qemu-nbd on the overlay did not listen in 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let attached = t.elapsed();
+    let mut buf = vec![0u8; 4096];
+    let mut c = Nbd::handshake(stream, "disk")?;
+    c.read(0, &mut buf)?;
+    let usable = t.elapsed();
+    check_first(&buf, first, "a qcow2 overlay")?;
+    ensure!(
+        c.size == size,
+        "the overlay's export is {} bytes, not {size}",
+        c.size
+    );
+    drop(c);
+    drop(child);
+    std::fs::remove_file(&overlay)?;
+    Ok(Linked {
+        create: ms(created),
+        attach: ms(attached - created),
+        read: ms(usable - attached),
+        usable: ms(usable),
+    })
+}
+
+/// A full clone of `src/base` named `name`: started, then waited for. Its
+/// time, the daemon's bytes written meanwhile, and the operation's answer.
+fn full_lamina(l: &Lamina, name: &str) -> Result<(Duration, u64, serde_json::Value)> {
+    let w0 = l.written();
+    let t = Instant::now();
+    let id = start_full_lamina(l, name)?;
+    let op = l.wait_operation_every(&id, Duration::from_millis(5))?;
+    let took = t.elapsed();
+    Ok((took, l.written().saturating_sub(w0), op))
+}
+
+fn start_full_lamina(l: &Lamina, name: &str) -> Result<String> {
+    let a = l
+        .clone_snapshot(name, "src", "base", true)
+        .context("full clone of src/base")?;
+    a["operation"]["id"]
+        .as_str()
+        .map(String::from)
+        .with_context(|| format!("no operation in the answer to a full clone: {a}"))
+}
+
+/// An empty sparse raw file of `size` served by qemu-nbd: nbdcopy's
+/// destination.
+fn empty_raw(dir: &Path, name: &str, size: u64) -> Result<(Server, String, PathBuf)> {
+    let f = dir.join(format!("{name}.raw"));
+    let _ = std::fs::remove_file(&f);
+    std::fs::File::create(&f)?.set_len(size)?;
+    let (s, uri) = qemu_nbd(&format!("qemu-nbd-{name}"), &f, "raw", dir)?;
+    Ok((s, uri, f))
+}
+
+/// nbdcopy from the source export to a new empty one: its time and the
+/// destination qemu-nbd's bytes written.
+fn full_nbdcopy(dir: &Path, size: u64, src_uri: &str) -> Result<(Duration, u64)> {
+    let (dst, dst_uri, f) = empty_raw(dir, "dst", size)?;
+    let w0 = proc::written(dst.pid());
+    let t = Instant::now();
+    nbdcopy_with(NBDCOPY_OPTS, src_uri, &dst_uri)?;
+    let took = t.elapsed();
+    let w = proc::written(dst.pid()).saturating_sub(w0);
+    drop(dst);
+    std::fs::remove_file(f)?;
+    Ok((took, w))
+}
+
+fn record_full(ctx: &mut Ctx, target: &str, took: Duration, written: u64) {
+    let alloc = ctx.p.clone_allocated as f64;
+    let s = took.as_secs_f64();
+    let r = &mut ctx.rec;
+    r.add(CASE, target, FULL_TIME, "s", Better::Lower, s);
+    r.add(
+        CASE,
+        target,
+        FULL_RATE,
+        "MB/s",
+        Better::Higher,
+        alloc / s / 1e6,
+    );
+    r.add(
+        CASE,
+        target,
+        FULL_BYTES,
+        "MiB",
+        Better::Lower,
+        written as f64 / MIB as f64,
+    );
+    r.add(
+        CASE,
+        target,
+        FULL_AMP,
+        "×",
+        Better::Lower,
+        written as f64 / alloc,
+    );
+}
+
+/// The read load on the source: 4 KiB random reads over its allocated part.
+fn read_job(seconds: f64, allocated: u64) -> Job {
+    let mut j = Job::new("randread", "4k", 32, seconds);
+    j.size = Some(allocated);
+    j.seed = 7;
+    j
+}
+
+fn record_reads(
+    ctx: &mut Ctx,
+    target: &str,
+    alone: &fio::Outcome,
+    during: &fio::Outcome,
+    copies: usize,
+    busy: Duration,
+) {
+    io::record(ctx, CASE, target, READ_ALONE, "4k", alone);
+    io::record(ctx, CASE, target, READ_DURING, "4k", during);
+    let alloc = ctx.p.clone_allocated as f64;
+    let r = &mut ctx.rec;
+    r.add(
+        CASE,
+        target,
+        READ_KEPT,
+        "×",
+        Better::Higher,
+        during.iops / alone.iops,
+    );
+    r.add(
+        CASE,
+        target,
+        FULL_LOADED,
+        "MB/s",
+        Better::Higher,
+        copies as f64 * alloc / busy.as_secs_f64() / 1e6,
+    );
+}
+
+/// fio's read job on `uri` while Lamina full clones of `src/base` run back
+/// to back until it ends: its outcome, the clones made and the time until
+/// the last one was done. The clones are deleted after.
+fn lamina_under_reads(
+    l: &Lamina,
+    job: &Job,
+    uri: &str,
+    round: usize,
+) -> Result<(fio::Outcome, usize, Duration)> {
+    let target = Target::Nbd(uri.to_string());
+    let mut names = Vec::new();
+    let t = Instant::now();
+    let reads = std::thread::scope(|s| -> Result<fio::Outcome> {
+        let reads = s.spawn(|| fio::run(job, &target));
+        while !reads.is_finished() {
+            let name = format!("loaded{round}-{}", names.len());
+            let id = start_full_lamina(l, &name)?;
+            names.push(name);
+            l.wait_operation_every(&id, Duration::from_millis(5))?;
+        }
+        reads
+            .join()
+            .map_err(|_| anyhow::anyhow!("the fio thread panicked"))?
+    })?;
+    let busy = t.elapsed();
+    for n in &names {
+        l.delete_volume(n, false)?;
+    }
+    Ok((reads, names.len(), busy))
+}
+
+/// The same with nbdcopy from the source qemu-nbd, each run to a new
+/// qemu-nbd on a new empty file.
+fn nbdcopy_under_reads(
+    dir: &Path,
+    size: u64,
+    job: &Job,
+    src_uri: &str,
+) -> Result<(fio::Outcome, usize, Duration)> {
+    let target = Target::Nbd(src_uri.to_string());
+    let mut dsts = Vec::new();
+    let t = Instant::now();
+    let reads = std::thread::scope(|s| -> Result<fio::Outcome> {
+        let reads = s.spawn(|| fio::run(job, &target));
+        while !reads.is_finished() {
+            let (server, uri, f) = empty_raw(dir, &format!("loaded{}", dsts.len()), size)?;
+            dsts.push((server, f));
+            nbdcopy_with(NBDCOPY_OPTS, src_uri, &uri)?;
+        }
+        reads
+            .join()
+            .map_err(|_| anyhow::anyhow!("the fio thread panicked"))?
+    })?;
+    let busy = t.elapsed();
+    let copies = dsts.len();
+    for (server, f) in dsts {
+        drop(server);
+        std::fs::remove_file(f)?;
+    }
+    Ok((reads, copies, busy))
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let size = ctx.p.clone_size;
+    let allocated = ctx.p.clone_allocated;
+    let rounds = ctx.p.rounds;
+    let samples = (rounds * 5).max(10);
+    let dir = ctx.scratch("clone")?;
+    let logs = ctx.logs.clone();
+
+    // The same data everywhere: `allocated` bytes of random data at the
+    // start of a sparse raw file of `size`.
+    let src = dir.join("src.raw");
+    data_file(&src, allocated, 3)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&src)?
+        .set_len(size)?;
+    let mut first = vec![0u8; 4096];
+    std::fs::File::open(&src)?.read_exact(&mut first)?;
+    let base = dir.join("base.qcow2");
+    qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        &path_str(&src),
+        &path_str(&base),
+    ])?;
+
+    let l = ctx.lamina("clone-lamina")?;
+    l.create_volume("src", size)?;
+    let src_lamina = l.attach("src")?;
+    nbdcopy_with(&["--destination-is-zero"], &path_str(&src), &src_lamina)
+        .context("filling the Lamina volume")?;
+    l.snapshot("src", "base")?;
+    let snap = l.call(hyper::Method::GET, "/v1/volumes/src/snapshots/base", None)?;
+    let mapped = snap["allocated_bytes"].as_u64().unwrap_or(0);
+    if mapped.abs_diff(allocated) > allocated / 20 {
+        ctx.rec.note(
+            CASE,
+            format!(
+                "the Lamina source snapshot maps {} MiB, not the {} MiB written into it.",
+                mapped >> 20,
+                allocated >> 20
+            ),
+        );
+    }
+
+    // (a) Linked clones, against a snapshot and against a qcow2 overlay;
+    // one of each per sample, who goes first alternating.
+    eprintln!("  linked clones, {samples} samples");
+    for i in 0..samples {
+        for k in 0..2 {
+            if (i + k) % 2 == 0 {
+                let snap = l.snapshot("src", &format!("sample{i}"))?;
+                ctx.rec
+                    .add(CASE, SNAPSHOT, CREATE, "ms", Better::Lower, ms(snap));
+                l.delete_snapshot("src", &format!("sample{i}"))?;
+                let lc = linked_lamina(&l, i, size, &first)?;
+                lc.record(ctx, LAMINA);
+                let name = format!("live{i}");
+                let t = Instant::now();
+                l.clone_volume(&name, "src", false)
+                    .context("linked clone of the live volume")?;
+                let d = t.elapsed();
+                ctx.rec
+                    .add(CASE, FROM_VOLUME, CREATE, "ms", Better::Lower, ms(d));
+                l.delete_volume(&name, false)?;
+                // The system snapshot it was cloned from stays behind.
+                l.delete_snapshot("src", &format!("clone-{name}"))?;
+            } else {
+                let q = linked_qcow2(&dir, &logs, &base, size, &first)?;
+                q.record(ctx, QCOW2);
+            }
+        }
+    }
+    let u = |t: &str, m: &str| ctx.rec.get(CASE, t, m).map(|r| r.median()).unwrap_or(0.0);
+    eprintln!(
+        "  usable after: lamina {:.1} ms (create {:.1}, attach {:.1}, read {:.1}; snapshot {:.1}), qcow2 {:.1} ms (create {:.1}, serve {:.1}, read {:.1})",
+        u(LAMINA, USABLE),
+        u(LAMINA, CREATE),
+        u(LAMINA, ATTACH),
+        u(LAMINA, FIRST_READ),
+        u(SNAPSHOT, CREATE),
+        u(QCOW2, USABLE),
+        u(QCOW2, CREATE),
+        u(QCOW2, ATTACH),
+        u(QCOW2, FIRST_READ)
+    );
+
+    // (b) and (c): full clones, alone and under a read load on the source,
+    // against nbdcopy between two raw qemu-nbd exports.
+    let (_src_server, src_raw) = qemu_nbd("qemu-nbd-src", &src, "raw", &dir)?;
+    let job = read_job(ctx.p.seconds, allocated);
+    for round in 0..rounds {
+        for k in 0..2 {
+            if (round + k) % 2 == 0 {
+                let name = format!("full{round}");
+                let (took, written, op) = full_lamina(&l, &name)?;
+                l.delete_volume(&name, false)?;
+                record_full(ctx, LAMINA, took, written);
+                let done = op["done_bytes"].as_u64().unwrap_or(0);
+                let total = op["total_bytes"].as_u64().unwrap_or(0);
+                let r = &mut ctx.rec;
+                r.add(
+                    CASE,
+                    LAMINA,
+                    "full clone: operation's done_bytes",
+                    "MiB",
+                    Better::Lower,
+                    done as f64 / MIB as f64,
+                );
+                r.add(
+                    CASE,
+                    LAMINA,
+                    "full clone: operation's total_bytes",
+                    "MiB",
+                    Better::Lower,
+                    total as f64 / MIB as f64,
+                );
+
+                let alone = fio::run(&job, &Target::Nbd(src_lamina.clone()))?;
+                let (during, copies, busy) = lamina_under_reads(&l, &job, &src_lamina, round)?;
+                record_reads(ctx, LAMINA, &alone, &during, copies, busy);
+                eprintln!(
+                    "  round {round} lamina: full clone {:.2} s, {} MiB written ({} of {} MiB done); reads {:.0} IOPS alone, {:.0} during {copies} clones in {:.2} s",
+                    took.as_secs_f64(),
+                    written >> 20,
+                    done >> 20,
+                    total >> 20,
+                    alone.iops,
+                    during.iops,
+                    busy.as_secs_f64()
+                );
+            } else {
+                let (took, written) = full_nbdcopy(&dir, size, &src_raw)?;
+                record_full(ctx, NBDCOPY, took, written);
+                let alone = fio::run(&job, &Target::Nbd(src_raw.clone()))?;
+                let (during, copies, busy) = nbdcopy_under_reads(&dir, size, &job, &src_raw)?;
+                record_reads(ctx, NBDCOPY, &alone, &during, copies, busy);
+                eprintln!(
+                    "  round {round} nbdcopy: {:.2} s, {} MiB written; reads {:.0} IOPS alone, {:.0} during {copies} copies in {:.2} s",
+                    took.as_secs_f64(),
+                    written >> 20,
+                    alone.iops,
+                    during.iops,
+                    busy.as_secs_f64()
+                );
+            }
+        }
+    }
+    drop(l);
+
+    // The comparisons.
+    let r = &mut ctx.rec;
+    r.compare(
+        CASE,
+        "linked clone create call vs a snapshot of the same volume",
+        CREATE,
+        LAMINA,
+        SNAPSHOT,
+        Some(1.1),
+    );
+    r.compare(
+        CASE,
+        "linked clone of the live volume (snapshot + clone) vs a snapshot",
+        CREATE,
+        FROM_VOLUME,
+        SNAPSHOT,
+        None,
+    );
+    for (label, metric) in [
+        ("linked clone usable, end to end, vs qcow2 overlay", USABLE),
+        ("linked clone create vs qemu-img create -b", CREATE),
+        ("linked clone attach vs starting qemu-nbd", ATTACH),
+        ("linked clone first read vs qemu-nbd", FIRST_READ),
+    ] {
+        r.compare(CASE, label, metric, LAMINA, QCOW2, None);
+    }
+    r.compare(
+        CASE,
+        "full clone rate vs nbdcopy",
+        FULL_RATE,
+        LAMINA,
+        NBDCOPY,
+        Some(0.8),
+    );
+    r.compare(
+        CASE,
+        "full clone bytes written vs nbdcopy",
+        FULL_BYTES,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.compare(
+        CASE,
+        "full clone rate with reads on the source vs nbdcopy",
+        FULL_LOADED,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.compare(
+        CASE,
+        "source read IOPS kept during a full clone vs during nbdcopy",
+        READ_KEPT,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.compare(
+        CASE,
+        "source read IOPS during a full clone vs during nbdcopy",
+        READ_DURING,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.goal(
+        CASE,
+        "full clone bytes written ≤ 1.05× allocated",
+        LAMINA,
+        FULL_AMP,
+        1.05,
+    );
+
+    let (sz, al) = (size >> 20, allocated >> 20);
+    r.note(
+        CASE,
+        format!(
+            "Source: a {sz} MiB volume holding {al} MiB of random data at its start (the rest never written), \
+             the same bytes in each target: a Lamina volume (filled over NBD, then snapshot `base`), \
+             base.qcow2 (qemu-img convert of the raw file) and a sparse raw file served by qemu-nbd."
+        ),
+    );
+    r.note(
+        CASE,
+        format!(
+            "Linked clone, {samples} samples each, alternating: Lamina = POST /v1/clones from the snapshot `src/base` (create), \
+             POST /v1/volumes/NAME/attach (attach), then connect, NBD handshake and the first 4 KiB read (first read); \
+             qcow2 = `qemu-img create -f qcow2 -b base.qcow2 -F qcow2` (create), qemu-nbd started on the overlay \
+             until its socket accepts (attach), then handshake and the first 4 KiB read; the bytes read are checked. \
+             \"usable after\" is the three end to end. `{SNAPSHOT}` is POST /v1/volumes/src/snapshots on the same \
+             (attached, idle) volume; `{FROM_VOLUME}` is POST /v1/clones with from_volume, which takes a system \
+             snapshot then clones it. The goal \"as fast as a snapshot\" is read as within 10% (this machine's noise)."
+        ),
+    );
+    r.note(
+        CASE,
+        format!(
+            "Full clone, {rounds} rounds alternating: Lamina = POST /v1/clones (full) from `src/base` until its \
+             operation succeeds (polled every 5 ms); bytes = the daemon's write_bytes in /proc meanwhile (data, \
+             metadata and journal). Anchor = `nbdcopy {}` from a qemu-nbd on the raw source to a qemu-nbd on a new \
+             empty sparse raw file of the same size; bytes = the destination qemu-nbd's write_bytes. Rate = {al} MiB \
+             allocated / time, for both.",
+            NBDCOPY_OPTS.join(" ")
+        ),
+    );
+    r.note(
+        CASE,
+        format!(
+            "Reads during full clones: fio 4k randread QD32 for {} s over the source's allocated {al} MiB (Lamina: \
+             the attached source volume; anchor: the source qemu-nbd that nbdcopy reads from), with full clones \
+             (Lamina: each into a new volume) or nbdcopy runs (each to a new qemu-nbd on a new empty file) back to \
+             back from fio's start until it ends; \"alone\" is the same job with no copy. The copy rate meanwhile \
+             is the copies' allocated bytes over the time until the last one ended. No random-write load was run.",
+            ctx.p.seconds
+        ),
+    );
+    Ok(())
+}
+
+/// A minimal blocking NBD client over a unix socket (fixed newstyle
+/// handshake with NBD_OPT_GO, simple replies): enough to time a first read
+/// and to write a few blocks.
+pub struct Nbd {
+    s: UnixStream,
+    pub size: u64,
+    cookie: u64,
+}
+
+const NBD_MAGIC: &[u8; 8] = b"NBDMAGIC";
+const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const OPT_GO: u32 = 7;
+const REP_ACK: u32 = 1;
+const REP_INFO: u32 = 3;
+const INFO_EXPORT: u16 = 0;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+
+fn be_u16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+fn be_u32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+impl Nbd {
+    /// Connect to `nbd+unix:///EXPORT?socket=PATH`.
+    pub fn connect(uri: &str) -> Result<Nbd> {
+        let rest = uri
+            .strip_prefix("nbd+unix:///")
+            .with_context(|| format!("not an nbd+unix URI: {uri}"))?;
+        let (export, query) = rest
+            .split_once('?')
+            .with_context(|| format!("no socket in {uri}"))?;
+        let sock = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("socket="))
+            .with_context(|| format!("no socket in {uri}"))?;
+        let s = UnixStream::connect(sock).with_context(|| format!("connecting to {sock}"))?;
+        Nbd::handshake(s, export)
+    }
+
+    /// The handshake on a connected socket, onto `export`.
+    pub fn handshake(mut s: UnixStream, export: &str) -> Result<Nbd> {
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).context("reading the NBD greeting")?;
+        ensure!(
+            &g[..8] == NBD_MAGIC && be_u64(&g[8..16]) == IHAVEOPT,
+            "not a newstyle NBD server"
+        );
+        let server_flags = be_u16(&g[16..18]);
+        ensure!(
+            server_flags & 1 == 1,
+            "the NBD server is not fixed newstyle"
+        );
+        // Fixed newstyle, and no zeroes if the server offers to skip them.
+        let client_flags = 1 | u32::from(server_flags & 2);
+        let name = export.as_bytes();
+        let mut b = Vec::with_capacity(32 + name.len());
+        b.extend(client_flags.to_be_bytes());
+        b.extend(IHAVEOPT.to_be_bytes());
+        b.extend(OPT_GO.to_be_bytes());
+        b.extend((4 + name.len() as u32 + 2).to_be_bytes());
+        b.extend((name.len() as u32).to_be_bytes());
+        b.extend(name);
+        b.extend(0u16.to_be_bytes());
+        s.write_all(&b)?;
+        let mut size = None;
+        loop {
+            let mut h = [0u8; 20];
+            s.read_exact(&mut h)
+                .context("reading an NBD option reply")?;
+            ensure!(be_u64(&h[..8]) == OPT_REPLY_MAGIC, "bad NBD option reply");
+            let kind = be_u32(&h[12..16]);
+            let mut d = vec![0u8; be_u32(&h[16..20]) as usize];
+            s.read_exact(&mut d)?;
+            match kind {
+                REP_ACK => break,
+                REP_INFO if d.len() >= 10 && be_u16(&d) == INFO_EXPORT => {
+                    size = Some(be_u64(&d[2..10]));
+                }
+                k if k & 0x8000_0000 != 0 => bail!(
+                    "the NBD server refused export {export:?} ({k:#x}): {}",
+                    String::from_utf8_lossy(&d)
+                ),
+                _ => {}
+            }
+        }
+        Ok(Nbd {
+            s,
+            size: size.context("the NBD server gave no export size")?,
+            cookie: 0,
+        })
+    }
+
+    /// Send one request and read its reply's header.
+    fn request(&mut self, kind: u16, offset: u64, len: u32, payload: &[u8]) -> Result<()> {
+        self.cookie += 1;
+        let mut b = Vec::with_capacity(28 + payload.len());
+        b.extend(REQUEST_MAGIC.to_be_bytes());
+        b.extend(0u16.to_be_bytes());
+        b.extend(kind.to_be_bytes());
+        b.extend(self.cookie.to_be_bytes());
+        b.extend(offset.to_be_bytes());
+        b.extend(len.to_be_bytes());
+        b.extend(payload);
+        self.s.write_all(&b)?;
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).context("reading an NBD reply")?;
+        ensure!(
+            be_u32(&h[..4]) == SIMPLE_REPLY_MAGIC && be_u64(&h[8..16]) == self.cookie,
+            "bad NBD reply"
+        );
+        let err = be_u32(&h[4..8]);
+        ensure!(
+            err == 0,
+            "NBD request {kind} at {offset} failed: error {err}"
+        );
+        Ok(())
+    }
+
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.request(CMD_READ, offset, buf.len() as u32, &[])?;
+        self.s.read_exact(buf).context("reading NBD data")?;
+        Ok(())
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        self.request(CMD_WRITE, offset, data.len() as u32, data)
+    }
+}
+
+impl Drop for Nbd {
+    fn drop(&mut self) {
+        let mut b = Vec::with_capacity(28);
+        b.extend(REQUEST_MAGIC.to_be_bytes());
+        b.extend(0u16.to_be_bytes());
+        b.extend(CMD_DISC.to_be_bytes());
+        b.extend(0u64.to_be_bytes());
+        b.extend(0u64.to_be_bytes());
+        b.extend(0u32.to_be_bytes());
+        let _ = self.s.write_all(&b);
+    }
 }

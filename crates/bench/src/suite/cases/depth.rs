@@ -10,74 +10,17 @@
 //! depth above 0 starts right after a fresh snapshot (or overlay), and
 //! "depth d" means d to d + rounds; at depth 0 writes go in place on both.
 
-use crate::suite::anchors::{data_file, nbdcopy, qemu_img, qemu_nbd};
+use crate::suite::anchors::{data_file, nbdcopy, Chain};
 use crate::suite::fio::{self, Job, Target};
 use crate::suite::lamina::Lamina;
-use crate::suite::proc::Server;
 use crate::suite::record::Better;
 use crate::suite::{path_str, Ctx};
 use anyhow::{Context, Result};
 use hyper::Method;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 
 const CASE: &str = "depth";
 const READ: &str = "4k randread QD32";
 const WRITE: &str = "4k randwrite QD32";
-
-/// A qcow2 chain of external overlays, grown one layer at a time.
-struct Chain {
-    dir: PathBuf,
-    layers: Vec<PathBuf>,
-    size: u64,
-}
-
-impl Chain {
-    fn depth(&self) -> usize {
-        self.layers.len() - 1
-    }
-
-    fn top(&self) -> &Path {
-        self.layers.last().unwrap()
-    }
-
-    /// A new empty overlay on top (what `blockdev-snapshot-sync` or
-    /// `qemu-img snapshot`-less workflows make).
-    fn push(&mut self) -> Result<()> {
-        let next = self
-            .dir
-            .join(format!("layer-{:04}.qcow2", self.layers.len()));
-        // -u: no need to open the whole chain to learn the size.
-        qemu_img(&[
-            "create",
-            "-q",
-            "-u",
-            "-f",
-            "qcow2",
-            "-F",
-            "qcow2",
-            "-b",
-            &path_str(self.top()),
-            &path_str(&next),
-            &self.size.to_string(),
-        ])?;
-        self.layers.push(next);
-        Ok(())
-    }
-
-    fn serve(&self) -> Result<(Server, String)> {
-        qemu_nbd("qemu-nbd-chain", self.top(), "qcow2", &self.dir)
-    }
-
-    /// Bytes the files of layers `from..` take on disk.
-    fn allocated_from(&self, from: usize) -> Result<u64> {
-        let mut n = 0;
-        for l in &self.layers[from..] {
-            n += std::fs::metadata(l)?.blocks() * 512;
-        }
-        Ok(n)
-    }
-}
 
 fn used(l: &Lamina) -> Result<u64> {
     let h = l.call(Method::GET, "/v1/health", None)?;
@@ -106,20 +49,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     lamina.create_volume("d", size)?;
     let uri = lamina.attach("d")?;
     nbdcopy(&path_str(&data), &uri)?;
-    let mut chain = Chain {
-        dir: dir.clone(),
-        layers: vec![dir.join("layer-0000.qcow2")],
-        size,
-    };
-    qemu_img(&[
-        "convert",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        &path_str(&data),
-        &path_str(chain.top()),
-    ])?;
+    let mut chain = Chain::from_raw(&dir, &data, size)?;
     std::fs::remove_file(&data)?;
 
     let mut depths: Vec<usize> = ctx
@@ -140,14 +70,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         let on_qcow2 = ctx.p.qcow2_depths.contains(&d);
         // Grow both to depth d, measuring the space each layer costs.
         if on_lamina && lamina_depth < d {
-            let (before, layers) = (used(&lamina)?, d - lamina_depth);
+            let (before, layers) = (lamina.used()?, d - lamina_depth);
             while lamina_depth < d {
                 seed += 1;
                 rewrite(&uri, blocks, seed)?;
                 lamina.snapshot("d", &format!("s{lamina_depth}"))?;
                 lamina_depth += 1;
             }
-            let per_layer = (used(&lamina)? - before) as f64 / layers as f64;
+            let per_layer = (lamina.used()? - before) as f64 / layers as f64;
             let rewritten = ((blocks / 100).max(1) * 4096) as f64;
             ctx.rec.add(
                 CASE,
