@@ -12,22 +12,13 @@
 
 use crate::suite::anchors::{data_file, nbdcopy, Chain};
 use crate::suite::fio::{self, Job, Target};
-use crate::suite::lamina::Lamina;
 use crate::suite::record::Better;
 use crate::suite::{path_str, Ctx};
-use anyhow::{Context, Result};
-use hyper::Method;
+use anyhow::Result;
 
 const CASE: &str = "depth";
 const READ: &str = "4k randread QD32";
 const WRITE: &str = "4k randwrite QD32";
-
-fn used(l: &Lamina) -> Result<u64> {
-    let h = l.call(Method::GET, "/v1/health", None)?;
-    h["pool_used_bytes"]
-        .as_u64()
-        .context("health has no pool_used_bytes")
-}
 
 /// Rewrite 1% of the blocks at random through NBD.
 fn rewrite(uri: &str, blocks: u64, seed: u64) -> Result<()> {
