@@ -148,13 +148,9 @@ impl Lamina {
         )
     }
 
-    /// Wait for an operation to finish; error if it failed.
-    pub fn wait_operation(&self, id: &str) -> Result<Value> {
-        self.wait_operation_every(id, Duration::from_millis(20))
-    }
-
-    /// The same, asking every `every`: short for timing a short operation.
-    pub fn wait_operation_every(&self, id: &str, every: Duration) -> Result<Value> {
+    /// Wait for an operation to finish, asking every `every` (short when
+    /// the wait is timed); error if it failed.
+    pub fn wait_operation(&self, id: &str, every: Duration) -> Result<Value> {
         loop {
             let op = self.operation(id)?;
             match op["state"].as_str().unwrap_or("") {

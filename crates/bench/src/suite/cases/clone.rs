@@ -38,7 +38,7 @@ const FULL_AMP: &str = "full clone: bytes written ÷ allocated";
 const READ_ALONE: &str = "4k randread QD32 on the source, alone";
 const READ_DURING: &str = "4k randread QD32 on the source, during a full clone";
 const READ_KEPT: &str = "source read IOPS during a full clone ÷ alone";
-const FULL_LOADED: &str = "full clone: rate with reads on the source";
+const FULL_LOADED: &str = "full clone: rate while fio reads the source (bytes written / time)";
 
 /// nbdcopy as a user copying onto a new, empty file would run it, and as
 /// durable at the end as Lamina's full clone (which flushes the copy).
@@ -195,7 +195,7 @@ fn full_lamina(l: &Lamina, name: &str) -> Result<(Duration, u64, serde_json::Val
     let w0 = l.written();
     let t = Instant::now();
     let id = start_full_lamina(l, name)?;
-    let op = l.wait_operation_every(&id, Duration::from_millis(5))?;
+    let op = l.wait_operation(&id, Duration::from_millis(5))?;
     let took = t.elapsed();
     Ok((took, l.written().saturating_sub(w0), op))
 }
@@ -273,17 +273,53 @@ fn read_job(seconds: f64, allocated: u64) -> Job {
     j
 }
 
-fn record_reads(
-    ctx: &mut Ctx,
-    target: &str,
-    alone: &fio::Outcome,
-    during: &fio::Outcome,
+/// What happened while fio read the source with copies running.
+struct Loaded {
+    reads: fio::Outcome,
+    /// Copies started (the last one ends after fio does).
     copies: usize,
-    busy: Duration,
-) {
+    /// Bytes the copier wrote from the first copy's start to fio's end.
+    written: u64,
+    window: Duration,
+}
+
+/// Run `job` on `target` while `copy` runs back to back until fio ends;
+/// `written` is the copier's count of bytes written, read again the moment
+/// fio ends.
+fn under_reads(
+    job: &Job,
+    target: &Target,
+    written: impl Fn() -> u64 + Sync,
+    mut copy: impl FnMut(usize) -> Result<()>,
+) -> Result<Loaded> {
+    let w0 = written();
+    let t = Instant::now();
+    let mut copies = 0;
+    let (reads, w, window) = std::thread::scope(|s| -> Result<_> {
+        let reads = s.spawn(|| {
+            let o = fio::run(job, target);
+            (o, written(), t.elapsed())
+        });
+        while !reads.is_finished() {
+            copies += 1;
+            copy(copies - 1)?;
+        }
+        let (o, w, window) = reads
+            .join()
+            .map_err(|_| anyhow::anyhow!("the fio thread panicked"))?;
+        Ok((o?, w, window))
+    })?;
+    Ok(Loaded {
+        reads,
+        copies,
+        written: w.saturating_sub(w0),
+        window,
+    })
+}
+
+fn record_reads(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, loaded: &Loaded) {
     io::record(ctx, CASE, target, READ_ALONE, "4k", alone);
-    io::record(ctx, CASE, target, READ_DURING, "4k", during);
-    let alloc = ctx.p.clone_allocated as f64;
+    io::record(ctx, CASE, target, READ_DURING, "4k", &loaded.reads);
     let r = &mut ctx.rec;
     r.add(
         CASE,
@@ -291,7 +327,7 @@ fn record_reads(
         READ_KEPT,
         "×",
         Better::Higher,
-        during.iops / alone.iops,
+        loaded.reads.iops / alone.iops,
     );
     r.add(
         CASE,
@@ -299,70 +335,47 @@ fn record_reads(
         FULL_LOADED,
         "MB/s",
         Better::Higher,
-        copies as f64 * alloc / busy.as_secs_f64() / 1e6,
+        loaded.written as f64 / loaded.window.as_secs_f64() / 1e6,
     );
 }
 
-/// fio's read job on `uri` while Lamina full clones of `src/base` run back
-/// to back until it ends: its outcome, the clones made and the time until
-/// the last one was done. The clones are deleted after.
-fn lamina_under_reads(
-    l: &Lamina,
-    job: &Job,
-    uri: &str,
-    round: usize,
-) -> Result<(fio::Outcome, usize, Duration)> {
-    let target = Target::Nbd(uri.to_string());
+/// fio's read job on the Lamina source while full clones of `src/base` run
+/// back to back, each into a new volume (deleted after).
+fn lamina_under_reads(l: &Lamina, job: &Job, uri: &str, round: usize) -> Result<Loaded> {
+    let pid = l.pid();
     let mut names = Vec::new();
-    let t = Instant::now();
-    let reads = std::thread::scope(|s| -> Result<fio::Outcome> {
-        let reads = s.spawn(|| fio::run(job, &target));
-        while !reads.is_finished() {
-            let name = format!("loaded{round}-{}", names.len());
+    let loaded = under_reads(
+        job,
+        &Target::Nbd(uri.to_string()),
+        || proc::written(pid),
+        |i| {
+            let name = format!("loaded{round}-{i}");
             let id = start_full_lamina(l, &name)?;
             names.push(name);
-            l.wait_operation_every(&id, Duration::from_millis(5))?;
-        }
-        reads
-            .join()
-            .map_err(|_| anyhow::anyhow!("the fio thread panicked"))?
-    })?;
-    let busy = t.elapsed();
+            l.wait_operation(&id, Duration::from_millis(5))?;
+            Ok(())
+        },
+    )?;
     for n in &names {
         l.delete_volume(n, false)?;
     }
-    Ok((reads, names.len(), busy))
+    Ok(loaded)
 }
 
-/// The same with nbdcopy from the source qemu-nbd, each run to a new
-/// qemu-nbd on a new empty file.
-fn nbdcopy_under_reads(
-    dir: &Path,
-    size: u64,
-    job: &Job,
-    src_uri: &str,
-) -> Result<(fio::Outcome, usize, Duration)> {
-    let target = Target::Nbd(src_uri.to_string());
-    let mut dsts = Vec::new();
-    let t = Instant::now();
-    let reads = std::thread::scope(|s| -> Result<fio::Outcome> {
-        let reads = s.spawn(|| fio::run(job, &target));
-        while !reads.is_finished() {
-            let (server, uri, f) = empty_raw(dir, &format!("loaded{}", dsts.len()), size)?;
-            dsts.push((server, f));
-            nbdcopy_with(NBDCOPY_OPTS, src_uri, &uri)?;
-        }
-        reads
-            .join()
-            .map_err(|_| anyhow::anyhow!("the fio thread panicked"))?
-    })?;
-    let busy = t.elapsed();
-    let copies = dsts.len();
-    for (server, f) in dsts {
-        drop(server);
-        std::fs::remove_file(f)?;
-    }
-    Ok((reads, copies, busy))
+/// The same with nbdcopy from the source qemu-nbd to a qemu-nbd on a new
+/// empty file (copied over again if fio outlasts a copy).
+fn nbdcopy_under_reads(dir: &Path, size: u64, job: &Job, src_uri: &str) -> Result<Loaded> {
+    let (dst, dst_uri, f) = empty_raw(dir, "loaded", size)?;
+    let pid = dst.pid();
+    let loaded = under_reads(
+        job,
+        &Target::Nbd(src_uri.to_string()),
+        || proc::written(pid),
+        |_| nbdcopy_with(NBDCOPY_OPTS, src_uri, &dst_uri),
+    )?;
+    drop(dst);
+    std::fs::remove_file(f)?;
+    Ok(loaded)
 }
 
 pub fn run(ctx: &mut Ctx) -> Result<()> {
@@ -457,14 +470,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
     // (b) and (c): full clones, alone and under a read load on the source,
     // against nbdcopy between two raw qemu-nbd exports.
-    let (_src_server, src_raw) = qemu_nbd("qemu-nbd-src", &src, "raw", &dir)?;
+    let (src_server, src_raw) = qemu_nbd("qemu-nbd-src", &src, "raw", &dir)?;
     let job = read_job(ctx.p.seconds, allocated);
     for round in 0..rounds {
         for k in 0..2 {
             if (round + k) % 2 == 0 {
                 let name = format!("full{round}");
                 let (took, written, op) = full_lamina(&l, &name)?;
-                l.delete_volume(&name, false)?;
                 record_full(ctx, LAMINA, took, written);
                 let done = op["done_bytes"].as_u64().unwrap_or(0);
                 let total = op["total_bytes"].as_u64().unwrap_or(0);
@@ -487,36 +499,48 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 );
 
                 let alone = fio::run(&job, &Target::Nbd(src_lamina.clone()))?;
-                let (during, copies, busy) = lamina_under_reads(&l, &job, &src_lamina, round)?;
-                record_reads(ctx, LAMINA, &alone, &during, copies, busy);
+                let loaded = lamina_under_reads(&l, &job, &src_lamina, round)?;
+                record_reads(ctx, LAMINA, &alone, &loaded);
+                l.delete_volume(&name, false)?;
                 eprintln!(
-                    "  round {round} lamina: full clone {:.2} s, {} MiB written ({} of {} MiB done); reads {:.0} IOPS alone, {:.0} during {copies} clones in {:.2} s",
+                    "  round {round} lamina: full clone {:.2} s, {} MiB written ({} of {} MiB done); reads {:.0} IOPS alone, {:.0} during {} clones ({} MiB written in {:.2} s)",
                     took.as_secs_f64(),
                     written >> 20,
                     done >> 20,
                     total >> 20,
                     alone.iops,
-                    during.iops,
-                    busy.as_secs_f64()
+                    loaded.reads.iops,
+                    loaded.copies,
+                    loaded.written >> 20,
+                    loaded.window.as_secs_f64()
                 );
             } else {
                 let (took, written) = full_nbdcopy(&dir, size, &src_raw)?;
                 record_full(ctx, NBDCOPY, took, written);
                 let alone = fio::run(&job, &Target::Nbd(src_raw.clone()))?;
-                let (during, copies, busy) = nbdcopy_under_reads(&dir, size, &job, &src_raw)?;
-                record_reads(ctx, NBDCOPY, &alone, &during, copies, busy);
+                let loaded = nbdcopy_under_reads(&dir, size, &job, &src_raw)?;
+                record_reads(ctx, NBDCOPY, &alone, &loaded);
                 eprintln!(
-                    "  round {round} nbdcopy: {:.2} s, {} MiB written; reads {:.0} IOPS alone, {:.0} during {copies} copies in {:.2} s",
+                    "  round {round} nbdcopy: {:.2} s, {} MiB written; reads {:.0} IOPS alone, {:.0} during {} copies ({} MiB written in {:.2} s)",
                     took.as_secs_f64(),
                     written >> 20,
                     alone.iops,
-                    during.iops,
-                    busy.as_secs_f64()
+                    loaded.reads.iops,
+                    loaded.copies,
+                    loaded.written >> 20,
+                    loaded.window.as_secs_f64()
                 );
             }
         }
     }
+    // The big files go; the logs stay.
+    drop(src_server);
+    let data = l.data.clone();
     drop(l);
+    for f in [&src, &base] {
+        std::fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
+    }
+    std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
 
     // The comparisons.
     let r = &mut ctx.rec;
@@ -628,10 +652,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         CASE,
         format!(
             "Reads during full clones: fio 4k randread QD32 for {} s over the source's allocated {al} MiB (Lamina: \
-             the attached source volume; anchor: the source qemu-nbd that nbdcopy reads from), with full clones \
-             (Lamina: each into a new volume) or nbdcopy runs (each to a new qemu-nbd on a new empty file) back to \
-             back from fio's start until it ends; \"alone\" is the same job with no copy. The copy rate meanwhile \
-             is the copies' allocated bytes over the time until the last one ended. No random-write load was run.",
+             the attached source volume; anchor: the source qemu-nbd that nbdcopy reads from), with copies back to \
+             back from just before fio starts until it ends (Lamina: full clones, each into a new volume; anchor: \
+             nbdcopy to a qemu-nbd on a new empty file, copied over again if fio outlasts a copy); \"alone\" is the \
+             same job with no copy. The copy's rate meanwhile is the bytes the copier wrote (the daemon's, or the \
+             destination qemu-nbd's, write_bytes) from the first copy's start to fio's end, over that time; it \
+             includes fio's own start-up (about 0.3 s here), when the copy ran unloaded. No random-write load was \
+             run.",
             ctx.p.seconds
         ),
     );
