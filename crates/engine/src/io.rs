@@ -13,6 +13,9 @@ use crate::meta::Meta;
 use crate::pool::Pool;
 use std::sync::{Arc, RwLock};
 
+/// Most whole blocks one index pass of a write covers (1 MiB).
+const RUN: usize = 256;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Volume,
@@ -101,6 +104,101 @@ impl Pool {
                 self.cow_install(id, idx, new, data)
             }
         }
+    }
+
+    /// Write whole blocks `first..` of volume `id` from `data` with as few
+    /// data writes as the layout allows, when every block of the run goes
+    /// in place (exclusive to the volume) or every block is new (unmapped,
+    /// not all zeros): one index pass and one write per physically
+    /// contiguous stretch instead of one of each per block. `Ok(false)`
+    /// (nothing done) for a mixed run, which the caller writes block by
+    /// block.
+    pub(crate) fn write_run(&self, id: u64, first: u64, data: &[u8]) -> Result<bool> {
+        let n = data.len() / BLOCK;
+        let _s = self.stripes(id, first, n as u64);
+        let plan = self.with_meta(|m| {
+            let (root, levels) = vol_root(m, id)?;
+            let mut cur = Vec::with_capacity(n);
+            let mut in_place = true;
+            for idx in first..first + n as u64 {
+                let (leaf, excl) = m.tree_leaf(root, levels, idx, true)?;
+                let c = if leaf == 0 {
+                    0
+                } else {
+                    m.leaf_entry(leaf, (idx % FANOUT as u64) as usize)?
+                };
+                in_place &= c != 0 && excl && m.rc(c)? == 1;
+                cur.push(c);
+            }
+            if in_place {
+                return Ok(Some((cur, false)));
+            }
+            let fresh = cur.iter().all(|&c| c == 0)
+                && data.chunks(BLOCK).all(|b| b.iter().any(|&x| x != 0));
+            if !fresh {
+                return Ok(None);
+            }
+            let mut new = Vec::with_capacity(n);
+            for _ in 0..n {
+                match m.reserve_data() {
+                    Ok(b) => new.push(b),
+                    Err(e) => {
+                        new.iter().for_each(|&b| m.unreserve(b));
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(Some((new, true)))
+        })?;
+        let Some((blocks, fresh)) = plan else {
+            return Ok(false);
+        };
+        let mut i = 0;
+        while i < n {
+            let mut j = i + 1;
+            while j < n && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            if let Err(e) = self.data_write(&data[i * BLOCK..j * BLOCK], blocks[i] * BLOCK as u64) {
+                if fresh {
+                    let mut m = self.lock_meta();
+                    blocks.iter().for_each(|&b| m.unreserve(b));
+                }
+                return Err(e);
+            }
+            i = j;
+        }
+        if !fresh {
+            return Ok(true);
+        }
+        self.with_meta(|m| {
+            for (k, &b) in blocks.iter().enumerate() {
+                let installed = vol_root(m, id).and_then(|(mut root, levels)| {
+                    let r = m.tree_set(&mut root, levels, first + k as u64, b);
+                    if root != m.catalog.volume(id).root {
+                        m.catalog.volume_mut(id).root = root;
+                    }
+                    r
+                });
+                let old = match installed {
+                    Ok(o) => o,
+                    Err(e) => {
+                        blocks[k..].iter().for_each(|&b| m.unreserve(b));
+                        return Err(e);
+                    }
+                };
+                m.install_data(b)?;
+                if old != 0 {
+                    // Not expected (the stripes keep the run unmapped), but
+                    // never leak a block.
+                    m.release_block(old, false)?;
+                } else {
+                    m.catalog.volume_mut(id).mapped += 1;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(true)
     }
 
     /// Give block `idx` of volume `id` a private copy if it shares it (flatten).
@@ -320,6 +418,19 @@ impl Volume {
         while done < data.len() {
             let at = offset + done as u64;
             let in_block = (at % BLOCK as u64) as usize;
+            let whole = (data.len() - done) / BLOCK;
+            if in_block == 0 && whole >= 2 {
+                let n = whole.min(RUN);
+                let part = &data[done..done + n * BLOCK];
+                let first = at / BLOCK as u64;
+                if !self.pool.write_run(self.id, first, part)? {
+                    for (k, b) in part.chunks(BLOCK).enumerate() {
+                        self.pool.write_block(self.id, first + k as u64, b, 0)?;
+                    }
+                }
+                done += n * BLOCK;
+                continue;
+            }
             let n = (BLOCK - in_block).min(data.len() - done);
             self.pool
                 .write_block(self.id, at / BLOCK as u64, &data[done..done + n], in_block)?;

@@ -28,6 +28,10 @@ pub struct Meta {
     /// Blocks handed to writers that have not yet been installed in a tree.
     pub reserved: HashSet<u64>,
     cursor_group: u64,
+    /// Where in the cursor group the next search for a free block starts:
+    /// just past the last block found, so a run of allocations does not
+    /// rescan the blocks it has just taken.
+    cursor_index: u64,
     /// Groups known to have no allocatable block.
     full: Vec<bool>,
     /// Set after an I/O failure that left memory ahead of disk.
@@ -62,6 +66,7 @@ impl Meta {
             unavailable: HashSet::new(),
             reserved: HashSet::new(),
             cursor_group: 0,
+            cursor_index: 0,
             full: vec![false; groups],
             poisoned: None,
         }
@@ -216,7 +221,14 @@ impl Meta {
             let rcb = g * GROUP + 1;
             self.load(rcb, MAGIC_RC)?;
             let p = self.cache.get(rcb).expect("loaded");
-            let found = (0..GROUP).find(|&i| {
+            // In the cursor group, from the hint on, then what is before it
+            // (blocks freed behind the cursor).
+            let hint = if k == 0 {
+                self.cursor_index.min(GROUP)
+            } else {
+                0
+            };
+            let found = (hint..GROUP).chain(0..hint).find(|&i| {
                 let b = g * GROUP + i;
                 rc::get(p, i as usize) == 0
                     && !self.unavailable.contains(&b)
@@ -225,6 +237,7 @@ impl Meta {
             match found {
                 Some(i) => {
                     self.cursor_group = g;
+                    self.cursor_index = i + 1;
                     return Ok(g * GROUP + i);
                 }
                 None => self.full[g as usize] = true,
@@ -263,6 +276,7 @@ impl Meta {
         self.sb_dirty = true;
         self.full.push(false);
         self.cursor_group = g;
+        self.cursor_index = 1;
         Ok(g * GROUP)
     }
 

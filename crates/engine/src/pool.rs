@@ -22,6 +22,12 @@ use std::time::Duration;
 pub const POOL_FILE: &str = "pool.lam";
 pub const WAL_FILE: &str = "wal.lam";
 const STRIPES: usize = 1024;
+fn stripe_of(vol: u64, idx: u64) -> usize {
+    let h =
+        (vol.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) >> 32;
+    (h as usize) % STRIPES
+}
+
 /// How often the writeback thread looks for data to start writing back.
 const WRITEBACK_EVERY: Duration = Duration::from_millis(50);
 
@@ -319,11 +325,25 @@ impl Pool {
     }
 
     pub(crate) fn stripe(&self, vol: u64, idx: u64) -> MutexGuard<'_, ()> {
-        let h = (vol.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ idx.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
-            >> 32;
-        self.inner.stripes[(h as usize) % STRIPES]
+        self.inner.stripes[stripe_of(vol, idx)]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stripes of blocks `first..first + n` of a volume, taken in
+    /// ascending stripe order (so two runs never wait on each other in a
+    /// cycle; single-block lockers hold no stripe while waiting for one).
+    pub(crate) fn stripes(&self, vol: u64, first: u64, n: u64) -> Vec<MutexGuard<'_, ()>> {
+        let mut ids: Vec<usize> = (first..first + n).map(|i| stripe_of(vol, i)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|i| {
+                self.inner.stripes[i]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            })
+            .collect()
     }
 
     /// Make every acknowledged write and metadata change durable.

@@ -42,7 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
     let s = 0..SNAPS.len();
     prop_oneof![
         2 => (v.clone(), any::<bool>()).prop_map(|(a, b)| Op::Create(a, b)),
-        12 => (v.clone(), 0..8usize, 0..4usize, 0..5usize, any::<u8>()).prop_map(|(a, b, c, d, e)| Op::Write(a, b, c, d, e)),
+        12 => (v.clone(), 0..8usize, 0..4usize, 0..7usize, any::<u8>()).prop_map(|(a, b, c, d, e)| Op::Write(a, b, c, d, e)),
         3 => (v.clone(), 0..8usize, 0..4usize, 0..5usize).prop_map(|(a, b, c, d)| Op::Zero(a, b, c, d)),
         1 => v.clone().prop_map(Op::TrimAll),
         2 => Just(Op::Flush),
@@ -88,7 +88,8 @@ fn offset(size: u64, pos: usize, delta: usize) -> u64 {
     (b * BS + d).min(size - 1)
 }
 
-const LENS: [u64; 5] = [1, 512, BS, BS + 1, 2 * BS + 3];
+// Whole-block runs (2, 8, 40 blocks) take the engine's run path.
+const LENS: [u64; 7] = [1, 512, BS, BS + 1, 2 * BS + 3, 8 * BS, 40 * BS];
 
 struct Run {
     backend: Arc<SimBackend>,
