@@ -142,8 +142,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // qemu's snapshots get slower as they pile up; they get this long to
     // reach the Nth before it is measured wherever they got to.
     let quick = ctx.p.name == "quick";
-    let qemu_budget = Duration::from_secs(if quick { 5 } else { 60 });
-    let cap = Duration::from_secs(if quick { 3 } else { 20 });
+    let qemu_budget = Duration::from_secs(if quick { 5 } else { 30 });
+    let cap = Duration::from_secs(if quick { 3 } else { 10 });
     let dir = ctx.scratch("snapshot")?;
     let sizes: &[(&str, u64)] = if quick {
         &[("1GiB", GIB)]
