@@ -8,6 +8,7 @@ mod cases;
 mod fio;
 mod lamina;
 mod machine;
+mod nbd_client;
 mod plot;
 mod proc;
 mod qmp;
@@ -282,6 +283,13 @@ pub fn run(a: SuiteArgs) -> Result<()> {
             eprintln!("  case {name} failed: {msg}");
             ctx.rec.note(name, format!("the case failed: {msg}"));
             failed.push(*name);
+        }
+        // A case's volumes and images go with it: the next case gets the
+        // disk space back (a full run's qcow2 chains alone take tens of GiB).
+        for entry in std::fs::read_dir(&ctx.work)?.flatten() {
+            if entry.file_name() != "logs" {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
         timings.push((name.to_string(), t.elapsed().as_secs_f64()));
         eprintln!("  ({:.0} s)", t.elapsed().as_secs_f64());

@@ -2,8 +2,8 @@
 //! through the API; how long making them takes, listing every snapshot,
 //! the daemon's memory with them all, and deleting them all.
 
-use crate::suite::cases::clone::Nbd;
 use crate::suite::lamina::Lamina;
+use crate::suite::nbd_client::Nbd;
 use crate::suite::record::{percentile, Better};
 use crate::suite::{Ctx, GIB, MIB};
 use anyhow::{ensure, Context, Result};
