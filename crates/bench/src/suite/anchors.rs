@@ -77,6 +77,13 @@ pub fn qemu_img(args: &[&str]) -> Result<String> {
     proc::run(Command::new("qemu-img").args(args))
 }
 
+/// A qcow2 copy of a raw file (every written cluster allocated), by
+/// `qemu-img convert`; both paths as strings.
+pub fn qcow2_from_raw(raw: &str, qcow2: &str) -> Result<()> {
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2", raw, qcow2])?;
+    Ok(())
+}
+
 /// Copy between two NBD URIs (or files) with nbdcopy, which skips holes.
 pub fn nbdcopy(from: &str, to: &str) -> Result<()> {
     nbdcopy_with(&[], from, to)
@@ -103,15 +110,7 @@ impl Chain {
             layers: vec![dir.join("layer-0000.qcow2")],
             size,
         };
-        qemu_img(&[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            &raw.display().to_string(),
-            &c.top().display().to_string(),
-        ])?;
+        qcow2_from_raw(&raw.display().to_string(), &c.top().display().to_string())?;
         Ok(c)
     }
 

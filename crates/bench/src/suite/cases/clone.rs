@@ -5,7 +5,9 @@
 //! bytes it writes, and what it costs reads on the source meanwhile,
 //! against nbdcopy between two raw qemu-nbd exports holding the same data.
 
-use crate::suite::anchors::{data_file, nbdcopy_with, qemu_img, qemu_nbd, qemu_nbd_command};
+use crate::suite::anchors::{
+    data_file, nbdcopy_with, qcow2_from_raw, qemu_img, qemu_nbd, qemu_nbd_command,
+};
 use crate::suite::cases::io;
 use crate::suite::fio::{self, Job, Target};
 use crate::suite::lamina::Lamina;
@@ -398,15 +400,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let mut first = vec![0u8; 4096];
     std::fs::File::open(&src)?.read_exact(&mut first)?;
     let base = dir.join("base.qcow2");
-    qemu_img(&[
-        "convert",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        &path_str(&src),
-        &path_str(&base),
-    ])?;
+    qcow2_from_raw(&path_str(&src), &path_str(&base))?;
 
     let l = ctx.lamina("clone-lamina")?;
     l.create_volume("src", size)?;

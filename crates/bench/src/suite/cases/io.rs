@@ -4,7 +4,7 @@
 //! the same data, every block written; each round runs every job against
 //! every target before the next round starts.
 
-use crate::suite::anchors::{data_file, nbdcopy, nbdkit_file, qemu_img, qemu_nbd};
+use crate::suite::anchors::{data_file, nbdcopy, nbdkit_file, qcow2_from_raw, qemu_nbd};
 use crate::suite::fio::{self, Job, Target};
 use crate::suite::record::Better;
 use crate::suite::{path_str, Ctx};
@@ -58,15 +58,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     for f in [&raw, &kit, &direct] {
         std::fs::copy(&data, f)?;
     }
-    qemu_img(&[
-        "convert",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        &path_str(&data),
-        &path_str(&qcow2),
-    ])?;
+    qcow2_from_raw(&path_str(&data), &path_str(&qcow2))?;
 
     let lamina = ctx.lamina("io-lamina")?;
     lamina.create_volume("io", size)?;
