@@ -48,6 +48,10 @@ pub struct Export {
     /// The export's name on the NBD server.
     pub name: String,
     pub read_only: bool,
+    /// NBD clients connected to it now. They see the size the export had
+    /// when they connected: after an expand they must reconnect.
+    #[serde(default)]
+    pub connections: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -59,8 +63,19 @@ pub struct Volume {
     pub created: String,
     /// Bytes of data mapped in the volume.
     pub allocated_bytes: u64,
+    /// Bytes of data only the live volume references (what its own writes
+    /// hold; deleting every snapshot would not free them).
+    #[serde(default)]
+    pub exclusive_bytes: u64,
+    /// Bytes of data the volume shares with its snapshots or clone origin:
+    /// `allocated_bytes - exclusive_bytes`.
+    #[serde(default)]
+    pub shared_bytes: u64,
     /// Snapshot the live data descends from.
     pub parent_snapshot: Option<String>,
+    /// The snapshot a linked clone still shares blocks with; absent for a
+    /// volume that was never a clone or no longer shares anything (flattened,
+    /// or a finished full clone).
     pub origin: Option<Origin>,
     pub clone_state: CloneState,
     /// Set while the volume is exported over NBD.
@@ -86,6 +101,10 @@ pub struct Snapshot {
     pub allocated_bytes: u64,
     /// Bytes only this snapshot holds: what deleting it frees.
     pub exclusive_bytes: u64,
+    /// Linked clones made from this snapshot (volume names). They keep their
+    /// data if the snapshot is deleted.
+    #[serde(default)]
+    pub clones: Vec<String>,
     pub export: Option<Export>,
 }
 
@@ -129,7 +148,7 @@ pub struct CloneCreated {
     pub operation: Option<Operation>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OperationState {
     Running,
@@ -137,12 +156,52 @@ pub enum OperationState {
     Failed,
 }
 
-/// A long-running operation (full clone, flatten), recorded before it runs.
+/// What an operation does. Every change to a volume is recorded as one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OperationKind {
+    CreateVolume,
+    ExpandVolume,
+    DeleteVolume,
+    CreateSnapshot,
+    DeleteSnapshot,
+    Revert,
+    Flatten,
+    /// A linked clone (done at once).
+    Clone,
+    /// A full clone: a background copy of the data.
+    FullClone,
+}
+
+impl OperationKind {
+    /// The kind as written on the wire (`create-volume`, `full-clone`...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationKind::CreateVolume => "create-volume",
+            OperationKind::ExpandVolume => "expand-volume",
+            OperationKind::DeleteVolume => "delete-volume",
+            OperationKind::CreateSnapshot => "create-snapshot",
+            OperationKind::DeleteSnapshot => "delete-snapshot",
+            OperationKind::Revert => "revert",
+            OperationKind::Flatten => "flatten",
+            OperationKind::Clone => "clone",
+            OperationKind::FullClone => "full-clone",
+        }
+    }
+}
+
+impl std::fmt::Display for OperationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A recorded operation: every change is written down before it runs;
+/// full clones and flattens run on in the background.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Operation {
     pub id: String,
-    /// `full-clone` or `flatten`.
-    pub kind: String,
+    pub kind: OperationKind,
     /// The volume it works on.
     pub volume: String,
     pub state: OperationState,
@@ -151,6 +210,29 @@ pub struct Operation {
     pub total_bytes: u64,
     pub started: String,
     pub error: Option<String>,
+}
+
+/// Filters of `GET /v1/operations` (query parameters), newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OperationFilter {
+    /// Only operations on this volume.
+    pub volume: Option<String>,
+    /// Only operations in this state.
+    pub state: Option<OperationState>,
+    /// At most this many (the newest).
+    pub limit: Option<u32>,
+}
+
+/// The answer to a delete or a detach. Removing what is already absent
+/// succeeds (`existed: false`): callers such as CSI retry every call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Removed {
+    /// What was removed, e.g. `volume data`, `snapshot data/before`,
+    /// `export data`.
+    pub what: String,
+    /// False when there was nothing to remove.
+    pub existed: bool,
 }
 
 /// Every error the API returns.

@@ -70,7 +70,7 @@ fn list_table(ops: &[Operation]) -> String {
     for o in ops {
         t.row(vec![
             o.id.clone(),
-            o.kind.clone(),
+            o.kind.to_string(),
             output::clip(&o.volume, 64),
             state_name(&o.state).into(),
             progress(o),
@@ -84,7 +84,7 @@ fn list_table(ops: &[Operation]) -> String {
 fn details(o: &Operation) -> String {
     fields(&[
         ("ID", o.id.clone()),
-        ("Kind", o.kind.clone()),
+        ("Kind", o.kind.to_string()),
         ("Volume", o.volume.clone()),
         ("State", state_name(&o.state).into()),
         ("Progress", progress(o)),
@@ -117,10 +117,11 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Value> {
         })?;
         let op: Operation = output::parse(&v)?;
         if pb.message().is_empty() {
-            let what = if op.kind == "clone" {
-                "full clone"
-            } else {
-                op.kind.as_str()
+            let what = match op.kind {
+                lamina_api::OperationKind::Clone | lamina_api::OperationKind::FullClone => {
+                    "full clone"
+                }
+                k => k.as_str(),
             };
             pb.set_message(format!("{what} {}", op.volume));
         }

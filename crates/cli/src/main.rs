@@ -136,6 +136,7 @@ fn run(cli: Cli) -> Result<()> {
             data_dir,
             listen,
             nbd_listen,
+            operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
         }),
         cmd => {
             let client = Client::new(&data_dir, g.endpoint.as_deref(), g.token.as_deref())?;

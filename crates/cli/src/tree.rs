@@ -146,6 +146,7 @@ mod tests {
             restore_size: 1 << 30,
             allocated_bytes: 0,
             exclusive_bytes: 4096,
+            clones: vec![],
             export: None,
         }
     }
@@ -156,6 +157,8 @@ mod tests {
             size: 2 << 30,
             created: "2025-01-01T00:00:00Z".into(),
             allocated_bytes: 0,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
             parent_snapshot: parent.map(Into::into),
             origin: None,
             clone_state: CloneState::None,

@@ -249,7 +249,8 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
     };
     api::Operation {
         id: rec.id.clone(),
-        kind: rec.kind.clone(),
+        kind: serde_json::from_value(Value::String(rec.kind.clone()))
+            .unwrap_or(api::OperationKind::FullClone),
         volume: rec.volume.clone(),
         state: match rec.state.as_str() {
             "succeeded" => api::OperationState::Succeeded,

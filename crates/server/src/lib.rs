@@ -30,7 +30,13 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// Also serve NBD on TCP.
     pub nbd_listen: Option<SocketAddr>,
+    /// Finished operation records older than this are pruned.
+    pub operation_retention: std::time::Duration,
 }
+
+/// Default age at which finished operation records are pruned: 7 days.
+pub const DEFAULT_OPERATION_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Run until `shutdown` resolves, then stop accepting, let in-flight NBD
 /// requests finish, flush every volume and close the pool.

@@ -127,6 +127,7 @@ impl State {
             uri: self.uri(name),
             name: name.to_string(),
             read_only,
+            connections: 0,
         })
     }
 
@@ -146,6 +147,8 @@ impl State {
             size: v.size,
             created: rfc3339(v.created),
             allocated_bytes: v.allocated_bytes,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
             parent_snapshot: v.parent_snapshot,
             origin: v.origin.map(|o| api::Origin {
                 volume: o.volume,
@@ -169,6 +172,7 @@ impl State {
             restore_size: s.restore_size,
             allocated_bytes: s.allocated_bytes,
             exclusive_bytes: s.exclusive_bytes,
+            clones: Vec::new(),
         }
     }
 
