@@ -119,19 +119,27 @@ impl Pool {
             lo = hi;
             p.done.store(lo * BLOCK as u64, Ordering::SeqCst);
         }
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
-        self.with_meta(|m| {
+        let g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let origin = self.with_meta(|m| {
             let v = m.catalog.volume_mut(id);
             v.flattening = false;
+            let origin = v.origin.as_ref().map(|o| (o.volume, o.snapshot));
             let root = v
                 .origin
                 .as_mut()
                 .map(|o| std::mem::replace(&mut o.root, 0))
                 .unwrap_or(0);
-            m.release_root(root)
+            m.release_root(root)?;
+            Ok(origin)
         })?;
         self.commit()?;
+        drop(g);
         self.wake_background();
+        // A clone of a volume no longer needs the system snapshot it was
+        // made from.
+        if let Some((vol, snap)) = origin {
+            self.release_system_snapshot(vol, snap)?;
+        }
         p.done
             .store(p.total.load(Ordering::SeqCst), Ordering::SeqCst);
         tracing::info!(volume = id, "flatten finished");

@@ -30,10 +30,11 @@ mod wal;
 
 pub use check::CheckReport;
 pub use error::{Error, Result};
-pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
+pub use extents::{Chunk, CopyControl, CopyEnd, CopyProgress, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
 pub use io::Volume;
 pub use ops::{
-    CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE,
+    is_system_name, round_up_size, CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage,
+    VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
 };
 pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE};

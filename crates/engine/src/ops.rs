@@ -13,6 +13,36 @@ use std::collections::HashMap;
 /// Largest volume: 2^56 bytes (64 PiB).
 pub const MAX_VOLUME_SIZE: u64 = 1 << 56;
 
+/// Volume sizes are whole 512-byte sectors: the kernel's NBD client and
+/// filesystems address whole sectors, so a ragged tail would be unreachable
+/// or, worse, half-used. Callers that take sizes from people or from CSI
+/// round up to this before they ask (`round_up_size`).
+pub const SECTOR: u64 = 512;
+
+/// The smallest valid volume size at least `size` (at least one sector).
+pub fn round_up_size(size: u64) -> u64 {
+    size.max(1).div_ceil(SECTOR).saturating_mul(SECTOR)
+}
+
+/// Names of system snapshots start with this character. The user naming
+/// rule ([`check_name`]) requires a letter or digit first, so a system
+/// snapshot can never have a name a user could give, take or reuse.
+pub const SYSTEM_PREFIX: char = '.';
+
+/// The name of the system snapshot with id `id` taken so that volume
+/// `target` can be cloned from it: `.clone-ID-TARGET`, cut to 255 bytes (the
+/// id alone makes it unique: ids are never reused).
+fn system_snapshot_name(id: u64, target: &str) -> String {
+    let mut n = format!("{SYSTEM_PREFIX}clone-{id}-{target}");
+    n.truncate(255);
+    n
+}
+
+/// Whether a snapshot name is in the system's name space.
+pub fn is_system_name(name: &str) -> bool {
+    name.starts_with(SYSTEM_PREFIX)
+}
+
 /// How a volume relates to the snapshot it was cloned from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CloneState {
@@ -59,6 +89,8 @@ pub struct SnapshotInfo {
     pub created: u64,
     pub parent: Option<String>,
     pub children: Vec<String>,
+    /// Linked clones that share blocks with it (volume names).
+    pub clones: Vec<String>,
     pub system: bool,
     pub labels: Vec<(String, String)>,
     /// Bytes mapped in the snapshot.
@@ -91,12 +123,30 @@ pub struct PoolStats {
 }
 
 fn check_size(size: u64) -> Result<()> {
-    if size == 0 || size > MAX_VOLUME_SIZE {
+    if size == 0 {
         return Err(Error::InvalidArgument(format!(
-            "volume size {size} must be between 1 byte and {MAX_VOLUME_SIZE} bytes"
+            "a volume size must be at least {SECTOR} bytes"
+        )));
+    }
+    if size > MAX_VOLUME_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "a volume size must be at most 64 PiB ({MAX_VOLUME_SIZE} bytes); {size} bytes was asked"
+        )));
+    }
+    if size % SECTOR != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a volume size must be a whole number of {SECTOR}-byte sectors: {size} bytes is not ({} would be)",
+            round_up_size(size)
         )));
     }
     Ok(())
+}
+
+/// Children and linked clones of snapshots, by snapshot id.
+#[derive(Default)]
+struct Links {
+    children: HashMap<u64, Vec<String>>,
+    clones: HashMap<u64, Vec<String>>,
 }
 
 pub(crate) fn blocks_of(size: u64) -> u64 {
@@ -105,13 +155,19 @@ pub(crate) fn blocks_of(size: u64) -> u64 {
 
 impl Pool {
     fn volume_info(&self, m: &crate::meta::Meta, v: &VolumeRec) -> VolumeInfo {
-        let origin = v.origin.as_ref().map(|o| OriginInfo {
-            volume: m.catalog.get(o.volume).and_then(|r| match r {
-                Record::Volume(v) => Some(v.name.clone()),
-                _ => None,
-            }),
-            snapshot: m.catalog.snapshot(o.snapshot).map(|s| s.name.clone()),
-        });
+        // A volume that shares nothing with its origin any more (flattened)
+        // shows none: the link is gone.
+        let origin = v
+            .origin
+            .as_ref()
+            .filter(|o| o.root != 0)
+            .map(|o| OriginInfo {
+                volume: m.catalog.get(o.volume).and_then(|r| match r {
+                    Record::Volume(v) => Some(v.name.clone()),
+                    _ => None,
+                }),
+                snapshot: m.catalog.snapshot(o.snapshot).map(|s| s.name.clone()),
+            });
         let clone_state = match &v.origin {
             None => CloneState::None,
             Some(_) if v.flattening => CloneState::Flattening,
@@ -130,20 +186,34 @@ impl Pool {
         }
     }
 
-    /// Names of each snapshot's children, for the snapshots of `vols`, in one pass.
-    fn children_of(m: &crate::meta::Meta, vol: Option<u64>) -> HashMap<u64, Vec<String>> {
-        let mut children: HashMap<u64, Vec<String>> = HashMap::new();
+    /// Names of each snapshot's children (for the snapshots of `vol`, or of
+    /// all volumes) and of the linked clones sharing its blocks, in one pass.
+    fn children_of(m: &crate::meta::Meta, vol: Option<u64>) -> Links {
+        let mut links = Links::default();
         let snaps: Vec<&SnapshotRec> = match vol {
             Some(v) => m.catalog.snapshots_of(v),
             None => m.catalog.snapshots().collect(),
         };
         for c in snaps {
-            children.entry(c.parent).or_default().push(c.name.clone());
+            links
+                .children
+                .entry(c.parent)
+                .or_default()
+                .push(c.name.clone());
         }
-        for v in children.values_mut() {
+        for v in m.catalog.volumes() {
+            if let Some(o) = v.origin.as_ref().filter(|o| o.root != 0) {
+                links
+                    .clones
+                    .entry(o.snapshot)
+                    .or_default()
+                    .push(v.name.clone());
+            }
+        }
+        for v in links.children.values_mut().chain(links.clones.values_mut()) {
             v.sort();
         }
-        children
+        links
     }
 
     /// A snapshot's description. Its exclusive size walks only the part of
@@ -153,7 +223,7 @@ impl Pool {
         &self,
         m: &mut crate::meta::Meta,
         s: &SnapshotRec,
-        children: &HashMap<u64, Vec<String>>,
+        links: &Links,
     ) -> Result<SnapshotInfo> {
         let (_, exclusive) = m.tree_exclusive(s.root, s.levels)?;
         Ok(SnapshotInfo {
@@ -163,7 +233,8 @@ impl Pool {
             restore_size: s.size,
             created: s.created,
             parent: m.catalog.snapshot(s.parent).map(|p| p.name.clone()),
-            children: children.get(&s.id).cloned().unwrap_or_default(),
+            children: links.children.get(&s.id).cloned().unwrap_or_default(),
+            clones: links.clones.get(&s.id).cloned().unwrap_or_default(),
             system: s.system,
             labels: s.labels.clone(),
             allocated_bytes: s.mapped * BLOCK as u64,
@@ -245,15 +316,29 @@ impl Pool {
         Ok(info)
     }
 
-    /// Delete a volume. Its snapshots go with it only with `with_snapshots`;
-    /// clones made from them keep their data either way.
+    /// Delete a volume. Its snapshots go with it only with `with_snapshots`.
+    /// Refused while linked clones share blocks with any of its snapshots
+    /// (flatten or delete them first). A linked clone's system snapshot goes
+    /// with the clone.
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
         let _g = gate.write().unwrap_or_else(|p| p.into_inner());
-        self.stop_flatten(id);
-        let snaps: Vec<(u64, u64)> = self.with_meta(|m| {
+        let (snaps, origin) = self.with_meta(|m| {
             m.catalog.volume_id(name)?;
+            let mut clones: Vec<String> = m
+                .catalog
+                .snapshots_of(id)
+                .iter()
+                .flat_map(|s| Self::linked_clones_of(m, s.id))
+                .collect();
+            clones.sort();
+            if !clones.is_empty() {
+                return Err(Error::Conflict(format!(
+                    "linked clones depend on volume {name:?}: {}",
+                    clones.join(", ")
+                )));
+            }
             let snaps: Vec<_> = m.catalog.snapshots_of(id).iter().map(|s| (s.id, s.root)).collect();
             if !snaps.is_empty() && !with_snapshots {
                 let names: Vec<String> = m.catalog.snapshots_of(id).iter().map(|s| s.name.clone()).collect();
@@ -263,6 +348,8 @@ impl Pool {
                     names.join(", ")
                 )));
             }
+            // Stop a flatten of this volume before it goes.
+            self.stop_flatten(id);
             let v = m.catalog.volume(id).clone();
             for &(sid, root) in &snaps {
                 m.delete_record(sid)?;
@@ -273,7 +360,7 @@ impl Pool {
             }
             m.delete_record(id)?;
             m.release_root(v.root)?;
-            Ok(snaps)
+            Ok((snaps, v.origin))
         })?;
         for (sid, _) in snaps {
             self.drop_gate(sid);
@@ -282,6 +369,9 @@ impl Pool {
         self.commit()?;
         self.wake_background();
         tracing::info!(volume = name, "volume deleted");
+        if let Some(o) = origin.filter(|o| o.root != 0) {
+            self.release_system_snapshot(o.volume, o.snapshot)?;
+        }
         Ok(())
     }
 
@@ -292,24 +382,35 @@ impl Pool {
         name: &str,
         labels: &[(String, String)],
     ) -> Result<SnapshotInfo> {
-        self.snapshot_inner(volume, name, labels, false)
-    }
-
-    /// Take a snapshot marked as made by the system (e.g. as the source of
-    /// a clone of a live volume), not by a user.
-    pub fn create_system_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
-        self.snapshot_inner(volume, name, &[], true)
-    }
-
-    pub(crate) fn snapshot_inner(
-        &self,
-        volume: &str,
-        name: &str,
-        labels: &[(String, String)],
-        system: bool,
-    ) -> Result<SnapshotInfo> {
         check_name(name)?;
         check_labels(labels)?;
+        self.snapshot_then(volume, |m, vid| {
+            let rec = Self::new_snapshot(m, vid, name.to_string(), labels, false)?;
+            self.snapshot_info(m, &rec, &Links::default())
+        })
+    }
+
+    /// Take a snapshot of `volume` marked as made by the system, so that
+    /// volume `target` can be copied from it; the engine names it (see
+    /// [`SYSTEM_PREFIX`]). Whoever takes one deletes it with
+    /// [`Pool::delete_system_snapshot`] when done; a linked clone's is
+    /// deleted with the clone.
+    pub fn create_system_snapshot(&self, volume: &str, target: &str) -> Result<SnapshotInfo> {
+        check_name(target)?;
+        self.snapshot_then(volume, |m, vid| {
+            let name = system_snapshot_name(m.sb.next_id, target);
+            let rec = Self::new_snapshot(m, vid, name, &[], true)?;
+            self.snapshot_info(m, &rec, &Links::default())
+        })
+    }
+
+    /// Run `f` (which adds a snapshot of the volume, and maybe more, in one
+    /// transaction) with the volume's writers stopped, then commit.
+    fn snapshot_then<T>(
+        &self,
+        volume: &str,
+        f: impl FnOnce(&mut crate::meta::Meta, u64) -> Result<T>,
+    ) -> Result<T> {
         let vid = self.lock_meta().catalog.volume_id(volume)?;
         // Write back the data already written before stopping the volume's
         // writers: the commit below must sync it anyway, and doing it here,
@@ -319,43 +420,55 @@ impl Pool {
             .map_err(|e| Error::io("sync pool before a snapshot", file.path(), 0, e))?;
         let gate = self.gate(vid);
         let g = gate.write().unwrap_or_else(|p| p.into_inner());
-        let info = self.with_meta(|m| {
+        let out = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
-            if m.catalog.has_snapshot(vid, name) {
-                return Err(Error::SnapshotExists {
-                    volume: volume.into(),
-                    snapshot: name.into(),
-                });
-            }
-            let v = m.catalog.volume(vid).clone();
-            let id = m.sb.next_id;
-            let rec = SnapshotRec {
-                id,
-                volume: vid,
-                name: name.to_string(),
-                size: v.size,
-                root: v.root,
-                levels: v.levels,
-                created: now_ns(),
-                parent: v.parent,
-                system,
-                mapped: v.mapped,
-                labels: labels.to_vec(),
-            };
-            m.create_record(Record::Snapshot(rec.clone()))?;
-            m.sb.next_id += 1;
-            if v.root != 0 {
-                m.incref(v.root)?;
-            }
-            m.catalog.volume_mut(vid).parent = id;
-            self.snapshot_info(m, &rec, &HashMap::new())
+            f(m, vid)
         })?;
         // The snapshot shares the volume's root now, so any write from here
         // on copies before it changes a block: writers may go on while the
         // commit makes the snapshot durable (it is answered only after).
         drop(g);
         self.commit()?;
-        Ok(info)
+        Ok(out)
+    }
+
+    /// Add a snapshot record of volume `vid` as it is now (the caller holds
+    /// the volume's gate). Its id is `m.sb.next_id` as it was on entry.
+    fn new_snapshot(
+        m: &mut crate::meta::Meta,
+        vid: u64,
+        name: String,
+        labels: &[(String, String)],
+        system: bool,
+    ) -> Result<SnapshotRec> {
+        let id = m.sb.next_id;
+        if m.catalog.has_snapshot(vid, &name) {
+            return Err(Error::SnapshotExists {
+                volume: m.catalog.volume(vid).name.clone(),
+                snapshot: name,
+            });
+        }
+        let v = m.catalog.volume(vid).clone();
+        let rec = SnapshotRec {
+            id,
+            volume: vid,
+            name,
+            size: v.size,
+            root: v.root,
+            levels: v.levels,
+            created: now_ns(),
+            parent: v.parent,
+            system,
+            mapped: v.mapped,
+            labels: labels.to_vec(),
+        };
+        m.create_record(Record::Snapshot(rec.clone()))?;
+        m.sb.next_id += 1;
+        if v.root != 0 {
+            m.incref(v.root)?;
+        }
+        m.catalog.volume_mut(vid).parent = id;
+        Ok(rec)
     }
 
     pub fn snapshot_info_by_name(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
@@ -402,14 +515,49 @@ impl Pool {
 
     /// Delete a snapshot. No data is copied: blocks nothing else references
     /// are freed by reclaim, at a cost in proportion to what is freed.
+    /// Linked clones made from it keep their data.
     pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<()> {
         let (vid, sid) = self.lock_meta().catalog.snapshot_ids(volume, name)?;
+        self.remove_snapshot(vid, sid, |m| {
+            m.catalog.snapshot_still(sid, volume, name).map(|_| true)
+        })?;
+        Ok(())
+    }
+
+    /// Delete a system snapshot (see [`Pool::create_system_snapshot`]);
+    /// refuses a user's snapshot, so that no system path can delete one.
+    pub fn delete_system_snapshot(&self, volume: &str, name: &str) -> Result<()> {
+        let (vid, sid) = self.lock_meta().catalog.snapshot_ids(volume, name)?;
+        self.remove_snapshot(vid, sid, |m| {
+            let s = m.catalog.snapshot_still(sid, volume, name)?;
+            if !s.system {
+                return Err(Error::Conflict(format!(
+                    "snapshot {volume}/{name} was made by a user, not the system"
+                )));
+            }
+            Ok(true)
+        })?;
+        Ok(())
+    }
+
+    /// Remove snapshot `sid` of volume `vid` if `still` (run under the
+    /// metadata lock with both gates held) says so; its children and the
+    /// volume take its parent. Returns whether it was removed.
+    fn remove_snapshot(
+        &self,
+        vid: u64,
+        sid: u64,
+        still: impl FnOnce(&mut crate::meta::Meta) -> Result<bool>,
+    ) -> Result<bool> {
         let vgate = self.gate(vid);
         let _g = vgate.write().unwrap_or_else(|p| p.into_inner());
         let sgate = self.gate(sid);
         let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
-        self.with_meta(|m| {
-            let s = m.catalog.snapshot_still(sid, volume, name)?;
+        let removed = self.with_meta(|m| {
+            if !still(m)? {
+                return Ok(false);
+            }
+            let s = m.catalog.snapshot(sid).cloned().expect("checked by still");
             let children: Vec<u64> = m
                 .catalog
                 .snapshots_of(vid)
@@ -424,12 +572,57 @@ impl Pool {
                 m.catalog.volume_mut(vid).parent = s.parent;
             }
             m.delete_record(sid)?;
-            m.release_root(s.root)
+            m.release_root(s.root)?;
+            Ok(true)
         })?;
-        self.drop_gate(sid);
-        self.commit()?;
-        self.wake_background();
-        Ok(())
+        if removed {
+            self.drop_gate(sid);
+            self.commit()?;
+            self.wake_background();
+        }
+        Ok(removed)
+    }
+
+    /// Volumes that still share blocks with snapshot `sid` (linked clones,
+    /// flattening or not).
+    fn linked_clones_of(m: &crate::meta::Meta, sid: u64) -> Vec<String> {
+        let mut v: Vec<String> = m
+            .catalog
+            .volumes()
+            .filter(|v| {
+                v.origin
+                    .as_ref()
+                    .is_some_and(|o| o.snapshot == sid && o.root != 0)
+            })
+            .map(|v| v.name.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Delete system snapshot `sid` of volume `vid` if no linked clone
+    /// needs it any more: the rule by which a clone's system snapshot goes
+    /// with the clone (deleted, or flattened). Returns whether it went.
+    pub(crate) fn release_system_snapshot(&self, vid: u64, sid: u64) -> Result<bool> {
+        self.remove_snapshot(vid, sid, |m| {
+            Ok(m.catalog
+                .snapshot(sid)
+                .is_some_and(|s| s.system && s.volume == vid)
+                && Self::linked_clones_of(m, sid).is_empty())
+        })
+    }
+
+    /// System snapshots no linked clone needs, as (volume, snapshot): left
+    /// by a crash between a clone's end and its snapshot's deletion, or
+    /// taken for a full copy. The daemon deletes those no running copy
+    /// of its own uses when it starts.
+    pub fn unneeded_system_snapshots(&self) -> Vec<(String, String)> {
+        let m = self.lock_meta();
+        m.catalog
+            .snapshots()
+            .filter(|s| s.system && Self::linked_clones_of(&m, s.id).is_empty())
+            .map(|s| (m.catalog.volume(s.volume).name.clone(), s.name.clone()))
+            .collect()
     }
 
     /// Make the volume's data the snapshot's again. Later snapshots stay;
@@ -468,52 +661,66 @@ impl Pool {
     ) -> Result<VolumeInfo> {
         check_name(new_name)?;
         let info = self.with_meta(|m| {
-            let (vid, sid) = m.catalog.snapshot_ids(volume, snapshot)?;
-            if m.catalog.volume_id(new_name).is_ok() {
-                return Err(Error::VolumeExists(new_name.to_string()));
-            }
-            let s = m.catalog.snapshot(sid).cloned().expect("indexed");
-            let id = m.sb.next_id;
-            let rec = VolumeRec {
-                id,
-                name: new_name.to_string(),
-                size: s.size,
-                root: s.root,
-                levels: s.levels,
-                created: now_ns(),
-                parent: 0,
-                mapped: s.mapped,
-                origin: Some(Origin {
-                    volume: vid,
-                    snapshot: sid,
-                    root: s.root,
-                    levels: s.levels,
-                }),
-                flattening: false,
-            };
-            m.create_record(Record::Volume(rec.clone()))?;
-            m.sb.next_id += 1;
-            if s.root != 0 {
-                // One reference for the clone's data, one for its link to the origin.
-                m.incref(s.root)?;
-                m.incref(s.root)?;
-            }
+            let (_, sid) = m.catalog.snapshot_ids(volume, snapshot)?;
+            let rec = Self::new_linked_clone(m, sid, new_name)?;
             Ok(self.volume_info(m, &rec))
         })?;
         self.commit()?;
         Ok(info)
     }
 
-    /// Clone a volume as it is now: a system snapshot, then a linked clone of it.
+    /// Add a volume record linked to snapshot `sid`.
+    fn new_linked_clone(m: &mut crate::meta::Meta, sid: u64, new_name: &str) -> Result<VolumeRec> {
+        if m.catalog.volume_id(new_name).is_ok() {
+            return Err(Error::VolumeExists(new_name.to_string()));
+        }
+        let s = m.catalog.snapshot(sid).cloned().expect("indexed");
+        let id = m.sb.next_id;
+        let rec = VolumeRec {
+            id,
+            name: new_name.to_string(),
+            size: s.size,
+            root: s.root,
+            levels: s.levels,
+            created: now_ns(),
+            parent: 0,
+            mapped: s.mapped,
+            origin: Some(Origin {
+                volume: s.volume,
+                snapshot: sid,
+                root: s.root,
+                levels: s.levels,
+            }),
+            flattening: false,
+        };
+        m.create_record(Record::Volume(rec.clone()))?;
+        m.sb.next_id += 1;
+        if s.root != 0 {
+            // One reference for the clone's data, one for its link to the origin.
+            m.incref(s.root)?;
+            m.incref(s.root)?;
+        }
+        Ok(rec)
+    }
+
+    /// Clone a volume as it is now: a system snapshot and a linked clone of
+    /// it, in one transaction (a crash leaves both or neither). The
+    /// snapshot goes when the clone no longer needs it (deleted or
+    /// flattened).
     pub fn clone_volume(&self, volume: &str, new_name: &str) -> Result<VolumeInfo> {
         check_name(new_name)?;
         if self.lock_meta().catalog.volume_id(new_name).is_ok() {
             return Err(Error::VolumeExists(new_name.to_string()));
         }
-        let snap = format!("clone-{new_name}");
-        let snap: String = snap.chars().take(255).collect();
-        self.snapshot_inner(volume, &snap, &[], true)?;
-        self.clone_snapshot(volume, &snap, new_name)
+        self.snapshot_then(volume, |m, vid| {
+            if m.catalog.volume_id(new_name).is_ok() {
+                return Err(Error::VolumeExists(new_name.to_string()));
+            }
+            let name = system_snapshot_name(m.sb.next_id, new_name);
+            let snap = Self::new_snapshot(m, vid, name, &[], true)?;
+            let rec = Self::new_linked_clone(m, snap.id, new_name)?;
+            Ok(self.volume_info(m, &rec))
+        })
     }
 
     /// Space used by a volume, or by one of its snapshots.

@@ -207,21 +207,25 @@ fn clones_survive_their_origin_and_flatten() {
         "a clone from a volume takes a system snapshot"
     );
     assert_eq!(c.origin.as_ref().unwrap().volume.as_deref(), Some("v"));
-    // The origin goes away entirely; the clone keeps its data.
-    p.delete_volume("v", true).unwrap();
+    // The origin cannot go while the clone shares its blocks.
+    match p.delete_volume("v", true) {
+        Err(Error::Conflict(m)) => assert!(m.contains("\"c\"") || m.contains(": c"), "{m}"),
+        other => panic!("delete of a volume with a linked clone: {other:?}"),
+    }
+    p.flatten("c").unwrap();
+    let c = p.volume_info_by_name("c").unwrap();
+    assert_eq!(c.clone_state, CloneState::Independent);
+    assert_eq!(c.origin, None, "a flattened clone shows no origin");
+    assert!(
+        p.list_snapshots("v").unwrap().is_empty(),
+        "the clone's system snapshot went when the flatten ended"
+    );
+    // Now the origin goes entirely; the clone keeps its data.
+    p.delete_volume("v", false).unwrap();
     p.reclaim_all().unwrap();
     let mut buf = [0u8; BLOCK];
     p.open_volume("c").unwrap().read(99 * BS, &mut buf).unwrap();
     assert_eq!(buf, [9; BLOCK]);
-    assert_eq!(
-        p.volume_info_by_name("c").unwrap().origin.unwrap().volume,
-        None
-    );
-    p.flatten("c").unwrap();
-    assert_eq!(
-        p.volume_info_by_name("c").unwrap().clone_state,
-        CloneState::Independent
-    );
     assert!(
         matches!(p.flatten("c"), Err(Error::Conflict(_))),
         "not a linked clone any more"
@@ -280,14 +284,14 @@ fn bad_input_is_refused_and_changes_nothing() {
         .unwrap();
     assert!(p.create_volume("zero", 0).is_err());
     assert!(p.create_volume("huge", u64::MAX).is_err());
-    p.create_volume("v", 10_000).unwrap();
+    p.create_volume("v", 10_240).unwrap();
     assert!(matches!(
-        p.create_volume("v", 10_000),
+        p.create_volume("v", 10_240),
         Err(Error::VolumeExists(_))
     ));
     let v = p.open_volume("v").unwrap();
     assert!(matches!(
-        v.write(9_999, &[1, 2]),
+        v.write(10_239, &[1, 2]),
         Err(Error::OutOfRange { .. })
     ));
     assert!(matches!(

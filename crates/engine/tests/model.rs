@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 const VOLS: [&str; 4] = ["a", "b", "c", "d"];
 const SNAPS: [&str; 3] = ["s1", "s2", "s3"];
-const SMALL: u64 = 37 * BS + 1000;
+const SMALL: u64 = 37 * BS + 1024;
 /// Just under the two-level capacity (504^2 blocks), so expansion adds a level.
 const BIG: u64 = 253_900 * BS;
 
@@ -236,7 +236,19 @@ impl Run {
                 let name = VOLS[v];
                 let r = p.delete_volume(name, with);
                 let has_snaps = self.model.snaps.keys().any(|(vv, _)| vv == name);
-                if self.model.vols.contains_key(name) && (with || !has_snaps) {
+                // A volume whose snapshots linked clones still share blocks
+                // with is refused (a clone of an empty snapshot shares none).
+                let has_linked_clones = self.model.vols.keys().any(|c| {
+                    p.volume_info_by_name(c).is_ok_and(|i| {
+                        matches!(
+                            i.clone_state,
+                            lamina_engine::CloneState::Linked
+                                | lamina_engine::CloneState::Flattening
+                        ) && i.origin.and_then(|o| o.volume).as_deref() == Some(name)
+                    })
+                });
+                if self.model.vols.contains_key(name) && (with || !has_snaps) && !has_linked_clones
+                {
                     r.unwrap();
                     self.model.vols.remove(name);
                     self.model.snaps.retain(|(vv, _), _| vv != name);
@@ -251,7 +263,7 @@ impl Run {
                 let Some(m) = self.model.vols.get_mut(VOLS[v]) else {
                     return;
                 };
-                let size = m.size + 1000 * BS + 17;
+                let size = m.size + 1000 * BS + 512;
                 p.expand_volume(VOLS[v], size).unwrap();
                 m.size = size;
                 assert!(
@@ -339,8 +351,16 @@ fn run(ops: Vec<Op>) {
     }
     // Delete everything: every block must come back.
     let p = r.pool().clone();
-    for v in p.list_volumes() {
-        p.delete_volume(&v.name, true).unwrap();
+    // (Linked clones first: a volume they depend on cannot go before them.)
+    while !p.list_volumes().is_empty() {
+        let before = p.list_volumes().len();
+        for v in p.list_volumes() {
+            match p.delete_volume(&v.name, true) {
+                Ok(()) | Err(lamina_engine::Error::Conflict(_)) => {}
+                Err(e) => panic!("delete {}: {e}", v.name),
+            }
+        }
+        assert!(p.list_volumes().len() < before, "some volume can always go");
     }
     p.reclaim_all().unwrap();
     let report = p.check().unwrap();
