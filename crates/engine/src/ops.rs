@@ -133,7 +133,7 @@ fn check_size(size: u64) -> Result<()> {
             "a volume size must be at most 64 PiB ({MAX_VOLUME_SIZE} bytes); {size} bytes was asked"
         )));
     }
-    if size % SECTOR != 0 {
+    if !size.is_multiple_of(SECTOR) {
         return Err(Error::InvalidArgument(format!(
             "a volume size must be a whole number of {SECTOR}-byte sectors: {size} bytes is not ({} would be)",
             round_up_size(size)
