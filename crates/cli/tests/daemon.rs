@@ -147,8 +147,19 @@ fn snapshots_labels_tree_revert_and_delete() {
         "tier=gold",
     ]);
     assert!(out.contains("created snapshot db/base"), "{out}");
-    // Idempotent too.
-    d.ok(&["snapshot", "create", "db", "base"]);
+    // Idempotent too, with the same labels; other labels are a conflict.
+    d.ok(&[
+        "snapshot",
+        "create",
+        "db",
+        "base",
+        "--label",
+        "app=postgres",
+        "--label",
+        "tier=gold",
+    ]);
+    let err = d.lamina(&["snapshot", "create", "db", "base"]).fails(1);
+    assert!(err.contains("already exists with other labels"), "{err}");
     let err = d
         .lamina(&["snapshot", "create", "db", "x", "--label", "novalue"])
         .fails(2);

@@ -52,6 +52,15 @@ pub enum Error {
     /// The operation conflicts with the object's current state.
     #[error("{0}")]
     Conflict(String),
+    /// A volume with snapshots is deleted only with them.
+    #[error("volume {volume:?} has {} snapshot(s): {}", snapshots.len(), snapshots.join(", "))]
+    HasSnapshots {
+        volume: String,
+        snapshots: Vec<String>,
+    },
+    /// A volume whose snapshots linked clones still share cannot be deleted.
+    #[error("linked clones depend on volume {volume:?}: {}", clones.join(", "))]
+    HasLinkedClones { volume: String, clones: Vec<String> },
     /// The snapshot or volume is read-only here.
     #[error("{0} is read-only")]
     ReadOnly(String),

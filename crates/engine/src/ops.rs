@@ -334,19 +334,27 @@ impl Pool {
                 .collect();
             clones.sort();
             if !clones.is_empty() {
-                return Err(Error::Conflict(format!(
-                    "linked clones depend on volume {name:?}: {}",
-                    clones.join(", ")
-                )));
+                return Err(Error::HasLinkedClones {
+                    volume: name.into(),
+                    clones,
+                });
             }
-            let snaps: Vec<_> = m.catalog.snapshots_of(id).iter().map(|s| (s.id, s.root)).collect();
+            let snaps: Vec<_> = m
+                .catalog
+                .snapshots_of(id)
+                .iter()
+                .map(|s| (s.id, s.root))
+                .collect();
             if !snaps.is_empty() && !with_snapshots {
-                let names: Vec<String> = m.catalog.snapshots_of(id).iter().map(|s| s.name.clone()).collect();
-                return Err(Error::Conflict(format!(
-                    "volume {name:?} has {} snapshot(s) ({}); delete them first or ask to delete them with the volume",
-                    names.len(),
-                    names.join(", ")
-                )));
+                return Err(Error::HasSnapshots {
+                    volume: name.into(),
+                    snapshots: m
+                        .catalog
+                        .snapshots_of(id)
+                        .iter()
+                        .map(|s| s.name.clone())
+                        .collect(),
+                });
             }
             // Stop a flatten of this volume before it goes.
             self.stop_flatten(id);

@@ -356,7 +356,7 @@ fn run(ops: Vec<Op>) {
         let before = p.list_volumes().len();
         for v in p.list_volumes() {
             match p.delete_volume(&v.name, true) {
-                Ok(()) | Err(lamina_engine::Error::Conflict(_)) => {}
+                Ok(()) | Err(lamina_engine::Error::HasLinkedClones { .. }) => {}
                 Err(e) => panic!("delete {}: {e}", v.name),
             }
         }

@@ -86,7 +86,7 @@ fn system_snapshots_go_when_nothing_needs_them() {
     assert_eq!(p.unneeded_system_snapshots(), vec![]);
     // A volume with linked clones cannot be deleted; the message names them.
     match p.delete_volume("src", true) {
-        Err(Error::Conflict(m)) => assert!(m.contains("a, b"), "{m}"),
+        Err(e @ Error::HasLinkedClones { .. }) => assert!(e.to_string().contains(": a, b"), "{e}"),
         other => panic!("{other:?}"),
     }
     // A system snapshot for a full copy is the caller's to delete; until

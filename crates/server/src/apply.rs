@@ -2,269 +2,338 @@
 //! marked done after. The same code runs a request and, at restart, finishes
 //! a request the previous daemon was killed in the middle of: each operation
 //! is idempotent by name, so running it again is safe.
+//!
+//! The rule for "same name" (docs/daemon.md): asking again for what exists
+//! with the same spec answers it as it is (200, `created: false`); the same
+//! name with another spec is `already_exists` (409); removing what is
+//! already gone succeeds with `existed: false`.
 
 use crate::error::Failure;
 use crate::state::{blocking, now, snapshot_export, State};
-use crate::store::OpRec;
+use crate::store::{Op, OpRec};
 use lamina_api as api;
-use serde_json::{json, Value};
+use lamina_engine::{SnapshotInfo, VolumeInfo};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tracing::Instrument;
 
 /// What an operation produced.
 pub enum Outcome {
-    Volume(lamina_engine::VolumeInfo),
-    Snapshot(lamina_engine::SnapshotInfo),
-    Done,
-    Clone(lamina_engine::VolumeInfo, Option<String>),
+    /// `created` is false when it existed already with the same spec.
+    Volume {
+        info: VolumeInfo,
+        created: bool,
+    },
+    Snapshot {
+        info: SnapshotInfo,
+        created: bool,
+    },
+    /// Whether there was something to remove.
+    Removed(bool),
+    /// A clone, or a flatten: `running` names the operation still working
+    /// in the background (a full clone's copy, a flatten), which marks its
+    /// record done itself.
+    Started {
+        info: VolumeInfo,
+        created: bool,
+        running: Option<String>,
+    },
+}
+
+impl Outcome {
+    fn runs_on(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Started {
+                running: Some(_),
+                ..
+            }
+        )
+    }
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Operation ids sort in start order: nanoseconds, then a sequence number.
 fn new_id() -> String {
     let ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("op-{ns:x}-{}", SEQ.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "op-{ns:016x}-{:04}",
+        SEQ.fetch_add(1, Ordering::SeqCst) % 10_000
+    )
 }
 
-fn arg<'a>(args: &'a Value, k: &str) -> Result<&'a str, Failure> {
-    args[k]
-        .as_str()
-        .ok_or_else(|| Failure::invalid(format!("missing {k}")))
+/// Names a request brings that must follow the naming rule before anything
+/// is recorded.
+fn check_names(op: &Op) -> Result<(), Failure> {
+    match op {
+        Op::CreateVolume { name, .. } | Op::Clone { name, .. } => lamina_engine::check_name(name)?,
+        Op::CreateSnapshot { name, .. } => lamina_engine::check_name(name)?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Record, run, and mark done: the one path for every change. The volume's
-/// lock serialises operations on it.
-pub async fn run(
-    st: &Arc<State>,
-    kind: &str,
-    volume: &str,
-    args: Value,
-) -> Result<Outcome, Failure> {
-    // Refuse malformed names before anything is recorded.
-    if matches!(kind, "create-volume" | "clone") {
-        lamina_engine::check_name(volume)?;
-    }
-    if kind == "create-snapshot" {
-        lamina_engine::check_name(args["name"].as_str().unwrap_or_default())?;
-    }
-    let lock = st.lock(volume);
+/// lock serialises operations on it, so whether something existed is
+/// decided under it.
+pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
+    check_names(&op)?;
+    let lock = st.lock(op.volume());
     let _guard = lock.lock().await;
+    if let Some(gone) = already_gone(st, &op).await? {
+        return Ok(gone);
+    }
     let rec = OpRec {
         id: new_id(),
-        kind: kind.into(),
-        volume: volume.into(),
-        args,
-        state: "running".into(),
-        done_bytes: 0,
-        total_bytes: 0,
+        op,
+        state: api::OperationState::Running,
         started: now(),
         error: None,
+        done_bytes: 0,
+        total_bytes: 0,
+        copy: None,
     };
-    let st2 = st.clone();
-    let r2 = rec.clone();
-    blocking(move || st2.record(&r2).map_err(Failure::from)).await?;
-    let result = apply(st, &rec).await;
-    // A full clone or a flatten stays running: its job marks it done.
-    if !matches!(result, Ok(Outcome::Clone(_, Some(_)))) {
-        let mut done = rec;
+    let span = tracing::info_span!("operation", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
+    async move {
+        st.record_async(rec.clone()).await?;
+        let result = apply(st, &rec, false).await;
         match &result {
-            Ok(_) => done.state = "succeeded".into(),
-            Err(f) => {
-                done.state = "failed".into();
-                done.error = Some(f.1.message.clone());
-            }
+            Ok(o) if o.runs_on() => {}
+            Ok(_) => st.finish(rec, None).await?,
+            Err(f) => st.finish(rec, Some(f.1.message.clone())).await?,
         }
-        let st2 = st.clone();
-        blocking(move || st2.record(&done).map_err(Failure::from)).await?;
+        if let Err(f) = &result {
+            tracing::info!(error = %f.1.message, "operation refused or failed");
+        }
+        result
     }
-    result
+    .instrument(span)
+    .await
 }
 
-/// Carry out a recorded operation (first run or after a restart).
-pub async fn apply(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
-    let st = st.clone();
-    let rec = rec.clone();
-    let a = rec.args.clone();
+/// A delete of what is not there succeeds at once, with nothing recorded.
+async fn already_gone(st: &Arc<State>, op: &Op) -> Result<Option<Outcome>, Failure> {
+    let (p, op) = (st.pool.clone(), op.clone());
+    blocking(move || {
+        Ok(match &op {
+            Op::DeleteVolume { name, .. } if p.volume_info_by_name(name).is_err() => {
+                Some(Outcome::Removed(false))
+            }
+            Op::DeleteSnapshot { volume, name }
+                if p.snapshot_info_by_name(volume, name).is_err() =>
+            {
+                Some(Outcome::Removed(false))
+            }
+            _ => None,
+        })
+    })
+    .await
+}
+
+fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Carry out a recorded operation (first run, or after a restart when
+/// `recovering`).
+pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome, Failure> {
     let p = st.pool.clone();
-    match rec.kind.as_str() {
-        "create-volume" => {
-            let (name, size) = (
-                arg(&a, "name")?.to_string(),
-                a["size"].as_u64().unwrap_or(0),
-            );
+    match rec.op.clone() {
+        Op::CreateVolume { name, size } => {
             blocking(move || match p.volume_info_by_name(&name) {
-                Ok(v) if v.size == size && v.origin.is_none() => Ok(Outcome::Volume(v)),
+                Ok(v) if v.size == size && v.origin.is_none() => Ok(Outcome::Volume {
+                    info: v,
+                    created: false,
+                }),
                 Ok(v) => Err(Failure::exists(
                     format!("volume {name:?} already exists with size {}", v.size),
-                    "pick another name, or delete it first",
+                    &format!("pick another name, or delete it first: lamina volume delete {name}"),
                 )),
-                Err(_) => Ok(Outcome::Volume(p.create_volume(&name, size)?)),
+                Err(_) => Ok(Outcome::Volume {
+                    info: p.create_volume(&name, size)?,
+                    created: true,
+                }),
             })
             .await
         }
-        "expand-volume" => {
-            let (name, size) = (
-                arg(&a, "name")?.to_string(),
-                a["size"].as_u64().unwrap_or(0),
-            );
-            blocking(move || Ok(Outcome::Volume(p.expand_volume(&name, size)?))).await
+        Op::ExpandVolume { name, size } => {
+            blocking(move || {
+                Ok(Outcome::Volume {
+                    info: p.expand_volume(&name, size)?,
+                    created: false,
+                })
+            })
+            .await
         }
-        "delete-volume" => {
-            let name = arg(&a, "name")?.to_string();
-            let with = a["with_snapshots"].as_bool().unwrap_or(false);
+        Op::DeleteVolume {
+            name,
+            with_snapshots,
+        } => {
             if st.is_attached(&name) {
                 return Err(Failure::conflict(
                     format!("volume {name:?} is attached"),
-                    "detach it first: lamina volume detach NAME",
+                    &format!("detach it first: lamina volume detach {name}"),
                 ));
             }
+            if let Some(id) = st.running_copy_into(&name) {
+                return Err(Failure::conflict(
+                    format!("a full clone is still copying into volume {name:?} (operation {id})"),
+                    &format!("wait for it to end: lamina operation wait {id}"),
+                ));
+            }
+            let st2 = st.clone();
             blocking(move || {
-                if p.volume_info_by_name(&name).is_err() && rec.state == "recovering" {
-                    return Ok(Outcome::Done);
+                if recovering && p.volume_info_by_name(&name).is_err() {
+                    return Ok(Outcome::Removed(true));
                 }
-                let clones: Vec<String> = p
-                    .list_volumes()
-                    .into_iter()
-                    .filter(|v| {
-                        v.origin.as_ref().and_then(|o| o.volume.as_deref()) == Some(name.as_str())
-                            && matches!(v.clone_state, lamina_engine::CloneState::Linked | lamina_engine::CloneState::Flattening)
-                    })
-                    .map(|v| v.name)
-                    .collect();
-                if !clones.is_empty() {
-                    return Err(Failure::conflict(
-                        format!("linked clones depend on volume {name:?}: {}", clones.join(", ")),
-                        "flatten them first (lamina volume flatten CLONE) or delete them",
-                    ));
-                }
-                let snaps: Vec<String> = p.list_snapshots(&name)?.into_iter().map(|s| s.name).collect();
-                for s in &snaps {
-                    if st.is_attached(&snapshot_export(&name, s)) {
-                        return Err(Failure::conflict(format!("snapshot {name}/{s} is attached"), "detach it first"));
+                for s in p.list_snapshots(&name)? {
+                    if st2.is_attached(&snapshot_export(&name, &s.name)) {
+                        return Err(Failure::conflict(
+                            format!("snapshot {name}/{} is attached", s.name),
+                            &format!("detach it first: lamina snapshot detach {name} {}", s.name),
+                        ));
                     }
+                    st2.refuse_if_copying_from(&name, &s.name)?;
                 }
-                if !snaps.is_empty() && !with {
-                    return Err(Failure::conflict(
-                        format!("volume {name:?} has {} snapshot(s): {}", snaps.len(), snaps.join(", ")),
-                        "delete them first, or pass --with-snapshots to delete them with the volume",
-                    ));
-                }
-                p.delete_volume(&name, with)?;
-                Ok(Outcome::Done)
+                p.delete_volume(&name, with_snapshots)?;
+                Ok(Outcome::Removed(true))
             })
             .await
         }
-        "create-snapshot" => {
-            let (vol, name) = (arg(&a, "volume")?.to_string(), arg(&a, "name")?.to_string());
-            let labels: Vec<(String, String)> = serde_json::from_value::<
-                std::collections::BTreeMap<String, String>,
-            >(a["labels"].clone())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-            blocking(move || match p.snapshot_info_by_name(&vol, &name) {
-                Ok(s) => Ok(Outcome::Snapshot(s)),
-                Err(_) => Ok(Outcome::Snapshot(p.create_snapshot(&vol, &name, &labels)?)),
-            })
-            .await
-        }
-        "delete-snapshot" => {
-            let (vol, name) = (arg(&a, "volume")?.to_string(), arg(&a, "name")?.to_string());
-            if st.is_attached(&snapshot_export(&vol, &name)) {
+        Op::CreateSnapshot {
+            volume,
+            name,
+            labels,
+        } => blocking(move || match p.snapshot_info_by_name(&volume, &name) {
+            Ok(s) if s.labels == labels_vec(&labels) => Ok(Outcome::Snapshot {
+                info: s,
+                created: false,
+            }),
+            Ok(_) => Err(Failure::exists(
+                format!("snapshot {volume}/{name} already exists with other labels"),
+                &format!(
+                    "pick another name, or delete it first: lamina snapshot delete {volume} {name}"
+                ),
+            )),
+            Err(_) => Ok(Outcome::Snapshot {
+                info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
+                created: true,
+            }),
+        })
+        .await,
+        Op::DeleteSnapshot { volume, name } => {
+            if st.is_attached(&snapshot_export(&volume, &name)) {
                 return Err(Failure::conflict(
-                    format!("snapshot {vol}/{name} is attached"),
-                    "detach it first: lamina snapshot detach VOLUME SNAPSHOT",
+                    format!("snapshot {volume}/{name} is attached"),
+                    &format!("detach it first: lamina snapshot detach {volume} {name}"),
+                ));
+            }
+            let st2 = st.clone();
+            blocking(move || {
+                if recovering && p.snapshot_info_by_name(&volume, &name).is_err() {
+                    return Ok(Outcome::Removed(true));
+                }
+                st2.refuse_if_copying_from(&volume, &name)?;
+                p.delete_snapshot(&volume, &name)?;
+                Ok(Outcome::Removed(true))
+            })
+            .await
+        }
+        Op::Revert { volume, snapshot } => {
+            if st.is_attached(&volume) {
+                return Err(Failure::conflict(
+                    format!("volume {volume:?} is attached: reverting would change its data under its clients"),
+                    &format!("detach it first: lamina volume detach {volume}"),
                 ));
             }
             blocking(move || {
-                if rec.state == "recovering" && p.snapshot_info_by_name(&vol, &name).is_err() {
-                    return Ok(Outcome::Done);
-                }
-                p.delete_snapshot(&vol, &name)?;
-                Ok(Outcome::Done)
+                Ok(Outcome::Volume {
+                    info: p.revert_volume(&volume, &snapshot)?,
+                    created: false,
+                })
             })
             .await
         }
-        "revert" => {
-            let (vol, name) = (
-                arg(&a, "volume")?.to_string(),
-                arg(&a, "snapshot")?.to_string(),
-            );
-            if st.is_attached(&vol) {
-                return Err(Failure::conflict(
-                    format!("volume {vol:?} is attached: reverting would change its data under its clients"),
-                    "detach it first: lamina volume detach VOLUME",
-                ));
-            }
-            blocking(move || Ok(Outcome::Volume(p.revert_volume(&vol, &name)?))).await
-        }
-        "flatten" => {
-            let name = arg(&a, "name")?.to_string();
+        Op::Flatten { name } => {
             let (p2, n2) = (p.clone(), name.clone());
             let progress = blocking(move || Ok(p2.flatten(&n2)?)).await?;
             let info = blocking(move || Ok(p.volume_info_by_name(&name)?)).await?;
-            crate::jobs::watch_flatten(&st, &rec, progress)?;
-            Ok(Outcome::Clone(info, Some(rec.id.clone())))
+            crate::jobs::watch_flatten(st, rec, progress)?;
+            Ok(Outcome::Started {
+                info,
+                created: false,
+                running: Some(rec.id.clone()),
+            })
         }
-        "clone" => crate::jobs::clone(&st, &rec).await,
-        other => Err(Failure::invalid(format!(
-            "unknown operation kind {other:?}"
-        ))),
+        Op::Clone { .. } => crate::jobs::clone(st, rec, recovering).await,
     }
 }
 
 impl State {
-    /// Finish what a killed daemon left running.
+    /// Finish what a killed daemon left running. First the system
+    /// snapshots nothing needs any more go (a crash can leave one between a
+    /// clone's end and its snapshot's deletion).
     pub async fn recover(self: &Arc<Self>) -> Result<(), crate::ServerError> {
         let ops = self.store.ops()?;
-        for mut rec in ops.into_iter().filter(|o| o.state == "running") {
-            tracing::info!(op = %rec.id, kind = %rec.kind, volume = %rec.volume, "finishing an operation interrupted by a restart");
-            rec.state = "recovering".into();
-            let r = apply(self, &rec).await;
-            if matches!(r, Ok(Outcome::Clone(_, Some(_)))) {
-                continue; // the copy job resumed and will mark it done
+        let in_use: Vec<(String, String)> = ops
+            .iter()
+            .filter(|o| o.state == api::OperationState::Running)
+            .filter_map(|o| {
+                o.copy
+                    .as_ref()
+                    .map(|c| (c.volume.clone(), c.snapshot.clone()))
+            })
+            .collect();
+        for (vol, snap) in self.pool.unneeded_system_snapshots() {
+            if !in_use.contains(&(vol.clone(), snap.clone())) {
+                tracing::info!(volume = %vol, snapshot = %snap, "deleting a system snapshot nothing needs");
+                self.pool.delete_system_snapshot(&vol, &snap)?;
             }
+        }
+        for rec in ops
+            .into_iter()
+            .filter(|o| o.state == api::OperationState::Running)
+        {
+            let span = tracing::info_span!("recover", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
+            let _e = span.enter();
+            tracing::info!("finishing an operation interrupted by a restart");
+            let r = apply(self, &rec, true).await;
             match r {
-                Ok(_) => rec.state = "succeeded".into(),
-                Err(f) => {
-                    rec.state = "failed".into();
-                    rec.error = Some(format!("after a restart: {}", f.1.message));
-                }
+                Ok(o) if o.runs_on() => {} // its job marks it done
+                Ok(_) => self
+                    .finish(rec, None)
+                    .await
+                    .map_err(|f| crate::ServerError::Store(f.1.message))?,
+                Err(f) => self
+                    .finish(rec, Some(format!("after a restart: {}", f.1.message)))
+                    .await
+                    .map_err(|f| crate::ServerError::Store(f.1.message))?,
             }
-            self.record(&rec)?;
         }
         Ok(())
     }
 }
 
 /// An operation record as the API shows it, with live progress if a job is
-/// copying for it.
+/// working for it.
 pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
     let (done_bytes, total_bytes) = match st.progress.lock().unwrap().get(&rec.id) {
-        Some(&p) if rec.state == "running" => p,
+        Some(&p) if rec.state == api::OperationState::Running => p,
         _ => (rec.done_bytes, rec.total_bytes),
     };
     api::Operation {
         id: rec.id.clone(),
-        kind: serde_json::from_value(Value::String(rec.kind.clone()))
-            .unwrap_or(api::OperationKind::FullClone),
-        volume: rec.volume.clone(),
-        state: match rec.state.as_str() {
-            "succeeded" => api::OperationState::Succeeded,
-            "failed" => api::OperationState::Failed,
-            _ => api::OperationState::Running,
-        },
+        kind: rec.op.kind(),
+        volume: rec.volume().to_string(),
+        state: rec.state,
         done_bytes,
         total_bytes,
         started: rec.started.clone(),
         error: rec.error.clone(),
     }
-}
-
-/// The JSON arguments of each operation kind.
-pub fn args_create_volume(name: &str, size: u64) -> Value {
-    json!({"name": name, "size": size})
 }

@@ -80,6 +80,14 @@ impl Failure {
     pub fn not_found(message: impl Into<String>) -> Self {
         Failure::new(StatusCode::NOT_FOUND, "not_found", message, None)
     }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Failure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            message,
+            Some("see the daemon's log"),
+        )
+    }
 }
 
 impl From<E> for Failure {
@@ -110,6 +118,23 @@ impl From<E> for Failure {
             E::Conflict(_) | E::ReadOnly(_) => {
                 Failure::new(StatusCode::CONFLICT, "conflict", msg, None)
             }
+            E::HasSnapshots { ref volume, .. } => Failure::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                msg,
+                Some(&format!(
+                    "delete them first, or delete them with the volume: lamina volume delete {volume} --with-snapshots"
+                )),
+            ),
+            E::HasLinkedClones { ref clones, .. } => Failure::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                msg,
+                Some(&format!(
+                    "flatten them first (lamina volume flatten {}) or delete them",
+                    clones.first().map(String::as_str).unwrap_or("CLONE")
+                )),
+            ),
             E::NoSpace { .. } => Failure::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "no_space",

@@ -1,10 +1,14 @@
 //! The HTTP/JSON API: thin handlers that parse a request, run it through
 //! `apply::run` (recorded, serialised per volume, idempotent by name) or read
-//! state, and answer JSON. Errors are `ApiError` bodies with a stable code.
+//! state, and answer JSON. Errors are `ApiError` bodies with a stable code,
+//! whatever produced them (a handler, a malformed path or query, an unknown
+//! route or method). Every handler's parameters and statuses are declared
+//! for `/openapi.json`.
 
 use crate::apply::{self, operation, Outcome};
 use crate::error::Failure;
 use crate::state::{blocking, State};
+use crate::store::{CloneSource, Op};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, Request, State as S};
 use axum::http::StatusCode;
@@ -14,8 +18,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use lamina_api as api;
 use serde::Deserialize;
-use serde_json::json;
 use std::sync::Arc;
+use tracing::Instrument;
 
 type St = S<Arc<State>>;
 type R<T> = Result<T, Failure>;
@@ -62,7 +66,59 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
     } else {
         r
     };
-    r.with_state(state)
+    r.layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(trace_request))
+        .with_state(state)
+}
+
+/// One span per request; operations open theirs (with the operation id)
+/// inside it.
+async fn trace_request(req: Request, next: Next) -> Response {
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path());
+    async move {
+        let resp = next.run(req).await;
+        tracing::debug!(status = resp.status().as_u16(), "answered");
+        resp
+    }
+    .instrument(span)
+    .await
+}
+
+/// Error answers that did not come from a handler (a malformed path or
+/// query, a method the route lacks) get an `ApiError` body too.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), 64 << 10).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_string()
+    } else {
+        text
+    };
+    let code = if status.is_server_error() {
+        "internal"
+    } else {
+        "invalid"
+    };
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "invalid",
+        _ => code,
+    };
+    Failure::new(status, code, message, None).into_response()
 }
 
 /// On TCP every request needs `Authorization: Bearer TOKEN` (the token is in
@@ -89,7 +145,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = api::Health)))]
+#[utoipa::path(get, path = "/v1/health",
+    responses((status = 200, body = api::Health), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn health(st: St) -> R<Json<api::Health>> {
     let s = st.clone();
     let stats = blocking(move || Ok(s.pool.stats()?)).await?;
@@ -103,7 +160,8 @@ pub async fn health(st: St) -> R<Json<api::Health>> {
     }))
 }
 
-#[utoipa::path(get, path = "/v1/volumes", responses((status = 200, body = Vec<api::Volume>)))]
+#[utoipa::path(get, path = "/v1/volumes",
+    responses((status = 200, body = Vec<api::Volume>), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn list_volumes(st: St) -> R<Json<Vec<api::Volume>>> {
     let s = st.clone();
     blocking(move || {
@@ -118,71 +176,96 @@ pub async fn list_volumes(st: St) -> R<Json<Vec<api::Volume>>> {
     .await
 }
 
+fn created(c: bool) -> StatusCode {
+    if c {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+}
+
 #[utoipa::path(post, path = "/v1/volumes", request_body = api::CreateVolume,
-    responses((status = 201, body = api::Volume), (status = 200, description = "exists already with the same size", body = api::Volume), (status = 409, body = api::ApiError)))]
+    responses((status = 201, description = "created", body = api::Volume),
+        (status = 200, description = "exists already with the same size", body = api::Volume),
+        (status = 400, description = "malformed body, bad name, or a size that is not a whole number of 512-byte sectors", body = api::ApiError),
+        (status = 409, description = "exists with another size", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_volume(
     st: St,
     b: Result<Json<api::CreateVolume>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::Volume>)> {
     let req = body(b)?;
-    let existed = st.pool.volume_info_by_name(&req.name).is_ok();
-    match apply::run(
-        &st,
-        "create-volume",
-        &req.name,
-        apply::args_create_volume(&req.name, req.size),
-    )
-    .await?
-    {
-        Outcome::Volume(v) => Ok((
-            if existed {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            },
-            Json(st.volume(v)),
-        )),
-        _ => unreachable!("create-volume yields a volume"),
+    let op = Op::CreateVolume {
+        name: req.name,
+        size: req.size,
+    };
+    match apply::run(&st, op).await? {
+        Outcome::Volume { info, created: c } => Ok((created(c), Json(describe(&st, info).await?))),
+        _ => Err(Failure::internal("create-volume yielded no volume")),
     }
 }
 
-#[utoipa::path(get, path = "/v1/volumes/{name}", responses((status = 200, body = api::Volume), (status = 404, body = api::ApiError)))]
+/// The API's view of a volume (reads its usage from the pool).
+async fn describe(st: &Arc<State>, v: lamina_engine::VolumeInfo) -> R<api::Volume> {
+    let s = st.clone();
+    blocking(move || Ok(s.volume(v))).await
+}
+
+#[utoipa::path(get, path = "/v1/volumes/{name}", params(("name" = String, Path, description = "volume name")),
+    responses((status = 200, body = api::Volume), (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn get_volume(st: St, Path(name): Path<String>) -> R<Json<api::Volume>> {
     let s = st.clone();
     blocking(move || Ok(Json(s.volume(s.pool.volume_info_by_name(&name)?)))).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteParams {
+    /// Delete the volume's snapshots with it.
     #[serde(default)]
     with_snapshots: bool,
 }
 
-#[utoipa::path(delete, path = "/v1/volumes/{name}", params(("with_snapshots" = Option<bool>, Query, description = "delete its snapshots too")),
-    responses((status = 204), (status = 409, body = api::ApiError)))]
+#[utoipa::path(delete, path = "/v1/volumes/{name}", params(("name" = String, Path, description = "volume name"), DeleteParams),
+    responses((status = 200, description = "deleted, or was already absent (`existed: false`)", body = api::Removed),
+        (status = 400, body = api::ApiError),
+        (status = 409, description = "attached, has snapshots, has linked clones, or a full clone is copying into it", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn delete_volume(
     st: St,
     Path(name): Path<String>,
     Query(q): Query<DeleteParams>,
-) -> R<StatusCode> {
-    apply::run(
-        &st,
-        "delete-volume",
-        &name,
-        json!({"name": name, "with_snapshots": q.with_snapshots}),
-    )
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> R<Json<api::Removed>> {
+    let what = format!("volume {name}");
+    let op = Op::DeleteVolume {
+        name,
+        with_snapshots: q.with_snapshots,
+    };
+    removed(what, apply::run(&st, op).await?)
 }
 
-fn volume_out(st: &State, o: Outcome) -> Json<api::Volume> {
+fn removed(what: String, o: Outcome) -> R<Json<api::Removed>> {
     match o {
-        Outcome::Volume(v) | Outcome::Clone(v, _) => Json(st.volume(v)),
-        _ => unreachable!("operation yields a volume"),
+        Outcome::Removed(existed) => Ok(Json(api::Removed { what, existed })),
+        _ => Err(Failure::internal("a delete yielded something else")),
     }
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/expand", request_body = api::ExpandVolume, responses((status = 200, body = api::Volume)))]
+async fn volume_out(st: &Arc<State>, o: Outcome) -> R<Json<api::Volume>> {
+    match o {
+        Outcome::Volume { info, .. } | Outcome::Started { info, .. } => {
+            Ok(Json(describe(st, info).await?))
+        }
+        _ => Err(Failure::internal("operation yielded no volume")),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/volumes/{name}/expand", params(("name" = String, Path, description = "volume name")), request_body = api::ExpandVolume,
+    responses((status = 200, description = "expanded; NBD clients connected now keep the old size until they reconnect", body = api::Volume),
+        (status = 400, description = "malformed body, a smaller size (shrinking is not supported), or not whole sectors", body = api::ApiError),
+        (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn expand_volume(
     st: St,
     Path(name): Path<String>,
@@ -191,34 +274,41 @@ pub async fn expand_volume(
     let req = body(b)?;
     let o = apply::run(
         &st,
-        "expand-volume",
-        &name,
-        json!({"name": name, "size": req.size}),
+        Op::ExpandVolume {
+            name,
+            size: req.size,
+        },
     )
     .await?;
-    Ok(volume_out(&st, o))
+    volume_out(&st, o).await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/flatten", responses((status = 202, body = api::Volume)))]
+#[utoipa::path(post, path = "/v1/volumes/{name}/flatten", params(("name" = String, Path, description = "volume name")),
+    responses((status = 202, description = "the flatten runs in the background: follow `operation`", body = api::Volume),
+        (status = 404, body = api::ApiError), (status = 409, description = "not a linked clone", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn flatten_volume(
     st: St,
     Path(name): Path<String>,
 ) -> R<(StatusCode, Json<api::Volume>)> {
-    let o = apply::run(&st, "flatten", &name, json!({"name": name})).await?;
-    Ok((StatusCode::ACCEPTED, volume_out(&st, o)))
+    let o = apply::run(&st, Op::Flatten { name }).await?;
+    Ok((StatusCode::ACCEPTED, volume_out(&st, o).await?))
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/attach", responses((status = 200, body = api::Export)))]
+#[utoipa::path(post, path = "/v1/volumes/{name}/attach", params(("name" = String, Path, description = "volume name")),
+    responses((status = 200, description = "exported over NBD (attaching twice is harmless)", body = api::Export),
+        (status = 404, body = api::ApiError), (status = 409, description = "a full clone is still copying into it", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Export>> {
     let lock = st.lock(&name);
     let _g = lock.lock().await;
     let s = st.clone();
     blocking(move || {
-        let v = s.volume(s.pool.volume_info_by_name(&name)?);
-        if v.clone_state == api::CloneState::Copying {
+        s.pool.volume_info_by_name(&name)?;
+        if let Some(id) = s.running_copy_into(&name) {
             return Err(Failure::conflict(
-                format!("volume {name:?} is still being copied"),
-                "wait for the clone to finish (lamina volume get NAME)",
+                format!("volume {name:?} is still being copied (operation {id})"),
+                &format!("wait for the clone to finish: lamina operation wait {id}"),
             ));
         }
         Ok(Json(s.attach(&name, None)?))
@@ -226,19 +316,21 @@ pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Expo
     .await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/detach", responses((status = 204)))]
-pub async fn detach_volume(st: St, Path(name): Path<String>) -> R<StatusCode> {
+#[utoipa::path(post, path = "/v1/volumes/{name}/detach", params(("name" = String, Path, description = "volume name")),
+    responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn detach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Removed>> {
     let lock = st.lock(&name);
     let _g = lock.lock().await;
-    if !st.detach(&name, None)? {
-        return Err(Failure::not_found(format!(
-            "volume {name:?} is not attached"
-        )));
-    }
-    Ok(StatusCode::NO_CONTENT)
+    let s = st.clone();
+    let what = format!("export {name}");
+    let existed = blocking(move || s.detach(&name, None)).await?;
+    Ok(Json(api::Removed { what, existed }))
 }
 
-#[utoipa::path(get, path = "/v1/volumes/{name}/snapshots", responses((status = 200, body = Vec<api::Snapshot>)))]
+#[utoipa::path(get, path = "/v1/volumes/{name}/snapshots", params(("name" = String, Path, description = "volume name")),
+    responses((status = 200, description = "oldest first", body = Vec<api::Snapshot>), (status = 404, body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn list_snapshots(st: St, Path(name): Path<String>) -> R<Json<Vec<api::Snapshot>>> {
     let s = st.clone();
     blocking(move || {
@@ -253,7 +345,9 @@ pub async fn list_snapshots(st: St, Path(name): Path<String>) -> R<Json<Vec<api:
     .await
 }
 
-#[utoipa::path(get, path = "/v1/snapshots", responses((status = 200, body = Vec<api::Snapshot>)))]
+#[utoipa::path(get, path = "/v1/snapshots",
+    responses((status = 200, description = "every snapshot of every volume, oldest first", body = Vec<api::Snapshot>),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn list_all_snapshots(st: St) -> R<Json<Vec<api::Snapshot>>> {
     let s = st.clone();
     blocking(move || {
@@ -268,36 +362,35 @@ pub async fn list_all_snapshots(st: St) -> R<Json<Vec<api::Snapshot>>> {
     .await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots", request_body = api::CreateSnapshot,
-    responses((status = 201, body = api::Snapshot), (status = 200, description = "exists already", body = api::Snapshot)))]
+#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots", params(("name" = String, Path, description = "volume name")), request_body = api::CreateSnapshot,
+    responses((status = 201, description = "taken", body = api::Snapshot),
+        (status = 200, description = "exists already with the same labels", body = api::Snapshot),
+        (status = 400, description = "malformed body, bad name or labels", body = api::ApiError),
+        (status = 404, description = "no such volume", body = api::ApiError),
+        (status = 409, description = "exists with other labels", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_snapshot(
     st: St,
     Path(name): Path<String>,
     b: Result<Json<api::CreateSnapshot>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::Snapshot>)> {
     let req = body(b)?;
-    let existed = st.pool.snapshot_info_by_name(&name, &req.name).is_ok();
-    let o = apply::run(
-        &st,
-        "create-snapshot",
-        &name,
-        json!({"volume": name, "name": req.name, "labels": req.labels}),
-    )
-    .await?;
-    match o {
-        Outcome::Snapshot(s) => Ok((
-            if existed {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            },
-            Json(st.snapshot(s)),
-        )),
-        _ => unreachable!("create-snapshot yields a snapshot"),
+    let op = Op::CreateSnapshot {
+        volume: name,
+        name: req.name,
+        labels: req.labels,
+    };
+    match apply::run(&st, op).await? {
+        Outcome::Snapshot { info, created: c } => Ok((created(c), Json(st.snapshot(info)))),
+        _ => Err(Failure::internal("create-snapshot yielded no snapshot")),
     }
 }
 
-#[utoipa::path(get, path = "/v1/volumes/{name}/snapshots/{snap}", responses((status = 200, body = api::Snapshot)))]
+#[utoipa::path(get, path = "/v1/volumes/{name}/snapshots/{snap}",
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    responses((status = 200, body = api::Snapshot), (status = 404, body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn get_snapshot(
     st: St,
     Path((name, snap)): Path<(String, String)>,
@@ -311,103 +404,158 @@ pub async fn get_snapshot(
     .await
 }
 
-#[utoipa::path(delete, path = "/v1/volumes/{name}/snapshots/{snap}", responses((status = 204)))]
-pub async fn delete_snapshot(st: St, Path((name, snap)): Path<(String, String)>) -> R<StatusCode> {
-    apply::run(
-        &st,
-        "delete-snapshot",
-        &name,
-        json!({"volume": name, "name": snap}),
-    )
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
+#[utoipa::path(delete, path = "/v1/volumes/{name}/snapshots/{snap}",
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    responses((status = 200, description = "deleted (its linked clones keep their data), or was already absent (`existed: false`)", body = api::Removed),
+        (status = 409, description = "attached, or a full clone is copying from it", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn delete_snapshot(
+    st: St,
+    Path((name, snap)): Path<(String, String)>,
+) -> R<Json<api::Removed>> {
+    let what = format!("snapshot {name}/{snap}");
+    let op = Op::DeleteSnapshot {
+        volume: name,
+        name: snap,
+    };
+    removed(what, apply::run(&st, op).await?)
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/revert", responses((status = 200, body = api::Volume)))]
+#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/revert",
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    responses((status = 200, body = api::Volume), (status = 404, body = api::ApiError),
+        (status = 409, description = "the volume is attached", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn revert(st: St, Path((name, snap)): Path<(String, String)>) -> R<Json<api::Volume>> {
     let o = apply::run(
         &st,
-        "revert",
-        &name,
-        json!({"volume": name, "snapshot": snap}),
+        Op::Revert {
+            volume: name,
+            snapshot: snap,
+        },
     )
     .await?;
-    Ok(volume_out(&st, o))
+    volume_out(&st, o).await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/attach", responses((status = 200, body = api::Export)))]
+#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/attach",
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    responses((status = 200, description = "exported read-only over NBD (attaching twice is harmless)", body = api::Export),
+        (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn attach_snapshot(
     st: St,
     Path((name, snap)): Path<(String, String)>,
 ) -> R<Json<api::Export>> {
+    // Under the volume's lock: a snapshot being deleted cannot be attached.
+    let lock = st.lock(&name);
+    let _g = lock.lock().await;
     let s = st.clone();
     blocking(move || Ok(Json(s.attach(&name, Some(&snap))?))).await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/detach", responses((status = 204)))]
-pub async fn detach_snapshot(st: St, Path((name, snap)): Path<(String, String)>) -> R<StatusCode> {
-    if !st.detach(&name, Some(&snap))? {
-        return Err(Failure::not_found(format!(
-            "snapshot {name}/{snap} is not attached"
-        )));
-    }
-    Ok(StatusCode::NO_CONTENT)
+#[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/detach",
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn detach_snapshot(
+    st: St,
+    Path((name, snap)): Path<(String, String)>,
+) -> R<Json<api::Removed>> {
+    let lock = st.lock(&name);
+    let _g = lock.lock().await;
+    let what = format!("export {}", crate::state::snapshot_export(&name, &snap));
+    let s = st.clone();
+    let existed = blocking(move || s.detach(&name, Some(&snap))).await?;
+    Ok(Json(api::Removed { what, existed }))
 }
 
 #[utoipa::path(post, path = "/v1/clones", request_body = api::CreateClone,
-    responses((status = 201, body = api::CloneCreated), (status = 202, description = "a full clone: the copy runs in the background", body = api::CloneCreated)))]
+    responses((status = 201, description = "a linked clone, made", body = api::CloneCreated),
+        (status = 200, description = "exists already, from the same source", body = api::CloneCreated),
+        (status = 202, description = "a full clone: the copy runs in the background", body = api::CloneCreated),
+        (status = 400, description = "malformed body or bad name; not exactly one source", body = api::ApiError),
+        (status = 404, description = "the source is missing", body = api::ApiError),
+        (status = 409, description = "a volume of that name exists and is not this clone", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_clone(
     st: St,
     b: Result<Json<api::CreateClone>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::CloneCreated>)> {
     let req = body(b)?;
-    let args = json!({"name": req.name, "from_snapshot": req.from_snapshot, "from_volume": req.from_volume, "full": req.full});
-    match apply::run(&st, "clone", &req.name, args).await? {
-        Outcome::Clone(v, op) => {
-            let operation = match &op {
-                Some(id) => st
-                    .store
-                    .op(id)
-                    .map_err(Failure::from)?
-                    .map(|r| operation(&st, &r)),
-                None => None,
-            };
-            let status = if op.is_some() {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::CREATED
-            };
-            Ok((
-                status,
-                Json(api::CloneCreated {
-                    volume: st.volume(v),
-                    operation,
-                }),
+    let source = match (req.from_snapshot, req.from_volume) {
+        (Some(s), None) => {
+            let (v, s) = s.split_once('/').ok_or_else(|| {
+                Failure::invalid(format!("from_snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
+            })?;
+            CloneSource::Snapshot {
+                volume: v.into(),
+                snapshot: s.into(),
+            }
+        }
+        (None, Some(v)) => CloneSource::Volume { volume: v },
+        _ => {
+            return Err(Failure::invalid(
+                "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
             ))
         }
-        _ => unreachable!("clone yields a volume"),
-    }
+    };
+    let op = Op::Clone {
+        name: req.name,
+        source,
+        full: req.full,
+    };
+    let Outcome::Started {
+        info,
+        created: c,
+        running,
+    } = apply::run(&st, op).await?
+    else {
+        return Err(Failure::internal("clone yielded no volume"));
+    };
+    let s = st.clone();
+    let operation = match running.clone() {
+        Some(id) => blocking(move || Ok(s.store.op(&id)?.map(|r| operation(&s, &r)))).await?,
+        None => None,
+    };
+    let status = match (&running, c) {
+        (Some(_), true) => StatusCode::ACCEPTED,
+        (_, c) => created(c),
+    };
+    Ok((
+        status,
+        Json(api::CloneCreated {
+            volume: describe(&st, info).await?,
+            operation,
+        }),
+    ))
 }
 
-#[utoipa::path(get, path = "/v1/operations", responses((status = 200, body = Vec<api::Operation>)))]
-pub async fn list_operations(st: St) -> R<Json<Vec<api::Operation>>> {
-    let mut ops: Vec<api::Operation> = st
-        .store
-        .ops()
-        .map_err(Failure::from)?
-        .iter()
-        .map(|r| operation(&st, r))
-        .collect();
-    ops.sort_by(|a, b| a.started.cmp(&b.started));
-    Ok(Json(ops))
+#[utoipa::path(get, path = "/v1/operations", params(api::OperationFilter),
+    responses((status = 200, description = "newest first", body = Vec<api::Operation>), (status = 400, body = api::ApiError),
+        (status = 500, body = api::ApiError)))]
+pub async fn list_operations(
+    st: St,
+    Query(f): Query<api::OperationFilter>,
+) -> R<Json<Vec<api::Operation>>> {
+    let s = st.clone();
+    blocking(move || {
+        Ok(Json(
+            s.operations(&f)?.iter().map(|r| operation(&s, r)).collect(),
+        ))
+    })
+    .await
 }
 
-#[utoipa::path(get, path = "/v1/operations/{id}", responses((status = 200, body = api::Operation)))]
+#[utoipa::path(get, path = "/v1/operations/{id}", params(("id" = String, Path, description = "operation id")),
+    responses((status = 200, body = api::Operation), (status = 404, body = api::ApiError), (status = 500, body = api::ApiError)))]
 pub async fn get_operation(st: St, Path(id): Path<String>) -> R<Json<api::Operation>> {
-    match st.store.op(&id).map_err(Failure::from)? {
-        Some(r) => Ok(Json(operation(&st, &r))),
+    let s = st.clone();
+    blocking(move || match s.store.op(&id)? {
+        Some(r) => Ok(Json(operation(&s, &r))),
         None => Err(Failure::not_found(format!("no operation {id:?}"))),
-    }
+    })
+    .await
 }
 
 pub async fn openapi() -> impl IntoResponse {

@@ -1,17 +1,20 @@
-//! Clones: linked (O(1), in the engine) and full (a background copy of the
-//! snapshot's allocated data into a new volume, with progress recorded in
-//! the operation record so that a restart resumes where it stopped instead
-//! of starting over).
+//! Clones and flattens as the daemon runs them: linked clones are one engine
+//! call; a full clone is a background job that drives the engine's
+//! resumable copy (`Pool::copy_into`) and records each durable offset in the
+//! operation record, so that a restart resumes where it stopped instead of
+//! starting over. The copying itself, and the rules of system snapshots,
+//! are the engine's; this module schedules, records and reports.
 
 use crate::apply::Outcome;
 use crate::error::Failure;
 use crate::state::{blocking, State};
-use crate::store::OpRec;
-use lamina_engine::{Chunk, Pool, Target};
-use serde_json::json;
+use crate::store::{CloneSource, CopyRec, Op, OpRec};
+use lamina_api::OperationState;
+use lamina_engine::{CopyControl, CopyEnd, CopyProgress, Target};
 use std::sync::Arc;
 
-/// Progress is recorded (after a flush of the target) every this many bytes.
+/// A full clone's progress is made durable and recorded every this many
+/// bytes of data.
 const CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// Follow an engine flatten (which runs on its own thread) and record its
@@ -40,9 +43,9 @@ pub fn watch_flatten(
         rec.done_bytes = progress.done.load(Ordering::SeqCst);
         rec.total_bytes = progress.total.load(Ordering::SeqCst);
         match progress.error.lock().unwrap().clone() {
-            None => rec.state = "succeeded".into(),
+            None => rec.state = OperationState::Succeeded,
             Some(e) => {
-                rec.state = "failed".into();
+                rec.state = OperationState::Failed;
                 rec.error = Some(e);
             }
         }
@@ -50,143 +53,256 @@ pub fn watch_flatten(
             tracing::error!(op = %rec.id, error = %e, "could not record the end of a flatten");
         }
     })
-    .map_err(|e| Failure::invalid(format!("cannot follow the flatten: {e}")))
+    .map_err(|e| Failure::internal(format!("cannot follow the flatten: {e}")))
 }
 
-pub async fn clone(st: &Arc<State>, rec: &OpRec) -> Result<Outcome, Failure> {
-    let a = &rec.args;
-    let name = a["name"].as_str().unwrap_or_default().to_string();
-    let full = a["full"].as_bool().unwrap_or(false);
-    let (src_vol, src_snap, system) = match (a["from_snapshot"].as_str(), a["from_volume"].as_str())
-    {
-        (Some(s), None) => {
-            let (v, s) = s.split_once('/').ok_or_else(|| {
-                Failure::invalid(format!("--from-snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
-            })?;
-            (v.to_string(), s.to_string(), false)
+/// Whether an existing volume is a linked clone of `source`.
+fn is_linked_clone_of(v: &lamina_engine::VolumeInfo, source: &CloneSource) -> bool {
+    let Some(o) = &v.origin else { return false };
+    match source {
+        CloneSource::Snapshot { volume, snapshot } => {
+            o.volume.as_deref() == Some(volume) && o.snapshot.as_deref() == Some(snapshot)
         }
-        (None, Some(v)) => (
-            v.to_string(),
-            format!("clone-{name}").chars().take(255).collect(),
-            true,
-        ),
-        _ => {
-            return Err(Failure::invalid(
-                "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
-            ))
+        CloneSource::Volume { volume } => {
+            o.volume.as_deref() == Some(volume)
+                && o.snapshot
+                    .as_deref()
+                    .is_some_and(lamina_engine::is_system_name)
         }
+    }
+}
+
+pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome, Failure> {
+    let Op::Clone { name, source, full } = rec.op.clone() else {
+        return Err(Failure::internal("not a clone operation"));
     };
+    if full {
+        return full_clone(st, rec, recovering).await;
+    }
     let p = st.pool.clone();
-    let recovering = rec.state == "recovering";
-    let (s2, v2, n2) = (src_snap.clone(), src_vol.clone(), name.clone());
-    let info = blocking(move || {
-        lamina_engine::check_name(&n2)?;
-        if let Ok(existing) = p.volume_info_by_name(&n2) {
-            let same = existing.origin.as_ref().is_some_and(|o| {
-                o.volume.as_deref() == Some(&v2) && o.snapshot.as_deref() == Some(&s2)
-            });
-            if (same && !full) || recovering {
-                return Ok(existing);
+    blocking(move || {
+        if let Ok(existing) = p.volume_info_by_name(&name) {
+            if is_linked_clone_of(&existing, &source) {
+                return Ok(Outcome::Started {
+                    info: existing,
+                    created: false,
+                    running: None,
+                });
             }
             return Err(Failure::exists(
-                format!("volume {n2:?} already exists"),
+                format!("volume {name:?} already exists and is not a linked clone of {source}"),
                 "pick another name for the clone",
             ));
         }
-        if system && p.snapshot_info_by_name(&v2, &s2).is_err() {
-            p.create_system_snapshot(&v2, &s2)?;
-        }
-        if full {
-            let size = p.open_snapshot(&v2, &s2)?.size()?;
-            Ok(p.create_volume(&n2, size)?)
-        } else {
-            Ok(p.clone_snapshot(&v2, &s2, &n2)?)
-        }
+        let info = match &source {
+            CloneSource::Snapshot { volume, snapshot } => {
+                p.clone_snapshot(volume, snapshot, &name)?
+            }
+            CloneSource::Volume { volume } => p.clone_volume(volume, &name)?,
+        };
+        Ok(Outcome::Started {
+            info,
+            created: true,
+            running: None,
+        })
     })
-    .await?;
-    if !full {
-        return Ok(Outcome::Clone(info, None));
-    }
-    let (st2, rec2) = (st.clone(), rec.clone());
-    st.spawn_job("lamina-full-clone", move || {
-        let mut rec = rec2;
-        rec.state = "running".into();
-        match copy(&st2.pool, &st2, &mut rec, &src_vol, &src_snap, &name) {
-            Ok(false) => {
-                tracing::info!(op = %rec.id, "daemon stopping: the copy resumes at the next start");
-                return;
-            }
-            Ok(true) => {
-                if system {
-                    let _ = st2.pool.delete_snapshot(&src_vol, &src_snap);
-                }
-                rec.state = "succeeded".into();
-            }
-            Err(e) => {
-                tracing::error!(op = %rec.id, error = %e, "full clone failed");
-                rec.state = "failed".into();
-                rec.error = Some(e.to_string());
-            }
-        }
-        if let Err(e) = st2.record(&rec) {
-            tracing::error!(op = %rec.id, error = %e, "could not record the end of a full clone");
-        }
-    })
-    .map_err(|e| Failure::invalid(format!("cannot start the copy: {e}")))?;
-    Ok(Outcome::Clone(info, Some(rec.id.clone())))
+    .await
 }
 
-/// Copy the snapshot's data into the new volume; `Ok(false)` if the daemon
-/// is stopping (progress so far is recorded, the operation stays running).
-fn copy(
-    pool: &Pool,
-    st: &State,
-    rec: &mut OpRec,
-    vol: &str,
-    snap: &str,
-    name: &str,
-) -> Result<bool, Box<dyn std::error::Error>> {
-    let export = pool.export(None, &Target::snapshot(vol, snap))?;
-    rec.total_bytes = export.data_bytes();
-    st.record(rec)?;
-    let resume = rec.args["resume_offset"].as_u64().unwrap_or(0);
-    let dst = pool.open_volume(name)?;
-    let mut done = 0;
-    let mut since = 0;
-    for chunk in export {
-        if st.is_stopping() {
-            dst.flush()?;
-            st.progress.lock().unwrap().remove(&rec.id);
-            return Ok(false);
-        }
-        let chunk = chunk?;
-        let (offset, end, data) = match &chunk {
-            Chunk::Data { offset, bytes } => {
-                (*offset, *offset + bytes.len() as u64, bytes.len() as u64)
+/// A full clone: decide what to copy from (taking a system snapshot for a
+/// clone of a volume), record it, make the new volume, and start the copy.
+/// The order makes every crash recoverable: a system snapshot taken but not
+/// recorded is deleted at start (nothing needs it); one recorded is resumed
+/// from, or deleted when the copy ends.
+async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome, Failure> {
+    let Op::Clone { name, source, .. } = rec.op.clone() else {
+        return Err(Failure::internal("not a clone operation"));
+    };
+    let mut rec = rec.clone();
+    if !recovering {
+        // Asked again for a full clone that exists, from the same source:
+        // answer it as it is.
+        let (st2, n2, s2) = (st.clone(), name.clone(), source.clone());
+        let earlier = blocking(move || {
+            let ops = st2.operations(&lamina_api::OperationFilter {
+                volume: Some(n2.clone()),
+                ..Default::default()
+            })?;
+            Ok(ops.into_iter().find(|o| {
+                o.state != OperationState::Failed
+                    && matches!(&o.op, Op::Clone { name, source, full: true } if *name == n2 && *source == s2)
+            }))
+        })
+        .await?;
+        let (p, n2) = (st.pool.clone(), name.clone());
+        let existing = blocking(move || Ok(p.volume_info_by_name(&n2).ok())).await?;
+        match (existing, earlier) {
+            (Some(info), Some(op)) => {
+                let running = (op.state == OperationState::Running).then_some(op.id);
+                return Ok(Outcome::Started {
+                    info,
+                    created: false,
+                    running,
+                });
             }
-            Chunk::Zero { offset, len } => (*offset, *offset + *len, 0),
-        };
-        if offset < resume {
-            done += data;
-            continue;
-        }
-        dst.apply(&chunk)?;
-        done += data;
-        since += data;
-        st.progress
-            .lock()
-            .unwrap()
-            .insert(rec.id.clone(), (done, rec.total_bytes));
-        if since >= CHECKPOINT_BYTES {
-            dst.flush()?;
-            since = 0;
-            rec.done_bytes = done;
-            rec.args["resume_offset"] = json!(end);
-            st.record(rec)?;
+            (Some(_), None) => {
+                return Err(Failure::exists(
+                    format!("volume {name:?} already exists and is not a full clone of {source}"),
+                    "pick another name for the clone",
+                ))
+            }
+            (None, _) => {}
         }
     }
-    dst.flush()?;
-    rec.done_bytes = done;
+    let p = st.pool.clone();
+    if rec.copy.is_none() {
+        let (p2, n2, s2) = (p.clone(), name.clone(), source.clone());
+        let copy = blocking(move || {
+            lamina_engine::check_name(&n2)?;
+            Ok(match s2 {
+                CloneSource::Snapshot { volume, snapshot } => {
+                    p2.snapshot_info_by_name(&volume, &snapshot)?;
+                    CopyRec {
+                        volume,
+                        snapshot,
+                        system: false,
+                        resume_offset: 0,
+                    }
+                }
+                CloneSource::Volume { volume } => {
+                    let s = p2.create_system_snapshot(&volume, &n2)?;
+                    CopyRec {
+                        volume,
+                        snapshot: s.name,
+                        system: true,
+                        resume_offset: 0,
+                    }
+                }
+            })
+        })
+        .await?;
+        rec.copy = Some(copy);
+        st.record_async(rec.clone()).await?;
+    }
+    let copy = rec.copy.clone().expect("set above");
+    let (p2, n2, c2) = (p.clone(), name.clone(), copy.clone());
+    let made = blocking(move || {
+        if let Ok(v) = p2.volume_info_by_name(&n2) {
+            return Ok(v); // made before a restart
+        }
+        let size = p2.open_snapshot(&c2.volume, &c2.snapshot)?.size()?;
+        Ok(p2.create_volume(&n2, size)?)
+    })
+    .await;
+    let info = match made {
+        Ok(info) => info,
+        Err(f) => {
+            release(st, &copy, &rec.id);
+            return Err(f);
+        }
+    };
+    let (st2, rec2) = (st.clone(), rec.clone());
+    st.spawn_job("lamina-full-clone", move || run_copy(&st2, rec2, &name))
+        .map_err(|e| Failure::internal(format!("cannot start the copy: {e}")))?;
+    Ok(Outcome::Started {
+        info,
+        created: !recovering,
+        running: Some(rec.id.clone()),
+    })
+}
+
+/// The copy job: runs the engine's copy, records its durable progress, and
+/// at the end marks the operation and releases the system snapshot. A copy
+/// that fails removes the half-made volume: a partial copy must never pass
+/// for a volume.
+fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
+    let copy = rec
+        .copy
+        .clone()
+        .expect("a full clone's copy is recorded before it runs");
+    let span = tracing::info_span!("full-clone", op = %rec.id, volume = %name);
+    let _e = span.enter();
+    struct Ctl<'a> {
+        st: &'a State,
+        rec: &'a mut OpRec,
+        failed: Option<String>,
+    }
+    impl CopyControl for Ctl<'_> {
+        fn progress(&mut self, p: &CopyProgress) {
+            self.st
+                .progress
+                .lock()
+                .unwrap()
+                .insert(self.rec.id.clone(), (p.done_bytes, p.total_bytes));
+        }
+        fn durable(&mut self, p: &CopyProgress) -> bool {
+            self.rec.done_bytes = p.done_bytes;
+            self.rec.total_bytes = p.total_bytes;
+            if let Some(c) = self.rec.copy.as_mut() {
+                c.resume_offset = p.resume_offset;
+            }
+            match self.st.record(self.rec) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.failed = Some(format!("cannot record progress: {e}"));
+                    false
+                }
+            }
+        }
+        fn stop(&self) -> bool {
+            self.st.is_stopping()
+        }
+    }
+    let src = Target::snapshot(&copy.volume, &copy.snapshot);
+    let mut ctl = Ctl {
+        st,
+        rec: &mut rec,
+        failed: None,
+    };
+    let end = st
+        .pool
+        .copy_into(&src, name, copy.resume_offset, CHECKPOINT_BYTES, &mut ctl);
+    let failed = ctl.failed.take();
     st.progress.lock().unwrap().remove(&rec.id);
-    Ok(true)
+    let error = match (end, failed) {
+        (Ok(CopyEnd::Stopped(_)), None) => {
+            tracing::info!("daemon stopping: the copy resumes at the next start");
+            return;
+        }
+        (Ok(CopyEnd::Done(p)), None) => {
+            rec.done_bytes = p.done_bytes;
+            rec.total_bytes = p.total_bytes;
+            None
+        }
+        (_, Some(e)) => Some(e),
+        (Err(e), None) => Some(e.to_string()),
+    };
+    if let Some(e) = &error {
+        tracing::error!(error = %e, "full clone failed; removing the partial volume");
+        if let Err(d) = st.pool.delete_volume(name, true) {
+            tracing::error!(error = %d, "could not remove the partial volume");
+        }
+    }
+    release(st, &copy, &rec.id);
+    rec.state = match error {
+        None => OperationState::Succeeded,
+        Some(_) => OperationState::Failed,
+    };
+    rec.error = error;
+    if let Err(e) = st.record(&rec) {
+        tracing::error!(error = %e, "could not record the end of a full clone");
+    }
+}
+
+/// Delete the system snapshot a copy took (a user's snapshot is never
+/// touched: the engine refuses to delete one through this path).
+fn release(st: &State, copy: &CopyRec, op: &str) {
+    if copy.system {
+        match st.pool.delete_system_snapshot(&copy.volume, &copy.snapshot) {
+            Ok(()) | Err(lamina_engine::Error::SnapshotNotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(op, error = %e, "could not delete a full clone's system snapshot; it goes at the next start")
+            }
+        }
+    }
 }

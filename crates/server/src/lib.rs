@@ -9,6 +9,7 @@ mod device;
 mod error;
 mod handlers;
 mod jobs;
+mod migrate;
 mod openapi;
 mod paths;
 mod state;
@@ -49,6 +50,13 @@ pub async fn run(
     let state = state::State::open(&layout, &config).await?;
     let state = Arc::new(state);
     state.recover().await?;
+    let retention = config.operation_retention;
+    {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || st.prune_operations(retention))
+            .await
+            .map_err(|e| ServerError::Store(format!("pruning operation records: {e}")))??;
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -79,6 +87,29 @@ pub async fn run(
             opts.clone(),
             stopped(&stop_rx),
         ));
+    }
+
+    // Finished operation records older than the retention go, hourly.
+    {
+        let (st, stop) = (state.clone(), stopped(&stop_rx));
+        tasks.spawn(async move {
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+            tick.tick().await; // the first tick is now: pruned above
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let st = st.clone();
+                        match tokio::task::spawn_blocking(move || st.prune_operations(retention)).await {
+                            Ok(Err(e)) => tracing::warn!(error = %e, "could not prune operation records"),
+                            Err(e) => tracing::warn!(error = %e, "pruning operation records failed"),
+                            Ok(Ok(_)) => {}
+                        }
+                    }
+                    _ = &mut stop => break,
+                }
+            }
+        });
     }
 
     // The management API.

@@ -43,6 +43,8 @@ use utoipa::OpenApi;
         api::CloneCreated,
         api::Operation,
         api::OperationState,
+        api::OperationKind,
+        api::Removed,
         api::ApiError,
         api::Export,
         api::Origin,

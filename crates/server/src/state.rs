@@ -4,7 +4,7 @@
 use crate::device::{EngineDevice, Registry};
 use crate::error::{Failure, ServerError};
 use crate::paths::Layout;
-use crate::store::{ExportRec, Store};
+use crate::store::{ExportRec, OpRec, Store};
 use crate::Config;
 use lamina_api as api;
 use lamina_engine::{Pool, PoolOptions};
@@ -27,9 +27,31 @@ pub struct State {
     pub stopping: std::sync::atomic::AtomicBool,
     /// Running operations by volume (mirrors the store's records in state
     /// `running`), so describing a volume needs no scan of the store.
-    running: Mutex<HashMap<String, String>>,
+    running: Mutex<HashMap<String, Running>>,
     /// Background jobs (full clones, flatten watchers), joined at shutdown.
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// A running operation, as the in-memory index keeps it.
+#[derive(Clone, Debug)]
+struct Running {
+    id: String,
+    kind: api::OperationKind,
+    /// For a full clone: the snapshot it reads (volume, snapshot).
+    copies_from: Option<(String, String)>,
+}
+
+impl Running {
+    fn of(op: &OpRec) -> Running {
+        Running {
+            id: op.id.clone(),
+            kind: op.op.kind(),
+            copies_from: op
+                .copy
+                .as_ref()
+                .map(|c| (c.volume.clone(), c.snapshot.clone())),
+        }
+    }
 }
 
 pub fn rfc3339(ns: u64) -> String {
@@ -77,12 +99,12 @@ impl State {
             running: Mutex::new(HashMap::new()),
         };
         for op in state.store.ops()? {
-            if op.state == "running" {
+            if op.state == api::OperationState::Running {
                 state
                     .running
                     .lock()
                     .unwrap()
-                    .insert(op.volume.clone(), op.id.clone());
+                    .insert(op.volume().to_string(), Running::of(&op));
             }
         }
         for (name, rec) in state.store.exports()? {
@@ -131,24 +153,38 @@ impl State {
         })
     }
 
+    /// A volume as the API shows it. Reads the volume's exclusive size from
+    /// the pool: call it off the reactor.
     pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
         use lamina_engine::CloneState as C;
-        let operation = self.running.lock().unwrap().get(&v.name).cloned();
+        let operation = self
+            .running
+            .lock()
+            .unwrap()
+            .get(&v.name)
+            .map(|r| r.id.clone());
+        let copying = self.running_copy_into(&v.name).is_some();
         let clone_state = match v.clone_state {
-            _ if operation.is_some() && v.clone_state == C::None => api::CloneState::Copying,
+            _ if copying => api::CloneState::Copying,
             C::None => api::CloneState::None,
             C::Linked => api::CloneState::Linked,
             C::Flattening => api::CloneState::Flattening,
             C::Independent => api::CloneState::Independent,
         };
+        // A volume deleted meanwhile shows what it had.
+        let exclusive = self
+            .pool
+            .usage(&v.name, None)
+            .map(|u| u.exclusive_bytes)
+            .unwrap_or(v.allocated_bytes);
         api::Volume {
             export: self.export_of(&v.name),
             name: v.name,
             size: v.size,
             created: rfc3339(v.created),
             allocated_bytes: v.allocated_bytes,
-            exclusive_bytes: 0,
-            shared_bytes: 0,
+            exclusive_bytes: exclusive,
+            shared_bytes: v.allocated_bytes.saturating_sub(exclusive),
             parent_snapshot: v.parent_snapshot,
             origin: v.origin.map(|o| api::Origin {
                 volume: o.volume,
@@ -172,11 +208,42 @@ impl State {
             restore_size: s.restore_size,
             allocated_bytes: s.allocated_bytes,
             exclusive_bytes: s.exclusive_bytes,
-            clones: Vec::new(),
+            clones: s.clones,
         }
     }
 
-    /// Export a volume or snapshot over NBD (idempotent).
+    /// The full clone copying into `volume`, if one runs.
+    pub fn running_copy_into(&self, volume: &str) -> Option<String> {
+        self.running
+            .lock()
+            .unwrap()
+            .get(volume)
+            .filter(|r| r.kind == api::OperationKind::FullClone)
+            .map(|r| r.id.clone())
+    }
+
+    /// Refuse to delete a snapshot a running full clone reads.
+    pub fn refuse_if_copying_from(&self, volume: &str, snapshot: &str) -> Result<(), Failure> {
+        let running = self.running.lock().unwrap();
+        let want = (volume.to_string(), snapshot.to_string());
+        match running
+            .values()
+            .find(|r| r.copies_from.as_ref() == Some(&want))
+        {
+            Some(r) => Err(Failure::conflict(
+                format!(
+                    "a full clone is copying from snapshot {volume}/{snapshot} (operation {})",
+                    r.id
+                ),
+                &format!("wait for it to end: lamina operation wait {}", r.id),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Export a volume or snapshot over NBD (idempotent). The caller
+    /// holds the volume's operation lock, so that an attach cannot race the
+    /// deletion of what it exports; blocking (engine and store calls).
     pub fn attach(&self, volume: &str, snapshot: Option<&str>) -> Result<api::Export, Failure> {
         let name = match snapshot {
             None => volume.to_string(),
@@ -198,9 +265,14 @@ impl State {
                 .map_err(Failure::from)?;
             self.exports.insert(&name, Arc::new(EngineDevice::new(h)));
         }
-        Ok(self.export_of(&name).expect("just attached"))
+        self.export_of(&name).ok_or_else(|| {
+            Failure::internal(format!(
+                "export {name:?} vanished while it was being attached"
+            ))
+        })
     }
 
+    /// Stop exporting; whether it was exported. Same locking as `attach`.
     pub fn detach(&self, volume: &str, snapshot: Option<&str>) -> Result<bool, Failure> {
         let name = match snapshot {
             None => volume.to_string(),
@@ -215,15 +287,73 @@ impl State {
     }
 
     /// Write an operation record, keeping the index of running ones in step.
-    pub fn record(&self, op: &crate::store::OpRec) -> Result<(), ServerError> {
+    /// Blocking: from async code use `record_async`.
+    pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
         self.store.put_op(op)?;
         let mut running = self.running.lock().unwrap();
-        if op.state == "running" {
-            running.insert(op.volume.clone(), op.id.clone());
-        } else if running.get(&op.volume) == Some(&op.id) {
-            running.remove(&op.volume);
+        if op.state == api::OperationState::Running {
+            running.insert(op.volume().to_string(), Running::of(op));
+        } else if running.get(op.volume()).is_some_and(|r| r.id == op.id) {
+            running.remove(op.volume());
         }
         Ok(())
+    }
+
+    pub async fn record_async(self: &Arc<Self>, op: OpRec) -> Result<(), Failure> {
+        let st = self.clone();
+        blocking(move || st.record(&op).map_err(Failure::from)).await
+    }
+
+    /// Mark an operation done: succeeded, or failed with `error`.
+    pub async fn finish(
+        self: &Arc<Self>,
+        mut op: OpRec,
+        error: Option<String>,
+    ) -> Result<(), Failure> {
+        op.state = match error {
+            None => api::OperationState::Succeeded,
+            Some(_) => api::OperationState::Failed,
+        };
+        op.error = error;
+        self.record_async(op).await
+    }
+
+    /// Operation records, filtered, newest first.
+    pub fn operations(&self, f: &api::OperationFilter) -> Result<Vec<OpRec>, ServerError> {
+        let mut ops: Vec<OpRec> = self
+            .store
+            .ops()?
+            .into_iter()
+            .filter(|o| f.volume.as_deref().is_none_or(|v| o.volume() == v))
+            .filter(|o| f.state.is_none_or(|s| o.state == s))
+            .collect();
+        ops.sort_by(|a, b| b.started.cmp(&a.started).then_with(|| b.id.cmp(&a.id)));
+        if let Some(n) = f.limit {
+            ops.truncate(n as usize);
+        }
+        Ok(ops)
+    }
+
+    /// Delete the records of operations that ended (succeeded or failed)
+    /// and started more than `age` ago. Returns how many went.
+    pub fn prune_operations(&self, age: std::time::Duration) -> Result<usize, ServerError> {
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let old: Vec<String> = self
+            .store
+            .ops()?
+            .into_iter()
+            .filter(|o| o.state != api::OperationState::Running)
+            .filter(|o| humantime::parse_rfc3339(&o.started).is_ok_and(|t| t < cutoff))
+            .map(|o| o.id)
+            .collect();
+        let ids: Vec<&str> = old.iter().map(String::as_str).collect();
+        self.store.remove_ops(&ids)?;
+        if !ids.is_empty() {
+            tracing::info!(pruned = ids.len(), "finished operation records pruned");
+        }
+        Ok(ids.len())
     }
 
     /// Start a background job, joined at shutdown.
@@ -259,15 +389,13 @@ impl State {
 }
 
 /// Run blocking engine work off the async reactor.
+/// Run blocking engine or store work off the async reactor, inside the
+/// caller's tracing span.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(Failure::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("task failed: {e}"),
-            None,
-        ))
-    })
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f))
+        .await
+        .unwrap_or_else(|e| Err(Failure::internal(format!("task failed: {e}"))))
 }

@@ -2,14 +2,28 @@
 //! restart) and operation records (written before an operation runs, so a
 //! daemon killed mid-operation finishes it at restart). The engine's
 //! metadata is not here: the pool keeps its own, crash-consistently.
+//!
+//! Records are typed ([`OpRec`], [`ExportRec`]) and stored as JSON under a
+//! record-format version kept in the `meta` table. Opening a store written
+//! by an older daemon migrates its records; a record that cannot be read is
+//! an error naming it, never a default value. `docs/daemon.md` describes
+//! the format.
 
 use crate::error::ServerError;
-use redb::{Database, ReadableTable, TableDefinition};
+use lamina_api::{OperationKind, OperationState};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const EXPORTS: TableDefinition<&str, &str> = TableDefinition::new("exports");
 const OPERATIONS: TableDefinition<&str, &str> = TableDefinition::new("operations");
+const VERSION_KEY: &str = "record_version";
+
+/// The record format this daemon writes. 1: operations as a kind string
+/// and untyped JSON arguments (before issue 9); 2: typed operations.
+pub const RECORD_VERSION: u64 = 2;
 
 /// An export to restore at start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -18,34 +32,205 @@ pub struct ExportRec {
     pub snapshot: Option<String>,
 }
 
+/// Where a clone's data comes from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "from", rename_all = "kebab-case")]
+pub enum CloneSource {
+    /// A snapshot, as it is.
+    Snapshot { volume: String, snapshot: String },
+    /// A volume as it is when the clone runs (through a system snapshot).
+    Volume { volume: String },
+}
+
+impl std::fmt::Display for CloneSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloneSource::Snapshot { volume, snapshot } => write!(f, "snapshot {volume}/{snapshot}"),
+            CloneSource::Volume { volume } => write!(f, "volume {volume}"),
+        }
+    }
+}
+
+/// Every change the daemon makes, with exactly the arguments it needs to
+/// be run again after a restart.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Op {
+    CreateVolume {
+        name: String,
+        size: u64,
+    },
+    ExpandVolume {
+        name: String,
+        size: u64,
+    },
+    DeleteVolume {
+        name: String,
+        with_snapshots: bool,
+    },
+    CreateSnapshot {
+        volume: String,
+        name: String,
+        labels: BTreeMap<String, String>,
+    },
+    DeleteSnapshot {
+        volume: String,
+        name: String,
+    },
+    Revert {
+        volume: String,
+        snapshot: String,
+    },
+    Flatten {
+        name: String,
+    },
+    Clone {
+        name: String,
+        source: CloneSource,
+        full: bool,
+    },
+}
+
+impl Op {
+    /// The volume the operation changes: operations on one volume run one
+    /// at a time (a clone changes the new volume).
+    pub fn volume(&self) -> &str {
+        match self {
+            Op::CreateVolume { name, .. }
+            | Op::ExpandVolume { name, .. }
+            | Op::DeleteVolume { name, .. }
+            | Op::Flatten { name }
+            | Op::Clone { name, .. } => name,
+            Op::CreateSnapshot { volume, .. }
+            | Op::DeleteSnapshot { volume, .. }
+            | Op::Revert { volume, .. } => volume,
+        }
+    }
+
+    pub fn kind(&self) -> OperationKind {
+        match self {
+            Op::CreateVolume { .. } => OperationKind::CreateVolume,
+            Op::ExpandVolume { .. } => OperationKind::ExpandVolume,
+            Op::DeleteVolume { .. } => OperationKind::DeleteVolume,
+            Op::CreateSnapshot { .. } => OperationKind::CreateSnapshot,
+            Op::DeleteSnapshot { .. } => OperationKind::DeleteSnapshot,
+            Op::Revert { .. } => OperationKind::Revert,
+            Op::Flatten { .. } => OperationKind::Flatten,
+            Op::Clone { full: false, .. } => OperationKind::Clone,
+            Op::Clone { full: true, .. } => OperationKind::FullClone,
+        }
+    }
+}
+
+/// A full clone's copy: what it reads and how far it is durable.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CopyRec {
+    /// The snapshot it copies from.
+    pub volume: String,
+    pub snapshot: String,
+    /// The snapshot was taken by the system for this copy, and is deleted
+    /// when the copy ends, however it ends.
+    pub system: bool,
+    /// Everything below this offset is durable in the new volume.
+    pub resume_offset: u64,
+}
+
 /// A recorded operation.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OpRec {
     pub id: String,
-    pub kind: String,
-    pub volume: String,
-    /// What the operation needs to be run again (JSON).
-    pub args: serde_json::Value,
-    /// running, succeeded, failed
-    pub state: String,
-    pub done_bytes: u64,
-    pub total_bytes: u64,
+    pub op: Op,
+    pub state: OperationState,
+    /// RFC 3339.
     pub started: String,
     pub error: Option<String>,
+    /// Bytes done and to do (copies and flattens).
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Set once a full clone knows what it copies.
+    pub copy: Option<CopyRec>,
+}
+
+impl OpRec {
+    pub fn volume(&self) -> &str {
+        self.op.volume()
+    }
 }
 
 pub struct Store {
     db: Database,
+    path: PathBuf,
 }
 
 impl Store {
+    /// Open (or create) the store, migrating records of an older format.
     pub fn open(path: &Path) -> Result<Store, ServerError> {
         let db = Database::create(path)?;
-        let w = db.begin_write()?;
-        w.open_table(EXPORTS)?;
-        w.open_table(OPERATIONS)?;
+        let store = Store {
+            db,
+            path: path.to_path_buf(),
+        };
+        let w = store.db.begin_write()?;
+        let version = {
+            let mut meta = w.open_table(META)?;
+            let ops = w.open_table(OPERATIONS)?;
+            w.open_table(EXPORTS)?;
+            let v = meta.get(VERSION_KEY)?.map(|v| v.value());
+            match v {
+                Some(v) => v,
+                // A new store, or one from before versions were recorded.
+                None if ops.is_empty()? => {
+                    meta.insert(VERSION_KEY, RECORD_VERSION)?;
+                    RECORD_VERSION
+                }
+                None => 1,
+            }
+        };
         w.commit()?;
-        Ok(Store { db })
+        match version {
+            RECORD_VERSION => {}
+            1 => store.migrate_v1()?,
+            newer => {
+                return Err(ServerError::Store(format!(
+                    "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",
+                    path.display()
+                )))
+            }
+        }
+        // Every record must be readable now: refuse to start otherwise,
+        // rather than run with a record silently missing.
+        store.ops()?;
+        store.exports()?;
+        Ok(store)
+    }
+
+    /// Rewrite format-1 operation records as typed ones, in one transaction.
+    fn migrate_v1(&self) -> Result<(), ServerError> {
+        let w = self.db.begin_write()?;
+        {
+            let mut t = w.open_table(OPERATIONS)?;
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                let rec = crate::migrate::v1_to_v2(v.value())
+                    .map_err(|e| self.unreadable(k.value(), &e))?;
+                out.push((k.value().to_string(), serde_json::to_string(&rec)?));
+            }
+            for (k, v) in out {
+                t.insert(k.as_str(), v.as_str())?;
+            }
+            w.open_table(META)?.insert(VERSION_KEY, RECORD_VERSION)?;
+        }
+        w.commit()?;
+        tracing::info!(store = %self.path.display(), "operation records migrated to format {RECORD_VERSION}");
+        Ok(())
+    }
+
+    fn unreadable(&self, id: &str, e: &str) -> ServerError {
+        ServerError::Store(format!(
+            "{}: operation record {id:?} cannot be read: {e}. Volumes and snapshots live in the pool and are not affected; to start without the operation history, move this file aside",
+            self.path.display()
+        ))
     }
 
     fn put<T: Serialize>(
@@ -61,50 +246,143 @@ impl Store {
         Ok(())
     }
 
-    fn remove(&self, table: TableDefinition<&str, &str>, key: &str) -> Result<(), ServerError> {
+    fn remove(&self, table: TableDefinition<&str, &str>, keys: &[&str]) -> Result<(), ServerError> {
         let w = self.db.begin_write()?;
-        w.open_table(table)?.remove(key)?;
+        {
+            let mut t = w.open_table(table)?;
+            for k in keys {
+                t.remove(*k)?;
+            }
+        }
         w.commit()?;
         Ok(())
-    }
-
-    fn all<T: for<'a> Deserialize<'a>>(
-        &self,
-        table: TableDefinition<&str, &str>,
-    ) -> Result<Vec<(String, T)>, ServerError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(table)?;
-        let mut out = Vec::new();
-        for item in t.iter()? {
-            let (k, v) = item?;
-            out.push((k.value().to_string(), serde_json::from_str(v.value())?));
-        }
-        Ok(out)
     }
 
     pub fn put_export(&self, name: &str, rec: &ExportRec) -> Result<(), ServerError> {
         self.put(EXPORTS, name, rec)
     }
     pub fn remove_export(&self, name: &str) -> Result<(), ServerError> {
-        self.remove(EXPORTS, name)
+        self.remove(EXPORTS, &[name])
     }
     pub fn exports(&self) -> Result<Vec<(String, ExportRec)>, ServerError> {
-        self.all(EXPORTS)
+        let r = self.db.begin_read()?;
+        let t = r.open_table(EXPORTS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let rec = serde_json::from_str(v.value()).map_err(|e| {
+                ServerError::Store(format!(
+                    "{}: export record {:?} cannot be read: {e}",
+                    self.path.display(),
+                    k.value()
+                ))
+            })?;
+            out.push((k.value().to_string(), rec));
+        }
+        Ok(out)
     }
 
     pub fn put_op(&self, op: &OpRec) -> Result<(), ServerError> {
         self.put(OPERATIONS, &op.id, op)
     }
+
     pub fn op(&self, id: &str) -> Result<Option<OpRec>, ServerError> {
         let r = self.db.begin_read()?;
         let t = r.open_table(OPERATIONS)?;
         let v = t.get(id)?;
-        Ok(match v {
-            Some(v) => Some(serde_json::from_str(v.value())?),
-            None => None,
-        })
+        match v {
+            Some(v) => Ok(Some(
+                serde_json::from_str(v.value()).map_err(|e| self.unreadable(id, &e.to_string()))?,
+            )),
+            None => Ok(None),
+        }
     }
+
+    /// Every operation record, in id order (which is start order).
     pub fn ops(&self) -> Result<Vec<OpRec>, ServerError> {
-        Ok(self.all(OPERATIONS)?.into_iter().map(|(_, v)| v).collect())
+        let r = self.db.begin_read()?;
+        let t = r.open_table(OPERATIONS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            out.push(
+                serde_json::from_str(v.value())
+                    .map_err(|e| self.unreadable(k.value(), &e.to_string()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    pub fn remove_ops(&self, ids: &[&str]) -> Result<(), ServerError> {
+        self.remove(OPERATIONS, ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, op: Op) -> OpRec {
+        OpRec {
+            id: id.into(),
+            op,
+            state: OperationState::Running,
+            started: "2026-01-01T00:00:00Z".into(),
+            error: None,
+            done_bytes: 0,
+            total_bytes: 0,
+            copy: None,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_a_bad_one_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store.redb");
+        let s = Store::open(&path).unwrap();
+        let r = rec(
+            "op-1",
+            Op::Clone {
+                name: "x".into(),
+                source: CloneSource::Volume {
+                    volume: "src".into(),
+                },
+                full: true,
+            },
+        );
+        s.put_op(&r).unwrap();
+        assert_eq!(s.op("op-1").unwrap(), Some(r.clone()));
+        assert_eq!(r.op.kind(), OperationKind::FullClone);
+        // A record that does not decode is an error naming it.
+        s.put(
+            OPERATIONS,
+            "op-2",
+            &serde_json::json!({"op": {"kind": "create-volume", "name": "v"}}),
+        )
+        .unwrap();
+        let e = s.ops().unwrap_err().to_string();
+        assert!(e.contains("op-2") && e.contains("size"), "{e}");
+        drop(s);
+        let e = Store::open(&path)
+            .err()
+            .expect("refuses to start")
+            .to_string();
+        assert!(
+            e.contains("op-2") && e.contains("move this file aside"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_newer_format_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store.redb");
+        let s = Store::open(&path).unwrap();
+        let w = s.db.begin_write().unwrap();
+        w.open_table(META).unwrap().insert(VERSION_KEY, 99).unwrap();
+        w.commit().unwrap();
+        drop(s);
+        let e = Store::open(&path).err().unwrap().to_string();
+        assert!(e.contains("newer lamina"), "{e}");
     }
 }
