@@ -209,23 +209,25 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
             volume,
             name,
             labels,
-        } => blocking(move || match p.snapshot_info_by_name(&volume, &name) {
-            Ok(s) if s.labels == labels_vec(&labels) => Ok(Outcome::Snapshot {
-                info: s,
-                created: false,
-            }),
-            Ok(_) => Err(Failure::exists(
-                format!("snapshot {volume}/{name} already exists with other labels"),
-                &format!(
+        } => {
+            blocking(move || match p.snapshot_info_by_name(&volume, &name) {
+                Ok(s) if s.labels == labels_vec(&labels) => Ok(Outcome::Snapshot {
+                    info: s,
+                    created: false,
+                }),
+                Ok(_) => Err(Failure::exists(
+                    format!("snapshot {volume}/{name} already exists with other labels"),
+                    &format!(
                     "pick another name, or delete it first: lamina snapshot delete {volume} {name}"
                 ),
-            )),
-            Err(_) => Ok(Outcome::Snapshot {
-                info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
-                created: true,
-            }),
-        })
-        .await,
+                )),
+                Err(_) => Ok(Outcome::Snapshot {
+                    info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
+                    created: true,
+                }),
+            })
+            .await
+        }
         Op::DeleteSnapshot { volume, name } => {
             if st.is_attached(&snapshot_export(&volume, &name)) {
                 return Err(Failure::conflict(
