@@ -20,6 +20,7 @@ mod extents;
 mod flatten;
 pub mod format;
 mod io;
+mod latch;
 mod meta;
 mod ops;
 mod pool;
@@ -29,11 +30,11 @@ mod tree;
 mod wal;
 
 pub use check::CheckReport;
-pub use error::{Error, Result};
+pub use error::{Error, IoFailure, Result};
 pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
 pub use io::Volume;
 pub use ops::{
     CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE,
 };
-pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE};
+pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE, WAL_FILE};
