@@ -377,7 +377,7 @@ impl Pool {
             tracing::debug!(
                 pages = 0,
                 sync_us = synced.as_micros() as u64,
-                "commit: data synced, no metadata changed"
+                "data synced, no metadata to log"
             );
             return Ok(());
         }
