@@ -2,6 +2,7 @@
 //! engineer needs to act on it: which volume, snapshot, block or file.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Result alias for engine operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -64,9 +65,36 @@ pub enum Error {
     /// The snapshot or volume is read-only here.
     #[error("{0} is read-only")]
     ReadOnly(String),
-    /// The pool was closed or poisoned by an earlier I/O failure.
-    #[error("pool is unavailable: {0}")]
-    Unavailable(String),
+    /// An earlier I/O failure (named here) set the pool's latch: it
+    /// refuses every request until it is reopened and recovered.
+    #[error("pool is unavailable until it is reopened: {0}")]
+    Unavailable(Arc<IoFailure>),
+}
+
+/// The first I/O failure of an open pool, as its latch recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoFailure {
+    /// What the engine was doing ("append to log", "sync pool", ...).
+    pub op: &'static str,
+    /// The file it was doing it to.
+    pub path: PathBuf,
+    /// Byte offset in that file (0 for whole-file operations such as a sync).
+    pub offset: u64,
+    /// The error the operating system (or a failed page check) gave.
+    pub cause: String,
+}
+
+impl std::fmt::Display for IoFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} at offset {} failed: {}",
+            self.op,
+            self.path.display(),
+            self.offset,
+            self.cause
+        )
+    }
 }
 
 impl Error {

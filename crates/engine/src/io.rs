@@ -289,16 +289,22 @@ impl Pool {
         })
     }
 
+    /// Write data blocks. A failure sets the latch, except a full disk:
+    /// the caller then releases the block it reserved, and nothing changed.
     fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
+        let latch = &self.inner.latch;
+        latch.check()?;
         let f = &self.inner.file;
         self.inner
             .unwritten
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        f.write_at(buf, at)
-            .map_err(|e| Error::io("write data", f.path(), at, e))
+        latch.data_io("write data", f.path(), at, f.write_at(buf, at))
     }
 
+    /// Read data blocks, unless the latch is set (see `latch.rs` on why
+    /// reads are refused too). A failed read changes nothing: no latch.
     fn data_read(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        self.inner.latch.check()?;
         let f = &self.inner.file;
         f.read_at(buf, at)
             .map_err(|e| Error::io("read data", f.path(), at, e))
@@ -411,7 +417,7 @@ impl Volume {
         let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         {
             let m = self.pool.lock_meta();
-            m.check_usable()?;
+            self.pool.inner.latch.check()?;
             self.check_range(self.view(&m)?.2, offset, data.len() as u64)?;
         }
         let mut done = 0usize;
@@ -447,7 +453,7 @@ impl Volume {
         let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         {
             let m = self.pool.lock_meta();
-            m.check_usable()?;
+            self.pool.inner.latch.check()?;
             self.check_range(self.view(&m)?.2, offset, len)?;
         }
         let end = offset + len;

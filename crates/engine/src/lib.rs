@@ -20,6 +20,7 @@ mod extents;
 mod flatten;
 pub mod format;
 mod io;
+mod latch;
 mod meta;
 mod ops;
 mod pool;
@@ -29,7 +30,7 @@ mod tree;
 mod wal;
 
 pub use check::CheckReport;
-pub use error::{Error, Result};
+pub use error::{Error, IoFailure, Result};
 pub use extents::{Chunk, CopyControl, CopyEnd, CopyProgress, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
 pub use io::Volume;
@@ -37,4 +38,4 @@ pub use ops::{
     is_system_name, round_up_size, CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage,
     VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
 };
-pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE};
+pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE, WAL_FILE};

@@ -34,8 +34,6 @@ pub struct Meta {
     cursor_index: u64,
     /// Groups known to have no allocatable block.
     full: Vec<bool>,
-    /// Set after an I/O failure that left memory ahead of disk.
-    pub poisoned: Option<String>,
 }
 
 /// One transaction's worth of changed pages, ready for the log.
@@ -68,14 +66,6 @@ impl Meta {
             cursor_group: 0,
             cursor_index: 0,
             full: vec![false; groups],
-            poisoned: None,
-        }
-    }
-
-    pub fn check_usable(&self) -> Result<()> {
-        match &self.poisoned {
-            Some(why) => Err(Error::Unavailable(why.clone())),
-            None => Ok(()),
         }
     }
 

@@ -423,9 +423,7 @@ impl Pool {
         // Write back the data already written before stopping the volume's
         // writers: the commit below must sync it anyway, and doing it here,
         // while they still run, leaves it little to do while they wait.
-        let file = &self.inner.file;
-        file.sync()
-            .map_err(|e| Error::io("sync pool before a snapshot", file.path(), 0, e))?;
+        self.sync_data("sync pool before a snapshot")?;
         let gate = self.gate(vid);
         let g = gate.write().unwrap_or_else(|p| p.into_inner());
         let out = self.with_meta(|m| {

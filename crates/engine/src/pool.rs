@@ -6,9 +6,14 @@
 //! Lock order, outermost first: a volume's gate, a block stripe, the log
 //! (commit lock), the read barrier, the metadata mutex. Data is read and
 //! written with the metadata mutex released.
+//!
+//! Every write, sync and punch of the pool's files goes through the pool's
+//! latch (`latch.rs`): the first failure makes the pool refuse requests
+//! until it is reopened.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IoFailure, Result};
 use crate::format::*;
+use crate::latch::Latch;
 use crate::meta::Meta;
 use crate::storage::{Backend, BlockFile, DirBackend};
 use crate::wal::Wal;
@@ -17,7 +22,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const POOL_FILE: &str = "pool.lam";
 pub const WAL_FILE: &str = "wal.lam";
@@ -64,6 +69,8 @@ pub(crate) struct Inner {
     /// The log; holding it is holding the commit lock.
     pub wal: Mutex<Wal>,
     pub file: Arc<dyn BlockFile>,
+    /// Set by the first I/O failure; see `latch.rs`.
+    pub latch: Arc<Latch>,
     /// Reads hold it shared while they use block numbers looked up under the
     /// metadata mutex; releasing freed blocks to the allocator takes it
     /// exclusively, so no read ever sees a block reused under it.
@@ -118,12 +125,6 @@ fn random_id() -> [u8; 16] {
     id
 }
 
-/// Errors after which memory may be ahead of disk: the pool stops taking
-/// requests until it is reopened (and recovered from its log).
-fn poisons(e: &Error) -> bool {
-    matches!(e, Error::Io { .. } | Error::Corrupt { .. })
-}
-
 impl Pool {
     /// Create a new pool in a directory (made if missing).
     pub fn create_dir(dir: impl AsRef<Path>, opts: PoolOptions) -> Result<Pool> {
@@ -156,7 +157,9 @@ impl Pool {
         let walf = backend
             .open(WAL_FILE, true)
             .map_err(|e| io("create log", e))?;
-        Wal::create(walf, pool_id, opts.wal_bytes)?;
+        // A pool being created has no one to refuse: a failure is returned.
+        let latch = Arc::new(Latch::default());
+        Wal::create(walf, latch.clone(), pool_id, opts.wal_bytes)?;
         let file = backend
             .open(POOL_FILE, true)
             .map_err(|e| io("create pool file", e))?;
@@ -181,9 +184,9 @@ impl Pool {
         let mut head = vec![0u8; 2 * BLOCK];
         head[..BLOCK].copy_from_slice(&p[..]);
         head[BLOCK..].copy_from_slice(&r[..]);
-        file.write_at(&head, 0)
-            .and_then(|_| file.sync())
-            .map_err(|e| io("write superblock", e))?;
+        let r = file.write_at(&head, 0);
+        latch.io("write superblock", file.path(), 0, r)?;
+        latch.io("sync superblock", file.path(), 0, file.sync())?;
         drop(file);
         Pool::open(backend, opts)
     }
@@ -222,7 +225,9 @@ impl Pool {
                 detail: "no Lamina superblock".into(),
             });
         }
-        let (mut wal, replay) = Wal::open(walf.clone(), opts.wal_bytes)?;
+        // A failure while opening fails the open: this latch is dropped.
+        let latch = Arc::new(Latch::default());
+        let (mut wal, replay) = Wal::open(walf.clone(), latch.clone(), opts.wal_bytes)?;
         tracing::info!(pool = %loc.display(), transactions = replay.transactions, pages = replay.index.len(), "replaying log");
         wal.checkpoint(&replay.index, file.as_ref())?;
         let mut p = new_page();
@@ -254,6 +259,7 @@ impl Pool {
             meta: Mutex::new(meta),
             wal: Mutex::new(wal),
             file,
+            latch,
             read_barrier: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             gates: Mutex::new(HashMap::new()),
@@ -291,19 +297,26 @@ impl Pool {
         self.inner.backend.location()
     }
 
-    /// Run `f` on the metadata under its mutex; an error that may have left
-    /// memory ahead of disk makes the pool unavailable until reopened.
+    /// The first I/O failure, once one made the pool refuse requests
+    /// (until it is reopened); `None` while the pool is healthy.
+    pub fn failure(&self) -> Option<Arc<IoFailure>> {
+        self.inner.latch.failure()
+    }
+
+    /// Run `f` on the metadata under its mutex, unless the latch is set. An
+    /// I/O error or a failed page check inside it may have left an update
+    /// half-done in memory: it sets the latch.
     pub(crate) fn with_meta<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
         let mut m = self.lock_meta();
-        m.check_usable()?;
-        let r = f(&mut m);
-        if let Err(e) = &r {
-            if poisons(e) {
-                tracing::error!(error = %e, "metadata update failed; pool needs reopening");
-                m.poisoned = Some(e.to_string());
-            }
-        }
-        r
+        self.inner.latch.check()?;
+        f(&mut m).map_err(|e| self.inner.latch.error(e, self.inner.file.path()))
+    }
+
+    /// Sync the data file (a durability barrier for data writes).
+    pub(crate) fn sync_data(&self, op: &'static str) -> Result<()> {
+        self.inner.latch.check()?;
+        let f = &self.inner.file;
+        self.inner.latch.io(op, f.path(), 0, f.sync())
     }
 
     pub(crate) fn lock_meta(&self) -> MutexGuard<'_, Meta> {
@@ -346,19 +359,26 @@ impl Pool {
             .collect()
     }
 
-    /// Make every acknowledged write and metadata change durable.
+    /// Make every acknowledged write and metadata change durable. A
+    /// failure at any step sets the latch (see `latch.rs`).
     pub fn commit(&self) -> Result<()> {
+        let span = tracing::debug_span!("commit");
+        let _span = span.enter();
+        let started = Instant::now();
         let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
-        let c = self.with_meta(|m| m.collect(wal.next_txn))?;
-        let file = &self.inner.file;
-        if let Err(e) = file.sync() {
-            let e = Error::io("sync pool", file.path(), 0, e);
-            let mut m = self.lock_meta();
-            m.uncommitted(c);
-            m.poisoned = Some(e.to_string());
+        let txn = wal.next_txn;
+        let c = self.with_meta(|m| m.collect(txn))?;
+        if let Err(e) = self.sync_data("sync pool") {
+            self.lock_meta().uncommitted(c);
             return Err(e);
         }
+        let synced = started.elapsed();
         if c.pages.is_empty() && c.freed.is_empty() {
+            tracing::debug!(
+                pages = 0,
+                sync_us = synced.as_micros() as u64,
+                "data synced, no metadata to log"
+            );
             return Ok(());
         }
         let bytes = (c.pages.len() * (BLOCK + 64) + 64) as u64;
@@ -377,7 +397,17 @@ impl Pool {
         };
         self.lock_meta().committed(&c, &offsets);
         drop(wal);
+        let (pages, freed) = (c.pages.len(), c.freed.len());
         self.release_freed(c.freed);
+        tracing::debug!(
+            txn,
+            pages,
+            log_bytes = bytes,
+            freed,
+            sync_us = synced.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "commit"
+        );
         Ok(())
     }
 
@@ -395,7 +425,10 @@ impl Pool {
                 .partition(|b| !m.wal_index.contains_key(b))
         };
         self.inner.awaiting_checkpoint.lock().unwrap().extend(later);
-        self.punch(&now);
+        if self.punch(&now).is_err() {
+            // The latch is set: nothing is allocated any more.
+            return;
+        }
         let _barrier = self
             .inner
             .read_barrier
@@ -404,9 +437,13 @@ impl Pool {
         self.lock_meta().release(&now);
     }
 
-    fn punch(&self, blocks: &[u64]) {
+    /// Deallocate freed blocks. The transaction that freed them is durable
+    /// whatever happens here, but a failed punch is a failing disk: it sets
+    /// the latch, and the caller's next request is refused.
+    fn punch(&self, blocks: &[u64]) -> Result<()> {
         let mut sorted = blocks.to_vec();
         sorted.sort_unstable();
+        let f = &self.inner.file;
         let mut i = 0;
         while i < sorted.len() {
             let mut j = i + 1;
@@ -414,25 +451,39 @@ impl Pool {
                 j += 1;
             }
             let (at, len) = (sorted[i] * BLOCK as u64, (j - i) as u64 * BLOCK as u64);
-            if let Err(e) = self.inner.file.punch(at, len) {
-                tracing::warn!(offset = at, len, error = %e, "could not punch freed blocks");
-            }
+            self.inner
+                .latch
+                .io("punch freed blocks", f.path(), at, f.punch(at, len))?;
             i = j;
         }
+        Ok(())
     }
 
     fn checkpoint_locked(&self, wal: &mut Wal) -> Result<()> {
+        self.inner.latch.check()?;
+        let span = tracing::debug_span!("checkpoint");
+        let _span = span.enter();
+        let started = Instant::now();
         let index = self.lock_meta().wal_index.clone();
         wal.checkpoint(&index, self.inner.file.as_ref())?;
         self.lock_meta().wal_index.clear();
         let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
-        self.punch(&held);
-        let _barrier = self
-            .inner
-            .read_barrier
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        self.lock_meta().release(&held);
+        // The checkpoint itself is done: a failed punch only sets the latch.
+        if self.punch(&held).is_ok() {
+            let _barrier = self
+                .inner
+                .read_barrier
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            self.lock_meta().release(&held);
+        }
+        tracing::debug!(
+            pages = index.len(),
+            bytes = (index.len() * BLOCK) as u64,
+            released = held.len(),
+            total_us = started.elapsed().as_micros() as u64,
+            "checkpoint"
+        );
         Ok(())
     }
 
@@ -485,14 +536,20 @@ impl Pool {
     /// that must sync them (a snapshot, a client's flush) would wait for
     /// all of them at once. Started writeback does not block writers.
     fn writeback_loop(&self) {
+        let f = &self.inner.file;
         while !self.inner.stop.load(Ordering::SeqCst) {
             std::thread::sleep(WRITEBACK_EVERY);
-            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0 {
+            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0
+                || self.inner.latch.check().is_err()
+            {
                 continue;
             }
-            if let Err(e) = self.inner.file.start_writeback() {
-                tracing::debug!(error = %e, "starting writeback failed");
-            }
+            // An error here is a writeback error the next sync would report:
+            // it sets the latch now.
+            let _ = self
+                .inner
+                .latch
+                .io("start writeback", f.path(), 0, f.start_writeback());
         }
     }
 
@@ -508,6 +565,10 @@ impl Pool {
             }
             if self.inner.stop.load(Ordering::SeqCst) {
                 break;
+            }
+            if self.inner.latch.check().is_err() {
+                // Refused until reopened: nothing to do, nothing to log again.
+                continue;
             }
             let mut reclaimed = 0;
             loop {

@@ -3,7 +3,9 @@
 //! [`SimBackend::crash`] models a power cut: every unsynced write is dropped,
 //! kept, or torn at 512-byte sectors at random. [`SimBackend::fail_after`]
 //! makes the N-th mutating operation and all later ones fail, as a dying disk
-//! would, which places a fail point at every step of every metadata update.
+//! would, which places a fail point at every step of every metadata update;
+//! [`SimBackend::fail_on`] aims the failure at one kind of operation on one
+//! file (the log's third sync, say).
 
 use crate::storage::{Backend, BlockFile};
 use std::collections::HashMap;
@@ -75,6 +77,23 @@ impl Image {
     }
 }
 
+/// A kind of mutating operation, to aim a fail point at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimOp {
+    Write,
+    Sync,
+    Punch,
+    Allocate,
+    SetLen,
+}
+
+/// A fail point aimed at the `left`-th next `op` on the file `name`.
+struct Aim {
+    name: String,
+    op: SimOp,
+    left: u64,
+}
+
 #[derive(Clone)]
 enum Op {
     Write(u64, Vec<u8>),
@@ -90,10 +109,12 @@ struct FileState {
 
 /// A file held in memory by a [`SimBackend`].
 pub struct SimFile {
+    name: String,
     path: PathBuf,
     state: Mutex<FileState>,
     budget: Arc<AtomicI64>,
     ops: Arc<AtomicI64>,
+    aim: Arc<Mutex<Option<Aim>>>,
 }
 
 fn injected() -> io::Error {
@@ -101,8 +122,20 @@ fn injected() -> io::Error {
 }
 
 impl SimFile {
-    fn spend(&self) -> io::Result<()> {
+    fn spend(&self, op: SimOp) -> io::Result<()> {
         self.ops.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut aim = self.aim.lock().unwrap();
+            if let Some(a) = aim.as_mut().filter(|a| a.name == self.name && a.op == op) {
+                a.left -= 1;
+                if a.left == 0 {
+                    *aim = None;
+                    // The disk is dying: everything from here on fails.
+                    self.budget.store(0, Ordering::SeqCst);
+                    return Err(injected());
+                }
+            }
+        }
         // A negative budget means "no failure armed".
         let left = self.budget.load(Ordering::SeqCst);
         if left < 0 {
@@ -127,7 +160,7 @@ impl BlockFile for SimFile {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.spend()?;
+        self.spend(SimOp::Write)?;
         let mut s = self.state.lock().unwrap();
         s.current.write(buf, offset);
         s.pending.push(Op::Write(offset, buf.to_vec()));
@@ -135,7 +168,7 @@ impl BlockFile for SimFile {
     }
 
     fn sync(&self) -> io::Result<()> {
-        self.spend()?;
+        self.spend(SimOp::Sync)?;
         let mut s = self.state.lock().unwrap();
         s.durable = s.current.clone();
         s.pending.clear();
@@ -143,7 +176,7 @@ impl BlockFile for SimFile {
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.spend()?;
+        self.spend(SimOp::Punch)?;
         let mut s = self.state.lock().unwrap();
         s.current.zero(offset, len);
         s.pending.push(Op::Punch(offset, len));
@@ -151,7 +184,7 @@ impl BlockFile for SimFile {
     }
 
     fn allocate(&self, _offset: u64, _len: u64) -> io::Result<()> {
-        self.spend()
+        self.spend(SimOp::Allocate)
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -159,7 +192,7 @@ impl BlockFile for SimFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.spend()?;
+        self.spend(SimOp::SetLen)?;
         let mut s = self.state.lock().unwrap();
         s.current.set_len(len);
         s.pending.push(Op::SetLen(len));
@@ -173,6 +206,7 @@ pub struct SimBackend {
     files: Mutex<HashMap<String, Arc<SimFile>>>,
     budget: Arc<AtomicI64>,
     ops: Arc<AtomicI64>,
+    aim: Arc<Mutex<Option<Aim>>>,
 }
 
 impl Default for SimBackend {
@@ -188,6 +222,7 @@ impl SimBackend {
             files: Mutex::new(HashMap::new()),
             budget: Arc::new(AtomicI64::new(-1)),
             ops: Arc::new(AtomicI64::new(0)),
+            aim: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -197,10 +232,30 @@ impl SimBackend {
     }
 
     /// Make the `n`-th mutating operation from now (1-based) and every one
-    /// after it fail. `None` disarms.
+    /// after it fail. `None` disarms (this and [`SimBackend::fail_on`]).
     pub fn fail_after(&self, n: Option<u64>) {
+        if n.is_none() {
+            *self.aim.lock().unwrap() = None;
+        }
         self.budget
             .store(n.map(|n| n as i64).unwrap_or(-1), Ordering::SeqCst);
+    }
+
+    /// Make the `n`-th `op` from now (1-based) on the file `name` fail, and
+    /// every mutating operation on any file after it, as a disk that dies
+    /// at that moment would.
+    pub fn fail_on(&self, name: &str, op: SimOp, n: u64) {
+        assert!(n > 0, "operations are counted from 1");
+        *self.aim.lock().unwrap() = Some(Aim {
+            name: name.to_string(),
+            op,
+            left: n,
+        });
+    }
+
+    /// Whether a fail point aimed by [`SimBackend::fail_on`] is still waiting.
+    pub fn aimed(&self) -> bool {
+        self.aim.lock().unwrap().is_some()
     }
 
     /// Mutating operations left before the armed failure (None if disarmed).
@@ -307,6 +362,7 @@ impl Backend for SimBackend {
             ));
         }
         let f = Arc::new(SimFile {
+            name: name.to_string(),
             path: self.dir.join(name),
             state: Mutex::new(FileState {
                 current: Image::default(),
@@ -315,6 +371,7 @@ impl Backend for SimBackend {
             }),
             budget: self.budget.clone(),
             ops: self.ops.clone(),
+            aim: self.aim.clone(),
         });
         files.insert(name.to_string(), f.clone());
         Ok(f)

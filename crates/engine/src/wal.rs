@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{get_u32, get_u64, put_u32, put_u64, Page, BLOCK};
+use crate::latch::Latch;
 use crate::storage::BlockFile;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +26,9 @@ const SLOTS: [u64; 2] = [0, 512];
 
 pub struct Wal {
     pub file: Arc<dyn BlockFile>,
+    /// The pool's I/O-failure latch: every write and sync of the log, and
+    /// every step of a checkpoint, goes through it.
+    latch: Arc<Latch>,
     pool_id: [u8; 16],
     /// Transaction id the next commit will carry.
     pub next_txn: u64,
@@ -58,18 +62,23 @@ impl Wal {
         self.pool_id
     }
 
-    pub fn create(file: Arc<dyn BlockFile>, pool_id: [u8; 16], capacity: u64) -> Result<Wal> {
+    pub fn create(
+        file: Arc<dyn BlockFile>,
+        latch: Arc<Latch>,
+        pool_id: [u8; 16],
+        capacity: u64,
+    ) -> Result<Wal> {
         let mut wal = Wal {
             file,
+            latch,
             pool_id,
             next_txn: 1,
             pos: WAL_START,
             header_seq: 0,
             capacity,
         };
-        wal.file
-            .allocate(0, capacity)
-            .map_err(|e| Error::io("preallocate log", wal.file.path(), 0, e))?;
+        let r = wal.file.allocate(0, capacity);
+        wal.latch.io("preallocate log", wal.file.path(), 0, r)?;
         wal.write_header()?;
         wal.write_header()?;
         Ok(wal)
@@ -86,16 +95,21 @@ impl Wal {
         let crc = frame_crc(&h, None);
         put_u32(&mut h, 4, crc);
         let slot = SLOTS[(self.header_seq % 2) as usize];
-        self.file
-            .write_at(&h, slot)
-            .and_then(|_| self.file.sync())
-            .map_err(|e| Error::io("write log header", self.file.path(), slot, e))
+        let path = self.file.path();
+        let r = self.file.write_at(&h, slot);
+        self.latch.io("write log header", path, slot, r)?;
+        let r = self.file.sync();
+        self.latch.io("sync log header", path, slot, r)
     }
 
     /// Open an existing log and find every committed transaction in it. The
     /// pool's identity comes from the log header, since the superblock's home
     /// copy may be older than the log (or torn by a crash mid-checkpoint).
-    pub fn open(file: Arc<dyn BlockFile>, capacity: u64) -> Result<(Wal, Replay)> {
+    pub fn open(
+        file: Arc<dyn BlockFile>,
+        latch: Arc<Latch>,
+        capacity: u64,
+    ) -> Result<(Wal, Replay)> {
         let mut best: Option<(u64, u64, [u8; 16])> = None; // (seq, start txn, pool id)
         for slot in SLOTS {
             let mut h = [0u8; 64];
@@ -115,6 +129,7 @@ impl Wal {
         })?;
         let mut wal = Wal {
             file,
+            latch,
             pool_id,
             next_txn: start,
             pos: WAL_START,
@@ -208,36 +223,35 @@ impl Wal {
         put_u32(&mut h, 4, crc);
         buf.extend_from_slice(&h);
         let at = self.pos;
-        self.file
-            .write_at(&buf, at)
-            .and_then(|_| self.file.sync())
-            .map_err(|e| Error::io("append to log", self.file.path(), at, e))?;
+        let path = self.file.path();
+        let r = self.file.write_at(&buf, at);
+        self.latch.io("append to log", path, at, r)?;
+        let r = self.file.sync();
+        self.latch.io("sync log", path, at, r)?;
         self.pos += buf.len() as u64;
         self.next_txn += 1;
         Ok(offsets)
     }
 
-    /// Read the page image stored at a log offset.
-    pub fn read_image(&self, offset: u64, page: &mut Page) -> Result<()> {
-        self.file
-            .read_at(page, offset)
-            .map_err(|e| Error::io("read log", self.file.path(), offset, e))
-    }
-
     /// Copy every image named by `index` to its home in `pool`, make that
-    /// durable, then start the log afresh.
+    /// durable, then start the log afresh. Any failure sets the latch, even
+    /// a failed read of the log: a checkpoint stopped half-way has written
+    /// some pages home, and only a replay of the log repairs that.
     pub fn checkpoint(&mut self, index: &HashMap<u64, u64>, pool: &dyn BlockFile) -> Result<()> {
         let mut page = crate::format::new_page();
         let mut entries: Vec<(&u64, &u64)> = index.iter().collect();
         entries.sort();
         for (&block, &off) in entries {
-            self.read_image(off, &mut page)?;
+            let r = self.file.read_at(&mut page[..], off);
+            self.latch
+                .io("read log for a checkpoint", self.file.path(), off, r)?;
             let at = block * BLOCK as u64;
-            pool.write_at(&page[..], at)
-                .map_err(|e| Error::io("write page home", pool.path(), at, e))?;
+            let r = pool.write_at(&page[..], at);
+            self.latch.io("write page home", pool.path(), at, r)?;
         }
-        pool.sync()
-            .map_err(|e| Error::io("sync pool", pool.path(), 0, e))?;
+        let r = pool.sync();
+        self.latch
+            .io("sync pool at a checkpoint", pool.path(), 0, r)?;
         self.write_header()?;
         self.pos = WAL_START;
         Ok(())

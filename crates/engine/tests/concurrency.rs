@@ -3,15 +3,61 @@
 //! clock before it starts and after it returns; each snapshot must then hold,
 //! for every block, a write that started before the snapshot returned and is
 //! no older than the newest write that finished before the snapshot began.
+//! The run is measured in events, not time: each snapshot waits for a fixed
+//! number of writes since the one before, and the writers stop when the
+//! snapshots are done.
 
 use lamina_engine::{Pool, PoolOptions, BLOCK};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 const BS: u64 = BLOCK as u64;
 const WRITERS: u64 = 3;
 const BLOCKS_PER_WRITER: u64 = 600; // spans leaf boundaries (504 entries)
+const SNAPSHOTS: u64 = 40;
+/// Writes (and trims) the writers make between two snapshots.
+const WRITES_BETWEEN: u64 = 40;
+
+/// Writes done so far, and the flag that ends the run.
+#[derive(Default)]
+struct Progress {
+    writes: Mutex<u64>,
+    moved: Condvar,
+    stop: AtomicBool,
+}
+
+impl Progress {
+    fn wrote(&self) {
+        *self.writes.lock().unwrap() += 1;
+        self.moved.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Wait until `n` writes are done in all; false if the run ended first.
+    fn wait_for(&self, n: u64) -> bool {
+        let mut w = self.writes.lock().unwrap();
+        while *w < n && !self.stopped() {
+            w = self.moved.wait(w).unwrap();
+        }
+        *w >= n
+    }
+}
+
+/// Ends the run when its thread ends, by returning or by panicking, so
+/// that no thread waits for one that is gone.
+struct EndsRun(Arc<Progress>);
+
+impl Drop for EndsRun {
+    fn drop(&mut self) {
+        let _w = self.0.writes.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.stop.store(true, Ordering::SeqCst);
+        self.0.moved.notify_all();
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Stamp {
@@ -58,20 +104,25 @@ fn snapshots_are_points_in_time_under_concurrent_writes() {
         .unwrap();
     pool.create_volume("other", 1 << 20).unwrap();
     let clock = Arc::new(AtomicU64::new(1));
-    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(Progress::default());
     let history: Arc<Mutex<HashMap<u64, Vec<Stamp>>>> = Arc::default();
     let snaps: Arc<Mutex<Vec<(String, u64, u64)>>> = Arc::default();
     let first_reads: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
 
     std::thread::scope(|s| {
         for w in 0..WRITERS {
-            let (pool, clock, stop, history) =
-                (pool.clone(), clock.clone(), stop.clone(), history.clone());
+            let (pool, clock, progress, history) = (
+                pool.clone(),
+                clock.clone(),
+                progress.clone(),
+                history.clone(),
+            );
             s.spawn(move || {
+                let _end = EndsRun(progress.clone());
                 let v = pool.open_volume("v").unwrap();
                 let mut r = w * 7919 + 1;
                 let mut gen = 0;
-                while !stop.load(Ordering::SeqCst) {
+                while !progress.stopped() {
                     r ^= r << 13;
                     r ^= r >> 7;
                     r ^= r << 17;
@@ -94,16 +145,18 @@ fn snapshots_are_points_in_time_under_concurrent_writes() {
                         .entry(block)
                         .or_default()
                         .push(Stamp { gen, start, end });
+                    progress.wrote();
                 }
             });
         }
         // Unrelated I/O on another volume, with flushes.
-        let (p2, stop2) = (pool.clone(), stop.clone());
+        let (p2, progress2) = (pool.clone(), progress.clone());
         s.spawn(move || {
+            let _end = EndsRun(progress2.clone());
             let v = p2.open_volume("other").unwrap();
             let mut buf = vec![0u8; BLOCK];
             let mut i = 0u64;
-            while !stop2.load(Ordering::SeqCst) {
+            while !progress2.stopped() {
                 v.write((i % 256) * BS + 1, &[i as u8; 100]).unwrap();
                 v.read((i * 7 % 256) * BS, &mut buf).unwrap();
                 if i.is_multiple_of(50) {
@@ -113,16 +166,21 @@ fn snapshots_are_points_in_time_under_concurrent_writes() {
             }
         });
         // Snapshots, and deletes of older ones (background reclaim runs).
-        let (p3, clock3, snaps3, reads3) = (
+        let (p3, clock3, snaps3, reads3, progress3) = (
             pool.clone(),
             clock.clone(),
             snaps.clone(),
             first_reads.clone(),
+            progress.clone(),
         );
         s.spawn(move || {
+            // The run ends when the snapshots are done.
+            let _end = EndsRun(progress3.clone());
             let mut buf = vec![0u8; BLOCK];
-            for i in 0..40 {
-                std::thread::sleep(std::time::Duration::from_millis(15));
+            for i in 0..SNAPSHOTS {
+                if !progress3.wait_for((i + 1) * WRITES_BETWEEN) {
+                    return; // another thread ended the run (it panicked)
+                }
                 let name = format!("s{i}");
                 let start = clock3.fetch_add(1, Ordering::SeqCst);
                 p3.create_snapshot("v", &name, &[]).unwrap();
@@ -144,14 +202,15 @@ fn snapshots_are_points_in_time_under_concurrent_writes() {
                 }
             }
         });
-        std::thread::sleep(std::time::Duration::from_millis(900));
-        stop.store(true, Ordering::SeqCst);
     });
 
     let history = history.lock().unwrap();
     let mut buf = vec![0u8; BLOCK];
     let snaps = snaps.lock().unwrap();
-    assert!(snaps.len() >= 20);
+    // Ten of the forty were deleted along the way.
+    assert_eq!(snaps.len() as u64, SNAPSHOTS - 10);
+    let writes = history.values().map(Vec::len).sum::<usize>() as u64;
+    assert!(writes >= SNAPSHOTS * WRITES_BETWEEN, "{writes} writes");
     for (name, s_start, s_end) in snaps.iter() {
         let snap = pool.open_snapshot("v", name).unwrap();
         for block in 0..WRITERS * BLOCKS_PER_WRITER {

@@ -1,10 +1,11 @@
 //! Fail points at every step of every metadata update: a scripted workload
 //! runs once to count its mutating I/O operations, then once per operation
 //! with the disk failing from that operation on. After each failure the
-//! process "loses power" (unsynced writes dropped or torn), the pool is
-//! reopened, and it must be consistent (check passes) and hold exactly the
-//! state before the failing step or, for a step that may have committed,
-//! after it.
+//! pool's latch must be set, naming the failure, and every later request
+//! must be refused with the latch's error and do no I/O. Then the process
+//! "loses power" (unsynced writes dropped or torn), the pool is reopened,
+//! and it must be consistent (check passes) and hold exactly the state
+//! before the failing step or, for a step that may have committed, after it.
 
 mod common;
 
@@ -208,6 +209,12 @@ fn run(fail_at: Option<u64>, crash_seed: Option<u64>) -> (u64, Option<&'static s
                     "step {} failed with no failure injected: {e}",
                     s.name
                 );
+                // The failing step reports the I/O error itself; a step that
+                // meets the latch set by an earlier one (a punch after a
+                // commit that succeeded) gets the latch's error.
+                if let lamina_engine::Error::Unavailable(f) = &e {
+                    assert!(f.cause.contains("injected"), "{}: {e}", s.name);
+                }
                 let mut a = model.clone();
                 (s.model)(&mut a);
                 // Blocks written since the last commit (or by the failed
@@ -224,9 +231,19 @@ fn run(fail_at: Option<u64>, crash_seed: Option<u64>) -> (u64, Option<&'static s
     }
     let ops = backend.ops() - start;
     if failed.is_none() && backend.remaining() == Some(0) {
-        // The failure hit an operation whose error is only logged (punching
-        // freed space): every step reported success and must be durable.
+        // The failure hit a punch of freed space after the last step's
+        // commit: every step reported success and must be durable.
         failed = Some("after the last step");
+    }
+    if failed.is_some() {
+        let first = pool
+            .failure()
+            .unwrap_or_else(|| panic!("fail at op {fail_at:?} in {failed:?}: latch not set"));
+        assert!(first.cause.contains("injected"), "{first}");
+        // The disk still fails every operation: a refused request that
+        // tried one would show in the count.
+        let b = backend.clone();
+        assert_refused(&pool, &first, Some(&move || b.ops()));
     }
     if failed.is_none() {
         model.verify(&pool, &BTreeSet::new());

@@ -1,14 +1,18 @@
 //! kill -9 in the middle of a workload: a child process (this test binary,
-//! re-run with an environment variable) writes, flushes and snapshots a
-//! volume in generations and reports each flush on stdout; the parent kills
-//! it at a random moment, reopens the pool, and checks every block against
-//! what was flushed, and every reported snapshot against its generation.
+//! re-run on the same test with an environment variable naming the pool)
+//! writes, flushes and snapshots a volume in generations and reports each
+//! flush on stdout; the parent kills it after a random number of flushes,
+//! reopens the pool, and checks every block against what was flushed, and
+//! every reported snapshot against its generation. The one test is both
+//! halves, so neither can pass without doing its work.
 
 use lamina_engine::{Pool, PoolOptions, BLOCK};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+const TEST: &str = "kill_9_mid_workload_loses_no_flushed_write";
 
 const BLOCKS: u64 = 4096;
 const PER_GEN: u64 = 64;
@@ -51,13 +55,9 @@ fn state_at(g: u64) -> HashMap<u64, u64> {
     s
 }
 
-/// Entry point of the child process; a no-op when run as an ordinary test.
-#[test]
-fn child_process_workload() {
-    let Ok(dir) = std::env::var(ENV_DIR) else {
-        return;
-    };
-    let pool = Pool::open_dir(&dir, PoolOptions::default()).unwrap();
+/// The child's half: runs until it is killed.
+fn child_workload(dir: &str) -> ! {
+    let pool = Pool::open_dir(dir, PoolOptions::default()).unwrap();
     let vol = pool.open_volume("v").unwrap();
     let mut out = std::io::stdout().lock();
     for g in 1.. {
@@ -77,6 +77,7 @@ fn child_process_workload() {
         writeln!(out, "flushed {g}").unwrap();
         out.flush().unwrap();
     }
+    unreachable!("the generations never end")
 }
 
 fn verify(pool: &Pool, target: lamina_engine::Volume, g: u64, in_flight: Option<u64>, what: &str) {
@@ -105,12 +106,7 @@ fn round(seed: u64) {
     pool.close().unwrap();
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process_workload",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
         .env(ENV_DIR, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -123,11 +119,13 @@ fn round(seed: u64) {
             let _ = tx.send(line);
         }
     });
-    // Let it run a while, at least to its third flush, then kill -9.
-    let mut r = rng(seed);
+    // Let it run to a random flush from the third to the 42nd (it is
+    // ahead of what we have read by whatever the pipe holds), then kill -9.
+    let mut r = rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let kill_after = 3 + r() % 40;
     let mut flushed = 0;
     let mut lines = Vec::new();
-    while flushed < 3 {
+    while flushed < kill_after {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("child made no progress");
@@ -136,7 +134,6 @@ fn round(seed: u64) {
         }
         lines.push(line);
     }
-    std::thread::sleep(Duration::from_millis(50 + r() % 700));
     child.kill().unwrap();
     child.wait().unwrap();
     reader.join().unwrap();
@@ -178,8 +175,8 @@ fn round(seed: u64) {
 
 #[test]
 fn kill_9_mid_workload_loses_no_flushed_write() {
-    if std::env::var(ENV_DIR).is_ok() {
-        return;
+    if let Ok(dir) = std::env::var(ENV_DIR) {
+        child_workload(&dir);
     }
     for seed in [1, 2, 3] {
         round(seed);

@@ -153,3 +153,70 @@ impl Model {
         Ok(())
     }
 }
+
+fn d<T>(r: lamina_engine::Result<T>) -> lamina_engine::Result<()> {
+    r.map(drop)
+}
+
+/// With the pool's latch set (by the failure `first`), every request that
+/// reads or changes the pool must fail with the latch's error, naming that
+/// first failure, and change nothing: the in-memory listing stays as it
+/// was, and `io_count` (the backend's count of mutating I/O, when known)
+/// does not move.
+pub fn assert_refused(
+    pool: &Pool,
+    first: &lamina_engine::IoFailure,
+    io_count: Option<&dyn Fn() -> u64>,
+) {
+    let before = pool.list_volumes();
+    let ops = io_count.map(|f| f());
+    let expect = |what: &str, r: lamina_engine::Result<()>| match r {
+        Err(lamina_engine::Error::Unavailable(f)) => {
+            assert_eq!(*f, *first, "{what}: names another failure");
+            let msg = lamina_engine::Error::Unavailable(f).to_string();
+            assert!(msg.contains(first.op), "{what}: {msg}");
+        }
+        Err(e) => panic!("{what}: expected the latch's error, got {e}"),
+        Ok(()) => panic!("{what}: succeeded after the latch was set"),
+    };
+    expect(
+        "create volume",
+        d(pool.create_volume("latch-probe", 1 << 20)),
+    );
+    expect("commit", pool.commit());
+    expect("checkpoint", pool.checkpoint());
+    expect("reclaim", d(pool.reclaim_all()));
+    expect("stats", d(pool.stats()));
+    expect("check", d(pool.check()));
+    if let Some(v) = before.first() {
+        let name = v.name.as_str();
+        let h = pool.open_volume(name).unwrap();
+        expect("write", h.write(0, &[9; BLOCK]));
+        expect("unaligned write", h.write(100, &[9; 10]));
+        expect("trim", h.trim(0, BS));
+        expect("read", h.read(0, &mut [0; BLOCK]));
+        expect("flush", h.flush());
+        expect(
+            "create snapshot",
+            d(pool.create_snapshot(name, "latch-probe", &[])),
+        );
+        expect("clone volume", d(pool.clone_volume(name, "latch-probe")));
+        expect("expand", d(pool.expand_volume(name, v.size + BS)));
+        if let Some(s) = &v.parent_snapshot {
+            expect("revert", d(pool.revert_volume(name, s)));
+            expect("clone", d(pool.clone_snapshot(name, s, "latch-probe")));
+            let sh = pool.open_snapshot(name, s).unwrap();
+            expect("read snapshot", sh.read(0, &mut [0; BLOCK]));
+            expect("delete snapshot", pool.delete_snapshot(name, s));
+        }
+        expect("delete volume", pool.delete_volume(name, true));
+    }
+    assert_eq!(
+        pool.list_volumes(),
+        before,
+        "a refused request changed the pool"
+    );
+    if let (Some(f), Some(n)) = (io_count, ops) {
+        assert_eq!(f(), n, "a refused request did I/O on the pool's files");
+    }
+}
