@@ -281,41 +281,47 @@ impl State {
     /// snapshots nothing needs any more go (a crash can leave one between a
     /// clone's end and its snapshot's deletion).
     pub async fn recover(self: &Arc<Self>) -> Result<(), crate::ServerError> {
-        let ops = self.store.ops()?;
-        let in_use: Vec<(String, String)> = ops
-            .iter()
-            .filter(|o| o.state == api::OperationState::Running)
-            .filter_map(|o| {
-                o.copy
-                    .as_ref()
-                    .map(|c| (c.volume.clone(), c.snapshot.clone()))
-            })
-            .collect();
-        for (vol, snap) in self.pool.unneeded_system_snapshots() {
-            if !in_use.contains(&(vol.clone(), snap.clone())) {
-                tracing::info!(volume = %vol, snapshot = %snap, "deleting a system snapshot nothing needs");
-                self.pool.delete_system_snapshot(&vol, &snap)?;
+        let st = self.clone();
+        let ops = blocking(move || {
+            let ops = st.store.ops()?;
+            let in_use: Vec<(String, String)> = ops
+                .iter()
+                .filter(|o| o.state == api::OperationState::Running)
+                .filter_map(|o| o.copy.as_ref().map(|c| (c.volume.clone(), c.snapshot.clone())))
+                .collect();
+            for (vol, snap) in st.pool.unneeded_system_snapshots() {
+                if !in_use.contains(&(vol.clone(), snap.clone())) {
+                    tracing::info!(volume = %vol, snapshot = %snap, "deleting a system snapshot nothing needs");
+                    st.pool.delete_system_snapshot(&vol, &snap)?;
+                }
             }
-        }
+            Ok(ops)
+        })
+        .await
+        .map_err(|f| crate::ServerError::Store(f.1.message))?;
         for rec in ops
             .into_iter()
             .filter(|o| o.state == api::OperationState::Running)
         {
             let span = tracing::info_span!("recover", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
-            let _e = span.enter();
-            tracing::info!("finishing an operation interrupted by a restart");
-            let r = apply(self, &rec, true).await;
-            match r {
-                Ok(o) if o.runs_on() => {} // its job marks it done
-                Ok(_) => self
-                    .finish(rec, None)
-                    .await
-                    .map_err(|f| crate::ServerError::Store(f.1.message))?,
-                Err(f) => self
-                    .finish(rec, Some(format!("after a restart: {}", f.1.message)))
-                    .await
-                    .map_err(|f| crate::ServerError::Store(f.1.message))?,
+            async {
+                tracing::info!("finishing an operation interrupted by a restart");
+                let r = apply(self, &rec, true).await;
+                let end = match r {
+                    Ok(o) if o.runs_on() => return Ok(()), // its job marks it done
+                    Ok(_) => self.finish(rec.clone(), None).await,
+                    Err(f) => {
+                        self.finish(
+                            rec.clone(),
+                            Some(format!("after a restart: {}", f.1.message)),
+                        )
+                        .await
+                    }
+                };
+                end.map_err(|f| crate::ServerError::Store(f.1.message))
             }
+            .instrument(span)
+            .await?;
         }
         Ok(())
     }

@@ -103,11 +103,11 @@ impl From<E> for Failure {
                 msg,
                 Some("list volumes with `lamina volume list`"),
             ),
-            E::SnapshotNotFound { .. } => Failure::new(
+            E::SnapshotNotFound { ref volume, .. } => Failure::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 msg,
-                Some("list snapshots with `lamina snapshot list VOLUME`"),
+                Some(&format!("list its snapshots with `lamina snapshot list {volume}`")),
             ),
             E::VolumeExists(_) | E::SnapshotExists { .. } => Failure::new(
                 StatusCode::CONFLICT,
