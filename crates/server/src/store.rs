@@ -374,6 +374,44 @@ mod tests {
     }
 
     #[test]
+    fn a_format_1_store_is_migrated_when_opened() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store.redb");
+        {
+            // What a daemon from before issue 9 left: no version, untyped records.
+            let db = Database::create(&path).unwrap();
+            let w = db.begin_write().unwrap();
+            w.open_table(OPERATIONS)
+                .unwrap()
+                .insert(
+                    "op-1",
+                    r#"{"id":"op-1","kind":"create-volume","volume":"v","args":{"name":"v","size":4096},"state":"succeeded","done_bytes":0,"total_bytes":0,"started":"2026-01-01T00:00:00Z","error":null}"#,
+                )
+                .unwrap();
+            w.commit().unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        let ops = s.ops().unwrap();
+        assert_eq!(
+            ops[0].op,
+            Op::CreateVolume {
+                name: "v".into(),
+                size: 4096
+            }
+        );
+        assert_eq!(ops[0].state, OperationState::Succeeded);
+        let r = s.db.begin_read().unwrap();
+        let v = r
+            .open_table(META)
+            .unwrap()
+            .get(VERSION_KEY)
+            .unwrap()
+            .unwrap()
+            .value();
+        assert_eq!(v, RECORD_VERSION);
+    }
+
+    #[test]
     fn a_newer_format_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("store.redb");
