@@ -345,3 +345,124 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
         error: rec.error.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{CloneSource, CopyRec};
+
+    async fn state() -> (tempfile::TempDir, Arc<State>) {
+        let d = tempfile::tempdir().unwrap();
+        let layout = crate::Layout::new(d.path());
+        layout.prepare().unwrap();
+        let config = crate::Config {
+            data_dir: d.path().to_path_buf(),
+            listen: None,
+            nbd_listen: None,
+            operation_retention: crate::DEFAULT_OPERATION_RETENTION,
+        };
+        let st = Arc::new(State::open(&layout, &config).await.unwrap());
+        (d, st)
+    }
+
+    /// A full clone is running (recorded as such) from src/s into x.
+    async fn copying(st: &Arc<State>) {
+        run(
+            st,
+            Op::CreateVolume {
+                name: "src".into(),
+                size: 1 << 20,
+            },
+        )
+        .await
+        .unwrap();
+        run(
+            st,
+            Op::CreateSnapshot {
+                volume: "src".into(),
+                name: "s".into(),
+                labels: Default::default(),
+            },
+        )
+        .await
+        .unwrap();
+        st.pool.create_volume("x", 1 << 20).unwrap();
+        st.record(&OpRec {
+            id: new_id(),
+            op: Op::Clone {
+                name: "x".into(),
+                source: CloneSource::Snapshot {
+                    volume: "src".into(),
+                    snapshot: "s".into(),
+                },
+                full: true,
+            },
+            state: api::OperationState::Running,
+            started: now(),
+            error: None,
+            done_bytes: 0,
+            total_bytes: 0,
+            copy: Some(CopyRec {
+                volume: "src".into(),
+                snapshot: "s".into(),
+                system: false,
+                resume_offset: 0,
+            }),
+        })
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_in_progress_holds_its_volume_and_its_source() {
+        let (_d, st) = state().await;
+        copying(&st).await;
+        let code = |r: Result<Outcome, Failure>| r.err().map(|f| (f.0.as_u16(), f.1.message));
+        let (status, msg) = code(
+            run(
+                &st,
+                Op::DeleteVolume {
+                    name: "x".into(),
+                    with_snapshots: true,
+                },
+            )
+            .await,
+        )
+        .unwrap();
+        assert_eq!(status, 409);
+        assert!(msg.contains("still copying into volume \"x\""), "{msg}");
+        let (status, msg) = code(
+            run(
+                &st,
+                Op::DeleteSnapshot {
+                    volume: "src".into(),
+                    name: "s".into(),
+                },
+            )
+            .await,
+        )
+        .unwrap();
+        assert_eq!(status, 409);
+        assert!(msg.contains("copying from snapshot src/s"), "{msg}");
+        let (status, _) = code(
+            run(
+                &st,
+                Op::DeleteVolume {
+                    name: "src".into(),
+                    with_snapshots: true,
+                },
+            )
+            .await,
+        )
+        .unwrap();
+        assert_eq!(status, 409);
+        assert_eq!(
+            st.volume(st.pool.volume_info_by_name("x").unwrap())
+                .clone_state,
+            api::CloneState::Copying
+        );
+        // Nothing was deleted.
+        assert!(st.pool.snapshot_info_by_name("src", "s").is_ok());
+        assert!(st.pool.volume_info_by_name("x").is_ok());
+        st.close().await.unwrap();
+    }
+}

@@ -26,8 +26,10 @@ pub struct State {
     /// their operation running, to be resumed at the next start.
     pub stopping: std::sync::atomic::AtomicBool,
     /// Running operations by volume (mirrors the store's records in state
-    /// `running`), so describing a volume needs no scan of the store.
-    running: Mutex<HashMap<String, Running>>,
+    /// `running`), so describing a volume needs no scan of the store. A
+    /// volume can have several: a background one (a full clone's copy, a
+    /// flatten) and the request running now.
+    running: Mutex<HashMap<String, Vec<Running>>>,
     /// Background jobs (full clones, flatten watchers), joined at shutdown.
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -104,7 +106,9 @@ impl State {
                     .running
                     .lock()
                     .unwrap()
-                    .insert(op.volume().to_string(), Running::of(&op));
+                    .entry(op.volume().to_string())
+                    .or_default()
+                    .push(Running::of(&op));
             }
         }
         for (name, rec) in state.store.exports()? {
@@ -157,11 +161,13 @@ impl State {
     /// the pool: call it off the reactor.
     pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
         use lamina_engine::CloneState as C;
+        // The oldest running operation: a background one if any.
         let operation = self
             .running
             .lock()
             .unwrap()
             .get(&v.name)
+            .and_then(|rs| rs.first())
             .map(|r| r.id.clone());
         let copying = self.running_copy_into(&v.name).is_some();
         let clone_state = match v.clone_state {
@@ -218,7 +224,7 @@ impl State {
             .lock()
             .unwrap()
             .get(volume)
-            .filter(|r| r.kind == api::OperationKind::FullClone)
+            .and_then(|rs| rs.iter().find(|r| r.kind == api::OperationKind::FullClone))
             .map(|r| r.id.clone())
     }
 
@@ -228,6 +234,7 @@ impl State {
         let want = (volume.to_string(), snapshot.to_string());
         match running
             .values()
+            .flatten()
             .find(|r| r.copies_from.as_ref() == Some(&want))
         {
             Some(r) => Err(Failure::conflict(
@@ -291,9 +298,12 @@ impl State {
     pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
         self.store.put_op(op)?;
         let mut running = self.running.lock().unwrap();
+        let list = running.entry(op.volume().to_string()).or_default();
+        list.retain(|r| r.id != op.id);
         if op.state == api::OperationState::Running {
-            running.insert(op.volume().to_string(), Running::of(op));
-        } else if running.get(op.volume()).is_some_and(|r| r.id == op.id) {
+            list.push(Running::of(op));
+        }
+        if list.is_empty() {
             running.remove(op.volume());
         }
         Ok(())
