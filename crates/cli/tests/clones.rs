@@ -2,25 +2,10 @@
 //! data written and checked over NBD by system tools (qemu-io, qemu-img
 //! from qemu-utils; nbdinfo from libnbd-bin).
 
-mod common;
-use common::*;
+use lamina_test_support::*;
 use std::process::Command;
 
-/// Run qemu-io commands on an NBD URI; they must all succeed.
-#[track_caller]
-fn qemu_io(uri: &str, cmds: &[&str]) -> String {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw", uri]);
-    for x in cmds {
-        c.args(["-c", x]);
-    }
-    let out = run(&mut c).ok();
-    assert!(
-        !out.contains("failed") && !out.contains("error"),
-        "qemu-io {cmds:?}: {out}"
-    );
-    out
-}
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 /// The volume's attach URI from table output (the URI alone on its line).
 fn attach(d: &Daemon, args: &[&str]) -> String {
@@ -32,7 +17,7 @@ fn attach(d: &Daemon, args: &[&str]) -> String {
 #[test]
 fn attach_prints_a_uri_nbdinfo_accepts() {
     need("nbdinfo", "libnbd-bin");
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "disk", "--size", "16MiB"]);
     let uri = attach(&d, &["volume", "attach", "disk"]);
     assert!(uri.starts_with("nbd+unix://"), "{uri}");
@@ -84,7 +69,7 @@ fn attach_prints_a_uri_nbdinfo_accepts() {
 fn linked_and_full_clones() {
     need("qemu-io", "qemu-utils");
     need("qemu-img", "qemu-utils");
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "src", "--size", "32MiB"]);
     let src = attach(&d, &["volume", "attach", "src"]);
     qemu_io(

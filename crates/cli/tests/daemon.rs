@@ -1,12 +1,13 @@
 //! The `lamina` CLI against the real daemon (`lamina serve` as a child
 //! process): volumes, snapshots and their tree, output formats, errors.
 
-mod common;
-use common::*;
+use lamina_test_support::*;
+
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 #[test]
 fn volumes_in_table_json_and_yaml() {
-    let d = Daemon::start();
+    let d = LAMINA.start();
 
     let out = d.ok(&["volume", "create", "vol-a", "--size", "10GiB"]);
     assert!(
@@ -133,7 +134,7 @@ fn volumes_in_table_json_and_yaml() {
 
 #[test]
 fn snapshots_labels_tree_revert_and_delete() {
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "db", "--size", "64MiB"]);
 
     let out = d.ok(&[
@@ -271,7 +272,8 @@ fn snapshots_labels_tree_revert_and_delete() {
 #[test]
 fn daemon_not_running() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run(lamina_cmd()
+    let o = run(LAMINA
+        .cmd()
         .arg("--data-dir")
         .arg(dir.path())
         .args(["volume", "list"]));
@@ -285,14 +287,17 @@ fn daemon_not_running() {
     assert!(err.contains("lamina serve --data-dir"), "{err}");
 
     // The data directory from the environment works the same.
-    let o = run(lamina_cmd()
+    let o = run(LAMINA
+        .cmd()
         .env("LAMINA_DATA_DIR", dir.path())
         .args(["snapshot", "list"]));
     assert!(o.fails(1).contains(sock.to_str().unwrap()));
 
     // Nothing listens on this endpoint.
     let ep = format!("http://127.0.0.1:{}", free_port());
-    let o = run(lamina_cmd().args(["--endpoint", &ep, "--token", "x", "volume", "list"]));
+    let o = run(LAMINA
+        .cmd()
+        .args(["--endpoint", &ep, "--token", "x", "volume", "list"]));
     let err = o.fails(1);
     assert!(
         err.contains("cannot reach the Lamina daemon at") && err.contains(&ep),
@@ -304,11 +309,11 @@ fn daemon_not_running() {
 fn pool_tools_still_work() {
     let dir = tempfile::tempdir().unwrap();
     let pool = dir.path().join("pool");
-    let out = run(lamina_cmd().args(["pool", "create"]).arg(&pool)).ok();
+    let out = run(LAMINA.cmd().args(["pool", "create"]).arg(&pool)).ok();
     assert!(out.contains("created pool"), "{out}");
-    let out = run(lamina_cmd().args(["pool", "check"]).arg(&pool)).ok();
+    let out = run(LAMINA.cmd().args(["pool", "check"]).arg(&pool)).ok();
     assert!(out.trim_end().ends_with("ok"), "{out}");
-    run(lamina_cmd().args(["pool", "stats"]).arg(&pool)).ok();
+    run(LAMINA.cmd().args(["pool", "stats"]).arg(&pool)).ok();
 }
 
 #[test]
@@ -318,10 +323,10 @@ fn tcp_needs_the_token() {
     let mut tries = 0;
     let (d, port) = loop {
         let port = free_port();
-        match Daemon::start_with(&["--listen", &format!("127.0.0.1:{port}")]) {
+        match LAMINA.start_with(&["--listen", &format!("127.0.0.1:{port}")]) {
             Ok(d) => break (d, port),
-            Err(log) if tries < 3 && log.contains("bind") => tries += 1,
-            Err(log) => panic!("lamina serve --listen did not start:\n{log}"),
+            Err(StartError::Exited { log, .. }) if tries < 3 && log.contains("bind") => tries += 1,
+            Err(e) => panic!("lamina serve --listen did not start: {e}"),
         }
     };
     let ep = format!("http://127.0.0.1:{port}");
@@ -333,7 +338,7 @@ fn tcp_needs_the_token() {
 
     // From another directory (no token file there), without a token: refused.
     let elsewhere = tempfile::tempdir().unwrap();
-    let o = run(lamina_cmd().arg("--data-dir").arg(elsewhere.path()).args([
+    let o = run(LAMINA.cmd().arg("--data-dir").arg(elsewhere.path()).args([
         "--endpoint",
         &ep,
         "volume",
@@ -344,7 +349,7 @@ fn tcp_needs_the_token() {
     assert!(err.contains("hint: ") && err.contains("--token"), "{err}");
 
     // A wrong token: refused.
-    let o = run(lamina_cmd().args([
+    let o = run(LAMINA.cmd().args([
         "--endpoint",
         &ep,
         "--token",
@@ -356,9 +361,12 @@ fn tcp_needs_the_token() {
     assert!(err.contains("token"), "{err}");
 
     // The right one, as an option and from the environment.
-    let o = run(lamina_cmd().args(["--endpoint", &ep, "--token", token, "volume", "list"]));
+    let o = run(LAMINA
+        .cmd()
+        .args(["--endpoint", &ep, "--token", token, "volume", "list"]));
     assert!(o.ok().contains("net"));
-    let o = run(lamina_cmd()
+    let o = run(LAMINA
+        .cmd()
         .env("LAMINA_ENDPOINT", &ep)
         .env("LAMINA_TOKEN", token)
         .args(["-o", "json", "volume", "get", "net"]));
@@ -366,7 +374,7 @@ fn tcp_needs_the_token() {
     assert_eq!(v["size"], 1u64 << 20);
 
     // With an endpoint and no token, the token is read from DATA/token.
-    let o = run(lamina_cmd().arg("--data-dir").arg(d.data()).args([
+    let o = run(LAMINA.cmd().arg("--data-dir").arg(d.data()).args([
         "--endpoint",
         &ep,
         "volume",

@@ -3,14 +3,18 @@
 //! there, every snapshot the CLI reported exists and reads back, and the pool
 //! checks clean.
 
-use lamina_e2e::*;
+use lamina_test_support::*;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
+
 const REGIONS: u64 = 32;
 const REGION: u64 = 256 << 10;
+/// How long the load may take to get going before the test gives up.
+const LOAD_LIMIT: Duration = Duration::from_secs(120);
 
 fn pattern(region: u64, gen: u64) -> u8 {
     ((region * 7 + gen * 13) % 250 + 1) as u8
@@ -19,7 +23,7 @@ fn pattern(region: u64, gen: u64) -> u8 {
 #[test]
 fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
     need("qemu-io", "qemu-utils");
-    let mut d = Daemon::start();
+    let mut d = LAMINA.start();
     d.ok(&[
         "volume",
         "create",
@@ -43,7 +47,7 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                 gen += 1;
                 let region = gen % REGIONS;
                 inflight2.lock().unwrap()[region as usize] = Some(gen);
-                let o = Command::new("qemu-io")
+                let o = run(Command::new("qemu-io")
                     .args(["-f", "raw", &uri2, "-c"])
                     .arg(format!(
                         "write -P {} {} {}",
@@ -51,11 +55,8 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                         region * REGION,
                         REGION
                     ))
-                    .args(["-c", "flush"])
-                    .output()
-                    .unwrap();
-                let text = String::from_utf8_lossy(&o.stdout);
-                if o.status.success() && !text.contains("failed") {
+                    .args(["-c", "flush"]));
+                if o.status.success() && !o.stdout.contains("failed") {
                     acked2.lock().unwrap()[region as usize] = gen;
                     inflight2.lock().unwrap()[region as usize] = None;
                 } else {
@@ -68,16 +69,10 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
         s.spawn(move || {
             let mut i = 0;
             while !stop3.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(40));
                 // What is acknowledged before the snapshot starts must be in it.
                 let floor = acked3.lock().unwrap().clone();
                 let name = format!("s{i}");
-                let o = Command::new(lamina_bin())
-                    .arg("--data-dir")
-                    .arg(&dir3)
-                    .args(["snapshot", "create", "k", &name])
-                    .output()
-                    .unwrap();
+                let o = run(LAMINA.at(&dir3).args(["snapshot", "create", "k", &name]));
                 if !o.status.success() {
                     break;
                 }
@@ -85,9 +80,18 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                 i += 1;
             }
         });
-        std::thread::sleep(Duration::from_millis(2500));
+        // The kill comes once every region has been written and flushed and
+        // a few snapshots were taken, with both loops still going.
+        let under_way = poll_until(LOAD_LIMIT, || {
+            let written = acked.lock().unwrap().iter().all(|&g| g > 0);
+            (written && snaps.lock().unwrap().len() >= 3).then_some(())
+        });
         d.kill9();
         stop.store(true, Ordering::SeqCst);
+        assert!(
+            under_way.is_some(),
+            "the load did not write every region and take 3 snapshots within {LOAD_LIMIT:?}"
+        );
     });
     d.restart();
     let acked = acked.lock().unwrap().clone();
@@ -111,7 +115,7 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
             let o = run(Command::new("qemu-io")
                 .args(["-f", "raw", &uri, "-c"])
                 .arg(format!("read -P {p} {} {}", r * REGION, REGION)));
-            o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("failed")
+            o.status.success() && !o.stdout.contains("failed")
         });
         assert!(
             good,
@@ -146,7 +150,7 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                     r * REGION,
                     REGION
                 ));
-                o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("failed")
+                o.status.success() && !o.stdout.contains("failed")
             });
             if !good {
                 let dump = reads(format!("read -v {} 16", r * REGION));
@@ -154,21 +158,24 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
                     "snapshot {name}: region {r} lost generation {} acknowledged before it (patterns of later generations: {:?}); it holds:\n{}{}",
                     floor[r as usize],
                     later.iter().map(|g| pattern(r, *g)).collect::<Vec<_>>(),
-                    String::from_utf8_lossy(&dump.stdout),
-                    String::from_utf8_lossy(&dump.stderr)
+                    dump.stdout,
+                    dump.stderr
                 );
             }
         }
     }
     // A clean stop, then the offline check.
+    let st = d.stop();
     assert!(
-        d.stop(),
-        "lamina serve did not exit cleanly on SIGTERM: {}",
+        st.is_some_and(|s| s.success()),
+        "lamina serve did not exit cleanly on SIGTERM ({st:?}): {}",
         d.log()
     );
-    ok(Command::new(lamina_bin())
+    run(LAMINA
+        .cmd()
         .args(["pool", "check"])
-        .arg(d.data().join("pool")));
+        .arg(d.data().join("pool")))
+    .ok();
 }
 
 /// A full clone interrupted by SIGKILL resumes at restart and ends equal to
@@ -177,10 +184,10 @@ fn sigkill_during_writes_and_snapshots_loses_nothing_flushed() {
 fn full_clone_interrupted_by_sigkill_finishes_after_restart() {
     need("qemu-io", "qemu-utils");
     need("qemu-img", "qemu-utils");
-    let mut d = Daemon::start();
+    let mut d = LAMINA.start();
     d.ok(&["volume", "create", "src", "--size", "256MiB"]);
     let uri = d.attach(&["volume", "attach", "src"]);
-    ok(Command::new("qemu-io").args([
+    run(Command::new("qemu-io").args([
         "-f",
         "raw",
         &uri,
@@ -190,9 +197,10 @@ fn full_clone_interrupted_by_sigkill_finishes_after_restart() {
         "write -P 0x62 128M 64M",
         "-c",
         "flush",
-    ]));
+    ]))
+    .ok();
     d.ok(&["snapshot", "create", "src", "s"]);
-    let out = d.ok(&[
+    let v = d.json(&[
         "clone",
         "create",
         "copy",
@@ -200,20 +208,25 @@ fn full_clone_interrupted_by_sigkill_finishes_after_restart() {
         "src/s",
         "--full",
         "--no-wait",
-        "-o",
-        "json",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let op = v["operation"]["id"]
         .as_str()
         .expect("a full clone answers with its operation")
         .to_string();
-    std::thread::sleep(Duration::from_millis(150));
-    let before: serde_json::Value =
-        serde_json::from_str(&d.ok(&["operation", "get", &op, "-o", "json"])).unwrap();
+    // Kill as soon as the copy has made progress (or has ended already).
+    let before = wait_until(
+        "the full clone to copy its first bytes",
+        Duration::from_secs(120),
+        || {
+            let o = d.json(&["operation", "get", &op]);
+            (o["state"] != "running" || o["done_bytes"].as_u64().unwrap_or(0) > 0).then_some(o)
+        },
+    );
     d.kill9();
     d.restart();
-    if before["state"] == "running" {
+    if before["state"] != "running" {
+        eprintln!("the copy ended before the kill: this run did not interrupt it");
+    } else {
         assert!(
             d.log().contains("interrupted by a restart"),
             "the restarted daemon did not resume the copy:\n{}",
@@ -224,30 +237,27 @@ fn full_clone_interrupted_by_sigkill_finishes_after_restart() {
             before["done_bytes"], before["total_bytes"]
         );
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let o: serde_json::Value =
-            serde_json::from_str(&d.ok(&["operation", "get", &op, "-o", "json"])).unwrap();
-        match o["state"].as_str() {
-            Some("succeeded") => break,
-            Some("running") => {}
-            other => panic!(
-                "the interrupted full clone ended {other:?}: {o}\n{}",
-                d.log()
-            ),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the full clone did not finish after the restart"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until(
+        "the full clone to finish after the restart",
+        Duration::from_secs(120),
+        || {
+            let o = d.json(&["operation", "get", &op]);
+            match o["state"].as_str() {
+                Some("succeeded") => Some(()),
+                Some("running") => None,
+                other => panic!(
+                    "the interrupted full clone ended {other:?}: {o}\n{}",
+                    d.log()
+                ),
+            }
+        },
+    );
     let snap = d.attach(&["snapshot", "attach", "src", "s"]);
     let copy = d.attach(&["volume", "attach", "copy"]);
-    let o = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &snap, &copy]));
+    let o = qemu_img_compare(&snap, &copy);
     assert!(
         o.status.success(),
         "the resumed full clone differs from its snapshot: {}",
-        String::from_utf8_lossy(&o.stdout)
+        o.stdout
     );
 }

@@ -3,10 +3,12 @@
 //! more changes, then a clone of the snapshot mounted and every file checked.
 //! Needs root (loop devices and mount), as CI has.
 
-use lamina_e2e::*;
+use lamina_test_support::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 /// An NBD export mounted as a file by nbdfuse, on a loop device, mounted.
 struct Mounted {
@@ -29,22 +31,19 @@ impl Mounted {
             .spawn()
             .expect("nbdfuse");
         let file = fuse_dir.join("nbd");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !file.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "nbdfuse did not expose {}",
-                file.display()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let loopdev = ok(Command::new("losetup").args(["-f", "--show"]).arg(&file))
+        wait_until(
+            &format!("nbdfuse to expose {}", file.display()),
+            Duration::from_secs(30),
+            || file.exists().then_some(()),
+        );
+        let loopdev = run(Command::new("losetup").args(["-f", "--show"]).arg(&file))
+            .ok()
             .trim()
             .to_string();
         if mkfs {
-            ok(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
+            run(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev])).ok();
         }
-        ok(Command::new("mount").arg(&loopdev).arg(&fs_dir));
+        run(Command::new("mount").arg(&loopdev).arg(&fs_dir)).ok();
         Mounted {
             fuse_dir,
             nbdfuse,
@@ -56,12 +55,9 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.fs_dir).status();
-        let _ = Command::new("losetup").args(["-d", &self.loopdev]).status();
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.fuse_dir)
-            .status();
+        let _ = try_run(Command::new("umount").arg(&self.fs_dir));
+        let _ = try_run(Command::new("losetup").args(["-d", &self.loopdev]));
+        let _ = try_run(Command::new("fusermount3").arg("-u").arg(&self.fuse_dir));
         let _ = self.nbdfuse.kill();
         let _ = self.nbdfuse.wait();
     }
@@ -71,7 +67,8 @@ fn md5s(dir: &Path, names: &[String]) -> Vec<String> {
     names
         .iter()
         .map(|n| {
-            ok(Command::new("md5sum").arg(dir.join(n)))
+            run(Command::new("md5sum").arg(dir.join(n)))
+                .ok()
                 .split_whitespace()
                 .next()
                 .unwrap()
@@ -91,7 +88,7 @@ fn ext4_snapshot_and_clone_keep_every_file() {
         0,
         "this test needs root for loop devices and mount (CI runs as root)"
     );
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "fsvol", "--size", "256MiB"]);
     let uri = d.attach(&["volume", "attach", "fsvol"]);
     let base = d.data().to_path_buf();
@@ -107,21 +104,17 @@ fn ext4_snapshot_and_clone_keep_every_file() {
     }
     let sums = md5s(&m.fs_dir, &names);
     // Quiesce the file system, snapshot, thaw.
-    ok(&mut Command::new("sync"));
-    ok(Command::new("fsfreeze").arg("-f").arg(&m.fs_dir));
+    run(&mut Command::new("sync")).ok();
+    run(Command::new("fsfreeze").arg("-f").arg(&m.fs_dir)).ok();
     let r = d.lamina(&["snapshot", "create", "fsvol", "before"]);
-    ok(Command::new("fsfreeze").arg("-u").arg(&m.fs_dir));
-    assert!(
-        r.status.success(),
-        "snapshot: {}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    run(Command::new("fsfreeze").arg("-u").arg(&m.fs_dir)).ok();
+    assert!(r.status.success(), "snapshot: {}", r.stderr);
     // More changes after the snapshot.
     for n in &names[..10] {
         std::fs::write(m.fs_dir.join(n), b"changed after the snapshot").unwrap();
     }
     std::fs::remove_file(m.fs_dir.join(&names[15])).unwrap();
-    ok(&mut Command::new("sync"));
+    run(&mut Command::new("sync")).ok();
     // A clone of the snapshot, mounted, has every file as it was.
     d.ok(&[
         "clone",

@@ -1,38 +1,25 @@
 //! `lamina serve` driven by NBD clients nobody here wrote: nbdinfo,
 //! qemu-io, qemu-img and fio's nbd engine.
 
-use lamina_e2e::*;
+use lamina_test_support::*;
 use std::process::Command;
 
-fn qemu_io(uri: &str, cmds: &[&str]) -> String {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw", uri]);
-    for x in cmds {
-        c.args(["-c", x]);
-    }
-    let out = ok(&mut c);
-    assert!(
-        !out.contains("failed") && !out.contains("error"),
-        "qemu-io {cmds:?}: {out}"
-    );
-    out
-}
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 fn compare(a: &str, b: &str) -> bool {
-    let o = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", a, b]));
-    o.status.success()
+    qemu_img_compare(a, b).status.success()
 }
 
 #[test]
 fn nbdinfo_sees_size_flags_and_allocation() {
     need("nbdinfo", "libnbd-bin");
     need("qemu-io", "qemu-utils");
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "disk", "--size", "64MiB"]);
     let uri = d.attach(&["volume", "attach", "disk"]);
     assert!(uri.starts_with("nbd+unix:///disk?socket="), "{uri}");
     let info: serde_json::Value =
-        serde_json::from_str(&ok(Command::new("nbdinfo").args(["--json", &uri]))).unwrap();
+        serde_json::from_str(&run(Command::new("nbdinfo").args(["--json", &uri])).ok()).unwrap();
     let export = &info["exports"][0];
     assert_eq!(export["export-size"], 64 << 20, "{info}");
     assert_eq!(export["can_multi_conn"], true, "{info}");
@@ -40,10 +27,10 @@ fn nbdinfo_sees_size_flags_and_allocation() {
     let contexts = export["contexts"].to_string();
     assert!(contexts.contains("base:allocation"), "{info}");
     // A fresh volume is one hole; after a write, data where it was written.
-    let map = ok(Command::new("nbdinfo").args(["--map", &uri]));
+    let map = run(Command::new("nbdinfo").args(["--map", &uri])).ok();
     assert!(map.contains("hole") && !map.contains("data"), "{map}");
     qemu_io(&uri, &["write -P 0x5a 1M 64k"]);
-    let map = ok(Command::new("nbdinfo").args(["--map", &uri]));
+    let map = run(Command::new("nbdinfo").args(["--map", &uri])).ok();
     assert!(
         map.lines()
             .any(|l| l.contains("1048576") && l.contains("data")),
@@ -53,10 +40,10 @@ fn nbdinfo_sees_size_flags_and_allocation() {
     d.ok(&["snapshot", "create", "disk", "s1"]);
     let suri = d.attach(&["snapshot", "attach", "disk", "s1"]);
     let sinfo: serde_json::Value =
-        serde_json::from_str(&ok(Command::new("nbdinfo").args(["--json", &suri]))).unwrap();
+        serde_json::from_str(&run(Command::new("nbdinfo").args(["--json", &suri])).ok()).unwrap();
     assert_eq!(sinfo["exports"][0]["is_read_only"], true, "{sinfo}");
     let o = run(Command::new("qemu-io").args(["-f", "raw", &suri, "-c", "write 0 4k"]));
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let text = format!("{}{}", o.stdout, o.stderr);
     assert!(
         !o.status.success()
             || text.contains("failed")
@@ -64,7 +51,7 @@ fn nbdinfo_sees_size_flags_and_allocation() {
             || text.contains("denied"),
         "write to a snapshot export: {text}"
     );
-    let list = ok(Command::new("nbdinfo").args(["--list", &uri]));
+    let list = run(Command::new("nbdinfo").args(["--list", &uri])).ok();
     assert!(list.contains("disk@s1"), "{list}");
 }
 
@@ -72,7 +59,7 @@ fn nbdinfo_sees_size_flags_and_allocation() {
 fn snapshots_and_clones_equal_what_was_written() {
     need("qemu-img", "qemu-utils");
     need("qemu-io", "qemu-utils");
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "vol", "--size", "32MiB"]);
     let uri = d.attach(&["volume", "attach", "vol"]);
     qemu_io(
@@ -86,9 +73,10 @@ fn snapshots_and_clones_equal_what_was_written() {
     );
     // Keep a copy of the volume as it is now.
     let before = d.data().join("before.raw");
-    ok(Command::new("qemu-img")
+    run(Command::new("qemu-img")
         .args(["convert", "-f", "raw", "-O", "raw", &uri])
-        .arg(&before));
+        .arg(&before))
+    .ok();
     d.ok(&["snapshot", "create", "vol", "s1", "--label", "app=test"]);
     qemu_io(
         &uri,
@@ -153,7 +141,7 @@ fn snapshots_and_clones_equal_what_was_written() {
 #[test]
 fn fio_verifies_through_snapshots_and_clones() {
     need("fio", "fio");
-    let d = Daemon::start();
+    let d = LAMINA.start();
     d.ok(&["volume", "create", "fio", "--size", "64MiB"]);
     let uri = d.attach(&["volume", "attach", "fio"]);
     let job = |uri: &str, extra: &[&str]| {
@@ -172,7 +160,7 @@ fn fio_verifies_through_snapshots_and_clones() {
         ])
         .arg(format!("--uri={uri}"))
         .args(extra);
-        let out = ok(&mut c);
+        let out = run(&mut c).ok();
         let start = out.find('{').unwrap_or(0);
         let v: serde_json::Value = serde_json::from_str(&out[start..])
             .unwrap_or_else(|e| panic!("fio output: {e}: {out}"));
@@ -194,7 +182,7 @@ fn fio_verifies_through_snapshots_and_clones() {
         "--randseed=999",
     ])
     .arg(format!("--uri={uri}"));
-    ok(&mut c);
+    run(&mut c).ok();
     // The snapshot, and a clone of it, still verify against the first pass.
     let snap = d.attach(&["snapshot", "attach", "fio", "first"]);
     job(&snap, &["--verify_only"]);

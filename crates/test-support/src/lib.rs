@@ -1,0 +1,81 @@
+//! The one harness Lamina's daemon tests share: it starts `lamina serve` in a
+//! temporary data directory, runs the `lamina` CLI and system tools against
+//! it, and makes sure none of that can hang a test run or pass on a machine
+//! that lacks what the test needs. It owns process handling for tests only:
+//! it must not link the engine, the server or the CLI, so that what the tests
+//! drive is always the real binary, as a user runs it.
+//!
+//! The rules it keeps:
+//! - every command, the daemon's start and its stop run under a time limit
+//!   (generous: they guard against hangs, they measure nothing); past it the
+//!   process is killed and the test fails, naming what hung;
+//! - the `lamina` processes it starts see none of the caller's `LAMINA_*`
+//!   environment variables;
+//! - waiting is polling a condition until a deadline ([`wait_until`]), never a
+//!   fixed sleep that orders events;
+//! - a missing system tool fails the test and names the Debian package
+//!   ([`need`]); nothing is skipped;
+//! - a [`Daemon`] is a guard: dropping it sends SIGTERM and fails the test if
+//!   the daemon does not exit in time, and when the test is already failing
+//!   it prints the daemon's log.
+//!
+//! The binary comes from the caller, as
+//! `Lamina::new(env!("CARGO_BIN_EXE_lamina"))`. Cargo sets that variable only
+//! for integration tests of the package that builds the binary, and builds the
+//! binary fresh before running them; that is why every daemon test lives in
+//! `crates/cli/tests/`. A lookup next to the test executable (as the old
+//! end-to-end package did) could find a binary left by an earlier build and
+//! silently test old code, or none at all.
+//!
+//! Failures are panics with context, not errors: a failure here is a failed
+//! test. The one error type, [`StartError`], is for a start the caller may
+//! retry (a TCP port taken between choosing and binding it).
+
+mod command;
+mod daemon;
+#[cfg(test)]
+mod tests;
+mod tools;
+
+pub use command::{run, try_run, Out, COMMAND_LIMIT};
+pub use daemon::{Daemon, Lamina, StartError, START_LIMIT, STOP_LIMIT};
+pub use tools::{need, qemu_img_compare, qemu_io};
+
+use std::time::{Duration, Instant};
+
+/// How often [`wait_until`] and [`poll_until`] look again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Call `probe` until it returns `Some`, for at most `limit`; `None` if it
+/// never did.
+pub fn poll_until<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Call `probe` until it returns `Some`; the test fails, naming `what`, if
+/// that has not happened within `limit`.
+#[track_caller]
+pub fn wait_until<T>(what: &str, limit: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    match poll_until(limit, probe) {
+        Some(v) => v,
+        None => panic!("gave up after {limit:?} waiting for {what}"),
+    }
+}
+
+/// A free TCP port on the loopback interface (free when asked, at least:
+/// another process may take it before the caller binds it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}

@@ -1,0 +1,48 @@
+//! The system tools the daemon tests drive: whether one is there, and the
+//! qemu-utils calls several tests make.
+
+use crate::{run, Out};
+use std::process::Command;
+
+/// Fail (not skip) when a system tool the test drives is not on `PATH`;
+/// `package` is the Debian package that installs it.
+#[track_caller]
+pub fn need(tool: &str, package: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let found = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p).any(|d| {
+                std::fs::metadata(d.join(tool))
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            })
+        })
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: apt-get install {package}"
+    );
+}
+
+/// Run qemu-io commands (`-c`) on a raw NBD URI; they must all succeed
+/// (qemu-io reports some failures on stdout with exit code 0). Returns stdout.
+#[track_caller]
+pub fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", uri]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let out = run(&mut c).ok();
+    assert!(
+        !out.contains("failed") && !out.contains("error"),
+        "qemu-io {cmds:?}: {out}"
+    );
+    out
+}
+
+/// `qemu-img compare` of two raw images (files or NBD URIs): exit code 0
+/// when their contents are equal, 1 when they differ.
+#[track_caller]
+pub fn qemu_img_compare(a: &str, b: &str) -> Out {
+    run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", a, b]))
+}
