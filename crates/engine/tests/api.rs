@@ -1,22 +1,10 @@
 //! The engine's API as a user meets it: snapshot trees, usage figures, diff
 //! and export, full clones, names, labels and bad input.
 
+mod common;
+
+use common::{pool, BS};
 use lamina_engine::{Chunk, CloneState, Error, ExtentKind, Pool, PoolOptions, Target, BLOCK};
-
-const BS: u64 = BLOCK as u64;
-
-fn pool() -> (tempfile::TempDir, Pool) {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Pool::create_dir(
-        dir.path(),
-        PoolOptions {
-            background: false,
-            ..PoolOptions::default()
-        },
-    )
-    .unwrap();
-    (dir, p)
-}
 
 fn fill(p: &Pool, vol: &str, blocks: std::ops::Range<u64>, byte: u8) {
     let v = p.open_volume(vol).unwrap();

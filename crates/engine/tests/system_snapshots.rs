@@ -4,22 +4,12 @@
 //! linked clones cannot be deleted; sizes are whole sectors; a copy resumes
 //! from its last durable offset.
 
-use lamina_engine::{
-    CloneState, CopyControl, CopyEnd, CopyProgress, Error, Pool, PoolOptions, Target, BLOCK, SECTOR,
-};
+mod common;
 
-fn pool() -> (tempfile::TempDir, Pool) {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Pool::create_dir(
-        dir.path(),
-        PoolOptions {
-            background: false,
-            ..PoolOptions::default()
-        },
-    )
-    .unwrap();
-    (dir, p)
-}
+use common::pool;
+use lamina_engine::{
+    CloneState, CopyControl, CopyEnd, CopyProgress, Error, Pool, Target, BLOCK, SECTOR,
+};
 
 fn write(p: &Pool, vol: &str, at: u64, data: &[u8]) {
     let v = p.open_volume(vol).unwrap();

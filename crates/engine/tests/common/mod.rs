@@ -1,11 +1,27 @@
 //! An in-memory reference model of a pool, and the comparison of a real
-//! pool against it, shared by the property and crash tests.
+//! pool against it, shared by the property and crash tests; and a fresh
+//! pool for the API tests.
 #![allow(dead_code)]
 
-use lamina_engine::{ExtentKind, Pool, BLOCK};
+use lamina_engine::{ExtentKind, Pool, PoolOptions, BLOCK};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub const BS: u64 = BLOCK as u64;
+
+/// A new pool in a temporary directory, without background threads (so
+/// flatten and reclaim run when called, and tests see their end).
+pub fn pool() -> (tempfile::TempDir, Pool) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Pool::create_dir(
+        dir.path(),
+        PoolOptions {
+            background: false,
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    (dir, p)
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct MVol {
