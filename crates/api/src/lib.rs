@@ -213,7 +213,9 @@ pub struct Operation {
 }
 
 /// Filters of `GET /v1/operations` (query parameters), newest first.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams,
+)]
 #[into_params(parameter_in = Query)]
 pub struct OperationFilter {
     /// Only operations on this volume.
