@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lamina_api::{
     format_size, CloneState, Operation, OperationFilter, OperationKind, OperationState, Volume,
 };
+use std::future::Future;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -180,38 +181,55 @@ fn interrupted(what: &str, follow: &str) -> anyhow::Error {
     f.into()
 }
 
-fn ctrl_c() -> Result<Signal> {
-    signal(SignalKind::interrupt()).context("installing the Ctrl-C handler")
+/// Waiting that Ctrl-C ends: what is waited for (`what`, in words) and
+/// the command that follows it again (`follow`), both refined as answers
+/// come in.
+struct Waiting {
+    int: Signal,
+    pb: ProgressBar,
+    what: String,
+    follow: String,
+}
+
+impl Waiting {
+    fn new(pb: ProgressBar, what: String, follow: String) -> Result<Waiting> {
+        Ok(Waiting {
+            int: signal(SignalKind::interrupt()).context("installing the Ctrl-C handler")?,
+            pb,
+            what,
+            follow,
+        })
+    }
+
+    /// `fut`'s output, unless Ctrl-C comes first: then the display stays
+    /// as it is and the error says that the work goes on.
+    async fn until<T>(&mut self, fut: impl Future<Output = T>) -> Result<T> {
+        tokio::select! {
+            v = fut => Ok(v),
+            _ = self.int.recv() => {
+                self.pb.abandon();
+                Err(interrupted(&self.what, &self.follow))
+            }
+        }
+    }
 }
 
 /// Poll an operation until it ends, drawing its progress. Returns the
 /// final record; a failed operation is an error. Ctrl-C stops waiting
 /// (exit 130) and says how to follow the operation.
 pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
-    let mut int = ctrl_c()?;
     let progress = Progress::new(ProgressDrawTarget::stderr());
-    let mut what = format!("operation {id}");
-    let follow = format!("lamina operation wait {id}");
+    let mut w = Waiting::new(
+        progress.pb.clone(),
+        format!("operation {id}"),
+        format!("lamina operation wait {id}"),
+    )?;
     loop {
-        let op = tokio::select! {
-            r = ctx.client.get_operation(id) => r?,
-            _ = int.recv() => {
-                progress.pb.abandon();
-                return Err(interrupted(&what, &follow));
-            }
-        };
-        what = format!("{} of {} (operation {id})", doing(op.kind), op.volume);
+        let op = w.until(ctx.client.get_operation(id)).await??;
+        w.what = format!("{} of {} (operation {id})", doing(op.kind), op.volume);
         progress.update(&op);
         match op.state {
-            OperationState::Running => {
-                tokio::select! {
-                    _ = tokio::time::sleep(POLL) => {}
-                    _ = int.recv() => {
-                        progress.pb.abandon();
-                        return Err(interrupted(&what, &follow));
-                    }
-                }
-            }
+            OperationState::Running => w.until(tokio::time::sleep(POLL)).await?,
             OperationState::Succeeded => {
                 progress.pb.finish_and_clear();
                 return Ok(op);
@@ -238,34 +256,24 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
 /// Poll a volume until it is no longer flattening, with a spinner; Ctrl-C
 /// stops waiting as for [`wait`].
 pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
-    let mut int = ctrl_c()?;
     let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     pb.set_message(format!("flattening {name}"));
-    let mut follow = format!("lamina volume get {name}");
-    let what = format!("flatten of {name}");
+    let mut w = Waiting::new(
+        pb.clone(),
+        format!("flatten of {name}"),
+        format!("lamina volume get {name}"),
+    )?;
     loop {
-        let vol = tokio::select! {
-            r = ctx.client.get_volume(name) => r?,
-            _ = int.recv() => {
-                pb.abandon();
-                return Err(interrupted(&what, &follow));
-            }
-        };
+        let vol = w.until(ctx.client.get_volume(name)).await??;
         if vol.clone_state != CloneState::Flattening {
             pb.finish_and_clear();
             return Ok(vol);
         }
         if let Some(op) = &vol.operation {
-            follow = format!("lamina operation wait {op}");
+            w.follow = format!("lamina operation wait {op}");
         }
         pb.tick();
-        tokio::select! {
-            _ = tokio::time::sleep(POLL) => {}
-            _ = int.recv() => {
-                pb.abandon();
-                return Err(interrupted(&what, &follow));
-            }
-        }
+        w.until(tokio::time::sleep(POLL)).await?;
     }
 }
 
