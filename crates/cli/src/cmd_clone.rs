@@ -1,11 +1,10 @@
 //! `lamina clone ...`
 
-use crate::output::{self, Format};
+use crate::output;
 use crate::Ctx;
 use anyhow::Result;
 use clap::{ArgGroup, Subcommand};
-use lamina_api::{format_size, CloneCreated, Operation};
-use serde_json::json;
+use lamina_api::{format_size, CloneCreated, CreateClone};
 
 #[derive(Subcommand)]
 pub enum CloneCmd {
@@ -25,7 +24,7 @@ pub enum CloneCmd {
         #[arg(long)]
         full: bool,
         /// Return as soon as a full clone has started, without waiting for the copy.
-        #[arg(long)]
+        #[arg(long, requires = "full")]
         no_wait: bool,
     },
 }
@@ -43,11 +42,15 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
         (None, Some(v)) => format!("volume {v}"),
         (None, None) => unreachable!("clap requires one source"),
     };
-    let req = json!({"name": name, "from_snapshot": from_snapshot, "from_volume": from_volume, "full": full});
-    let a = ctx.client.post("/v1/clones", Some(req)).await?;
-    let created: CloneCreated = output::parse(&a.body)?;
-    let Some(op) = created.operation else {
-        return output::show(ctx.fmt, &a.body, |c: &CloneCreated| {
+    let req = CreateClone {
+        name: name.clone(),
+        from_snapshot,
+        from_volume,
+        full,
+    };
+    let created = ctx.client.create_clone(&req).await?.value;
+    let Some(op) = created.operation.clone() else {
+        return output::show(ctx.fmt, &created, |c| {
             format!(
                 "created linked clone {} of {source} ({})",
                 c.volume.name,
@@ -56,28 +59,21 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
         });
     };
     if no_wait {
-        return output::show(ctx.fmt, &a.body, |c: &CloneCreated| {
+        return output::show(ctx.fmt, &created, |c| {
             format!(
                 "created volume {}; copying {source} into it in the background as operation {} (follow it with `lamina operation wait {}`)",
                 c.volume.name, op.id, op.id
             )
         });
     }
-    let final_op = crate::cmd_operation::wait(ctx, &op.id).await?;
-    let volume = ctx
-        .client
-        .get(&format!("/v1/volumes/{}", lamina_cli::client::seg(&name)))
-        .await?;
-    let body = json!({"volume": volume, "operation": final_op});
-    match ctx.fmt {
-        Format::Table => {
-            let op: Operation = output::parse(&final_op)?;
-            println!(
-                "created full clone {name} of {source} ({} copied)",
-                format_size(op.done_bytes)
-            );
-            Ok(())
-        }
-        f => output::print_raw(f, &body),
-    }
+    let done = CloneCreated {
+        operation: Some(crate::cmd_operation::wait(ctx, &op.id).await?),
+        volume: ctx.client.get_volume(&name).await?,
+    };
+    output::show(ctx.fmt, &done, |c| {
+        format!(
+            "created full clone {name} of {source} ({} copied)",
+            format_size(c.operation.as_ref().map_or(0, |o| o.done_bytes))
+        )
+    })
 }

@@ -1,44 +1,78 @@
 //! `lamina operation ...`, and waiting for long-running work with a
-//! progress bar.
+//! progress display that Ctrl-C leaves without stopping the work.
 
+use crate::failure::Failure;
 use crate::output::{self, fields, or_dash, Table};
 use crate::Ctx;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use lamina_api::{format_size, CloneState, Operation, OperationState, Volume};
-use lamina_cli::client::{seg, Failure};
-use serde_json::Value;
+use lamina_api::{
+    format_size, CloneState, Operation, OperationFilter, OperationKind, OperationState, Volume,
+};
+use std::future::Future;
 use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Subcommand)]
 pub enum OperationCmd {
-    /// List the long-running operations (full clones, flattens) and past changes.
-    List,
+    /// List recorded operations, newest first: long-running ones (full clones, flattens) and past changes.
+    List {
+        /// Only operations on this volume.
+        #[arg(long, value_name = "VOLUME")]
+        volume: Option<String>,
+        /// Only operations in this state.
+        #[arg(long, value_parser = state_arg())]
+        state: Option<OperationState>,
+        /// At most this many (the newest).
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+    },
     /// Show an operation.
-    Get { id: String },
-    /// Wait for an operation to finish, with a progress bar.
-    Wait { id: String },
+    Get {
+        /// The operation's ID (from `lamina operation list`).
+        id: String,
+    },
+    /// Wait for an operation to finish, with a progress bar (Ctrl-C stops waiting, not the operation).
+    Wait {
+        /// The operation's ID (from `lamina operation list`).
+        id: String,
+    },
+}
+
+fn state_arg() -> impl TypedValueParser<Value = OperationState> {
+    PossibleValuesParser::new(["running", "succeeded", "failed"]).map(|s| match s.as_str() {
+        "running" => OperationState::Running,
+        "succeeded" => OperationState::Succeeded,
+        _ => OperationState::Failed,
+    })
 }
 
 pub async fn run(ctx: &Ctx, cmd: OperationCmd) -> Result<()> {
     match cmd {
-        OperationCmd::List => {
-            let v = ctx.client.get("/v1/operations").await?;
-            output::show(ctx.fmt, &v, |ops: &Vec<Operation>| list_table(ops))
+        OperationCmd::List {
+            volume,
+            state,
+            limit,
+        } => {
+            let filter = OperationFilter {
+                volume,
+                state,
+                limit,
+            };
+            let ops = ctx.client.list_operations(&filter).await?;
+            output::show(ctx.fmt, &ops, |ops| list_table(ops))
         }
         OperationCmd::Get { id } => {
-            let v = ctx
-                .client
-                .get(&format!("/v1/operations/{}", seg(&id)))
-                .await?;
-            output::show(ctx.fmt, &v, details)
+            let op = ctx.client.get_operation(&id).await?;
+            output::show(ctx.fmt, &op, details)
         }
         OperationCmd::Wait { id } => {
-            let v = wait(ctx, &id).await?;
-            output::show(ctx.fmt, &v, details)
+            let op = wait(ctx, &id).await?;
+            output::show(ctx.fmt, &op, details)
         }
     }
 }
@@ -93,54 +127,119 @@ fn details(o: &Operation) -> String {
     ])
 }
 
-fn bar() -> ProgressBar {
-    let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, ETA {eta})",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
-    );
-    pb
+/// What an operation does, in words: `full clone`, `flatten`...
+fn doing(kind: OperationKind) -> String {
+    match kind {
+        OperationKind::FullClone => "full clone".into(),
+        k => k.as_str().replace('-', " "),
+    }
 }
 
-/// Poll an operation until it ends, drawing a progress bar on stderr (only
-/// when it is a terminal). Returns the final record; a failed operation is
-/// an error.
-pub async fn wait(ctx: &Ctx, id: &str) -> Result<Value> {
-    let pb = bar();
-    let url = format!("/v1/operations/{}", seg(id));
+/// The progress display on stderr (drawn only on a terminal): a spinner
+/// with the bytes done while the total is unknown, a bar once it is.
+struct Progress {
+    pb: ProgressBar,
+}
+
+impl Progress {
+    fn new(target: ProgressDrawTarget) -> Progress {
+        let pb = ProgressBar::with_draw_target(None, target);
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}] {bytes} copied")
+                .expect("a valid template"),
+        );
+        Progress { pb }
+    }
+
+    fn update(&self, op: &Operation) {
+        if self.pb.message().is_empty() {
+            self.pb
+                .set_message(format!("{} {}", doing(op.kind), op.volume));
+        }
+        if op.total_bytes > 0 && self.pb.length().is_none() {
+            self.pb.set_style(
+                ProgressStyle::with_template(
+                    "{msg} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, ETA {eta})",
+                )
+                .expect("a valid template")
+                .progress_chars("=> "),
+            );
+            self.pb.set_length(op.total_bytes);
+        }
+        self.pb.set_position(op.done_bytes);
+        self.pb.tick();
+    }
+}
+
+/// The error for Ctrl-C while waiting: the work goes on in the daemon.
+fn interrupted(what: &str, follow: &str) -> anyhow::Error {
+    let mut f = Failure::new(
+        format!("stopped waiting: the {what} goes on in the daemon"),
+        Some(format!("follow it with `{follow}`")),
+    );
+    f.exit_code = 130;
+    f.into()
+}
+
+/// Waiting that Ctrl-C ends: what is waited for (`what`, in words) and
+/// the command that follows it again (`follow`), both refined as answers
+/// come in.
+struct Waiting {
+    int: Signal,
+    pb: ProgressBar,
+    what: String,
+    follow: String,
+}
+
+impl Waiting {
+    fn new(pb: ProgressBar, what: String, follow: String) -> Result<Waiting> {
+        Ok(Waiting {
+            int: signal(SignalKind::interrupt()).context("installing the Ctrl-C handler")?,
+            pb,
+            what,
+            follow,
+        })
+    }
+
+    /// `fut`'s output, unless Ctrl-C comes first: then the display stays
+    /// as it is and the error says that the work goes on.
+    async fn until<T>(&mut self, fut: impl Future<Output = T>) -> Result<T> {
+        tokio::select! {
+            v = fut => Ok(v),
+            _ = self.int.recv() => {
+                self.pb.abandon();
+                Err(interrupted(&self.what, &self.follow))
+            }
+        }
+    }
+}
+
+/// Poll an operation until it ends, drawing its progress. Returns the
+/// final record; a failed operation is an error. Ctrl-C stops waiting
+/// (exit 130) and says how to follow the operation.
+pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
+    let progress = Progress::new(ProgressDrawTarget::stderr());
+    let mut w = Waiting::new(
+        progress.pb.clone(),
+        format!("operation {id}"),
+        format!("lamina operation wait {id}"),
+    )?;
     loop {
-        let v = ctx.client.get(&url).await.with_context(|| {
-            format!("waiting for operation {id} (it goes on in the daemon: `lamina operation wait {id}`)")
-        })?;
-        let op: Operation = output::parse(&v)?;
-        if pb.message().is_empty() {
-            let what = match op.kind {
-                lamina_api::OperationKind::Clone | lamina_api::OperationKind::FullClone => {
-                    "full clone"
-                }
-                k => k.as_str(),
-            };
-            pb.set_message(format!("{what} {}", op.volume));
-        }
-        if op.total_bytes > 0 {
-            pb.set_length(op.total_bytes);
-        }
-        pb.set_position(op.done_bytes);
+        let op = w.until(ctx.client.get_operation(id)).await??;
+        w.what = format!("{} of {} (operation {id})", doing(op.kind), op.volume);
+        progress.update(&op);
         match op.state {
-            OperationState::Running => tokio::time::sleep(POLL).await,
+            OperationState::Running => w.until(tokio::time::sleep(POLL)).await?,
             OperationState::Succeeded => {
-                pb.finish_and_clear();
-                return Ok(v);
+                progress.pb.finish_and_clear();
+                return Ok(op);
             }
             OperationState::Failed => {
-                pb.abandon();
-                bail!(Failure::new(
+                progress.pb.abandon();
+                anyhow::bail!(Failure::new(
                     format!(
                         "{} of volume {} failed: {}",
-                        op.kind,
+                        doing(op.kind),
                         op.volume,
                         op.error.as_deref().unwrap_or("no reason recorded")
                     ),
@@ -154,19 +253,83 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Value> {
     }
 }
 
-/// Poll a volume until it is no longer flattening, with a spinner.
-pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Value> {
+/// Poll a volume until it is no longer flattening, with a spinner; Ctrl-C
+/// stops waiting as for [`wait`].
+pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
     let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     pb.set_message(format!("flattening {name}"));
-    let url = format!("/v1/volumes/{}", seg(name));
+    let mut w = Waiting::new(
+        pb.clone(),
+        format!("flatten of {name}"),
+        format!("lamina volume get {name}"),
+    )?;
     loop {
-        let v = ctx.client.get(&url).await?;
-        let vol: Volume = output::parse(&v)?;
+        let vol = w.until(ctx.client.get_volume(name)).await??;
         if vol.clone_state != CloneState::Flattening {
             pb.finish_and_clear();
-            return Ok(v);
+            return Ok(vol);
+        }
+        if let Some(op) = &vol.operation {
+            w.follow = format!("lamina operation wait {op}");
         }
         pb.tick();
-        tokio::time::sleep(POLL).await;
+        w.until(tokio::time::sleep(POLL)).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(done: u64, total: u64) -> Operation {
+        Operation {
+            id: "op-1".into(),
+            kind: OperationKind::FullClone,
+            volume: "c".into(),
+            state: OperationState::Running,
+            done_bytes: done,
+            total_bytes: total,
+            started: "2025-01-01T00:00:00Z".into(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn no_bar_before_the_total_is_known() {
+        let p = Progress::new(ProgressDrawTarget::hidden());
+        p.update(&op(0, 0));
+        assert_eq!(p.pb.length(), None, "a spinner, not a full bar");
+        assert_eq!(p.pb.message(), "full clone c");
+        p.update(&op(4096, 0));
+        assert_eq!(p.pb.length(), None);
+        assert_eq!(p.pb.position(), 4096);
+        p.update(&op(8192, 1 << 20));
+        assert_eq!(p.pb.length(), Some(1 << 20));
+        assert_eq!(p.pb.position(), 8192);
+    }
+
+    #[test]
+    fn ctrl_c_says_the_work_goes_on_and_how_to_follow_it() {
+        let e = interrupted(
+            "full clone of c (operation op-1)",
+            "lamina operation wait op-1",
+        );
+        let f = e.downcast_ref::<Failure>().unwrap();
+        assert_eq!(
+            f.message,
+            "stopped waiting: the full clone of c (operation op-1) goes on in the daemon"
+        );
+        assert_eq!(
+            f.hint.as_deref(),
+            Some("follow it with `lamina operation wait op-1`")
+        );
+        assert_eq!(f.exit_code, 130);
+    }
+
+    #[test]
+    fn kinds_in_words() {
+        assert_eq!(doing(OperationKind::FullClone), "full clone");
+        assert_eq!(doing(OperationKind::Flatten), "flatten");
+        assert_eq!(doing(OperationKind::CreateVolume), "create volume");
     }
 }

@@ -1,32 +1,88 @@
 //! `lamina pool ...`: pool tools that use the engine directly, offline
 //! (the daemon must not be running on the pool).
 
-use anyhow::{bail, Context, Result};
+use crate::failure::Failure;
+use crate::output::{self, Format};
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use lamina_engine::{Pool, PoolOptions};
-use std::path::PathBuf;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum PoolCmd {
     /// Create an empty pool in DIR.
     Create {
+        /// The directory to create the pool in.
         dir: PathBuf,
         /// Capacity limit in bytes (default: the disk's).
         #[arg(long, default_value_t = 0)]
         max_bytes: u64,
     },
-    /// Verify a pool offline: refcounts, reachability, checksums.
+    /// Verify a pool offline: refcounts, reachability, checksums (exit 1 on any problem).
     Check {
+        /// The pool's directory (DATA_DIR/pool for a daemon's).
         dir: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
+        /// The same as `-o json`.
+        #[arg(long, hide = true)]
         json: bool,
     },
     /// Space, volumes and snapshots of a pool.
-    Stats { dir: PathBuf },
+    Stats {
+        /// The pool's directory (DATA_DIR/pool for a daemon's).
+        dir: PathBuf,
+    },
 }
 
-pub fn run(cmd: PoolCmd) -> Result<()> {
+#[derive(Serialize)]
+struct Created {
+    pool: String,
+    max_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Check {
+    pool: String,
+    ok: bool,
+    total_blocks: u64,
+    tree_nodes: u64,
+    data_blocks: u64,
+    volumes: u64,
+    snapshots: u64,
+    dead_nodes: u64,
+    leaked_blocks: u64,
+    problem_count: u64,
+    problems: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Stats {
+    pool: String,
+    total_bytes: u64,
+    used_bytes: u64,
+    free_bytes: u64,
+    volume_count: u64,
+    snapshot_count: u64,
+    volumes: Vec<VolumeStats>,
+}
+
+#[derive(Serialize)]
+struct VolumeStats {
+    name: String,
+    size: u64,
+    allocated_bytes: u64,
+    snapshots: usize,
+}
+
+fn open(dir: &Path) -> Result<Pool> {
+    let opts = PoolOptions {
+        background: false,
+        ..PoolOptions::default()
+    };
+    Pool::open_dir(dir, opts).with_context(|| format!("opening {}", dir.display()))
+}
+
+pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
     match cmd {
         PoolCmd::Create { dir, max_bytes } => {
             let opts = PoolOptions {
@@ -37,71 +93,91 @@ pub fn run(cmd: PoolCmd) -> Result<()> {
             Pool::create_dir(&dir, opts)
                 .with_context(|| format!("creating a pool in {}", dir.display()))?
                 .close()?;
-            println!("created pool in {}", dir.display());
+            let doc = Created {
+                pool: dir.display().to_string(),
+                max_bytes,
+            };
+            output::show(fmt, &doc, |c| format!("created pool in {}", c.pool))
         }
         PoolCmd::Check { dir, json } => {
-            let opts = PoolOptions {
-                background: false,
-                ..PoolOptions::default()
-            };
-            let pool =
-                Pool::open_dir(&dir, opts).with_context(|| format!("opening {}", dir.display()))?;
+            let fmt = if json { Format::Json } else { fmt };
+            let pool = open(&dir)?;
             let r = pool.check()?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "ok": r.is_ok(), "total_blocks": r.total_blocks, "tree_nodes": r.tree_nodes,
-                        "data_blocks": r.data_blocks, "volumes": r.volumes, "snapshots": r.snapshots,
-                        "dead_nodes": r.dead_nodes, "leaked_blocks": r.leaked,
-                        "problem_count": r.problem_count, "problems": r.problems,
-                    })
-                );
-            } else {
-                println!(
-                        "{}: {} blocks, {} volumes, {} snapshots, {} tree nodes, {} data blocks, {} awaiting reclaim",
-                        dir.display(), r.total_blocks, r.volumes, r.snapshots, r.tree_nodes, r.data_blocks, r.dead_nodes
-                    );
-                for p in &r.problems {
-                    println!("problem: {p}");
-                }
-            }
             pool.abandon();
-            if !r.is_ok() {
-                bail!("{} problem(s) found in {}", r.problem_count, dir.display());
+            let doc = Check {
+                pool: dir.display().to_string(),
+                ok: r.is_ok(),
+                total_blocks: r.total_blocks,
+                tree_nodes: r.tree_nodes,
+                data_blocks: r.data_blocks,
+                volumes: r.volumes,
+                snapshots: r.snapshots,
+                dead_nodes: r.dead_nodes,
+                leaked_blocks: r.leaked,
+                problem_count: r.problem_count,
+                problems: r.problems,
+            };
+            output::show(fmt, &doc, |c| {
+                let mut s = format!(
+                    "{}: {} blocks, {} volumes, {} snapshots, {} tree nodes, {} data blocks, {} awaiting reclaim\n",
+                    c.pool, c.total_blocks, c.volumes, c.snapshots, c.tree_nodes, c.data_blocks, c.dead_nodes
+                );
+                for p in &c.problems {
+                    s.push_str(&format!("problem: {p}\n"));
+                }
+                if c.ok {
+                    s.push_str("ok\n");
+                }
+                s
+            })?;
+            if !doc.ok {
+                anyhow::bail!(Failure::new(
+                    format!("{} problem(s) found in {}", doc.problem_count, doc.pool),
+                    None,
+                ));
             }
-            if !json {
-                println!("ok");
-            }
+            Ok(())
         }
         PoolCmd::Stats { dir } => {
-            let opts = PoolOptions {
-                background: false,
-                ..PoolOptions::default()
-            };
-            let pool =
-                Pool::open_dir(&dir, opts).with_context(|| format!("opening {}", dir.display()))?;
+            let pool = open(&dir)?;
             let s = pool.stats()?;
-            println!(
-                "{}: {} bytes in the pool file, {} used, {} free; {} volumes, {} snapshots",
-                dir.display(),
-                s.total_bytes,
-                s.used_bytes,
-                s.free_bytes,
-                s.volumes,
-                s.snapshots
-            );
+            let mut volumes = vec![];
             for v in pool.list_volumes() {
-                println!(
-                    "volume {} size {} allocated {} snapshots {}",
-                    v.name,
-                    v.size,
-                    v.allocated_bytes,
-                    pool.list_snapshots(&v.name)?.len()
-                );
+                volumes.push(VolumeStats {
+                    snapshots: pool.list_snapshots(&v.name)?.len(),
+                    name: v.name,
+                    size: v.size,
+                    allocated_bytes: v.allocated_bytes,
+                });
             }
             pool.close()?;
+            let doc = Stats {
+                pool: dir.display().to_string(),
+                total_bytes: s.total_bytes,
+                used_bytes: s.used_bytes,
+                free_bytes: s.free_bytes,
+                volume_count: s.volumes,
+                snapshot_count: s.snapshots,
+                volumes,
+            };
+            output::show(fmt, &doc, |d| {
+                let mut out = format!(
+                    "{}: {} bytes in the pool file, {} used, {} free; {} volumes, {} snapshots\n",
+                    d.pool,
+                    d.total_bytes,
+                    d.used_bytes,
+                    d.free_bytes,
+                    d.volume_count,
+                    d.snapshot_count
+                );
+                for v in &d.volumes {
+                    out.push_str(&format!(
+                        "volume {} size {} allocated {} snapshots {}\n",
+                        v.name, v.size, v.allocated_bytes, v.snapshots
+                    ));
+                }
+                out
+            })
         }
     }
-    Ok(())
 }

@@ -1,40 +1,69 @@
 //! `lamina snapshot ...`
 
-use crate::cmd_volume::done;
-use crate::output::{self, fields, or_dash, Format, Table};
+use crate::output::{self, fields, list_or_dash, or_dash, Format, Table};
 use crate::Ctx;
 use anyhow::Result;
 use clap::Subcommand;
-use hyper::StatusCode;
-use lamina_api::{format_size, Export, Snapshot, Volume};
-use lamina_cli::client::seg;
-use serde_json::json;
-use std::collections::BTreeMap;
+use lamina_api::{format_size, CreateSnapshot, Snapshot, Volume};
+use serde::Serialize;
 
 #[derive(Subcommand)]
 pub enum SnapshotCmd {
     /// Take a snapshot of a volume (succeeds if it exists already).
     Create {
+        /// The volume to snapshot.
         volume: String,
+        /// Name of the new snapshot.
         name: String,
         /// A label KEY=VALUE (repeat for more).
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
         labels: Vec<(String, String)>,
     },
     /// List a volume's snapshots, or every snapshot when no volume is given.
-    List { volume: Option<String> },
-    /// Show a snapshot.
-    Get { volume: String, name: String },
-    /// Delete a snapshot.
-    Delete { volume: String, name: String },
+    List {
+        /// Only this volume's snapshots.
+        volume: Option<String>,
+    },
+    /// Show a snapshot, with the clones made from it.
+    Get {
+        /// The snapshot's volume.
+        volume: String,
+        /// The snapshot.
+        name: String,
+    },
+    /// Delete a snapshot (succeeds if it does not exist; its clones keep their data).
+    Delete {
+        /// The snapshot's volume.
+        volume: String,
+        /// The snapshot.
+        name: String,
+    },
     /// Roll a volume back to a snapshot.
-    Revert { volume: String, name: String },
-    /// Draw a volume's snapshot tree, with the live volume under its parent.
-    Tree { volume: String },
+    Revert {
+        /// The volume to roll back.
+        volume: String,
+        /// The snapshot to roll it back to.
+        name: String,
+    },
+    /// Draw a volume's snapshot tree, with the live volume under its parent and the clones of each snapshot.
+    Tree {
+        /// The volume.
+        volume: String,
+    },
     /// Export a snapshot read-only over NBD and print its URI.
-    Attach { volume: String, name: String },
-    /// Stop exporting a snapshot.
-    Detach { volume: String, name: String },
+    Attach {
+        /// The snapshot's volume.
+        volume: String,
+        /// The snapshot.
+        name: String,
+    },
+    /// Stop exporting a snapshot (succeeds if it is not attached).
+    Detach {
+        /// The snapshot's volume.
+        volume: String,
+        /// The snapshot.
+        name: String,
+    },
 }
 
 fn label_arg(s: &str) -> Result<(String, String), String> {
@@ -44,22 +73,28 @@ fn label_arg(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `snapshot tree` as a document: the volume and its snapshots.
+#[derive(Serialize)]
+struct TreeDoc {
+    volume: Volume,
+    snapshots: Vec<Snapshot>,
+}
+
 pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
     let c = &ctx.client;
-    let path = |v: &str, s: &str| format!("/v1/volumes/{}/snapshots/{}", seg(v), seg(s));
     match cmd {
         SnapshotCmd::Create {
             volume,
             name,
             labels,
         } => {
-            let labels: BTreeMap<String, String> = labels.into_iter().collect();
-            let url = format!("/v1/volumes/{}/snapshots", seg(&volume));
-            let a = c
-                .post(&url, Some(json!({"name": name, "labels": labels})))
-                .await?;
-            output::show(ctx.fmt, &a.body, |s: &Snapshot| {
-                if a.status == StatusCode::CREATED {
+            let req = CreateSnapshot {
+                name,
+                labels: labels.into_iter().collect(),
+            };
+            let r = c.create_snapshot(&volume, &req).await?;
+            output::show(ctx.fmt, &r.value, |s| {
+                if r.created {
                     format!("created snapshot {}/{}", s.volume, s.name)
                 } else {
                     format!("snapshot {}/{} exists already", s.volume, s.name)
@@ -67,28 +102,42 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             })
         }
         SnapshotCmd::List { volume } => {
-            let url = match &volume {
-                Some(v) => format!("/v1/volumes/{}/snapshots", seg(v)),
-                None => "/v1/snapshots".to_string(),
+            let snaps = match &volume {
+                Some(v) => c.list_snapshots(v).await?,
+                None => c.list_all_snapshots().await?,
             };
-            let v = c.get(&url).await?;
-            output::show(ctx.fmt, &v, |s: &Vec<Snapshot>| list_table(s))
+            output::show(ctx.fmt, &snaps, |s| list_table(s))
         }
         SnapshotCmd::Get { volume, name } => {
-            let v = c.get(&path(&volume, &name)).await?;
-            output::show(ctx.fmt, &v, details)
+            let s = c.get_snapshot(&volume, &name).await?;
+            output::show(ctx.fmt, &s, details)
         }
         SnapshotCmd::Delete { volume, name } => {
-            let a = c.delete(&path(&volume, &name)).await?;
-            done(ctx.fmt, &a.body, || {
-                format!("deleted snapshot {volume}/{name}")
-            })
+            // Which clones came from it, to say that they keep their data
+            // (none known if it cannot be read: the delete says why).
+            let clones = match c.get_snapshot(&volume, &name).await {
+                Ok(s) => s.clones,
+                Err(_) => vec![],
+            };
+            let r = c.delete_snapshot(&volume, &name).await?;
+            output::show(ctx.fmt, &r, |r| {
+                if r.existed {
+                    format!("deleted snapshot {volume}/{name}")
+                } else {
+                    format!("snapshot {volume}/{name} does not exist: nothing to delete")
+                }
+            })?;
+            if r.existed && !clones.is_empty() {
+                output::note(
+                    ctx.fmt,
+                    &format!("its clones keep their data: {}", clones.join(", ")),
+                );
+            }
+            Ok(())
         }
         SnapshotCmd::Revert { volume, name } => {
-            let a = c
-                .post(&format!("{}/revert", path(&volume, &name)), None)
-                .await?;
-            output::show(ctx.fmt, &a.body, |v: &Volume| {
+            let v = c.revert_snapshot(&volume, &name).await?;
+            output::show(ctx.fmt, &v, |v| {
                 format!(
                     "reverted volume {} to snapshot {name} ({})",
                     v.name,
@@ -97,32 +146,30 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             })
         }
         SnapshotCmd::Tree { volume } => {
-            let vol = c.get(&format!("/v1/volumes/{}", seg(&volume))).await?;
-            let snaps = c
-                .get(&format!("/v1/volumes/{}/snapshots", seg(&volume)))
-                .await?;
+            let doc = TreeDoc {
+                volume: c.get_volume(&volume).await?,
+                snapshots: c.list_snapshots(&volume).await?,
+            };
             match ctx.fmt {
                 Format::Table => {
-                    let (v, s): (Volume, Vec<Snapshot>) =
-                        (output::parse(&vol)?, output::parse(&snaps)?);
-                    print!("{}", crate::tree::render(&v, &s));
+                    print!("{}", crate::tree::render(&doc.volume, &doc.snapshots));
                     Ok(())
                 }
-                f => output::print_raw(f, &json!({"volume": vol, "snapshots": snaps})),
+                f => output::document(f, &doc),
             }
         }
         SnapshotCmd::Attach { volume, name } => {
-            let a = c
-                .post(&format!("{}/attach", path(&volume, &name)), None)
-                .await?;
-            output::show(ctx.fmt, &a.body, |e: &Export| e.uri.clone())
+            let e = c.attach_snapshot(&volume, &name).await?;
+            output::show(ctx.fmt, &e, |e| e.uri.clone())
         }
         SnapshotCmd::Detach { volume, name } => {
-            let a = c
-                .post(&format!("{}/detach", path(&volume, &name)), None)
-                .await?;
-            done(ctx.fmt, &a.body, || {
-                format!("detached snapshot {volume}/{name}")
+            let r = c.detach_snapshot(&volume, &name).await?;
+            output::show(ctx.fmt, &r, |r| {
+                if r.existed {
+                    format!("detached snapshot {volume}/{name}")
+                } else {
+                    format!("snapshot {volume}/{name} was not attached: nothing to detach")
+                }
             })
         }
     }
@@ -156,6 +203,9 @@ fn list_table(snaps: &[Snapshot]) -> String {
         if s.export.is_some() {
             flags.push("attached");
         }
+        if !s.clones.is_empty() {
+            flags.push("cloned");
+        }
         t.row(vec![
             s.volume.clone(),
             s.name.clone(),
@@ -180,14 +230,8 @@ fn details(s: &Snapshot) -> String {
         ("Name", s.name.clone()),
         ("Created", s.created.clone()),
         ("Parent", or_dash(s.parent.as_deref())),
-        (
-            "Children",
-            if s.children.is_empty() {
-                "-".into()
-            } else {
-                s.children.join(", ")
-            },
-        ),
+        ("Children", list_or_dash(&s.children)),
+        ("Clones", list_or_dash(&s.clones)),
         ("System", if s.system { "yes" } else { "no" }.into()),
         ("Labels", labels(s)),
         ("Restore size", format_size(s.restore_size)),

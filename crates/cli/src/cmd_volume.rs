@@ -1,47 +1,60 @@
 //! `lamina volume ...`
 
-use crate::output::{self, fields, or_dash, Format, Table};
+use crate::output::{self, fields, or_dash, Table};
 use crate::Ctx;
 use anyhow::Result;
 use clap::Subcommand;
-use hyper::StatusCode;
-use lamina_api::{format_size, CloneState, Export, Volume};
-use lamina_cli::client::seg;
-use serde_json::json;
+use lamina_api::{format_size, CloneState, CreateVolume, ExpandVolume, Removed, Volume};
 
 #[derive(Subcommand)]
 pub enum VolumeCmd {
     /// Create a thin volume (succeeds if one exists with the same name and size).
     Create {
+        /// Name of the new volume.
         name: String,
-        /// Size, e.g. 10GiB, 512MiB, 1TB, 4096.
-        #[arg(long, value_parser = crate::size_arg)]
+        /// Size: bytes, or a number with K, M, G, T, P or E; every unit is a power of 1024, in any case, with an optional i and B (10G = 10g = 10GiB = 10gb).
+        #[arg(long, value_parser = volume_size, allow_negative_numbers = true)]
         size: u64,
     },
     /// List the volumes.
     List,
-    /// Show a volume, with its clone origin and state.
-    Get { name: String },
-    /// Grow a volume (shrinking is refused).
-    Expand {
+    /// Show a volume: size, space, clone origin and state, NBD clients.
+    Get {
+        /// The volume.
         name: String,
-        /// The new size, e.g. 20GiB.
-        #[arg(long, value_parser = crate::size_arg)]
+    },
+    /// Grow a volume (shrinking is not supported).
+    Expand {
+        /// The volume.
+        name: String,
+        /// The new size, e.g. 20G (units as for `volume create`).
+        #[arg(long, value_parser = volume_size, allow_negative_numbers = true)]
         size: u64,
     },
-    /// Delete a volume.
+    /// Delete a volume (succeeds if it does not exist).
     Delete {
+        /// The volume.
         name: String,
         /// Delete its snapshots with it.
         #[arg(long)]
         with_snapshots: bool,
     },
     /// Export a volume over NBD and print its URI.
-    Attach { name: String },
-    /// Stop exporting a volume.
-    Detach { name: String },
+    Attach {
+        /// The volume.
+        name: String,
+    },
+    /// Stop exporting a volume (refused while NBD clients are connected, unless --force).
+    Detach {
+        /// The volume.
+        name: String,
+        /// Detach even while NBD clients are connected: they are cut off and their I/O fails.
+        #[arg(long)]
+        force: bool,
+    },
     /// Make a linked clone independent of its origin (copies the shared blocks in the background).
     Flatten {
+        /// The linked clone.
         name: String,
         /// Wait until the clone is independent.
         #[arg(long)]
@@ -49,15 +62,34 @@ pub enum VolumeCmd {
     },
 }
 
+/// A `--size`: the size syntax, then the range a volume may have, said
+/// in sizes people read.
+pub fn volume_size(s: &str) -> Result<u64, String> {
+    let n = lamina_api::parse_size(s)?;
+    let max = lamina_engine::MAX_VOLUME_SIZE;
+    if n == 0 {
+        return Err(format!(
+            "a volume size must be between 1 byte and {}",
+            format_size(max)
+        ));
+    }
+    if n > max {
+        return Err(format!(
+            "a volume size must be between 1 byte and {} ({s:?} is {})",
+            format_size(max),
+            format_size(n)
+        ));
+    }
+    Ok(n)
+}
+
 pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
     let c = &ctx.client;
     match cmd {
         VolumeCmd::Create { name, size } => {
-            let a = c
-                .post("/v1/volumes", Some(json!({"name": name, "size": size})))
-                .await?;
-            output::show(ctx.fmt, &a.body, |v: &Volume| {
-                if a.status == StatusCode::CREATED {
+            let r = c.create_volume(&CreateVolume { name, size }).await?;
+            output::show(ctx.fmt, &r.value, |v| {
+                if r.created {
                     format!("created volume {} ({})", v.name, format_size(v.size))
                 } else {
                     format!(
@@ -69,63 +101,60 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
             })
         }
         VolumeCmd::List => {
-            let v = c.get("/v1/volumes").await?;
-            output::show(ctx.fmt, &v, |vols: &Vec<Volume>| list_table(vols))
+            let vols = c.list_volumes().await?;
+            output::show(ctx.fmt, &vols, |v| list_table(v))
         }
         VolumeCmd::Get { name } => {
-            let v = c.get(&format!("/v1/volumes/{}", seg(&name))).await?;
+            let v = c.get_volume(&name).await?;
             output::show(ctx.fmt, &v, details)
         }
         VolumeCmd::Expand { name, size } => {
-            let a = c
-                .post(
-                    &format!("/v1/volumes/{}/expand", seg(&name)),
-                    Some(json!({"size": size})),
-                )
-                .await?;
-            output::show(ctx.fmt, &a.body, |v: &Volume| {
+            let v = c.expand_volume(&name, &ExpandVolume { size }).await?;
+            output::show(ctx.fmt, &v, |v| {
                 format!("volume {} is now {}", v.name, format_size(v.size))
-            })
+            })?;
+            if let Some(n) = v.export.as_ref().map(|e| e.connections).filter(|n| *n > 0) {
+                output::note(
+                    ctx.fmt,
+                    &format!(
+                        "{} connected to it keep the size they saw until they reconnect",
+                        clients(n)
+                    ),
+                );
+            }
+            Ok(())
         }
         VolumeCmd::Delete {
             name,
             with_snapshots,
         } => {
-            let q = if with_snapshots {
-                "?with_snapshots=true"
-            } else {
-                ""
-            };
-            let a = c.delete(&format!("/v1/volumes/{}{q}", seg(&name))).await?;
-            done(ctx.fmt, &a.body, || {
-                if with_snapshots {
-                    format!("deleted volume {name} and its snapshots")
-                } else {
-                    format!("deleted volume {name}")
-                }
+            let r = c.delete_volume(&name, with_snapshots).await?;
+            output::show(ctx.fmt, &r, |r| match (r.existed, with_snapshots) {
+                (true, true) => format!("deleted volume {name} and its snapshots"),
+                (true, false) => format!("deleted volume {name}"),
+                (false, _) => format!("volume {name} does not exist: nothing to delete"),
             })
         }
         VolumeCmd::Attach { name } => {
-            let a = c
-                .post(&format!("/v1/volumes/{}/attach", seg(&name)), None)
-                .await?;
-            output::show(ctx.fmt, &a.body, |e: &Export| e.uri.clone())
+            let e = c.attach_volume(&name).await?;
+            output::show(ctx.fmt, &e, |e| e.uri.clone())
         }
-        VolumeCmd::Detach { name } => {
-            let a = c
-                .post(&format!("/v1/volumes/{}/detach", seg(&name)), None)
-                .await?;
-            done(ctx.fmt, &a.body, || format!("detached volume {name}"))
+        VolumeCmd::Detach { name, force } => {
+            let r = c.detach_volume(&name, force).await?;
+            output::show(ctx.fmt, &r, |r: &Removed| {
+                if r.existed {
+                    format!("detached volume {name}")
+                } else {
+                    format!("volume {name} was not attached: nothing to detach")
+                }
+            })
         }
         VolumeCmd::Flatten { name, wait } => {
-            let a = c
-                .post(&format!("/v1/volumes/{}/flatten", seg(&name)), None)
-                .await?;
-            let mut body = a.body;
+            let mut v = c.flatten_volume(&name).await?;
             if wait {
-                body = crate::cmd_operation::wait_flatten(ctx, &name).await?;
+                v = crate::cmd_operation::wait_flatten(ctx, &name).await?;
             }
-            output::show(ctx.fmt, &body, |v: &Volume| {
+            output::show(ctx.fmt, &v, |v| {
                 match v.clone_state {
                 CloneState::Flattening => format!(
                     "flattening volume {}: its shared blocks are being copied in the background (`lamina volume get {}` shows when it is independent)",
@@ -138,15 +167,13 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
     }
 }
 
-/// For answers without a body (204): a line in table mode, and in JSON or
-/// YAML mode the body if there was one, else nothing.
-pub fn done(fmt: Format, body: &serde_json::Value, line: impl FnOnce() -> String) -> Result<()> {
-    match fmt {
-        Format::Table => println!("{}", line()),
-        _ if body.is_null() => {}
-        _ => output::print_raw(fmt, body)?,
+/// `1 NBD client`, `2 NBD clients`.
+fn clients(n: u32) -> String {
+    if n == 1 {
+        "1 NBD client".into()
+    } else {
+        format!("{n} NBD clients")
     }
-    Ok(())
 }
 
 pub fn state_name(s: &CloneState) -> &'static str {
@@ -202,6 +229,20 @@ fn details(v: &Volume) -> String {
             format!("{} ({} bytes)", format_size(v.size), v.size),
         ),
         ("Allocated", format_size(v.allocated_bytes)),
+        (
+            "Exclusive",
+            format!(
+                "{} (held by the live volume only)",
+                format_size(v.exclusive_bytes)
+            ),
+        ),
+        (
+            "Shared",
+            format!(
+                "{} (with its snapshots or clone origin)",
+                format_size(v.shared_bytes)
+            ),
+        ),
         ("Created", v.created.clone()),
         ("Parent snapshot", or_dash(v.parent_snapshot.as_deref())),
         ("Clone state", state_name(&v.clone_state).into()),
@@ -210,6 +251,29 @@ fn details(v: &Volume) -> String {
             "Attached",
             or_dash(v.export.as_ref().map(|e| e.uri.as_str())),
         ),
+        (
+            "NBD clients",
+            v.export
+                .as_ref()
+                .map_or("-".into(), |e| format!("{} connected", e.connections)),
+        ),
         ("Operation", or_dash(v.operation.as_deref())),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_out_of_range_are_said_plainly() {
+        assert_eq!(volume_size("10g"), Ok(10 << 30));
+        let e = volume_size("0").unwrap_err();
+        assert_eq!(e, "a volume size must be between 1 byte and 64.0 PiB");
+        let e = volume_size("65P").unwrap_err();
+        assert!(e.contains("64.0 PiB") && e.contains("65.0 PiB"), "{e}");
+        assert!(!e.contains("72057594037927936"), "{e}");
+        let e = volume_size("-1").unwrap_err();
+        assert!(e.contains("cannot be negative"), "{e}");
+    }
 }

@@ -1,21 +1,22 @@
 //! The `lamina` command: `lamina serve` runs the daemon; the other commands
-//! talk to it over its API (the unix socket in the data directory, or TCP
-//! with `--endpoint` and the bearer token); `lamina pool` works on a pool
-//! offline. It owns argument parsing and output only, never engine or
-//! daemon logic.
+//! talk to it through `lamina-client` (the unix socket in the data
+//! directory, or TCP with `--endpoint` and the bearer token); `lamina pool`
+//! works on a pool offline. It owns argument parsing and output only, never
+//! engine or daemon logic, and writes no API path or request body itself.
 
-use lamina_cli::client;
 mod cmd_clone;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_snapshot;
 mod cmd_volume;
+mod failure;
 mod output;
 mod tree;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use client::{Client, Failure};
+use failure::Failure;
+use lamina_client::Client;
 use output::Format;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,13 +34,16 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// The help heading of the options every command (that uses them) takes.
+const GLOBAL: &str = "Global options";
+
 #[derive(Args)]
 struct Global {
     /// The daemon's data directory: pool, store, sockets, token [default: /var/lib/lamina for root, else $XDG_DATA_HOME/lamina or ~/.local/share/lamina].
-    #[arg(long, global = true, env = "LAMINA_DATA_DIR", value_name = "DIR")]
+    #[arg(long, global = true, env = "LAMINA_DATA_DIR", value_name = "DIR", help_heading = GLOBAL)]
     data_dir: Option<PathBuf>,
     /// Reach the daemon over TCP, e.g. http://127.0.0.1:7480 (needs the token).
-    #[arg(long, global = true, env = "LAMINA_ENDPOINT", value_name = "URL")]
+    #[arg(long, global = true, env = "LAMINA_ENDPOINT", value_name = "URL", help_heading = GLOBAL)]
     endpoint: Option<String>,
     /// Bearer token for --endpoint (default: read from DIR/token when readable).
     #[arg(
@@ -47,12 +51,46 @@ struct Global {
         global = true,
         env = "LAMINA_TOKEN",
         value_name = "TOKEN",
-        hide_env_values = true
+        hide_env_values = true,
+        help_heading = GLOBAL
     )]
     token: Option<String>,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
+    /// Output format: one JSON or YAML document, or text for people.
+    #[arg(short = 'o', long, global = true, value_enum, value_name = "FORMAT", default_value_t = Format::Table, help_heading = GLOBAL)]
     output: Format,
+}
+
+/// Global options that do not apply to `lamina pool` (it works offline on
+/// the directory it is given): declared again here, hidden, so that they
+/// are not listed in its help (nor its subcommands'), and refused with a
+/// reason when given to it.
+#[derive(Args)]
+struct NotForPool {
+    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<PathBuf>)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<String>)]
+    endpoint: Option<String>,
+    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<String>)]
+    token: Option<String>,
+}
+
+fn not_for_pool<T>(_: &str) -> Result<T, String> {
+    Err("pool commands work offline on the pool directory they are given: they take no --data-dir, --endpoint or --token".into())
+}
+
+/// The same for `lamina serve`, which talks to no daemon and prints nothing.
+#[derive(Args)]
+struct NotForServe {
+    #[arg(long, hide = true, value_parser = not_for_serve::<String>)]
+    endpoint: Option<String>,
+    #[arg(long, hide = true, value_parser = not_for_serve::<String>)]
+    token: Option<String>,
+    #[arg(short = 'o', long, hide = true, value_parser = not_for_serve::<Format>)]
+    output: Option<Format>,
+}
+
+fn not_for_serve<T>(_: &str) -> Result<T, String> {
+    Err("`lamina serve` runs the daemon: it takes no --endpoint, --token or --output (see `lamina serve --help`)".into())
 }
 
 #[derive(Subcommand)]
@@ -65,6 +103,11 @@ enum Cmd {
         /// Also serve NBD on TCP at ADDR (e.g. 127.0.0.1:10809).
         #[arg(long, value_name = "ADDR")]
         nbd_listen: Option<SocketAddr>,
+        /// Prune finished operation records older than this (e.g. 7d, 12h, 30min).
+        #[arg(long, value_name = "DURATION", default_value_t = lamina_server::DEFAULT_OPERATION_RETENTION.into())]
+        operation_retention: humantime::Duration,
+        #[command(flatten)]
+        _not: NotForServe,
     },
     /// The daemon's version, data directory and pool usage.
     Status,
@@ -83,7 +126,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cmd_clone::CloneCmd,
     },
-    /// Long-running operations (full clones, flattens).
+    /// Long-running operations (full clones, flattens) and the record of every change.
     Operation {
         #[command(subcommand)]
         cmd: cmd_operation::OperationCmd,
@@ -92,6 +135,8 @@ enum Cmd {
     Pool {
         #[command(subcommand)]
         cmd: cmd_pool::PoolCmd,
+        #[command(flatten)]
+        _not: NotForPool,
     },
 }
 
@@ -99,11 +144,6 @@ enum Cmd {
 pub struct Ctx {
     pub client: Client,
     pub fmt: Format,
-}
-
-/// A size argument (`10GiB`, `512MiB`, `4096`).
-pub fn size_arg(s: &str) -> Result<u64, String> {
-    lamina_api::parse_size(s)
 }
 
 fn main() {
@@ -117,31 +157,45 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
-        if let Some(h) = e.downcast_ref::<Failure>().and_then(|f| f.hint.as_deref()) {
+    let data_dir = data_dir(cli.global.data_dir.clone());
+    let mut client = None;
+    if let Err(e) = run(cli, &data_dir, &mut client) {
+        let f = failure::explain(&e, &data_dir, client.as_ref());
+        eprintln!("error: {}", f.message);
+        if let Some(h) = &f.hint {
             eprintln!("hint: {h}");
         }
-        std::process::exit(1);
+        std::process::exit(f.exit_code);
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// The data directory given, or the default, made absolute.
+fn data_dir(given: Option<PathBuf>) -> PathBuf {
+    let d = given.unwrap_or_else(lamina_server::default_data_dir);
+    std::path::absolute(&d).unwrap_or(d)
+}
+
+/// Run the command; `client` is left with the client it used, if any, for
+/// the error message.
+fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Result<()> {
     let g = cli.global;
-    let data_dir = g.data_dir.unwrap_or_else(lamina_server::default_data_dir);
-    let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
     match cli.cmd {
-        Cmd::Pool { cmd } => cmd_pool::run(cmd),
-        Cmd::Serve { listen, nbd_listen } => serve(lamina_server::Config {
-            data_dir,
+        Cmd::Pool { cmd, .. } => cmd_pool::run(cmd, g.output),
+        Cmd::Serve {
             listen,
             nbd_listen,
-            operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
+            operation_retention,
+            ..
+        } => serve(lamina_server::Config {
+            data_dir: data_dir.to_path_buf(),
+            listen,
+            nbd_listen,
+            operation_retention: operation_retention.into(),
         }),
         cmd => {
-            let client = Client::new(&data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
+            let c = make_client(data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
             let ctx = Ctx {
-                client,
+                client: client.insert(c).clone(),
                 fmt: g.output,
             };
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -162,9 +216,27 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The client for the global options: the unix socket of the data
+/// directory unless an endpoint is given; then TCP with the token given,
+/// or the one in the data directory when that is readable.
+fn make_client(
+    data_dir: &std::path::Path,
+    endpoint: Option<&str>,
+    token: Option<&str>,
+) -> Result<Client> {
+    let layout = lamina_server::Layout::new(data_dir);
+    Ok(match endpoint {
+        None => Client::unix(layout.api_socket),
+        Some(ep) => {
+            let from_file = std::fs::read_to_string(&layout.token).ok();
+            Client::tcp(ep, token.or(from_file.as_deref()))?
+        }
+    })
+}
+
 async fn status(ctx: &Ctx) -> Result<()> {
-    let v = ctx.client.get("/v1/health").await?;
-    output::show(ctx.fmt, &v, |h: &lamina_api::Health| {
+    let h = ctx.client.health().await?;
+    output::show(ctx.fmt, &h, |h| {
         output::fields(&[
             ("Version", h.version.clone()),
             ("Data directory", h.data_dir.clone()),
@@ -213,4 +285,56 @@ fn serve(config: lamina_server::Config) -> Result<()> {
             .await
             .with_context(|| format!("serving {}", dir.display()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::time::Duration;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every positional argument of every command says what it is.
+    #[test]
+    fn every_positional_argument_has_a_description() {
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in c.get_positionals() {
+                if a.get_help().is_none() {
+                    missing.push(format!("{path} <{}>", a.get_id()));
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), missing);
+            }
+        }
+        let mut c = Cli::command();
+        c.build();
+        let mut missing = vec![];
+        walk(&c, "lamina", &mut missing);
+        assert!(missing.is_empty(), "no description: {missing:?}");
+    }
+
+    #[test]
+    fn serve_takes_the_operation_retention() {
+        let retention = |args: &[&str]| match Cli::try_parse_from(args).unwrap().cmd {
+            Cmd::Serve {
+                operation_retention,
+                ..
+            } => Duration::from(operation_retention),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            retention(&["lamina", "serve"]),
+            lamina_server::DEFAULT_OPERATION_RETENTION
+        );
+        assert_eq!(
+            retention(&["lamina", "serve", "--operation-retention", "90min"]),
+            Duration::from_secs(5400)
+        );
+        assert!(Cli::try_parse_from(["lamina", "serve", "--operation-retention", "soon"]).is_err());
+    }
 }

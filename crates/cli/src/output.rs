@@ -1,9 +1,8 @@
-//! Output: the API's JSON as it came (pretty), the same as YAML, or an
-//! aligned table for people.
+//! Output: one JSON or YAML document per command (the API's types as the
+//! daemon sent them), or aligned text for people.
 
 use anyhow::{Context, Result};
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -12,18 +11,13 @@ pub enum Format {
     Table,
 }
 
-/// Print `value` as JSON or YAML; in table mode call `table` with it parsed
-/// as `T` and print what it returns.
-pub fn show<T: DeserializeOwned>(
-    fmt: Format,
-    value: &Value,
-    table: impl FnOnce(&T) -> String,
-) -> Result<()> {
+/// Print `value` as one JSON or YAML document; in table mode print what
+/// `table` makes of it.
+pub fn show<T: Serialize>(fmt: Format, value: &T, table: impl FnOnce(&T) -> String) -> Result<()> {
     match fmt {
-        Format::Json | Format::Yaml => print_raw(fmt, value),
+        Format::Json | Format::Yaml => document(fmt, value),
         Format::Table => {
-            let t: T = parse(value)?;
-            let s = table(&t);
+            let s = table(value);
             print!("{s}");
             if !s.is_empty() && !s.ends_with('\n') {
                 println!();
@@ -33,22 +27,37 @@ pub fn show<T: DeserializeOwned>(
     }
 }
 
-/// Print a JSON value as JSON or YAML (in table mode, as JSON).
-pub fn print_raw(fmt: Format, value: &Value) -> Result<()> {
+/// Print `value` as one JSON document (pretty) or one YAML document.
+pub fn document<T: Serialize>(fmt: Format, value: &T) -> Result<()> {
     match fmt {
         Format::Yaml => print!(
             "{}",
             serde_yaml::to_string(value).context("formatting YAML")?
         ),
-        _ => println!("{}", serde_json::to_string_pretty(value)?),
+        _ => println!(
+            "{}",
+            serde_json::to_string_pretty(value).context("formatting JSON")?
+        ),
     }
     Ok(())
 }
 
-/// An API answer as a typed value.
-pub fn parse<T: DeserializeOwned>(value: &Value) -> Result<T> {
-    serde_json::from_value(value.clone())
-        .context("the daemon's answer does not have the expected shape")
+/// A note beside the output: with the text in table mode, on stderr in
+/// JSON and YAML mode (stdout holds only the document there).
+pub fn note(fmt: Format, line: &str) {
+    match fmt {
+        Format::Table => println!("{line}"),
+        _ => eprintln!("note: {line}"),
+    }
+}
+
+/// Items joined with commas, or `-` for none.
+pub fn list_or_dash(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(", ")
+    }
 }
 
 /// Columns padded to their widest cell, two spaces apart.

@@ -1,8 +1,8 @@
 //! `lamina snapshot tree`: a volume's snapshots drawn as a tree with
-//! box-drawing characters, and the live volume under the snapshot it
-//! descends from.
+//! box-drawing characters, the live volume under the snapshot it descends
+//! from, and the clones made from each snapshot.
 
-use crate::output::Table;
+use crate::output::{list_or_dash, Table};
 use lamina_api::{format_size, CloneState, Snapshot, Volume};
 use std::collections::{BTreeMap, HashSet};
 
@@ -50,7 +50,7 @@ pub fn render(volume: &Volume, snapshots: &[Snapshot]) -> String {
     }
     title.push(')');
 
-    let mut table = Table::new(&["SNAPSHOT", "CREATED", "RESTORE SIZE", "EXCLUSIVE"]);
+    let mut table = Table::new(&["SNAPSHOT", "CREATED", "RESTORE SIZE", "EXCLUSIVE", "CLONES"]);
     let mut seen = HashSet::new();
     let roots = children(&kids, None, live_parent.is_none());
     draw(
@@ -107,6 +107,7 @@ fn draw<'a>(
                 "now".into(),
                 format_size(volume.size),
                 "-".into(),
+                "-".into(),
             ]),
             Node::Snap(s) => {
                 let mut label = format!("{prefix}{branch}{SNAP} {}", s.name);
@@ -118,6 +119,7 @@ fn draw<'a>(
                     s.created.clone(),
                     format_size(s.restore_size),
                     format_size(s.exclusive_bytes),
+                    list_or_dash(&s.clones),
                 ]);
                 if !seen.insert(s.name.clone()) {
                     continue; // a cycle: never draw a node's subtree twice
@@ -169,8 +171,10 @@ mod tests {
 
     #[test]
     fn draws_a_branching_tree() {
+        let mut base = snap("base", None, "2025-01-01T00:00:01Z");
+        base.clones = vec!["c1".into(), "c2".into()];
         let snaps = vec![
-            snap("base", None, "2025-01-01T00:00:01Z"),
+            base,
             snap("a", Some("base"), "2025-01-01T00:00:02Z"),
             snap("clone-x", Some("a"), "2025-01-01T00:00:03Z"),
             snap("b", Some("base"), "2025-01-01T00:00:04Z"),
@@ -179,8 +183,13 @@ mod tests {
         // The shape, line by line (column widths depend on the longest label).
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "v (2.0 GiB)");
+        assert!(lines[1].ends_with("CLONES"), "{out}");
         assert!(lines[2].starts_with("○ base "), "{out}");
-        assert!(lines[3].starts_with("├── ○ a "), "{out}");
+        assert!(lines[2].ends_with(" c1, c2"), "{out}");
+        assert!(
+            lines[3].starts_with("├── ○ a ") && lines[3].ends_with(" -"),
+            "{out}"
+        );
         assert!(lines[4].starts_with("│   ├── ○ clone-x [system] "), "{out}");
         assert!(lines[5].starts_with("│   └── ● (live volume) "), "{out}");
         assert!(lines[6].starts_with("└── ○ b "), "{out}");

@@ -1,11 +1,13 @@
 //! A real `lamina serve` in its own data directory, driven through its HTTP
-//! API with the same client the `lamina` command uses.
+//! API through `lamina-client`, as the `lamina` command drives it.
 
 use super::proc::{self, Server};
-use anyhow::{bail, Context, Result};
-use hyper::Method;
-use lamina_cli::client::{seg, Client};
-use serde_json::{json, Value};
+use anyhow::{bail, Result};
+use lamina_api::{
+    CloneCreated, CreateClone, CreateSnapshot, CreateVolume, Operation, OperationState, Snapshot,
+};
+use lamina_client::Client;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -41,7 +43,7 @@ impl Lamina {
         Ok(Lamina {
             server,
             data: data.to_path_buf(),
-            client: Client::new(data, None, None)?,
+            client: Client::unix(layout.api_socket),
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?,
@@ -52,131 +54,115 @@ impl Lamina {
         self.server.pid()
     }
 
-    pub fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
-        let a = self
-            .rt
-            .block_on(self.client.call(method.clone(), path, body))?;
-        Ok(a.body)
+    /// Run one client call to its end.
+    fn call<T>(&self, f: impl Future<Output = lamina_client::Result<T>>) -> Result<T> {
+        Ok(self.rt.block_on(f)?)
     }
 
     pub fn create_volume(&self, name: &str, size: u64) -> Result<()> {
-        self.call(
-            Method::POST,
-            "/v1/volumes",
-            Some(json!({"name": name, "size": size})),
-        )?;
+        let req = CreateVolume {
+            name: name.into(),
+            size,
+        };
+        self.call(self.client.create_volume(&req))?;
         Ok(())
     }
 
     /// Attach a volume; its NBD URI.
     pub fn attach(&self, volume: &str) -> Result<String> {
-        let v = self.call(
-            Method::POST,
-            &format!("/v1/volumes/{}/attach", seg(volume)),
-            None,
-        )?;
-        uri(&v)
+        Ok(self.call(self.client.attach_volume(volume))?.uri)
     }
 
+    /// Detach a volume (the suite's clients have disconnected by then).
     pub fn detach(&self, volume: &str) -> Result<()> {
-        self.call(
-            Method::POST,
-            &format!("/v1/volumes/{}/detach", seg(volume)),
-            None,
-        )?;
+        self.call(self.client.detach_volume(volume, false))?;
         Ok(())
     }
 
     /// Take a snapshot; how long the API took to answer.
     pub fn snapshot(&self, volume: &str, name: &str) -> Result<Duration> {
         let t = Instant::now();
-        self.call(
-            Method::POST,
-            &format!("/v1/volumes/{}/snapshots", seg(volume)),
-            Some(json!({"name": name})),
-        )?;
+        let req = CreateSnapshot {
+            name: name.into(),
+            ..Default::default()
+        };
+        self.call(self.client.create_snapshot(volume, &req))?;
         Ok(t.elapsed())
+    }
+
+    pub fn snapshot_info(&self, volume: &str, name: &str) -> Result<Snapshot> {
+        self.call(self.client.get_snapshot(volume, name))
     }
 
     pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<Duration> {
         let t = Instant::now();
-        self.call(
-            Method::DELETE,
-            &format!("/v1/volumes/{}/snapshots/{}", seg(volume), seg(name)),
-            None,
-        )?;
+        self.call(self.client.delete_snapshot(volume, name))?;
         Ok(t.elapsed())
     }
 
     pub fn delete_volume(&self, volume: &str, with_snapshots: bool) -> Result<()> {
-        let q = if with_snapshots {
-            "?with_snapshots=true"
-        } else {
-            ""
-        };
-        self.call(
-            Method::DELETE,
-            &format!("/v1/volumes/{}{q}", seg(volume)),
-            None,
-        )?;
+        self.call(self.client.delete_volume(volume, with_snapshots))?;
         Ok(())
     }
 
-    /// Create a clone of a snapshot; the API's answer (`volume`, and
-    /// `operation` for a full clone).
+    /// Create a clone of a snapshot; the API's answer (the volume, and the
+    /// operation for a full clone).
     pub fn clone_snapshot(
         &self,
         name: &str,
         volume: &str,
         snapshot: &str,
         full: bool,
-    ) -> Result<Value> {
-        self.call(
-            Method::POST,
-            "/v1/clones",
-            Some(json!({"name": name, "from_snapshot": format!("{volume}/{snapshot}"), "full": full})),
-        )
+    ) -> Result<CloneCreated> {
+        let req = CreateClone {
+            name: name.into(),
+            from_snapshot: Some(format!("{volume}/{snapshot}")),
+            from_volume: None,
+            full,
+        };
+        Ok(self.call(self.client.create_clone(&req))?.value)
     }
 
     /// Create a clone of a volume as it is now (the daemon takes a system
     /// snapshot of it first); the API's answer, as for `clone_snapshot`.
-    pub fn clone_volume(&self, name: &str, volume: &str, full: bool) -> Result<Value> {
-        self.call(
-            Method::POST,
-            "/v1/clones",
-            Some(json!({"name": name, "from_volume": volume, "full": full})),
-        )
+    pub fn clone_volume(&self, name: &str, volume: &str, full: bool) -> Result<CloneCreated> {
+        let req = CreateClone {
+            name: name.into(),
+            from_snapshot: None,
+            from_volume: Some(volume.into()),
+            full,
+        };
+        Ok(self.call(self.client.create_clone(&req))?.value)
     }
 
     /// Wait for an operation to finish, asking every `every` (short when
     /// the wait is timed); error if it failed.
-    pub fn wait_operation(&self, id: &str, every: Duration) -> Result<Value> {
+    pub fn wait_operation(&self, id: &str, every: Duration) -> Result<Operation> {
         loop {
             let op = self.operation(id)?;
-            match op["state"].as_str().unwrap_or("") {
-                "succeeded" => return Ok(op),
-                "failed" => bail!("operation {id} failed: {}", op["error"]),
-                _ => std::thread::sleep(every),
+            match op.state {
+                OperationState::Succeeded => return Ok(op),
+                OperationState::Failed => bail!(
+                    "operation {id} failed: {}",
+                    op.error.as_deref().unwrap_or("no reason recorded")
+                ),
+                OperationState::Running => std::thread::sleep(every),
             }
         }
     }
 
     /// An operation as the API describes it now.
-    pub fn operation(&self, id: &str) -> Result<Value> {
-        self.call(Method::GET, &format!("/v1/operations/{}", seg(id)), None)
+    pub fn operation(&self, id: &str) -> Result<Operation> {
+        self.call(self.client.get_operation(id))
     }
 
-    pub fn list_all_snapshots(&self) -> Result<Vec<Value>> {
-        let v = self.call(Method::GET, "/v1/snapshots", None)?;
-        Ok(v.as_array().cloned().unwrap_or_default())
+    pub fn list_all_snapshots(&self) -> Result<Vec<Snapshot>> {
+        self.call(self.client.list_all_snapshots())
     }
 
     /// Bytes of the pool in use, as the daemon reports them.
     pub fn used(&self) -> Result<u64> {
-        let h = self.call(Method::GET, "/v1/health", None)?;
-        h["pool_used_bytes"]
-            .as_u64()
-            .context("health has no pool_used_bytes")
+        Ok(self.call(self.client.health())?.pool_used_bytes)
     }
 
     pub fn rss_mib(&self) -> f64 {
@@ -186,13 +172,4 @@ impl Lamina {
     pub fn written(&self) -> u64 {
         proc::written(self.pid())
     }
-}
-
-/// The NBD URI of an attached volume or snapshot, from the API's answer.
-pub fn uri(v: &Value) -> Result<String> {
-    v["uri"]
-        .as_str()
-        .or(v["export"]["uri"].as_str())
-        .map(String::from)
-        .with_context(|| format!("no export in {v}"))
 }

@@ -16,6 +16,7 @@ use crate::suite::proc::{self, Server};
 use crate::suite::record::Better;
 use crate::suite::{path_str, Ctx, MIB};
 use anyhow::{bail, ensure, Context, Result};
+use lamina_api::Operation;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -194,7 +195,7 @@ fn linked_qcow2(dir: &Path, logs: &Path, base: &Path, size: u64, first: &[u8]) -
 
 /// A full clone of `src/base` named `name`: started, then waited for. Its
 /// time, the daemon's bytes written meanwhile, and the operation's answer.
-fn full_lamina(l: &Lamina, name: &str) -> Result<(Duration, u64, serde_json::Value)> {
+fn full_lamina(l: &Lamina, name: &str) -> Result<(Duration, u64, Operation)> {
     let w0 = l.written();
     let t = Instant::now();
     let id = start_full_lamina(l, name)?;
@@ -207,10 +208,9 @@ fn start_full_lamina(l: &Lamina, name: &str) -> Result<String> {
     let a = l
         .clone_snapshot(name, "src", "base", true)
         .context("full clone of src/base")?;
-    a["operation"]["id"]
-        .as_str()
-        .map(String::from)
-        .with_context(|| format!("no operation in the answer to a full clone: {a}"))
+    a.operation
+        .map(|o| o.id)
+        .with_context(|| format!("no operation in the answer to a full clone of {name}"))
 }
 
 /// An empty sparse raw file of `size` served by qemu-nbd: nbdcopy's
@@ -408,8 +408,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     nbdcopy_with(&["--destination-is-zero"], &path_str(&src), &src_lamina)
         .context("filling the Lamina volume")?;
     l.snapshot("src", "base")?;
-    let snap = l.call(hyper::Method::GET, "/v1/volumes/src/snapshots/base", None)?;
-    let mapped = snap["allocated_bytes"].as_u64().unwrap_or(0);
+    let mapped = l.snapshot_info("src", "base")?.allocated_bytes;
     if mapped.abs_diff(allocated) > allocated / 20 {
         ctx.rec.note(
             CASE,
@@ -473,8 +472,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 let name = format!("full{round}");
                 let (took, written, op) = full_lamina(&l, &name)?;
                 record_full(ctx, LAMINA, took, written);
-                let done = op["done_bytes"].as_u64().unwrap_or(0);
-                let total = op["total_bytes"].as_u64().unwrap_or(0);
+                let (done, total) = (op.done_bytes, op.total_bytes);
                 let r = &mut ctx.rec;
                 r.add(
                     CASE,

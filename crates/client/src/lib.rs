@@ -1,0 +1,442 @@
+//! The typed client of the Lamina daemon's HTTP/JSON API: one async method
+//! per route, taking and returning `lamina_api` types, and one error type
+//! ([`Error`]) carrying the daemon's status and `ApiError`. Every program
+//! that drives the daemon (the `lamina` command, the benchmarks, the CSI
+//! driver and the Kubernetes controllers to come) goes through it, so that
+//! no path, query or request body is written anywhere else.
+//!
+//! It owns the transport (unix socket, or TCP with the bearer token), the
+//! routes, their encoding and the decoding of answers. It must not know
+//! the daemon's data directory layout, print anything, or retry: callers
+//! decide what to tell people and when to try again.
+
+mod error;
+mod path;
+mod transport;
+
+pub use error::{Error, Result, Unreachable};
+pub use hyper::StatusCode;
+pub use transport::Endpoint;
+
+use hyper::body::Bytes;
+use hyper::Method;
+use lamina_api as api;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::PathBuf;
+use transport::Target;
+
+/// The answer to a create: the object, and whether this call made it
+/// (201) or found it there already with the same spec (200).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created<T> {
+    pub value: T,
+    /// False when it existed already (the call was a no-op).
+    pub created: bool,
+}
+
+/// A connection description to the daemon; cheap to clone. Each call opens
+/// its own connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    target: Target,
+}
+
+impl Client {
+    /// The daemon's API on its unix socket (`DATA_DIR/api.sock`).
+    pub fn unix(socket: impl Into<PathBuf>) -> Client {
+        Client {
+            target: Target::Unix(socket.into()),
+        }
+    }
+
+    /// The daemon's API on TCP at `endpoint` (`http://HOST:PORT`), with the
+    /// bearer token it requires there.
+    pub fn tcp(endpoint: &str, token: Option<&str>) -> Result<Client> {
+        Ok(Client {
+            target: Target::Tcp {
+                endpoint: Endpoint::parse(endpoint)?,
+                token: token.map(|t| t.trim().to_string()),
+            },
+        })
+    }
+
+    /// Where the daemon is looked for: the socket path or the endpoint.
+    pub fn describe(&self) -> String {
+        self.target.describe()
+    }
+
+    /// True for the unix socket.
+    pub fn is_unix(&self) -> bool {
+        matches!(self.target, Target::Unix(_))
+    }
+
+    /// True when a bearer token will be sent (TCP only).
+    pub fn has_token(&self) -> bool {
+        matches!(self.target, Target::Tcp { token: Some(_), .. })
+    }
+
+    // --- the daemon ---
+
+    /// `GET /v1/health`: version, data directory, pool usage.
+    pub async fn health(&self) -> Result<api::Health> {
+        self.get(&path::api("/health", &[])).await
+    }
+
+    /// `GET /openapi.json`: the API's description.
+    pub async fn openapi(&self) -> Result<serde_json::Value> {
+        self.get("/openapi.json").await
+    }
+
+    // --- volumes ---
+
+    pub async fn list_volumes(&self) -> Result<Vec<api::Volume>> {
+        self.get(&path::api("/volumes", &[])).await
+    }
+
+    /// Create a volume; the same name and size again succeeds (`created`
+    /// false), another size is refused (409).
+    pub async fn create_volume(&self, req: &api::CreateVolume) -> Result<Created<api::Volume>> {
+        self.create(&path::api("/volumes", &[]), req).await
+    }
+
+    pub async fn get_volume(&self, name: &str) -> Result<api::Volume> {
+        self.get(&path::api("/volumes/{}", &[name])).await
+    }
+
+    /// Delete a volume (and its snapshots if `with_snapshots`). A volume
+    /// already gone is `existed: false`.
+    pub async fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<api::Removed> {
+        let p = path::with_query(
+            path::api("/volumes/{}", &[name]),
+            &[("with_snapshots", with_snapshots.then(|| "true".into()))],
+        );
+        self.remove(Method::DELETE, &p, format!("volume {name}"))
+            .await
+    }
+
+    /// Grow a volume; shrinking is refused (400).
+    pub async fn expand_volume(&self, name: &str, req: &api::ExpandVolume) -> Result<api::Volume> {
+        let p = path::api("/volumes/{}/expand", &[name]);
+        Ok(self.send(Method::POST, &p, Some(req)).await?.1)
+    }
+
+    /// Export a volume over NBD (again: the same export).
+    pub async fn attach_volume(&self, name: &str) -> Result<api::Export> {
+        self.post_empty(&path::api("/volumes/{}/attach", &[name]))
+            .await
+    }
+
+    /// Stop exporting a volume. Without `force` the daemon refuses (409)
+    /// while NBD clients are connected; with it, they are cut off.
+    pub async fn detach_volume(&self, name: &str, force: bool) -> Result<api::Removed> {
+        let p = path::with_query(
+            path::api("/volumes/{}/detach", &[name]),
+            &[("force", force.then(|| "true".into()))],
+        );
+        self.remove(Method::POST, &p, format!("export {name}"))
+            .await
+    }
+
+    /// Start copying a linked clone's shared blocks (202): the volume,
+    /// `flattening` until the copy ends.
+    pub async fn flatten_volume(&self, name: &str) -> Result<api::Volume> {
+        self.post_empty(&path::api("/volumes/{}/flatten", &[name]))
+            .await
+    }
+
+    // --- snapshots ---
+
+    pub async fn list_snapshots(&self, volume: &str) -> Result<Vec<api::Snapshot>> {
+        self.get(&path::api("/volumes/{}/snapshots", &[volume]))
+            .await
+    }
+
+    /// Every snapshot of every volume.
+    pub async fn list_all_snapshots(&self) -> Result<Vec<api::Snapshot>> {
+        self.get(&path::api("/snapshots", &[])).await
+    }
+
+    /// Take a snapshot; the same name and labels again succeeds (`created`
+    /// false).
+    pub async fn create_snapshot(
+        &self,
+        volume: &str,
+        req: &api::CreateSnapshot,
+    ) -> Result<Created<api::Snapshot>> {
+        self.create(&path::api("/volumes/{}/snapshots", &[volume]), req)
+            .await
+    }
+
+    pub async fn get_snapshot(&self, volume: &str, name: &str) -> Result<api::Snapshot> {
+        self.get(&path::api("/volumes/{}/snapshots/{}", &[volume, name]))
+            .await
+    }
+
+    /// Delete a snapshot (its clones keep their data). One already gone
+    /// is `existed: false`.
+    pub async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<api::Removed> {
+        let p = path::api("/volumes/{}/snapshots/{}", &[volume, name]);
+        self.remove(Method::DELETE, &p, format!("snapshot {volume}/{name}"))
+            .await
+    }
+
+    /// Roll a volume back to a snapshot; the volume afterwards.
+    pub async fn revert_snapshot(&self, volume: &str, name: &str) -> Result<api::Volume> {
+        self.post_empty(&path::api(
+            "/volumes/{}/snapshots/{}/revert",
+            &[volume, name],
+        ))
+        .await
+    }
+
+    /// Export a snapshot read-only over NBD.
+    pub async fn attach_snapshot(&self, volume: &str, name: &str) -> Result<api::Export> {
+        self.post_empty(&path::api(
+            "/volumes/{}/snapshots/{}/attach",
+            &[volume, name],
+        ))
+        .await
+    }
+
+    pub async fn detach_snapshot(&self, volume: &str, name: &str) -> Result<api::Removed> {
+        let p = path::api("/volumes/{}/snapshots/{}/detach", &[volume, name]);
+        self.remove(Method::POST, &p, format!("export {volume}/{name}"))
+            .await
+    }
+
+    // --- clones and operations ---
+
+    /// A new volume from a snapshot or a volume: 201 for a linked clone,
+    /// 202 for a full clone (whose copy runs on as `operation`), 200 when it
+    /// existed already.
+    pub async fn create_clone(&self, req: &api::CreateClone) -> Result<Created<api::CloneCreated>> {
+        self.create(&path::api("/clones", &[]), req).await
+    }
+
+    /// Recorded operations, newest first, filtered.
+    pub async fn list_operations(
+        &self,
+        filter: &api::OperationFilter,
+    ) -> Result<Vec<api::Operation>> {
+        let state = filter.state.map(|s| {
+            serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        });
+        let p = path::with_query(
+            path::api("/operations", &[]),
+            &[
+                ("volume", filter.volume.clone()),
+                ("state", state),
+                ("limit", filter.limit.map(|n| n.to_string())),
+            ],
+        );
+        self.get(&p).await
+    }
+
+    pub async fn get_operation(&self, id: &str) -> Result<api::Operation> {
+        self.get(&path::api("/operations/{}", &[id])).await
+    }
+
+    // --- the exchange ---
+
+    async fn get<T: DeserializeOwned>(&self, p: &str) -> Result<T> {
+        Ok(self.send::<(), T>(Method::GET, p, None).await?.1)
+    }
+
+    async fn post_empty<T: DeserializeOwned>(&self, p: &str) -> Result<T> {
+        Ok(self.send::<(), T>(Method::POST, p, None).await?.1)
+    }
+
+    async fn create<B: Serialize, T: DeserializeOwned>(
+        &self,
+        p: &str,
+        body: &B,
+    ) -> Result<Created<T>> {
+        let (status, value) = self.send(Method::POST, p, Some(body)).await?;
+        Ok(Created {
+            value,
+            created: status != StatusCode::OK,
+        })
+    }
+
+    async fn remove(&self, method: Method, p: &str, what: String) -> Result<api::Removed> {
+        let (status, bytes) = self.exchange::<()>(method, p, None).await?;
+        decode_removed(&self.target, status, &bytes, what)
+    }
+
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        p: &str,
+        body: Option<&B>,
+    ) -> Result<(StatusCode, T)> {
+        let (status, bytes) = self.exchange(method, p, body).await?;
+        Ok((status, decode(&self.target, status, &bytes)?))
+    }
+
+    /// One request; a non-2xx answer becomes [`Error::Api`].
+    async fn exchange<B: Serialize>(
+        &self,
+        method: Method,
+        p: &str,
+        body: Option<&B>,
+    ) -> Result<(StatusCode, Bytes)> {
+        let json = body.map(serde_json::to_vec).transpose().map_err(|e| {
+            self.target
+                .protocol(None, format!("encoding the request: {e}"))
+        })?;
+        let (status, bytes) = self.target.send(method, p, json).await?;
+        if !status.is_success() {
+            return Err(api_error(&self.target, status, &bytes));
+        }
+        Ok((status, bytes))
+    }
+}
+
+/// The error a non-2xx answer stands for: the daemon's `ApiError`, or a
+/// protocol error when the body is not one (e.g. from a proxy).
+fn api_error(target: &Target, status: StatusCode, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<api::ApiError>(bytes) {
+        Ok(error) => Error::Api { status, error },
+        Err(_) => target.protocol(
+            Some(status),
+            format!(
+                "answered {status} without an API error: {:?}",
+                String::from_utf8_lossy(bytes).trim()
+            ),
+        ),
+    }
+}
+
+/// A 2xx body as `T`.
+fn decode<T: DeserializeOwned>(target: &Target, status: StatusCode, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        target.protocol(
+            Some(status),
+            format!(
+                "answered {status} with a body the client does not understand ({e}): {:?}",
+                String::from_utf8_lossy(bytes).trim()
+            ),
+        )
+    })
+}
+
+/// A delete's or a detach's answer: the `Removed` body, or an empty 204
+/// (daemons before `Removed` existed answered so) meaning it was removed.
+fn decode_removed(
+    target: &Target,
+    status: StatusCode,
+    bytes: &[u8],
+    what: String,
+) -> Result<api::Removed> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(api::Removed {
+            what,
+            existed: true,
+        });
+    }
+    decode(target, status, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target::Unix("/d/api.sock".into())
+    }
+
+    #[test]
+    fn error_answers_carry_status_code_message_and_hint() {
+        let body =
+            br#"{"code":"not_found","message":"volume \"x\" not found","hint":"list volumes"}"#;
+        let e = api_error(&target(), StatusCode::NOT_FOUND, body);
+        assert!(e.is_not_found());
+        assert_eq!(e.code(), Some("not_found"));
+        assert_eq!(e.to_string(), "volume \"x\" not found");
+        assert_eq!(e.hint(), Some("list volumes"));
+
+        let e = api_error(
+            &target(),
+            StatusCode::BAD_GATEWAY,
+            b"<html>bad gateway</html>",
+        );
+        match &e {
+            Error::Protocol {
+                status,
+                detail,
+                target,
+            } => {
+                assert_eq!(*status, Some(StatusCode::BAD_GATEWAY));
+                assert!(detail.contains("bad gateway"), "{detail}");
+                assert_eq!(target, "/d/api.sock");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.status(), Some(StatusCode::BAD_GATEWAY));
+    }
+
+    #[test]
+    fn removals_accept_an_empty_204_and_the_removed_body() {
+        let r = decode_removed(&target(), StatusCode::NO_CONTENT, b"", "volume a".into()).unwrap();
+        assert_eq!(
+            r,
+            api::Removed {
+                what: "volume a".into(),
+                existed: true
+            }
+        );
+        let r = decode_removed(
+            &target(),
+            StatusCode::OK,
+            br#"{"what":"volume data","existed":false}"#,
+            "volume a".into(),
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            api::Removed {
+                what: "volume data".into(),
+                existed: false
+            }
+        );
+        assert!(matches!(
+            decode_removed(&target(), StatusCode::OK, b"{nope", "v".into()),
+            Err(Error::Protocol { .. })
+        ));
+    }
+
+    #[test]
+    fn bodies_of_the_wrong_shape_are_protocol_errors() {
+        let e = decode::<api::Volume>(&target(), StatusCode::OK, br#"{"name":1}"#).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Protocol {
+                    status: Some(StatusCode::OK),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("the Lamina daemon at /d/api.sock: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn clients_describe_where_they_look() {
+        let c = Client::unix("/d/api.sock");
+        assert!(c.is_unix() && !c.has_token());
+        assert_eq!(c.describe(), "/d/api.sock");
+        let c = Client::tcp("http://127.0.0.1:7480", Some(" t \n")).unwrap();
+        assert!(!c.is_unix() && c.has_token());
+        assert_eq!(c.describe(), "http://127.0.0.1:7480");
+        assert!(Client::tcp("https://h", None).is_err());
+    }
+}

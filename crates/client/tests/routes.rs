@@ -1,0 +1,375 @@
+//! Every client method against a stand-in daemon on a unix socket that
+//! records each request and answers what the test tells it: the method,
+//! the path (encoded), the query and the body each route sends, and how
+//! each kind of answer is decoded.
+
+use lamina_api as api;
+use lamina_client::{Client, Error, StatusCode};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+
+/// A request as the stand-in received it.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    method: String,
+    target: String,
+    body: Option<serde_json::Value>,
+}
+
+/// The stand-in daemon: answers each connection's request with the next
+/// canned answer (status, body) and records the request.
+struct Fake {
+    _dir: tempfile::TempDir,
+    client: Client,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    answers: Arc<Mutex<Vec<(u16, String)>>>,
+}
+
+impl Fake {
+    fn start() -> Fake {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("api.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let answers: Arc<Mutex<Vec<(u16, String)>>> = Arc::new(Mutex::new(Vec::new()));
+        let (s, a) = (seen.clone(), answers.clone());
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = conn.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the client closed before a whole request");
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    let n = conn.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the client closed inside the body");
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let body = &buf[head_end..head_end + len];
+                let mut first = head.lines().next().unwrap().split(' ');
+                s.lock().unwrap().push(Seen {
+                    method: first.next().unwrap().into(),
+                    target: first.next().unwrap().into(),
+                    body: (!body.is_empty()).then(|| serde_json::from_slice(body).unwrap()),
+                });
+                let (status, text) = a.lock().unwrap().remove(0);
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                conn.write_all(reply.as_bytes()).await.unwrap();
+                conn.shutdown().await.unwrap();
+            }
+        });
+        Fake {
+            client: Client::unix(&sock),
+            _dir: dir,
+            seen,
+            answers,
+        }
+    }
+
+    /// The next answer: a status and a JSON value.
+    fn answer(&self, status: u16, body: serde_json::Value) {
+        let text = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        self.answers.lock().unwrap().push((status, text));
+    }
+
+    /// The last request: method, target, body.
+    fn last(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("a request")
+    }
+}
+
+fn volume(name: &str) -> api::Volume {
+    api::Volume {
+        name: name.into(),
+        size: 1 << 20,
+        created: "2025-01-01T00:00:00Z".into(),
+        allocated_bytes: 0,
+        exclusive_bytes: 0,
+        shared_bytes: 0,
+        parent_snapshot: None,
+        origin: None,
+        clone_state: api::CloneState::None,
+        export: None,
+        operation: None,
+    }
+}
+
+fn snapshot(v: &str, name: &str) -> api::Snapshot {
+    api::Snapshot {
+        volume: v.into(),
+        name: name.into(),
+        created: "2025-01-01T00:00:00Z".into(),
+        parent: None,
+        children: vec![],
+        system: false,
+        labels: Default::default(),
+        restore_size: 1 << 20,
+        allocated_bytes: 0,
+        exclusive_bytes: 0,
+        clones: vec!["c".into()],
+        export: None,
+    }
+}
+
+fn export(name: &str) -> api::Export {
+    api::Export {
+        uri: format!("nbd+unix:///{name}?socket=/d/nbd.sock"),
+        name: name.into(),
+        read_only: false,
+        connections: 2,
+    }
+}
+
+fn operation() -> api::Operation {
+    api::Operation {
+        id: "op-1".into(),
+        kind: api::OperationKind::FullClone,
+        volume: "c".into(),
+        state: api::OperationState::Running,
+        done_bytes: 1,
+        total_bytes: 2,
+        started: "2025-01-01T00:00:00Z".into(),
+        error: None,
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap()
+}
+
+fn seen(method: &str, target: &str, body: Option<serde_json::Value>) -> Seen {
+    Seen {
+        method: method.into(),
+        target: target.into(),
+        body,
+    }
+}
+
+#[tokio::test]
+async fn volume_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+
+    f.answer(201, json(&volume("a b")));
+    let req = api::CreateVolume {
+        name: "a b".into(),
+        size: 1 << 20,
+    };
+    let r = c.create_volume(&req).await.unwrap();
+    assert!(r.created);
+    assert_eq!(r.value, volume("a b"));
+    assert_eq!(f.last(), seen("POST", "/v1/volumes", Some(json(&req))));
+    f.answer(200, json(&volume("a b")));
+    assert!(!c.create_volume(&req).await.unwrap().created);
+
+    f.answer(200, json(&vec![volume("a")]));
+    assert_eq!(c.list_volumes().await.unwrap(), vec![volume("a")]);
+    assert_eq!(f.last(), seen("GET", "/v1/volumes", None));
+
+    f.answer(200, json(&volume("a/b")));
+    c.get_volume("a/b").await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/volumes/a%2Fb", None));
+
+    f.answer(200, json(&volume("a")));
+    let ex = api::ExpandVolume { size: 2 << 20 };
+    c.expand_volume("a", &ex).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/expand", Some(json(&ex)))
+    );
+
+    f.answer(200, json(&export("a")));
+    assert_eq!(c.attach_volume("a").await.unwrap(), export("a"));
+    assert_eq!(f.last(), seen("POST", "/v1/volumes/a/attach", None));
+
+    // Detach and delete: the Removed body, or an older daemon's empty 204.
+    let gone = api::Removed {
+        what: "export a".into(),
+        existed: false,
+    };
+    f.answer(200, json(&gone));
+    assert_eq!(c.detach_volume("a", false).await.unwrap(), gone);
+    assert_eq!(f.last(), seen("POST", "/v1/volumes/a/detach", None));
+    f.answer(204, serde_json::Value::Null);
+    assert!(c.detach_volume("a", true).await.unwrap().existed);
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/detach?force=true", None)
+    );
+
+    f.answer(204, serde_json::Value::Null);
+    let r = c.delete_volume("a", false).await.unwrap();
+    assert_eq!(
+        r,
+        api::Removed {
+            what: "volume a".into(),
+            existed: true
+        }
+    );
+    assert_eq!(f.last(), seen("DELETE", "/v1/volumes/a", None));
+    f.answer(200, json(&r));
+    c.delete_volume("a", true).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("DELETE", "/v1/volumes/a?with_snapshots=true", None)
+    );
+
+    f.answer(202, json(&volume("a")));
+    c.flatten_volume("a").await.unwrap();
+    assert_eq!(f.last(), seen("POST", "/v1/volumes/a/flatten", None));
+}
+
+#[tokio::test]
+async fn snapshot_clone_and_operation_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+
+    let req = api::CreateSnapshot {
+        name: "s".into(),
+        labels: [("k".to_string(), "v".to_string())].into(),
+    };
+    f.answer(201, json(&snapshot("a", "s")));
+    assert!(c.create_snapshot("a", &req).await.unwrap().created);
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/snapshots", Some(json(&req)))
+    );
+    f.answer(200, json(&vec![snapshot("a", "s")]));
+    c.list_snapshots("a").await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/volumes/a/snapshots", None));
+    f.answer(200, json(&vec![snapshot("a", "s")]));
+    c.list_all_snapshots().await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/snapshots", None));
+    f.answer(200, json(&snapshot("a", "s")));
+    let s = c.get_snapshot("a", "s@1").await.unwrap();
+    assert_eq!(s.clones, ["c"]);
+    assert_eq!(f.last(), seen("GET", "/v1/volumes/a/snapshots/s%401", None));
+    f.answer(200, json(&volume("a")));
+    c.revert_snapshot("a", "s").await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/snapshots/s/revert", None)
+    );
+    f.answer(200, json(&export("a@s")));
+    c.attach_snapshot("a", "s").await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/snapshots/s/attach", None)
+    );
+    f.answer(204, serde_json::Value::Null);
+    assert_eq!(
+        c.detach_snapshot("a", "s").await.unwrap().what,
+        "export a/s"
+    );
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/snapshots/s/detach", None)
+    );
+    f.answer(204, serde_json::Value::Null);
+    assert_eq!(
+        c.delete_snapshot("a", "s").await.unwrap().what,
+        "snapshot a/s"
+    );
+    assert_eq!(f.last(), seen("DELETE", "/v1/volumes/a/snapshots/s", None));
+
+    let req = api::CreateClone {
+        name: "c".into(),
+        from_snapshot: Some("a/s".into()),
+        from_volume: None,
+        full: true,
+    };
+    let answer = api::CloneCreated {
+        volume: volume("c"),
+        operation: Some(operation()),
+    };
+    f.answer(202, json(&answer));
+    let r = c.create_clone(&req).await.unwrap();
+    assert!(r.created);
+    assert_eq!(r.value, answer);
+    assert_eq!(f.last(), seen("POST", "/v1/clones", Some(json(&req))));
+
+    f.answer(200, json(&vec![operation()]));
+    c.list_operations(&Default::default()).await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/operations", None));
+    f.answer(200, json(&vec![operation()]));
+    let filter = api::OperationFilter {
+        volume: Some("a b".into()),
+        state: Some(api::OperationState::Running),
+        limit: Some(5),
+    };
+    c.list_operations(&filter).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen(
+            "GET",
+            "/v1/operations?volume=a%20b&state=running&limit=5",
+            None
+        )
+    );
+    f.answer(200, json(&operation()));
+    assert_eq!(c.get_operation("op-1").await.unwrap(), operation());
+    assert_eq!(f.last(), seen("GET", "/v1/operations/op-1", None));
+}
+
+#[tokio::test]
+async fn daemon_routes_and_errors() {
+    let f = Fake::start();
+    let c = &f.client;
+    let health = api::Health {
+        version: "0.1.0".into(),
+        data_dir: "/d".into(),
+        nbd_socket: "/d/nbd.sock".into(),
+        volumes: 1,
+        snapshots: 2,
+        pool_used_bytes: 3,
+    };
+    f.answer(200, json(&health));
+    assert_eq!(c.health().await.unwrap(), health);
+    assert_eq!(f.last(), seen("GET", "/v1/health", None));
+    f.answer(200, serde_json::json!({"openapi": "3.1.0"}));
+    assert_eq!(c.openapi().await.unwrap()["openapi"], "3.1.0");
+    assert_eq!(f.last(), seen("GET", "/openapi.json", None));
+
+    // A refusal: status, code, message and hint.
+    f.answer(
+        409,
+        serde_json::json!({"code": "conflict", "message": "2 NBD clients are connected", "hint": "pass force"}),
+    );
+    let e = c.detach_volume("a", false).await.unwrap_err();
+    assert!(e.is_conflict());
+    assert_eq!(e.status(), Some(StatusCode::CONFLICT));
+    assert_eq!(e.to_string(), "2 NBD clients are connected");
+    assert_eq!(e.hint(), Some("pass force"));
+
+    // A success whose body is not the promised shape.
+    f.answer(200, serde_json::json!({"unexpected": true}));
+    let e = c.get_volume("a").await.unwrap_err();
+    assert!(matches!(e, Error::Protocol { .. }), "{e:?}");
+}
