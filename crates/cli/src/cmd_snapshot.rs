@@ -57,12 +57,15 @@ pub enum SnapshotCmd {
         /// The snapshot.
         name: String,
     },
-    /// Stop exporting a snapshot (succeeds if it is not attached).
+    /// Stop exporting a snapshot (succeeds if it is not attached; refused while NBD clients are connected, unless --force).
     Detach {
         /// The snapshot's volume.
         volume: String,
         /// The snapshot.
         name: String,
+        /// Detach even while NBD clients are connected: they are cut off and their I/O fails.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -162,8 +165,12 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             let e = c.attach_snapshot(&volume, &name).await?;
             output::show(ctx.fmt, &e, |e| e.uri.clone())
         }
-        SnapshotCmd::Detach { volume, name } => {
-            let r = c.detach_snapshot(&volume, &name).await?;
+        SnapshotCmd::Detach {
+            volume,
+            name,
+            force,
+        } => {
+            let r = c.detach_snapshot(&volume, &name, force).await?;
             output::show(ctx.fmt, &r, |r| {
                 if r.existed {
                     format!("detached snapshot {volume}/{name}")

@@ -199,9 +199,17 @@ impl Client {
         .await
     }
 
-    pub async fn detach_snapshot(&self, volume: &str, name: &str) -> Result<api::Removed> {
-        let p = path::api("/volumes/{}/snapshots/{}/detach", &[volume, name]);
-        self.remove(Method::POST, &p, format!("export {volume}/{name}"))
+    pub async fn detach_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        force: bool,
+    ) -> Result<api::Removed> {
+        let p = path::with_query(
+            path::api("/volumes/{}/snapshots/{}/detach", &[volume, name]),
+            &[("force", force.then(|| "true".into()))],
+        );
+        self.remove(Method::POST, &p, format!("export {volume}@{name}"))
             .await
     }
 

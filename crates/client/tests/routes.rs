@@ -285,8 +285,8 @@ async fn snapshot_clone_and_operation_routes() {
     );
     f.answer(204, serde_json::Value::Null);
     assert_eq!(
-        c.detach_snapshot("a", "s").await.unwrap().what,
-        "export a/s"
+        c.detach_snapshot("a", "s", false).await.unwrap().what,
+        "export a@s"
     );
     assert_eq!(
         f.last(),

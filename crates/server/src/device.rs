@@ -4,7 +4,7 @@
 use lamina_engine::{Error as E, ExtentKind, Volume};
 use lamina_nbd::{BlockDevice, DeviceError, Exports, Extent};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// One exported volume or snapshot. Detaching marks it so that connections
@@ -12,6 +12,8 @@ use std::sync::{Arc, RwLock};
 pub struct EngineDevice {
     handle: Volume,
     attached: AtomicBool,
+    /// NBD sessions open on it now (see [`Opened`]).
+    connections: AtomicU32,
 }
 
 impl EngineDevice {
@@ -19,7 +21,13 @@ impl EngineDevice {
         EngineDevice {
             handle,
             attached: AtomicBool::new(true),
+            connections: AtomicU32::new(0),
         }
+    }
+
+    /// Make every write acknowledged so far durable.
+    pub fn flush(&self) -> Result<(), lamina_engine::Error> {
+        self.handle.flush()
     }
 
     fn check(&self) -> Result<(), DeviceError> {
@@ -95,6 +103,51 @@ impl BlockDevice for EngineDevice {
     }
 }
 
+/// What the NBD server gets when a client opens an export: the device, and
+/// one count in its `connections` for as long as the session holds it (an
+/// `NBD_OPT_INFO` look-up holds it only while it answers).
+struct Opened(Arc<EngineDevice>);
+
+impl Opened {
+    fn new(dev: Arc<EngineDevice>) -> Opened {
+        dev.connections.fetch_add(1, Ordering::SeqCst);
+        Opened(dev)
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl BlockDevice for Opened {
+    fn size(&self) -> Result<u64, DeviceError> {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        self.0.read_only()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        BlockDevice::flush(self.0.as_ref())
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.0.trim(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), DeviceError> {
+        self.0.write_zeroes(offset, len, may_trim)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
+        self.0.block_status(offset, len)
+    }
+}
+
 /// The exports currently attached, by NBD export name.
 #[derive(Default)]
 pub struct Registry {
@@ -107,14 +160,26 @@ impl Registry {
     }
 
     /// Remove an export; open connections to it get errors from now on.
-    pub fn remove(&self, name: &str) -> bool {
-        match self.map.write().unwrap().remove(name) {
+    /// What they wrote before is flushed first.
+    pub fn remove(&self, name: &str) -> Result<bool, lamina_engine::Error> {
+        let dev = self.map.write().unwrap().remove(name);
+        match dev {
             Some(d) => {
                 d.attached.store(false, Ordering::SeqCst);
-                true
+                d.flush()?;
+                Ok(true)
             }
-            None => false,
+            None => Ok(false),
         }
+    }
+
+    /// NBD clients connected to an export now (0 if it is not attached).
+    pub fn connections(&self, name: &str) -> u32 {
+        self.map
+            .read()
+            .unwrap()
+            .get(name)
+            .map_or(0, |d| d.connections.load(Ordering::SeqCst))
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -132,7 +197,7 @@ impl Exports for Registry {
             .read()
             .unwrap()
             .get(name)
-            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .map(|d| Arc::new(Opened::new(d.clone())) as Arc<dyn BlockDevice>)
     }
     fn list(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self

@@ -316,15 +316,30 @@ pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Expo
     .await
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/detach", params(("name" = String, Path, description = "volume name")),
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DetachParams {
+    /// Detach even while NBD clients are connected (they get I/O errors
+    /// from then on; what they wrote is flushed first).
+    #[serde(default)]
+    force: bool,
+}
+
+#[utoipa::path(post, path = "/v1/volumes/{name}/detach", params(("name" = String, Path, description = "volume name"), DetachParams),
     responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
+        (status = 400, body = api::ApiError),
+        (status = 409, description = "NBD clients are connected (and `force` was not given)", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
-pub async fn detach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Removed>> {
+pub async fn detach_volume(
+    st: St,
+    Path(name): Path<String>,
+    Query(q): Query<DetachParams>,
+) -> R<Json<api::Removed>> {
     let lock = st.lock(&name);
     let _g = lock.lock().await;
     let s = st.clone();
     let what = format!("export {name}");
-    let existed = blocking(move || s.detach(&name, None)).await?;
+    let existed = blocking(move || s.detach(&name, None, q.force)).await?;
     Ok(Json(api::Removed { what, existed }))
 }
 
@@ -454,18 +469,21 @@ pub async fn attach_snapshot(
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/detach",
-    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name"), DetachParams),
     responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
+        (status = 400, body = api::ApiError),
+        (status = 409, description = "NBD clients are connected (and `force` was not given)", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn detach_snapshot(
     st: St,
     Path((name, snap)): Path<(String, String)>,
+    Query(q): Query<DetachParams>,
 ) -> R<Json<api::Removed>> {
     let lock = st.lock(&name);
     let _g = lock.lock().await;
     let what = format!("export {}", crate::state::snapshot_export(&name, &snap));
     let s = st.clone();
-    let existed = blocking(move || s.detach(&name, Some(&snap))).await?;
+    let existed = blocking(move || s.detach(&name, Some(&snap), q.force)).await?;
     Ok(Json(api::Removed { what, existed }))
 }
 

@@ -153,7 +153,7 @@ impl State {
             uri: self.uri(name),
             name: name.to_string(),
             read_only,
-            connections: 0,
+            connections: self.exports.connections(name),
         })
     }
 
@@ -280,13 +280,31 @@ impl State {
     }
 
     /// Stop exporting; whether it was exported. Same locking as `attach`.
-    pub fn detach(&self, volume: &str, snapshot: Option<&str>) -> Result<bool, Failure> {
+    /// While NBD clients are connected it refuses unless `force`: they would
+    /// get I/O errors from then on (what they wrote is flushed first).
+    pub fn detach(
+        &self,
+        volume: &str,
+        snapshot: Option<&str>,
+        force: bool,
+    ) -> Result<bool, Failure> {
         let name = match snapshot {
             None => volume.to_string(),
             Some(s) => snapshot_export(volume, s),
         };
+        let clients = self.exports.connections(&name);
+        if clients > 0 && !force {
+            let cmd = match snapshot {
+                None => format!("lamina volume detach {volume} --force"),
+                Some(s) => format!("lamina snapshot detach {volume} {s} --force"),
+            };
+            return Err(Failure::conflict(
+                format!("export {name} has {clients} NBD client(s) connected: they would get I/O errors"),
+                &format!("disconnect them first, or cut them off: {cmd}"),
+            ));
+        }
         self.store.remove_export(&name).map_err(Failure::from)?;
-        Ok(self.exports.remove(&name))
+        Ok(self.exports.remove(&name)?)
     }
 
     pub fn is_attached(&self, export: &str) -> bool {
