@@ -12,42 +12,42 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use lamina_nbd::mem::{MemDevice, MemExports};
-use lamina_nbd::{serve_unix, BlockDevice, DeviceError, Extent, ServerOptions};
+use lamina_nbd::{serve_unix, BlockIo, Extent, InlineIo, IoError, IoErrorKind, ServerOptions};
 
 /// A raw image file; every range is reported as data.
 struct FileDevice(File);
 
-fn io(e: std::io::Error) -> DeviceError {
-    DeviceError::Io(e.to_string())
+fn io(e: std::io::Error) -> IoError {
+    IoError::new(IoErrorKind::Io, e.to_string())
 }
 
-impl BlockDevice for FileDevice {
-    fn size(&self) -> Result<u64, DeviceError> {
+impl InlineIo for FileDevice {
+    fn size(&self) -> Result<u64, IoError> {
         Ok(self.0.metadata().map_err(io)?.len())
     }
     fn read_only(&self) -> bool {
         false
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.0.read_exact_at(buf, offset).map_err(io)
     }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
         self.0.write_all_at(data, offset).map_err(io)?;
         if fua {
             self.flush()?;
         }
         Ok(())
     }
-    fn flush(&self) -> Result<(), DeviceError> {
+    fn flush(&self) -> Result<(), IoError> {
         self.0.sync_data().map_err(io)
     }
-    fn trim(&self, _offset: u64, _len: u64) -> Result<(), DeviceError> {
+    fn trim(&self, _offset: u64, _len: u64) -> Result<(), IoError> {
         Ok(())
     }
-    fn write_zeroes(&self, _offset: u64, _len: u64, _may_trim: bool) -> Result<(), DeviceError> {
-        Err(DeviceError::NotSupported("plain file".into()))
+    fn write_zeroes(&self, _offset: u64, _len: u64, _may_trim: bool) -> Result<(), IoError> {
+        Err(IoError::new(IoErrorKind::NotSupported, "plain file"))
     }
-    fn block_status(&self, _offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
+    fn block_status(&self, _offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
         Ok(vec![Extent {
             length: len,
             hole: false,
@@ -72,7 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [_, socket, backing] = &args[..] else {
         return Err("usage: serve SOCKET (mem:SIZE | FILE)".into());
     };
-    let device: Arc<dyn BlockDevice> = match backing.strip_prefix("mem:") {
+    let device: Arc<dyn BlockIo> = match backing.strip_prefix("mem:") {
         Some(size) => Arc::new(MemDevice::new(parse_size(size).ok_or("bad size")?)),
         None => Arc::new(FileDevice(
             File::options().read(true).write(true).open(backing)?,

@@ -1,6 +1,6 @@
 //! Errors that end a connection.
 
-use crate::device::DeviceError;
+use crate::device::IoError;
 
 /// Why a connection ended abnormally. Per-request failures are not errors
 /// here: they become NBD error replies and the connection goes on.
@@ -35,8 +35,8 @@ pub enum NbdError {
     Export {
         /// The export name.
         name: String,
-        /// What the device said.
-        source: DeviceError,
+        /// What the volume said.
+        source: IoError,
     },
     /// A request did not start with the request magic.
     #[error("bad request magic {0:#010x}")]

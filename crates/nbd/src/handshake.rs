@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::device::{BlockDevice, Exports};
+use crate::device::{BlockIo, Exports};
 use crate::proto::*;
 use crate::NbdError;
 
@@ -20,7 +20,7 @@ const PREFERRED_BLOCK: u32 = 4096;
 
 /// What the handshake agreed on, for the transmission phase.
 pub(crate) struct Session {
-    pub device: Arc<dyn BlockDevice>,
+    pub device: Arc<dyn BlockIo>,
     pub export: String,
     pub size: u64,
     pub flags: u16,
@@ -184,7 +184,7 @@ impl Negotiation {
     }
 
     /// The device, size and flags of an export, or why not.
-    fn open(&self, name: &str) -> Result<(Arc<dyn BlockDevice>, u64, u16), NbdError> {
+    fn open(&self, name: &str) -> Result<(Arc<dyn BlockIo>, u64, u16), NbdError> {
         let Some(device) = self.exports.lookup(name) else {
             return Err(NbdError::UnknownExport(name.to_string()));
         };
@@ -196,7 +196,7 @@ impl Negotiation {
         Ok((device, size, flags))
     }
 
-    fn session(&self, name: &str, device: Arc<dyn BlockDevice>, size: u64, flags: u16) -> Session {
+    fn session(&self, name: &str, device: Arc<dyn BlockIo>, size: u64, flags: u16) -> Session {
         let selected = self.structured && self.meta_export.as_deref() == Some(name);
         Session {
             device,

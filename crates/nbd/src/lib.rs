@@ -1,6 +1,7 @@
 //! An NBD server (fixed newstyle handshake, structured replies, block status)
-//! over the [`BlockDevice`] trait. It owns the wire protocol only: it must not
-//! know about Lamina's engine, pools or the daemon. Written by hand because no
+//! over the data path's volume trait, [`BlockIo`] (crate `lamina-blockio`).
+//! It owns the wire protocol only: it must not know about Lamina's engine,
+//! pools or the daemon. Written by hand because no
 //! permissively licensed async Rust crate offers a server with structured
 //! replies (see shared/reference/facts.md).
 //!
@@ -27,6 +28,6 @@ mod writer;
 #[cfg(test)]
 mod testkit;
 
-pub use device::{BlockDevice, DeviceError, Exports, Extent};
+pub use device::{BlockIo, Exports, Extent, InlineIo, IoError, IoErrorKind};
 pub use error::NbdError;
 pub use server::{serve_connection, serve_tcp, serve_unix, ServerOptions};

@@ -6,14 +6,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::device::{BlockDevice, DeviceError, Exports, Extent};
+use crate::device::{BlockIo, Exports, Extent, InlineIo, IoError, IoErrorKind};
 use crate::proto::*;
 use crate::{serve_connection, NbdError, ServerOptions};
 
 /// Allocation granularity of [`MemDevice`].
 pub const MEM_BLOCK: u64 = 4096;
 
-/// A RAM-backed [`BlockDevice`]. Unwritten, trimmed and zeroed whole blocks
+/// A RAM-backed volume ([`InlineIo`]). Unwritten, trimmed and zeroed whole blocks
 /// are holes (reported as hole + zero); partially covered blocks stay
 /// allocated.
 #[derive(Debug)]
@@ -60,7 +60,7 @@ impl MemDevice {
         self
     }
 
-    /// Any operation touching `[start, end)` fails with `DeviceError::Io`.
+    /// Any operation touching `[start, end)` fails with `IoError::Io`.
     pub fn failing(mut self, start: u64, end: u64) -> Self {
         self.failing = Some((start, end));
         self
@@ -98,23 +98,26 @@ impl MemDevice {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn check(&self, offset: u64, len: u64, write: bool) -> Result<(), DeviceError> {
+    fn check(&self, offset: u64, len: u64, write: bool) -> Result<(), IoError> {
         if write && self.read_only {
-            return Err(DeviceError::ReadOnly(
-                "in-memory device is read-only".into(),
+            return Err(IoError::new(
+                IoErrorKind::ReadOnly,
+                "in-memory device is read-only",
             ));
         }
         let size = self.lock().data.len() as u64;
         if !matches!(offset.checked_add(len), Some(end) if end <= size) {
-            return Err(DeviceError::Invalid(format!(
-                "{offset}+{len} beyond {size}"
-            )));
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("{offset}+{len} beyond {size}"),
+            ));
         }
         if let Some((a, b)) = self.failing {
             if offset < b && offset + len > a {
-                return Err(DeviceError::Io(format!(
-                    "injected failure at {offset}+{len}"
-                )));
+                return Err(IoError::new(
+                    IoErrorKind::Io,
+                    format!("injected failure at {offset}+{len}"),
+                ));
             }
         }
         Ok(())
@@ -150,8 +153,8 @@ impl State {
     }
 }
 
-impl BlockDevice for MemDevice {
-    fn size(&self) -> Result<u64, DeviceError> {
+impl InlineIo for MemDevice {
+    fn size(&self) -> Result<u64, IoError> {
         Ok(self.lock().data.len() as u64)
     }
 
@@ -159,14 +162,14 @@ impl BlockDevice for MemDevice {
         self.read_only
     }
 
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.check(offset, buf.len() as u64, false)?;
         let s = self.lock();
         buf.copy_from_slice(&s.data[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
 
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), DeviceError> {
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), IoError> {
         self.check(offset, data.len() as u64, true)?;
         let mut s = self.lock();
         s.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
@@ -174,20 +177,20 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
-    fn flush(&self) -> Result<(), DeviceError> {
+    fn flush(&self) -> Result<(), IoError> {
         self.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
-    fn trim(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+    fn trim(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.check(offset, len, true)?;
         self.zero(offset, len, true);
         Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), DeviceError> {
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), IoError> {
         if !self.native_zeroes {
-            return Err(DeviceError::NotSupported("no native zeroing".into()));
+            return Err(IoError::new(IoErrorKind::NotSupported, "no native zeroing"));
         }
         self.check(offset, len, true)?;
         self.zero(offset, len, may_trim);
@@ -197,7 +200,7 @@ impl BlockDevice for MemDevice {
     /// Runs of allocated / unallocated blocks from `offset`. The last extent
     /// runs to the end of its run, possibly past the request, which the
     /// trait allows and the server must clip.
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
         self.check(offset, len, false)?;
         let s = self.lock();
         let size = s.data.len() as u64;
@@ -226,7 +229,7 @@ impl BlockDevice for MemDevice {
 /// A fixed set of named devices.
 #[derive(Default)]
 pub struct MemExports {
-    entries: Vec<(String, String, Arc<dyn BlockDevice>)>,
+    entries: Vec<(String, String, Arc<dyn BlockIo>)>,
 }
 
 impl MemExports {
@@ -236,7 +239,7 @@ impl MemExports {
     }
 
     /// Adds an export.
-    pub fn with(mut self, name: &str, description: &str, device: Arc<dyn BlockDevice>) -> Self {
+    pub fn with(mut self, name: &str, description: &str, device: Arc<dyn BlockIo>) -> Self {
         self.entries
             .push((name.to_string(), description.to_string(), device));
         self
@@ -244,7 +247,7 @@ impl MemExports {
 }
 
 impl Exports for MemExports {
-    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockIo>> {
         self.entries
             .iter()
             .find(|(n, _, _)| n == name)
@@ -380,17 +383,32 @@ mod tests {
         let d = MemDevice::new(4096).failing(1000, 1001);
         assert!(matches!(
             d.read(4000, &mut [0; 97]),
-            Err(DeviceError::Invalid(_))
+            Err(IoError {
+                kind: IoErrorKind::Invalid,
+                ..
+            })
         ));
         assert!(matches!(
             d.read(u64::MAX, &mut [0; 2]),
-            Err(DeviceError::Invalid(_))
+            Err(IoError {
+                kind: IoErrorKind::Invalid,
+                ..
+            })
         ));
-        assert!(matches!(d.read(999, &mut [0; 2]), Err(DeviceError::Io(_))));
+        assert!(matches!(
+            d.read(999, &mut [0; 2]),
+            Err(IoError {
+                kind: IoErrorKind::Io,
+                ..
+            })
+        ));
         let r = MemDevice::new(4096).read_only();
         assert!(matches!(
             r.write(0, &[1], false),
-            Err(DeviceError::ReadOnly(_))
+            Err(IoError {
+                kind: IoErrorKind::ReadOnly,
+                ..
+            })
         ));
         r.load(0, &[7; 10]);
         let mut b = [0; 10];

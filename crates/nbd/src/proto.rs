@@ -4,7 +4,7 @@
 //! Numbers are big-endian on the wire. Names follow the protocol document
 //! (doc/proto.md of the NetworkBlockDevice project) without the `NBD_` prefix.
 
-use crate::device::DeviceError;
+use crate::device::{IoError, IoErrorKind};
 
 /// `NBDMAGIC`, the first eight bytes the server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -160,14 +160,14 @@ pub const MAX_STRING: usize = 4096;
 /// Length of a request header.
 pub const REQUEST_LEN: usize = 28;
 
-/// The NBD error code for a device error.
-pub fn errno(e: &DeviceError) -> u32 {
-    match e {
-        DeviceError::Io(_) => EIO,
-        DeviceError::NoSpace(_) => ENOSPC,
-        DeviceError::Invalid(_) => EINVAL,
-        DeviceError::ReadOnly(_) => EPERM,
-        DeviceError::NotSupported(_) => ENOTSUP,
+/// The NBD error code for a volume's error.
+pub fn errno(e: &IoError) -> u32 {
+    match e.kind {
+        IoErrorKind::Io | IoErrorKind::Gone => EIO,
+        IoErrorKind::NoSpace => ENOSPC,
+        IoErrorKind::Invalid => EINVAL,
+        IoErrorKind::ReadOnly => EPERM,
+        IoErrorKind::NotSupported => ENOTSUP,
     }
 }
 
@@ -575,10 +575,12 @@ mod tests {
     #[test]
     fn device_errors_map_to_nbd_codes() {
         let s = String::new;
-        assert_eq!(errno(&DeviceError::Io(s())), 5);
-        assert_eq!(errno(&DeviceError::NoSpace(s())), 28);
-        assert_eq!(errno(&DeviceError::Invalid(s())), 22);
-        assert_eq!(errno(&DeviceError::ReadOnly(s())), 1);
-        assert_eq!(errno(&DeviceError::NotSupported(s())), 95);
+        let e = |k| IoError::new(k, s());
+        assert_eq!(errno(&e(IoErrorKind::Io)), 5);
+        assert_eq!(errno(&e(IoErrorKind::Gone)), 5);
+        assert_eq!(errno(&e(IoErrorKind::NoSpace)), 28);
+        assert_eq!(errno(&e(IoErrorKind::Invalid)), 22);
+        assert_eq!(errno(&e(IoErrorKind::ReadOnly)), 1);
+        assert_eq!(errno(&e(IoErrorKind::NotSupported)), 95);
     }
 }

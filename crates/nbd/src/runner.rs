@@ -21,6 +21,13 @@
 //! The cost of the fast policy is head-of-line blocking when a call is
 //! unexpectedly slow (a cache miss): requests the runner already took wait
 //! for that one call before being shared out.
+//!
+//! A runner *submits* each request to the volume ([`BlockIo::submit`]). An
+//! inline volume (the local engine) completes before `submit` returns: the
+//! reply joins the runner's batch, exactly as a plain call would. A volume
+//! that completes later, from its own thread or task, has its reply sent to
+//! the writer from there; the request's permits travel with the reply, so
+//! flush ordering holds either way.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,8 +35,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::device::{BlockDevice, DeviceError};
-use crate::exec::{execute, ReplyMode};
+use crate::device::{BlockIo, IoError, IoErrorKind};
+use crate::exec::{execute, Done, ReplyMode};
 use crate::proto::{errno, Reply, Request};
 use crate::writer::{Permits, ReplyWriter};
 
@@ -62,7 +69,7 @@ struct Queue {
 /// What the reader and the runners of one connection share.
 pub(crate) struct Executor {
     queue: Mutex<Queue>,
-    device: Arc<dyn BlockDevice>,
+    device: Arc<dyn BlockIo>,
     pub mode: ReplyMode,
     pub writer: ReplyWriter,
     span: tracing::Span,
@@ -80,7 +87,7 @@ pub(crate) struct Executor {
 
 impl Executor {
     pub(crate) fn new(
-        device: Arc<dyn BlockDevice>,
+        device: Arc<dyn BlockIo>,
         mode: ReplyMode,
         writer: ReplyWriter,
         max_runners: usize,
@@ -148,10 +155,12 @@ impl Executor {
         let ex = self.clone();
         tokio::task::spawn_blocking(move || {
             let reply = match job.reply {
-                Some(r) => r,
-                None => ex.complete(&job.req, job.payload),
+                Some(r) => Some((r, job.permits)),
+                None => ex.complete(&job.req, job.payload, job.permits),
             };
-            ex.writer.send_blocking(vec![(reply, job.permits)]);
+            if let Some(r) = reply {
+                ex.writer.send_blocking(vec![r]);
+            }
         });
     }
 
@@ -162,14 +171,14 @@ impl Executor {
             let mut started = Instant::now();
             while let Some(job) = jobs.pop_front() {
                 let (reply, end) = match job.reply {
-                    Some(r) => (r, None),
+                    Some(r) => (Some((r, job.permits)), None),
                     None => {
                         let t = Instant::now();
-                        let r = self.complete(&job.req, job.payload);
+                        let r = self.complete(&job.req, job.payload, job.permits);
                         (r, Some(self.record(t)))
                     }
                 };
-                replies.push((reply, job.permits));
+                replies.extend(reply);
                 if end.is_some_and(|end| end - started > SPLIT_AFTER) {
                     self.writer.send_blocking(std::mem::take(&mut replies));
                     self.share(&mut jobs);
@@ -244,19 +253,96 @@ impl Executor {
         end
     }
 
-    /// Runs a validated request on the device; its reply or error reply.
-    fn complete(&self, req: &Request, payload: Vec<u8>) -> Reply {
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            execute(&*self.device, self.mode, req, payload)
-        }))
-        .unwrap_or_else(|_| Err(DeviceError::Io("the device panicked".into())));
-        match outcome {
-            Ok(reply) => reply,
-            Err(e) => {
-                let _g = self.span.enter();
-                tracing::warn!(kind = req.kind, offset = req.offset, length = req.length, error = %e, "device error");
-                self.mode.error(req.cookie, errno(&e), &e.to_string())
+    /// Submits a validated request to the volume. Its reply and permits
+    /// come back here if the volume completed it before `submit` returned;
+    /// otherwise the completion sends them to the writer itself.
+    fn complete(
+        self: &Arc<Self>,
+        req: &Request,
+        payload: Vec<u8>,
+        permits: Permits,
+    ) -> Option<(Reply, Permits)> {
+        tracing::debug!(parent: &self.span, kind = req.kind, cookie = req.cookie, offset = req.offset, length = req.length, "request");
+        let slot = Arc::new(Mutex::new(Slot {
+            reply: None,
+            permits: Some(permits),
+            returned: false,
+        }));
+        let (s2, ex, req2) = (slot.clone(), self.clone(), *req);
+        let guard = AnswerOnce(Some(Box::new(move |r: Result<Reply, IoError>| {
+            let reply = r.unwrap_or_else(|e| ex.error_reply(&req2, &e));
+            let mut st = s2.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.returned {
+                st.reply = Some(reply);
+                return;
             }
+            let permits = st.permits.take();
+            drop(st);
+            if let Some(p) = permits {
+                ex.send_later(reply, p);
+            }
+        })));
+        let done: Done = Box::new(move |r| guard.answer(r));
+        let submitted = catch_unwind(AssertUnwindSafe(|| {
+            execute(&self.device, self.mode, req, payload, done)
+        }));
+        if submitted.is_err() {
+            // The completion was dropped while unwinding: it has answered
+            // with an error already (see `AnswerOnce`).
+            tracing::error!(parent: &self.span, kind = req.kind, offset = req.offset, "the volume panicked");
+        }
+        let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+        st.returned = true;
+        match st.reply.take() {
+            Some(reply) => st.permits.take().map(|p| (reply, p)),
+            None => None,
+        }
+    }
+
+    /// The error reply for a failed request, logged.
+    fn error_reply(&self, req: &Request, e: &IoError) -> Reply {
+        tracing::warn!(parent: &self.span, kind = req.kind, offset = req.offset, length = req.length, error = %e, "volume error");
+        self.mode.error(req.cookie, errno(e), &e.to_string())
+    }
+
+    /// Sends a reply that completed after its runner moved on.
+    fn send_later(self: &Arc<Self>, reply: Reply, permits: Permits) {
+        let ex = self.clone();
+        self.writer.runtime.spawn(async move {
+            ex.writer.send(vec![(reply, permits)]).await;
+        });
+    }
+}
+
+/// A request's reply, and whether its runner has stopped waiting for it.
+struct Slot {
+    reply: Option<Reply>,
+    permits: Option<Permits>,
+    returned: bool,
+}
+
+type Answer = Box<dyn FnOnce(Result<Reply, IoError>) + Send>;
+
+/// Answers exactly once: a completion dropped without being called (a
+/// volume's bug, or a panic) answers with an I/O error instead of leaving
+/// the client waiting forever.
+struct AnswerOnce(Option<Answer>);
+
+impl AnswerOnce {
+    fn answer(mut self, r: Result<Reply, IoError>) {
+        if let Some(f) = self.0.take() {
+            f(r)
+        }
+    }
+}
+
+impl Drop for AnswerOnce {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err(IoError::new(
+                IoErrorKind::Io,
+                "the volume dropped the request without completing it",
+            )));
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Transmission-phase tests over an in-memory pipe.
 
 use super::*;
-use crate::device::{BlockDevice, DeviceError, Extent};
+use crate::device::{Extent, InlineIo, IoError, IoErrorKind};
 use crate::mem::{MemDevice, MemExports};
 use crate::testkit::*;
 use crate::Exports;
-use std::sync::Mutex;
+use lamina_blockio::testing::Gated;
+use lamina_blockio::IoOp;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -352,116 +353,175 @@ async fn pipelined_requests_all_answered_before_disc_closes() {
     assert_eq!(disk.flush_count(), 1);
 }
 
-/// Records the order of completed writes and flushes; writes are slow.
-struct Recorder {
-    inner: MemDevice,
-    log: Mutex<Vec<&'static str>>,
+/// A volume behind `Gated`: operations the test holds complete only when
+/// it releases them, from the test's thread.
+fn gated() -> (Arc<Gated<MemDevice>>, Arc<dyn Exports>) {
+    let g = Arc::new(Gated::new(Arc::new(MemDevice::new(SIZE))));
+    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", g.clone()));
+    (g, exports)
 }
 
-impl BlockDevice for Recorder {
-    fn size(&self) -> Result<u64, DeviceError> {
-        self.inner.size()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), DeviceError> {
-        self.inner.read(o, b)
-    }
-    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), DeviceError> {
-        std::thread::sleep(Duration::from_millis(if o == 0 { 200 } else { 1 }));
-        self.inner.write(o, d, f)?;
-        self.log
-            .lock()
-            .unwrap()
-            .push(if o == 0 { "slow write" } else { "write" });
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), DeviceError> {
-        self.log.lock().unwrap().push("flush");
-        Ok(())
-    }
-    fn trim(&self, o: u64, l: u64) -> Result<(), DeviceError> {
-        self.inner.trim(o, l)
-    }
-    fn write_zeroes(&self, o: u64, l: u64, t: bool) -> Result<(), DeviceError> {
-        self.inner.write_zeroes(o, l, t)
-    }
-    fn block_status(&self, o: u64, l: u64) -> Result<Vec<Extent>, DeviceError> {
-        self.inner.block_status(o, l)
-    }
+/// Releases held operations from a blocking thread (the test's reactor must
+/// stay free to read replies), once `n` are held.
+async fn release(g: &Arc<Gated<MemDevice>>, n: usize, index: Option<usize>) {
+    let g = g.clone();
+    tokio::task::spawn_blocking(move || {
+        g.wait_held(n, Duration::from_secs(60));
+        match index {
+            Some(i) => g.release(i),
+            None => g.release_all(),
+        }
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_waits_for_earlier_writes_only() {
-    let dev = Arc::new(Recorder {
-        inner: MemDevice::new(SIZE),
-        log: Mutex::new(Vec::new()),
-    });
-    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", dev.clone()));
+    let (g, exports) = gated();
+    g.hold(|op| matches!(op, IoOp::Write { offset: 0, .. }) || matches!(op, IoOp::Flush));
     let mut c = Client::scripted(exports, ServerOptions::default(), "d").await;
-    // slow write, flush A, write, flush B: A must follow the slow write;
-    // B must follow both writes; A need not wait for the second write.
+    // held write, flush A, write, flush B: A must follow the held write;
+    // B must follow both writes; the second write need not wait for either.
     c.request(CMD_WRITE, 0, 1, 0, 1).await;
     c.send(&[1]).await;
     c.request(CMD_FLUSH, 0, 2, 0, 0).await;
     c.request(CMD_WRITE, 0, 3, 4096, 1).await;
     c.send(&[1]).await;
     c.request(CMD_FLUSH, 0, 4, 0, 0).await;
-    let mut order = Vec::new();
-    for _ in 0..4 {
-        order.push(c.chunk().await.cookie);
-    }
-    let log = dev.log.lock().unwrap().clone();
-    assert_eq!(log.iter().filter(|e| **e == "flush").count(), 2);
-    let slow = log.iter().position(|e| *e == "slow write").unwrap();
-    let fast = log.iter().position(|e| *e == "write").unwrap();
-    let first_flush = log.iter().position(|e| *e == "flush").unwrap();
-    let last_flush = log.iter().rposition(|e| *e == "flush").unwrap();
-    assert!(first_flush > slow && last_flush > fast, "{log:?}");
-    assert_eq!(order[0], 3, "the fast write is answered first: {order:?}");
-    let pos = |c| order.iter().position(|x| *x == c).unwrap();
-    assert!(pos(2) > pos(1) && pos(4) > pos(1), "{order:?}");
+    assert_eq!(
+        c.chunk().await.cookie,
+        3,
+        "the free write is answered first"
+    );
+    g.wait_held(1, Duration::from_secs(60));
+    assert_eq!(
+        g.held(),
+        vec![("write", 0, 1)],
+        "no flush reaches the volume while an earlier write is in flight"
+    );
+    release(&g, 1, Some(0)).await;
+    assert_eq!(c.chunk().await.cookie, 1);
+    // Now both flushes may go.
+    release(&g, 2, None).await;
+    let mut rest = vec![c.chunk().await.cookie, c.chunk().await.cookie];
+    rest.sort();
+    assert_eq!(rest, [2, 4]);
     disc(c).await;
 }
 
-/// Reads at offset 0 take 300 ms; everything else is instant.
-struct OneSlowBlock(MemDevice);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_completions_from_another_thread_answer_in_their_own_order() {
+    let (g, exports) = gated();
+    g.hold(|op| matches!(op, IoOp::Read { .. }));
+    g.fail(IoErrorKind::NoSpace, |op| {
+        matches!(op, IoOp::Write { offset: 8192, .. })
+    });
+    g.fail(IoErrorKind::Gone, |op| {
+        matches!(op, IoOp::BlockStatus { .. })
+    });
+    let mut c = Client::scripted(exports, ServerOptions::default(), "d").await;
+    for i in 0..3u64 {
+        c.request(CMD_WRITE, 0, 10 + i, i * 4096, 3).await;
+        c.send(&[i as u8 + 1; 3]).await;
+    }
+    let mut w: Vec<u64> = Vec::new();
+    for _ in 0..3 {
+        let ch = c.chunk().await;
+        w.push(ch.cookie);
+        if ch.cookie == 12 {
+            assert_eq!(ch.errno(), ENOSPC, "the injected error is the client's");
+        } else {
+            assert_eq!(ch.errno(), 0);
+        }
+    }
+    w.sort();
+    assert_eq!(w, [10, 11, 12]);
+    for i in 0..3u64 {
+        c.request(CMD_READ, 0, 20 + i, i * 4096, 3).await;
+    }
+    // Released newest first: the replies come in that order, each with its
+    // own data.
+    g.wait_held(3, Duration::from_secs(60));
+    for (i, want) in [(2usize, 22u64), (1, 21), (0, 20)] {
+        release(&g, i + 1, Some(i)).await;
+        let ch = c.chunk().await;
+        assert_eq!(ch.cookie, want);
+        let data = &ch.payload[8..];
+        match want {
+            20 => assert_eq!(data, [1, 1, 1]),
+            21 => assert_eq!(data, [2, 2, 2]),
+            _ => assert_eq!(data, [0, 0, 0], "the failed write wrote nothing"),
+        }
+    }
+    c.request(CMD_BLOCK_STATUS, 0, 30, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), EIO);
+    disc(c).await;
+}
 
-impl BlockDevice for OneSlowBlock {
-    fn size(&self) -> Result<u64, DeviceError> {
-        self.0.size()
+/// Reads at offset 0 block until the test opens the gate; everything else
+/// is instant. A plain blocking volume, as the engine is: it shows that one
+/// stuck call on a runner does not hold up the requests behind it.
+struct StuckRead {
+    inner: MemDevice,
+    gate: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl StuckRead {
+    fn wait(&self, f: impl Fn(&(bool, bool)) -> bool) {
+        let g = self.gate.lock().unwrap();
+        let (g, t) = self
+            .changed
+            .wait_timeout_while(g, Duration::from_secs(60), |s| !f(s))
+            .unwrap();
+        assert!(!t.timed_out(), "gate never moved: {:?}", *g);
+    }
+    fn set(&self, f: impl FnOnce(&mut (bool, bool))) {
+        f(&mut self.gate.lock().unwrap());
+        self.changed.notify_all();
+    }
+}
+
+impl InlineIo for StuckRead {
+    fn size(&self) -> Result<u64, IoError> {
+        InlineIo::size(&self.inner)
     }
     fn read_only(&self) -> bool {
         false
     }
-    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), DeviceError> {
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), IoError> {
         if o == 0 {
-            std::thread::sleep(Duration::from_millis(300));
+            self.set(|s| s.0 = true); // entered
+            self.wait(|s| s.1); // opened
         }
-        self.0.read(o, b)
+        self.inner.read(o, b)
     }
-    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), DeviceError> {
-        self.0.write(o, d, f)
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), IoError> {
+        self.inner.write(o, d, f)
     }
-    fn flush(&self) -> Result<(), DeviceError> {
+    fn flush(&self) -> Result<(), IoError> {
         Ok(())
     }
-    fn trim(&self, o: u64, l: u64) -> Result<(), DeviceError> {
-        self.0.trim(o, l)
+    fn trim(&self, o: u64, l: u64) -> Result<(), IoError> {
+        self.inner.trim(o, l)
     }
-    fn write_zeroes(&self, o: u64, l: u64, t: bool) -> Result<(), DeviceError> {
-        self.0.write_zeroes(o, l, t)
+    fn write_zeroes(&self, o: u64, l: u64, t: bool) -> Result<(), IoError> {
+        self.inner.write_zeroes(o, l, t)
     }
-    fn block_status(&self, o: u64, l: u64) -> Result<Vec<Extent>, DeviceError> {
-        self.0.block_status(o, l)
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<Extent>, IoError> {
+        self.inner.block_status(o, l)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_call_does_not_hold_up_later_requests() {
-    let dev = Arc::new(OneSlowBlock(MemDevice::new(SIZE)));
-    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", dev));
+    let dev = Arc::new(StuckRead {
+        inner: MemDevice::new(SIZE),
+        gate: std::sync::Mutex::new((false, false)),
+        changed: std::sync::Condvar::new(),
+    });
+    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("d", "", dev.clone()));
     let mut c = Client::scripted(exports, ServerOptions::default(), "d").await;
     // Enough fast calls for the server to treat the device as fast.
     for i in 0..64 {
@@ -469,14 +529,20 @@ async fn a_stuck_call_does_not_hold_up_later_requests() {
         c.chunk().await;
     }
     c.request(CMD_READ, 0, 1, 0, 512).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let d2 = dev.clone();
+    tokio::task::spawn_blocking(move || d2.wait(|s| s.0))
+        .await
+        .unwrap();
     for i in 0..10 {
         c.request(CMD_READ, 0, 10 + i, 8192, 512).await;
     }
+    // All ten are answered while the first is still stuck.
     let mut order = Vec::new();
-    for _ in 0..11 {
+    for _ in 0..10 {
         order.push(c.chunk().await.cookie);
     }
-    assert_eq!(order.last(), Some(&1), "{order:?}");
+    assert!(!order.contains(&1), "{order:?}");
+    dev.set(|s| s.1 = true);
+    assert_eq!(c.chunk().await.cookie, 1);
     disc(c).await;
 }

@@ -35,7 +35,7 @@ pub(crate) struct ReplyWriter {
     /// Replies completed and waiting for (or holding) the lock.
     ready: AtomicUsize,
     failed: Notify,
-    runtime: tokio::runtime::Handle,
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl ReplyWriter {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lamina_nbd::mem::{MemDevice, MemExports};
-use lamina_nbd::{serve_tcp, serve_unix, BlockDevice, ServerOptions};
+use lamina_nbd::{serve_tcp, serve_unix, BlockIo, ServerOptions};
 
 const MIB: usize = 1 << 20;
 

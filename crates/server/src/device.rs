@@ -1,8 +1,11 @@
-//! Engine volumes and snapshots as NBD block devices, and the registry of
-//! exports the NBD server looks names up in.
+//! Engine volumes and snapshots on the data path's trait (`BlockIo`, by way
+//! of `InlineIo`: the engine's calls finish on the calling thread, which is
+//! an NBD runner thread that may block), and the registry of exports the NBD
+//! server looks names up in.
 
+use lamina_blockio::{BlockIo, Completion, InlineIo, IoError, IoErrorKind, IoOp};
 use lamina_engine::{Error as E, ExtentKind, Volume};
-use lamina_nbd::{BlockDevice, DeviceError, Exports, Extent};
+use lamina_nbd::{Exports, Extent};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -30,41 +33,42 @@ impl EngineDevice {
         self.handle.flush()
     }
 
-    fn check(&self) -> Result<(), DeviceError> {
+    fn check(&self) -> Result<(), IoError> {
         if self.attached.load(Ordering::SeqCst) {
             Ok(())
         } else {
-            Err(DeviceError::Io(format!(
-                "{} was detached",
-                self.handle.name()
-            )))
+            Err(IoError::new(
+                IoErrorKind::Gone,
+                format!("{} was detached", self.handle.name()),
+            ))
         }
     }
 }
 
-fn map(e: E) -> DeviceError {
-    let msg = e.to_string();
-    match e {
-        E::NoSpace { .. } => DeviceError::NoSpace(msg),
-        E::OutOfRange { .. } | E::InvalidArgument(_) => DeviceError::Invalid(msg),
-        E::ReadOnly(_) => DeviceError::ReadOnly(msg),
-        _ => DeviceError::Io(msg),
-    }
+fn map(e: E) -> IoError {
+    let kind = match e {
+        E::NoSpace { .. } => IoErrorKind::NoSpace,
+        E::OutOfRange { .. } | E::InvalidArgument(_) => IoErrorKind::Invalid,
+        E::ReadOnly(_) => IoErrorKind::ReadOnly,
+        E::VolumeNotFound(_) | E::SnapshotNotFound { .. } => IoErrorKind::Gone,
+        _ => IoErrorKind::Io,
+    };
+    IoError::new(kind, e.to_string())
 }
 
-impl BlockDevice for EngineDevice {
-    fn size(&self) -> Result<u64, DeviceError> {
+impl InlineIo for EngineDevice {
+    fn size(&self) -> Result<u64, IoError> {
         self.check()?;
         self.handle.size().map_err(map)
     }
     fn read_only(&self) -> bool {
         self.handle.read_only()
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.check()?;
         self.handle.read(offset, buf).map_err(map)
     }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
         self.check()?;
         self.handle.write(offset, data).map_err(map)?;
         if fua {
@@ -72,21 +76,21 @@ impl BlockDevice for EngineDevice {
         }
         Ok(())
     }
-    fn flush(&self) -> Result<(), DeviceError> {
+    fn flush(&self) -> Result<(), IoError> {
         self.check()?;
         self.handle.flush().map_err(map)
     }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+    fn trim(&self, offset: u64, len: u64) -> Result<(), IoError> {
         self.check()?;
         self.handle.trim(offset, len).map_err(map)
     }
-    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool) -> Result<(), DeviceError> {
+    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool) -> Result<(), IoError> {
         // Unmapped blocks read as zeros and the index has no backing chain,
         // so zeroing is unmapping, and is always fast.
         self.check()?;
         self.handle.write_zeroes(offset, len).map_err(map)
     }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
         self.check()?;
         let ext = self.handle.extents(offset, len).map_err(map)?;
         Ok(ext
@@ -121,30 +125,15 @@ impl Drop for Opened {
     }
 }
 
-impl BlockDevice for Opened {
-    fn size(&self) -> Result<u64, DeviceError> {
-        self.0.size()
+impl BlockIo for Opened {
+    fn size(&self) -> Result<u64, IoError> {
+        BlockIo::size(self.0.as_ref())
     }
     fn read_only(&self) -> bool {
-        self.0.read_only()
+        BlockIo::read_only(self.0.as_ref())
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        self.0.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
-        self.0.write(offset, data, fua)
-    }
-    fn flush(&self) -> Result<(), DeviceError> {
-        BlockDevice::flush(self.0.as_ref())
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        self.0.trim(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), DeviceError> {
-        self.0.write_zeroes(offset, len, may_trim)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, DeviceError> {
-        self.0.block_status(offset, len)
+    fn submit(&self, op: IoOp, done: Completion) {
+        self.0.submit(op, done)
     }
 }
 
@@ -187,17 +176,21 @@ impl Registry {
     }
 
     pub fn read_only(&self, name: &str) -> Option<bool> {
-        self.map.read().unwrap().get(name).map(|d| d.read_only())
-    }
-}
-
-impl Exports for Registry {
-    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
         self.map
             .read()
             .unwrap()
             .get(name)
-            .map(|d| Arc::new(Opened::new(d.clone())) as Arc<dyn BlockDevice>)
+            .map(|d| InlineIo::read_only(d.as_ref()))
+    }
+}
+
+impl Exports for Registry {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockIo>> {
+        self.map
+            .read()
+            .unwrap()
+            .get(name)
+            .map(|d| Arc::new(Opened::new(d.clone())) as Arc<dyn BlockIo>)
     }
     fn list(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self
@@ -208,7 +201,7 @@ impl Exports for Registry {
             .map(|(n, d)| {
                 (
                     n.clone(),
-                    if d.read_only() {
+                    if InlineIo::read_only(d.as_ref()) {
                         "Lamina snapshot (read-only)".into()
                     } else {
                         "Lamina volume".into()
