@@ -33,6 +33,12 @@ pub struct ServerOptions {
     /// Parent of every connection's span (`nbd_conn`). When disabled (the
     /// default), connection spans are children of the caller's current span.
     pub span: tracing::Span,
+    /// When a connection ends (the client disconnects, or the server shuts
+    /// down), how long its replies still in flight may take to be written.
+    /// A client that stopped reading cannot hold the server longer: its
+    /// connection is then closed and its remaining replies dropped (the
+    /// requests themselves have run). Default 10 s.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -42,6 +48,7 @@ impl Default for ServerOptions {
             max_in_flight: 64,
             max_buffer_bytes: 256 << 20,
             span: tracing::Span::none(),
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }

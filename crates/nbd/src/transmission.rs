@@ -185,10 +185,20 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(
     conn.dispatch();
     let Reader { slots, epochs, .. } = conn;
     drop(epochs);
-    // Every request in flight holds a slot until its reply is written.
-    let _all = slots.acquire_many(slot_count).await;
+    // Every request in flight holds a slot until its reply is written. A
+    // client that stopped reading gets `drain_timeout` to take them; then
+    // the writer gives up, which frees the slots at once.
+    let drained = tokio::time::timeout(opts.drain_timeout, slots.acquire_many(slot_count)).await;
+    if drained.is_err() {
+        tracing::warn!(
+            timeout = ?opts.drain_timeout,
+            "the client did not read its replies: closing the connection (its requests have run)"
+        );
+        sh.writer.abort();
+        let _all = slots.acquire_many(slot_count).await;
+    }
     match sh.writer.close().await {
-        Err(e) if result.is_ok() => Err(e.into()),
+        Err(e) if result.is_ok() && drained.is_ok() => Err(e.into()),
         _ => result,
     }
 }

@@ -546,3 +546,26 @@ async fn a_stuck_call_does_not_hold_up_later_requests() {
     assert_eq!(c.chunk().await.cookie, 1);
     disc(c).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_cannot_hold_the_connection() {
+    let opts = ServerOptions {
+        drain_timeout: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let mut c = Client::scripted(exports().0, opts, "disk").await;
+    // Reads whose replies (4 × 512 KiB) overflow the 1 MiB pipe: the
+    // server's writes block, since this client never reads them.
+    for i in 0..4 {
+        c.request(CMD_READ, 0, i, 0, 512 << 10).await;
+    }
+    c.request(CMD_DISC, 0, 0, 0, 0).await;
+    // The connection ends (its replies dropped) instead of waiting forever.
+    // The 60 s bound is a safety net, not a measurement.
+    let ended = tokio::time::timeout(Duration::from_secs(60), &mut c.server).await;
+    assert!(
+        ended.is_ok(),
+        "the connection is still waiting on its client"
+    );
+    drop(c);
+}

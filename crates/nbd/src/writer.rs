@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit};
+use tokio::sync::{watch, Mutex, Notify, OwnedSemaphorePermit};
 
 use crate::proto::Reply;
 
@@ -35,6 +35,9 @@ pub(crate) struct ReplyWriter {
     /// Replies completed and waiting for (or holding) the lock.
     ready: AtomicUsize,
     failed: Notify,
+    /// Set by [`ReplyWriter::abort`]: every send, waiting or writing, gives
+    /// up at once.
+    aborted: watch::Sender<bool>,
     pub(crate) runtime: tokio::runtime::Handle,
 }
 
@@ -48,8 +51,23 @@ impl ReplyWriter {
             }),
             ready: AtomicUsize::new(0),
             failed: Notify::new(),
+            aborted: watch::channel(false).0,
             runtime: tokio::runtime::Handle::current(),
         }
+    }
+
+    /// Resolves once the writer is aborted.
+    async fn until_aborted(&self) {
+        let mut rx = self.aborted.subscribe();
+        let _ = rx.wait_for(|a| *a).await;
+    }
+
+    /// Gives up on the client: sends waiting for the lock or blocked on a
+    /// full socket return at once, dropping their replies; the stream is
+    /// released. For a client that stopped reading while the connection
+    /// ends (see `ServerOptions::drain_timeout`).
+    pub(crate) fn abort(&self) {
+        self.aborted.send_replace(true);
     }
 
     /// Writes replies in order, then releases their permits. After a write
@@ -57,24 +75,56 @@ impl ReplyWriter {
     pub(crate) async fn send(&self, replies: Vec<(Reply, Permits)>) {
         let n = replies.len();
         self.ready.fetch_add(n, Ordering::SeqCst);
-        let mut guard = self.state.lock().await;
+        // Biased: the abort branch (which subscribes to the signal) is only
+        // polled when the lock or the write is not ready at once.
+        let mut guard = tokio::select! {
+            biased;
+            g = self.state.lock() => g,
+            _ = self.until_aborted() => {
+                self.ready.fetch_sub(n, Ordering::SeqCst);
+                return release(replies);
+            }
+        };
         // Every increment is followed by a decrement under the lock, so the
         // last one to decrement reaches 0 and flushes for everyone before.
         let last = self.ready.fetch_sub(n, Ordering::SeqCst) == n;
         let st = &mut *guard;
         if let (Some(w), None) = (st.w.as_mut(), st.error.as_ref()) {
-            if let Err(e) = write(w, &replies, last).await {
+            let written = tokio::select! {
+                biased;
+                r = write(w, &replies, last) => r,
+                _ = self.until_aborted() => Err(aborted()),
+            };
+            if let Err(e) = written {
+                if e.kind() == std::io::ErrorKind::ConnectionAborted {
+                    st.w = None; // a half-written reply: the stream is useless now
+                }
                 st.error = Some(e);
                 self.failed.notify_one();
             }
         }
         drop(guard);
-        for (reply, permits) in replies {
-            crate::bufs::give(reply.into_body());
-            drop(permits);
-        }
+        release(replies);
     }
+}
 
+/// The error of a send given up by [`ReplyWriter::abort`].
+fn aborted() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the client stopped reading replies; connection closed",
+    )
+}
+
+/// Recycles reply buffers and releases the requests' permits.
+fn release(replies: Vec<(Reply, Permits)>) {
+    for (reply, permits) in replies {
+        crate::bufs::give(reply.into_body());
+        drop(permits);
+    }
+}
+
+impl ReplyWriter {
     /// [`ReplyWriter::send`] from a blocking task.
     pub(crate) fn send_blocking(&self, replies: Vec<(Reply, Permits)>) {
         self.runtime.block_on(self.send(replies))
@@ -94,8 +144,11 @@ impl ReplyWriter {
             return Err(e);
         }
         if let Some(mut w) = w {
-            w.flush().await?;
-            w.shutdown().await?;
+            tokio::select! {
+                biased;
+                r = async { w.flush().await?; w.shutdown().await } => r?,
+                _ = self.until_aborted() => return Err(aborted()),
+            }
         }
         Ok(())
     }

@@ -40,7 +40,9 @@ pub const DEFAULT_OPERATION_RETENTION: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Run until `shutdown` resolves, then stop accepting, let in-flight NBD
-/// requests finish, flush every volume and close the pool.
+/// requests finish (a connection whose client does not read its replies is
+/// closed after `lamina_nbd::ServerOptions::drain_timeout`, 10 s), and close
+/// the pool, which makes every acknowledged write durable.
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -140,14 +142,17 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: draining requests, flushing volumes");
     let _ = stop_tx.send(true);
-    // Requests in flight finish; a client that never reads its replies
-    // does not hold the shutdown up for more than a minute.
-    let drained = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+    // Requests in flight finish; each NBD connection gets the drain time
+    // to take its replies and is then closed (lamina-nbd), so this ends
+    // within about that time. The bound here is a backstop for a volume
+    // call that never returns.
+    let backstop = opts.drain_timeout + std::time::Duration::from_secs(30);
+    let drained = tokio::time::timeout(backstop, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
-        tracing::warn!("connections still open after 60 s; closing the pool anyway");
+        tracing::warn!(?backstop, "connections still open; closing the pool anyway");
         tasks.abort_all();
     }
     state.close().await?;
