@@ -335,11 +335,25 @@ pub async fn detach_volume(
     Path(name): Path<String>,
     Query(q): Query<DetachParams>,
 ) -> R<Json<api::Removed>> {
-    let lock = st.lock(&name);
+    detach(&st, name, None, q.force).await
+}
+
+/// Stop exporting a volume or snapshot, under the volume's lock (so that a
+/// detach cannot race an attach or a delete of the same thing).
+async fn detach(
+    st: &Arc<State>,
+    volume: String,
+    snapshot: Option<String>,
+    force: bool,
+) -> R<Json<api::Removed>> {
+    let lock = st.lock(&volume);
     let _g = lock.lock().await;
+    let what = match &snapshot {
+        None => format!("export {volume}"),
+        Some(s) => format!("export {}", crate::state::snapshot_export(&volume, s)),
+    };
     let s = st.clone();
-    let what = format!("export {name}");
-    let existed = blocking(move || s.detach(&name, None, q.force)).await?;
+    let existed = blocking(move || s.detach(&volume, snapshot.as_deref(), force)).await?;
     Ok(Json(api::Removed { what, existed }))
 }
 
@@ -479,12 +493,7 @@ pub async fn detach_snapshot(
     Path((name, snap)): Path<(String, String)>,
     Query(q): Query<DetachParams>,
 ) -> R<Json<api::Removed>> {
-    let lock = st.lock(&name);
-    let _g = lock.lock().await;
-    let what = format!("export {}", crate::state::snapshot_export(&name, &snap));
-    let s = st.clone();
-    let existed = blocking(move || s.detach(&name, Some(&snap), q.force)).await?;
-    Ok(Json(api::Removed { what, existed }))
+    detach(&st, name, Some(snap), q.force).await
 }
 
 #[utoipa::path(post, path = "/v1/clones", request_body = api::CreateClone,
