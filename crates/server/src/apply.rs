@@ -88,6 +88,7 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     if let Some(gone) = already_gone(st, &op).await? {
         return Ok(gone);
     }
+    refuse_while_copying(st, &op)?;
     let rec = OpRec {
         id: new_id(),
         op,
@@ -135,6 +136,24 @@ async fn already_gone(st: &Arc<State>, op: &Op) -> Result<Option<Outcome>, Failu
     .await
 }
 
+/// A volume a full clone is still copying into takes no other change, and
+/// is no clone's source, until the copy ends: its data is not whole yet.
+fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
+    // A clone's own target is the clone's business: asking again for the
+    // full clone being copied is answered with it (see jobs.rs).
+    let v = match op {
+        Op::Clone { source, .. } => source.volume(),
+        other => other.volume(),
+    };
+    match st.running_copy_into(v) {
+        Some(id) => Err(Failure::conflict(
+            format!("a full clone is still copying into volume {v:?} (operation {id})"),
+            &format!("wait for it to end: lamina operation wait {id}"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {
     labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
@@ -178,12 +197,6 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
                 return Err(Failure::conflict(
                     format!("volume {name:?} is attached"),
                     &format!("detach it first: lamina volume detach {name}"),
-                ));
-            }
-            if let Some(id) = st.running_copy_into(&name) {
-                return Err(Failure::conflict(
-                    format!("a full clone is still copying into volume {name:?} (operation {id})"),
-                    &format!("wait for it to end: lamina operation wait {id}"),
                 ));
             }
             let st2 = st.clone();
@@ -460,9 +473,56 @@ mod tests {
                 .clone_state,
             api::CloneState::Copying
         );
-        // Nothing was deleted.
+        // Nor can it be snapshotted, expanded or cloned until it is whole.
+        for op in [
+            Op::CreateSnapshot {
+                volume: "x".into(),
+                name: "half".into(),
+                labels: Default::default(),
+            },
+            Op::ExpandVolume {
+                name: "x".into(),
+                size: 2 << 20,
+            },
+            Op::Clone {
+                name: "y".into(),
+                source: CloneSource::Volume { volume: "x".into() },
+                full: false,
+            },
+        ] {
+            let (status, msg) = code(run(&st, op).await).unwrap();
+            assert_eq!(status, 409, "{msg}");
+        }
+        // Asking again for the same full clone is answered with it.
+        let again = run(
+            &st,
+            Op::Clone {
+                name: "x".into(),
+                source: CloneSource::Snapshot {
+                    volume: "src".into(),
+                    snapshot: "s".into(),
+                },
+                full: true,
+            },
+        )
+        .await;
+        assert!(
+            matches!(
+                again,
+                Ok(Outcome::Started {
+                    created: false,
+                    running: Some(_),
+                    ..
+                })
+            ),
+            "{:?}",
+            again.err().map(|f| f.1.message)
+        );
+        // Nothing was deleted or made.
         assert!(st.pool.snapshot_info_by_name("src", "s").is_ok());
         assert!(st.pool.volume_info_by_name("x").is_ok());
+        assert!(st.pool.volume_info_by_name("y").is_err());
+        assert!(st.pool.list_snapshots("x").unwrap().is_empty());
         st.close().await.unwrap();
     }
 }

@@ -122,14 +122,15 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
     if !recovering {
         // Asked again for a full clone that exists, from the same source:
         // answer it as it is.
-        let (st2, n2, s2) = (st.clone(), name.clone(), source.clone());
+        let (st2, n2, s2, me) = (st.clone(), name.clone(), source.clone(), rec.id.clone());
         let earlier = blocking(move || {
             let ops = st2.operations(&lamina_api::OperationFilter {
                 volume: Some(n2.clone()),
                 ..Default::default()
             })?;
             Ok(ops.into_iter().find(|o| {
-                o.state != OperationState::Failed
+                o.id != me
+                    && o.state != OperationState::Failed
                     && matches!(&o.op, Op::Clone { name, source, full: true } if *name == n2 && *source == s2)
             }))
         })

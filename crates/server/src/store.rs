@@ -42,6 +42,15 @@ pub enum CloneSource {
     Volume { volume: String },
 }
 
+impl CloneSource {
+    /// The volume the clone reads.
+    pub fn volume(&self) -> &str {
+        match self {
+            CloneSource::Snapshot { volume, .. } | CloneSource::Volume { volume } => volume,
+        }
+    }
+}
+
 impl std::fmt::Display for CloneSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

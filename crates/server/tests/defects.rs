@@ -104,6 +104,23 @@ fn a_clone_of_a_volume_copies_it_as_it_is_and_never_touches_a_user_snapshot() {
     let y = d.ok(Method::GET, "/v1/volumes/y", None);
     assert_eq!(y["origin"], Value::Null, "{y}");
     assert_eq!(y["clone_state"], "none", "{y}");
+
+    // A full clone onto a name a plain volume has is refused, and nothing
+    // is left running.
+    create_volume(&d, "z", MIB);
+    let (s, e) = d.call(
+        Method::POST,
+        "/v1/clones",
+        Some(&json!({"name": "z", "from_volume": "src", "full": true}).to_string()),
+    );
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_exists")),
+        "{e}"
+    );
+    let running = d.ok(Method::GET, "/v1/operations?state=running", None);
+    assert_eq!(running, json!([]));
+    assert_eq!(snapshots(&d, "src"), vec![("clone-x".to_string(), false)]);
 }
 
 #[test]
