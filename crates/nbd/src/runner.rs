@@ -49,6 +49,9 @@ const SLOW_CALL: Duration = Duration::from_micros(50);
 const ONE: u32 = 1 << 16;
 /// How long an idle runner waits for more work before it ends.
 const LINGER: Duration = Duration::from_micros(30);
+/// How often queued requests check for stalled runners (the timer's
+/// resolution).
+const WATCH_EVERY: Duration = Duration::from_millis(1);
 
 /// One request on its way to a runner.
 pub(crate) struct Job {
@@ -83,6 +86,8 @@ pub(crate) struct Executor {
     /// When a runner last took work or finished a call (ns since `clock`).
     progress_ns: AtomicU64,
     clock: Instant,
+    /// A watchdog task runs (see [`Executor::watch`]).
+    watching: std::sync::atomic::AtomicBool,
 }
 
 impl Executor {
@@ -103,6 +108,7 @@ impl Executor {
             queued: AtomicUsize::new(0),
             progress_ns: AtomicU64::new(0),
             clock: Instant::now(),
+            watching: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -139,6 +145,7 @@ impl Executor {
         };
         let start = wanted.min(self.max_runners.saturating_sub(q.runners));
         q.runners += start;
+        let left_queued = start < q.jobs.len() && q.runners > 0;
         drop(q);
         if start > 0 && stalled {
             // One new runner per stall, not one per request.
@@ -148,6 +155,54 @@ impl Executor {
             let ex = self.clone();
             tokio::task::spawn_blocking(move || ex.runner());
         }
+        if left_queued {
+            self.watch();
+        }
+    }
+
+    /// While requests wait in the queue for busy runners, checks every
+    /// millisecond whether the runners stall, and starts another if so.
+    /// Without it a stall is noticed only when the client sends its next
+    /// request: requests sent just after one that then blocks (a slow
+    /// disk) would wait for it, however many runners could serve them.
+    fn watch(self: &Arc<Self>) {
+        if self.watching.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let ex = self.clone();
+        self.writer.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                ex.start_if_stalled();
+                if ex.queued.load(Ordering::Relaxed) == 0 {
+                    ex.watching.store(false, Ordering::SeqCst);
+                    // A submit that saw `watching` set before the store
+                    // relies on this loop: look once more.
+                    if ex.queued.load(Ordering::Relaxed) == 0
+                        || ex.watching.swap(true, Ordering::SeqCst)
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Starts a runner if jobs are queued and the runners made no progress
+    /// for [`SPLIT_AFTER`].
+    fn start_if_stalled(self: &Arc<Self>) {
+        let now = self.now_ns();
+        let mut q = self.lock();
+        let stalled = now.saturating_sub(self.progress_ns.load(Ordering::Relaxed))
+            > SPLIT_AFTER.as_nanos() as u64;
+        if q.jobs.is_empty() || !stalled || q.runners >= self.max_runners {
+            return;
+        }
+        q.runners += 1;
+        drop(q);
+        self.progress_ns.store(now, Ordering::Relaxed);
+        let ex = self.clone();
+        tokio::task::spawn_blocking(move || ex.runner());
     }
 
     /// Runs one job on its own blocking task (FLUSH, once it may run).
