@@ -34,6 +34,10 @@ pub struct State {
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
+/// How long a detach waits for NBD clients that are disconnecting before it
+/// refuses (without `force`).
+const DETACH_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A running operation, as the in-memory index keeps it.
 #[derive(Clone, Debug)]
 struct Running {
@@ -292,7 +296,15 @@ impl State {
             None => volume.to_string(),
             Some(s) => snapshot_export(volume, s),
         };
-        let clients = self.exports.connections(&name);
+        // A client that has just disconnected (sent NBD_CMD_DISC or closed
+        // its socket) may not be gone yet: its session ends once its last
+        // replies are written. Give it a moment before refusing.
+        let deadline = std::time::Instant::now() + DETACH_GRACE;
+        let mut clients = self.exports.connections(&name);
+        while clients > 0 && !force && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            clients = self.exports.connections(&name);
+        }
         if clients > 0 && !force {
             let cmd = match snapshot {
                 None => format!("lamina volume detach {volume} --force"),
