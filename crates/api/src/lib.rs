@@ -56,6 +56,10 @@ pub struct Export {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Volume {
+    /// The pool's id of the volume: never reused, so it tells a volume from
+    /// a later one of the same name (CSI volume ids carry it).
+    #[serde(default)]
+    pub id: u64,
     pub name: String,
     /// Size in bytes.
     pub size: u64,
@@ -86,7 +90,13 @@ pub struct Volume {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Snapshot {
+    /// The pool's id of the snapshot: never reused.
+    #[serde(default)]
+    pub id: u64,
     pub volume: String,
+    /// The pool's id of the snapshot's volume.
+    #[serde(default)]
+    pub volume_id: u64,
     pub name: String,
     /// Creation time, RFC 3339.
     pub created: String,
@@ -126,6 +136,44 @@ pub struct CreateSnapshot {
     pub name: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+}
+
+/// Filters of `GET /v1/snapshots` (query parameters), oldest first.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams,
+)]
+#[into_params(parameter_in = Query)]
+pub struct SnapshotFilter {
+    /// Only snapshots with this name (of any volume).
+    pub name: Option<String>,
+    /// Only the snapshot with this id.
+    pub id: Option<u64>,
+}
+
+/// Label every snapshot of a group snapshot carries; its value is the
+/// group's name, which is also each member snapshot's name.
+pub const GROUP_LABEL: &str = "lamina.io/group";
+
+/// Snapshots of several volumes taken at one instant (one engine
+/// transaction): crash-consistent across the volumes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateSnapshotGroup {
+    /// The group's name; each volume's snapshot gets this name.
+    pub name: String,
+    /// The volumes, at least one, each once.
+    pub volumes: Vec<String>,
+    /// Labels every member snapshot carries (besides [`GROUP_LABEL`]).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A group snapshot: its members, one per volume, ordered by volume name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotGroup {
+    pub name: String,
+    /// Creation time, RFC 3339 (the same instant for every member).
+    pub created: String,
+    pub snapshots: Vec<Snapshot>,
 }
 
 /// A new volume from a snapshot (`from_snapshot`, as `VOLUME/SNAPSHOT`) or

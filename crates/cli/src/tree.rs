@@ -138,6 +138,8 @@ mod tests {
 
     fn snap(name: &str, parent: Option<&str>, created: &str) -> Snapshot {
         Snapshot {
+            id: 2,
+            volume_id: 1,
             volume: "v".into(),
             name: name.into(),
             created: created.into(),
@@ -155,6 +157,7 @@ mod tests {
 
     fn vol(parent: Option<&str>) -> Volume {
         Volume {
+            id: 1,
             name: "v".into(),
             size: 2 << 30,
             created: "2025-01-01T00:00:00Z".into(),

@@ -157,6 +157,18 @@ impl Client {
         self.get(&path::api("/snapshots", &[])).await
     }
 
+    /// Snapshots of any volume that match the filter, oldest first.
+    pub async fn find_snapshots(&self, filter: &api::SnapshotFilter) -> Result<Vec<api::Snapshot>> {
+        let p = path::with_query(
+            path::api("/snapshots", &[]),
+            &[
+                ("name", filter.name.clone()),
+                ("id", filter.id.map(|n| n.to_string())),
+            ],
+        );
+        self.get(&p).await
+    }
+
     /// Take a snapshot; the same name and labels again succeeds (`created`
     /// false).
     pub async fn create_snapshot(

@@ -107,6 +107,7 @@ impl Fake {
 
 fn volume(name: &str) -> api::Volume {
     api::Volume {
+        id: 1,
         name: name.into(),
         size: 1 << 20,
         created: "2025-01-01T00:00:00Z".into(),
@@ -123,6 +124,8 @@ fn volume(name: &str) -> api::Volume {
 
 fn snapshot(v: &str, name: &str) -> api::Snapshot {
     api::Snapshot {
+        id: 2,
+        volume_id: 1,
         volume: v.into(),
         name: name.into(),
         created: "2025-01-01T00:00:00Z".into(),
@@ -267,6 +270,12 @@ async fn snapshot_clone_and_operation_routes() {
     f.answer(200, json(&vec![snapshot("a", "s")]));
     c.list_all_snapshots().await.unwrap();
     assert_eq!(f.last(), seen("GET", "/v1/snapshots", None));
+    let filter = api::SnapshotFilter {
+        name: Some("s".into()),
+        id: Some(7),
+    };
+    c.find_snapshots(&filter).await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/snapshots?name=s&id=7", None));
     f.answer(200, json(&snapshot("a", "s")));
     let s = c.get_snapshot("a", "s@1").await.unwrap();
     assert_eq!(s.clones, ["c"]);

@@ -83,6 +83,8 @@ pub struct VolumeInfo {
 pub struct SnapshotInfo {
     pub id: u64,
     pub volume: String,
+    /// Id of the volume it belongs to.
+    pub volume_id: u64,
     pub name: String,
     /// Size of the volume when the snapshot was taken (its restore size).
     pub restore_size: u64,
@@ -229,6 +231,7 @@ impl Pool {
         Ok(SnapshotInfo {
             id: s.id,
             volume: m.catalog.volume(s.volume).name.clone(),
+            volume_id: s.volume,
             name: s.name.clone(),
             restore_size: s.size,
             created: s.created,
@@ -500,6 +503,23 @@ impl Pool {
     pub fn list_all_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
         self.with_meta(|m| {
             let snaps: Vec<SnapshotRec> = m.catalog.snapshots().cloned().collect();
+            self.snapshot_infos(m, None, snaps)
+        })
+    }
+
+    /// The snapshots, of any volume, with this name and/or this id (both
+    /// `None`: every snapshot), oldest first. Only the matching snapshots
+    /// are described, so a lookup does not cost a full listing.
+    pub fn find_snapshots(&self, name: Option<&str>, id: Option<u64>) -> Result<Vec<SnapshotInfo>> {
+        self.with_meta(|m| {
+            let snaps: Vec<SnapshotRec> = match id {
+                Some(id) => m.catalog.snapshot(id).cloned().into_iter().collect(),
+                None => m.catalog.snapshots().cloned().collect(),
+            };
+            let snaps = snaps
+                .into_iter()
+                .filter(|s| name.is_none_or(|n| s.name == n))
+                .collect();
             self.snapshot_infos(m, None, snaps)
         })
     }

@@ -374,15 +374,18 @@ pub async fn list_snapshots(st: St, Path(name): Path<String>) -> R<Json<Vec<api:
     .await
 }
 
-#[utoipa::path(get, path = "/v1/snapshots",
-    responses((status = 200, description = "every snapshot of every volume, oldest first", body = Vec<api::Snapshot>),
-        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
-pub async fn list_all_snapshots(st: St) -> R<Json<Vec<api::Snapshot>>> {
+#[utoipa::path(get, path = "/v1/snapshots", params(api::SnapshotFilter),
+    responses((status = 200, description = "the snapshots of every volume that match the filters, oldest first", body = Vec<api::Snapshot>),
+        (status = 400, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn list_all_snapshots(
+    st: St,
+    Query(f): Query<api::SnapshotFilter>,
+) -> R<Json<Vec<api::Snapshot>>> {
     let s = st.clone();
     blocking(move || {
         Ok(Json(
             s.pool
-                .list_all_snapshots()?
+                .find_snapshots(f.name.as_deref(), f.id)?
                 .into_iter()
                 .map(|x| s.snapshot(x))
                 .collect(),

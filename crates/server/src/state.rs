@@ -188,6 +188,7 @@ impl State {
             .map(|u| u.exclusive_bytes)
             .unwrap_or(v.allocated_bytes);
         api::Volume {
+            id: v.id,
             export: self.export_of(&v.name),
             name: v.name,
             size: v.size,
@@ -208,6 +209,8 @@ impl State {
     pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {
         api::Snapshot {
             export: self.export_of(&snapshot_export(&s.volume, &s.name)),
+            id: s.id,
+            volume_id: s.volume_id,
             volume: s.volume,
             name: s.name,
             created: rfc3339(s.created),

@@ -459,3 +459,62 @@ fn a_system_snapshot_nothing_needs_goes_at_start() {
     let d = Daemon::start_in(dir);
     assert_eq!(snapshots(&d, "v"), vec![("mine".to_string(), false)]);
 }
+
+#[test]
+fn snapshots_are_found_by_name_across_volumes_and_by_id_and_ids_are_never_reused() {
+    let d = Daemon::start();
+    create_volume(&d, "a", MIB);
+    create_volume(&d, "b", MIB);
+    let snap = |v: &str, n: &str| {
+        let b = json!({"name": n}).to_string();
+        d.ok(
+            Method::POST,
+            &format!("/v1/volumes/{v}/snapshots"),
+            Some(&b),
+        )
+    };
+    let a1 = snap("a", "s1");
+    let b1 = snap("b", "s1");
+    snap("b", "s2");
+    let found = d.ok(Method::GET, "/v1/snapshots?name=s1", None);
+    let found: Vec<(String, u64)> = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["volume"].as_str().unwrap().into(),
+                s["id"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let (a1_id, b1_id) = (a1["id"].as_u64().unwrap(), b1["id"].as_u64().unwrap());
+    assert_eq!(found, vec![("a".into(), a1_id), ("b".into(), b1_id)]);
+    let by_id = d.ok(Method::GET, &format!("/v1/snapshots?id={b1_id}"), None);
+    assert_eq!(by_id.as_array().unwrap().len(), 1);
+    assert_eq!(by_id[0]["name"], "s1");
+    assert_eq!(by_id[0]["volume"], "b");
+    let vol_b = d.ok(Method::GET, "/v1/volumes/b", None);
+    assert_eq!(by_id[0]["volume_id"], vol_b["id"]);
+    // Both filters must match; an id of a volume is not a snapshot's.
+    let none = d.ok(
+        Method::GET,
+        &format!("/v1/snapshots?id={b1_id}&name=s2"),
+        None,
+    );
+    assert_eq!(none, json!([]));
+    let none = d.ok(
+        Method::GET,
+        &format!("/v1/snapshots?id={}", vol_b["id"]),
+        None,
+    );
+    assert_eq!(none, json!([]));
+    // Deleted and made again under the same name: a new id.
+    d.ok(Method::DELETE, "/v1/volumes/a/snapshots/s1", None);
+    let again = snap("a", "s1");
+    assert!(again["id"].as_u64().unwrap() > a1_id);
+    let gone = d.ok(Method::GET, &format!("/v1/snapshots?id={a1_id}"), None);
+    assert_eq!(gone, json!([]));
+    let (s, _) = d.call(Method::GET, "/v1/snapshots?id=x", None);
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}
