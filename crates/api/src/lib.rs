@@ -258,6 +258,9 @@ pub struct Operation {
     pub total_bytes: u64,
     pub started: String,
     pub error: Option<String>,
+    /// For a clone: what it was made from, `VOLUME/SNAPSHOT` or `VOLUME`.
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 /// Filters of `GET /v1/operations` (query parameters), newest first.
@@ -318,4 +321,8 @@ pub struct Health {
     pub volumes: u64,
     pub snapshots: u64,
     pub pool_used_bytes: u64,
+    /// Bytes new data can still take: the pool's free space plus what its
+    /// filesystem can still give, up to the pool's cap if it has one.
+    #[serde(default)]
+    pub capacity_bytes: u64,
 }

@@ -291,6 +291,7 @@ mod tests {
             total_bytes: total,
             started: "2025-01-01T00:00:00Z".into(),
             error: None,
+            source: Some("a/s".into()),
         }
     }
 

@@ -160,6 +160,7 @@ fn operation() -> api::Operation {
         total_bytes: 2,
         started: "2025-01-01T00:00:00Z".into(),
         error: None,
+        source: Some("a/s".into()),
     }
 }
 
@@ -358,6 +359,7 @@ async fn daemon_routes_and_errors() {
         volumes: 1,
         snapshots: 2,
         pool_used_bytes: 3,
+        capacity_bytes: 4,
     };
     f.answer(200, json(&health));
     assert_eq!(c.health().await.unwrap(), health);

@@ -122,6 +122,9 @@ pub struct PoolStats {
     pub snapshots: u64,
     /// Tree nodes deleted but not yet reclaimed.
     pub reclaim_pending: bool,
+    /// The most the pool may grow to, if capped (else it grows while its
+    /// filesystem has room).
+    pub max_bytes: Option<u64>,
 }
 
 fn check_size(size: u64) -> Result<()> {
@@ -788,6 +791,7 @@ impl Pool {
                 volumes: m.catalog.volumes().count() as u64,
                 snapshots: m.catalog.snapshots().count() as u64,
                 reclaim_pending: m.sb.dead_head != 0,
+                max_bytes: (m.sb.max_blocks != 0).then_some(m.sb.max_blocks * BLOCK as u64),
             })
         })
     }

@@ -356,6 +356,15 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
         total_bytes,
         started: rec.started.clone(),
         error: rec.error.clone(),
+        source: match &rec.op {
+            crate::store::Op::Clone { source, .. } => Some(match source {
+                crate::store::CloneSource::Snapshot { volume, snapshot } => {
+                    format!("{volume}/{snapshot}")
+                }
+                crate::store::CloneSource::Volume { volume } => volume.clone(),
+            }),
+            _ => None,
+        },
     }
 }
 

@@ -150,6 +150,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub async fn health(st: St) -> R<Json<api::Health>> {
     let s = st.clone();
     let stats = blocking(move || Ok(s.pool.stats()?)).await?;
+    let capacity = capacity_bytes(&st.layout.root, &stats);
     Ok(Json(api::Health {
         version: env!("CARGO_PKG_VERSION").into(),
         data_dir: st.layout.root.display().to_string(),
@@ -157,7 +158,31 @@ pub async fn health(st: St) -> R<Json<api::Health>> {
         volumes: stats.volumes,
         snapshots: stats.snapshots,
         pool_used_bytes: stats.used_bytes,
+        capacity_bytes: capacity,
     }))
+}
+
+/// What new data can still take: the pool's free blocks, plus the room its
+/// filesystem has to grow it, up to the pool's cap.
+fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
+    let fs_free = fs_available(dir).unwrap_or(0);
+    let grow = match stats.max_bytes {
+        Some(max) => max.saturating_sub(stats.total_bytes).min(fs_free),
+        None => fs_free,
+    };
+    stats.free_bytes.saturating_add(grow)
+}
+
+/// Bytes an unprivileged writer may still add to the filesystem of `dir`.
+fn fs_available(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
+    // statvfs the call fills in; both outlive the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 #[utoipa::path(get, path = "/v1/volumes",

@@ -518,3 +518,29 @@ fn snapshots_are_found_by_name_across_volumes_and_by_id_and_ids_are_never_reused
     let (s, _) = d.call(Method::GET, "/v1/snapshots?id=x", None);
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
+
+#[test]
+fn clone_operations_name_their_source_and_health_reports_capacity() {
+    let d = Daemon::start();
+    create_volume(&d, "src", MIB);
+    let b = json!({"name": "s"}).to_string();
+    d.ok(Method::POST, "/v1/volumes/src/snapshots", Some(&b));
+    let b = json!({"name": "c1", "from_snapshot": "src/s"}).to_string();
+    d.ok(Method::POST, "/v1/clones", Some(&b));
+    let b = json!({"name": "c2", "from_volume": "src"}).to_string();
+    d.ok(Method::POST, "/v1/clones", Some(&b));
+    let ops = d.ok(Method::GET, "/v1/operations?volume=c1", None);
+    assert_eq!(ops[0]["source"], "src/s", "{ops}");
+    let ops = d.ok(Method::GET, "/v1/operations?volume=c2", None);
+    assert_eq!(ops[0]["source"], "src", "{ops}");
+    let ops = d.ok(Method::GET, "/v1/operations?volume=src", None);
+    assert!(
+        ops.as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["source"].is_null()),
+        "{ops}"
+    );
+    let h = d.ok(Method::GET, "/v1/health", None);
+    assert!(h["capacity_bytes"].as_u64().unwrap() > 0, "{h}");
+}
