@@ -5,6 +5,7 @@
 //! engine or daemon logic, and writes no API path or request body itself.
 
 mod cmd_clone;
+mod cmd_csi;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_snapshot;
@@ -131,6 +132,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cmd_operation::OperationCmd,
     },
+    /// Run the CSI driver for Kubernetes (its own flags: `lamina csi --help`).
+    Csi {
+        /// The driver's flags, e.g. --mode node --endpoint unix:///csi/csi.sock.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Manage a pool directory directly (the daemon must not be running on it).
     Pool {
         #[command(subcommand)]
@@ -147,16 +154,18 @@ pub struct Ctx {
 }
 
 fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "csi") {
+        init_tracing("info");
+        if let Err(e) = cmd_csi::main(args) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let cli = Cli::parse();
     let serving = matches!(cli.cmd, Cmd::Serve { .. });
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if serving { "info" } else { "warn" })
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_tracing(if serving { "info" } else { "warn" });
     let data_dir = data_dir(cli.global.data_dir.clone());
     let mut client = None;
     if let Err(e) = run(cli, &data_dir, &mut client) {
@@ -167,6 +176,17 @@ fn main() {
         }
         std::process::exit(f.exit_code);
     }
+}
+
+/// Logs to stderr, filtered by LAMINA_LOG (default: `default`).
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// The data directory given, or the default, made absolute.
@@ -181,6 +201,11 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
     let g = cli.global;
     match cli.cmd {
         Cmd::Pool { cmd, .. } => cmd_pool::run(cmd, g.output),
+        // Reached only with global options before `csi`, which it does not take.
+        Cmd::Csi { .. } => anyhow::bail!(Failure::new(
+            "`lamina csi` takes its own options after the word csi".to_string(),
+            Some("run it as `lamina csi --mode ... --endpoint unix:///...` (see `lamina csi --help`)".into()),
+        )),
         Cmd::Serve {
             listen,
             nbd_listen,
@@ -209,7 +234,9 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     Cmd::Snapshot { cmd } => cmd_snapshot::run(&ctx, cmd).await,
                     Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
-                    Cmd::Pool { .. } | Cmd::Serve { .. } => unreachable!("handled above"),
+                    Cmd::Pool { .. } | Cmd::Serve { .. } | Cmd::Csi { .. } => {
+                        unreachable!("handled above")
+                    }
                 }
             })
         }

@@ -1,0 +1,67 @@
+//! The identity service: who the plugin is, what it offers, and whether
+//! the daemon behind it answers.
+
+use crate::proto::identity_server::Identity;
+use crate::proto::plugin_capability::{service, volume_expansion, Service, Type, VolumeExpansion};
+use crate::proto::*;
+use lamina_client::Client;
+use tonic::{Request, Response, Status};
+
+pub struct IdentityService {
+    pub(crate) name: String,
+    pub(crate) client: Client,
+    /// Whether this process serves the controller (and group controller).
+    pub(crate) controller: bool,
+}
+
+fn service(t: service::Type) -> PluginCapability {
+    PluginCapability {
+        r#type: Some(Type::Service(Service { r#type: t as i32 })),
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        let mut caps = vec![service(service::Type::VolumeAccessibilityConstraints)];
+        if self.controller {
+            caps.push(service(service::Type::ControllerService));
+            caps.push(service(service::Type::GroupControllerService));
+        }
+        // Offline only: an NBD client sees a volume's new size when it
+        // reconnects, so a volume is grown while no node uses it, and the
+        // node grows its filesystem when it next stages it (docs/csi.md).
+        caps.push(PluginCapability {
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                r#type: volume_expansion::Type::Offline as i32,
+            })),
+        });
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities: caps,
+        }))
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        match self.client.health().await {
+            Ok(_) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
+            Err(e) => Err(Status::failed_precondition(format!(
+                "the Lamina daemon does not answer: {}",
+                crate::status::message(&e)
+            ))),
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Serving the services on the CSI endpoint (a unix socket), by mode.
+
+use crate::controller::ControllerService;
+
+use crate::identity::IdentityService;
+use crate::node::{self, NodeService};
+use crate::proto::controller_server::ControllerServer;
+
+use crate::proto::identity_server::IdentityServer;
+use crate::proto::node_server::NodeServer;
+use lamina_client::Client;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Which services this process serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Identity, controller and group controller (one per cluster).
+    Controller,
+    /// Identity and node (one per node).
+    Node,
+    /// All of them (one machine, and csi-sanity).
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub mode: Mode,
+    /// `unix:///path/to/csi.sock` (or `unix:/path`, or a bare path).
+    pub endpoint: String,
+    pub driver_name: String,
+    /// This node's name.
+    pub node_id: String,
+    /// The node whose daemon the controller drives: its volumes' topology.
+    pub storage_node: String,
+    /// The node service's records.
+    pub state_dir: PathBuf,
+    pub client: Client,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("CSI endpoint {0:?}: expected unix:///PATH")]
+    Endpoint(String),
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the node service: {0}")]
+    Node(#[from] node::Error),
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// The socket path of a CSI endpoint.
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, Error> {
+    let p = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    if p.is_empty() || !p.starts_with('/') {
+        return Err(Error::Endpoint(endpoint.to_string()));
+    }
+    Ok(PathBuf::from(p))
+}
+
+/// Serve until `shutdown` completes. A stale socket file from an earlier
+/// run is replaced.
+pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let path = socket_path(&opts.endpoint)?;
+    let listen_err = |source| Error::Listen {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(listen_err(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(&path).map_err(listen_err)?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let controller = matches!(opts.mode, Mode::Controller | Mode::All);
+    let node = matches!(opts.mode, Mode::Node | Mode::All);
+    let identity = IdentityService {
+        name: opts.driver_name.clone(),
+        client: opts.client.clone(),
+        controller,
+    };
+    let mut router = tonic::transport::Server::builder()
+        .trace_fn(|r| tracing::info_span!("csi", method = %r.uri().path()))
+        .add_service(IdentityServer::new(identity));
+    if controller {
+        let c = Arc::new(ControllerService::new(
+            opts.client.clone(),
+            opts.storage_node.clone(),
+        ));
+        router = router.add_service(ControllerServer::from_arc(c));
+    }
+    if node {
+        let n = NodeService::new(
+            opts.client.clone(),
+            node::Config {
+                node_id: opts.node_id.clone(),
+                state_dir: opts.state_dir.clone(),
+            },
+        )?;
+        router = router.add_service(NodeServer::new(n));
+    }
+    tracing::info!(socket = %path.display(), mode = ?opts.mode, "CSI driver listening");
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
