@@ -1,0 +1,119 @@
+//! A real `lamina serve` and a real `lamina csi --mode all` beside it, and
+//! gRPC clients of the driver's services over its unix socket.
+
+#![allow(dead_code)]
+
+use lamina_csi::proto::controller_client::ControllerClient;
+use lamina_csi::proto::group_controller_client::GroupControllerClient;
+use lamina_csi::proto::node_client::NodeClient;
+use lamina_test_support::{wait_until, Daemon, Lamina};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
+
+pub struct Csi {
+    /// Dropped after the driver (fields drop in order).
+    child: Child,
+    pub daemon: Daemon,
+    pub sock: PathBuf,
+    pub rt: tokio::runtime::Runtime,
+    channel: Channel,
+}
+
+impl Csi {
+    #[track_caller]
+    pub fn start() -> Csi {
+        let daemon = LAMINA.start();
+        let sock = daemon.data().join("csi.sock");
+        let log = std::fs::File::create(daemon.data().join("csi.log")).unwrap();
+        let child = LAMINA
+            .cmd()
+            .args([
+                "csi",
+                "--mode",
+                "all",
+                "--node-id",
+                "test-node",
+                "--endpoint",
+            ])
+            .arg(format!("unix://{}", sock.display()))
+            .arg("--data-dir")
+            .arg(daemon.data())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start lamina csi");
+        wait_until("the CSI socket", Duration::from_secs(30), || {
+            sock.exists().then_some(())
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let path = sock.clone();
+        let channel = rt
+            .block_on(
+                Endpoint::from_static("http://csi.invalid").connect_with_connector(
+                    tower::service_fn(move |_: Uri| {
+                        let p = path.clone();
+                        async move {
+                            let s = tokio::net::UnixStream::connect(p).await?;
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                        }
+                    }),
+                ),
+            )
+            .expect("connect to the CSI socket");
+        Csi {
+            child,
+            daemon,
+            sock,
+            rt,
+            channel,
+        }
+    }
+
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone())
+    }
+
+    pub fn group(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel.clone())
+    }
+
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone())
+    }
+
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.daemon.data().join("csi.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Csi {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let stopped = lamina_test_support::poll_until(Duration::from_secs(20), || {
+            self.child.try_wait().ok().flatten()
+        });
+        if stopped.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            if !std::thread::panicking() {
+                panic!("lamina csi did not stop within 20 s of SIGTERM");
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("lamina csi log:\n{}", self.log());
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The group controller: snapshots of several volumes taken at one
+//! instant, in one engine transaction (the daemon's snapshot groups), so a
+//! group is crash-consistent across its volumes without freezing anything.
+//!
+//! A CSI group snapshot id is the Lamina group's name (the group name the
+//! CO gave, mapped as any name is); each member is a snapshot of that name
+//! in its volume, carrying the label `lamina.io/group`.
+
+use crate::controller::{csi_snapshot, timestamp, ControllerService};
+use crate::ids::{is_lamina_name, lamina_name, VolumeId};
+use crate::proto::group_controller_server::GroupController;
+use crate::proto::group_controller_service_capability::{rpc, Rpc, Type};
+use crate::proto::*;
+use crate::status::{from_client, invalid};
+use lamina_api as api;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct GroupService {
+    c: Arc<ControllerService>,
+}
+
+impl GroupService {
+    pub fn new(c: Arc<ControllerService>) -> GroupService {
+        GroupService { c }
+    }
+
+    fn csi_group(g: &api::SnapshotGroup) -> VolumeGroupSnapshot {
+        VolumeGroupSnapshot {
+            group_snapshot_id: g.name.clone(),
+            snapshots: g.snapshots.iter().map(csi_snapshot).collect(),
+            creation_time: timestamp(&g.created),
+            ready_to_use: true,
+        }
+    }
+
+    /// The group an id names, if it exists.
+    async fn group(&self, id: &str) -> Result<Option<api::SnapshotGroup>, Status> {
+        if !is_lamina_name(id) {
+            return Ok(None);
+        }
+        match self.c.client.get_snapshot_group(id).await {
+            Ok(g) => Ok(Some(g)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(from_client(&e)),
+        }
+    }
+}
+
+/// The CSI volume ids of a group's members, sorted.
+fn member_volumes(g: &api::SnapshotGroup) -> Vec<String> {
+    let mut v: Vec<String> = g
+        .snapshots
+        .iter()
+        .map(|s| VolumeId { name: s.volume.clone(), id: s.volume_id }.to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tonic::async_trait]
+impl GroupController for GroupService {
+    async fn group_controller_get_capabilities(
+        &self,
+        _: Request<GroupControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<GroupControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(GroupControllerGetCapabilitiesResponse {
+            capabilities: vec![GroupControllerServiceCapability {
+                r#type: Some(Type::Rpc(Rpc {
+                    r#type: rpc::Type::CreateDeleteGetVolumeGroupSnapshot as i32,
+                })),
+            }],
+        }))
+    }
+
+    async fn create_volume_group_snapshot(
+        &self,
+        r: Request<CreateVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<CreateVolumeGroupSnapshotResponse>, Status> {
+        let req = r.into_inner();
+        if req.name.is_empty() {
+            return invalid!("name is required");
+        }
+        if req.source_volume_ids.is_empty() {
+            return invalid!("source_volume_ids is required");
+        }
+        if let Some(k) = req.parameters.keys().find(|k| !k.starts_with("csi.storage.k8s.io/")) {
+            return invalid!("unknown group snapshot parameter {k:?} (Lamina takes none)");
+        }
+        let name = lamina_name(&req.name);
+        let _g = self.c.lock(&format!("snapshot/{name}")).await;
+        let mut asked = req.source_volume_ids.clone();
+        asked.sort();
+        if let Some(g) = self.group(&name).await? {
+            if member_volumes(&g) == asked {
+                return Ok(Response::new(CreateVolumeGroupSnapshotResponse {
+                    group_snapshot: Some(Self::csi_group(&g)),
+                }));
+            }
+            return Err(Status::already_exists(format!(
+                "group snapshot {:?} exists already, of volumes {:?}",
+                req.name,
+                member_volumes(&g)
+            )));
+        }
+        let mut volumes = vec![];
+        for id in &req.source_volume_ids {
+            let not_found = || Status::not_found(format!("source volume {id:?} does not exist"));
+            let vid = VolumeId::parse(id).ok_or_else(not_found)?;
+            let v = self.c.volume_by_id(&vid).await?.ok_or_else(not_found)?;
+            volumes.push(v.name);
+        }
+        let mut labels = std::collections::BTreeMap::new();
+        if name != req.name && req.name.len() <= 1024 {
+            labels.insert(crate::controller::CSI_NAME_LABEL.to_string(), req.name.clone());
+        }
+        let made = self
+            .c
+            .client
+            .create_snapshot_group(&api::CreateSnapshotGroup { name, volumes, labels })
+            .await
+            .map_err(|e| from_client(&e))?;
+        Ok(Response::new(CreateVolumeGroupSnapshotResponse {
+            group_snapshot: Some(Self::csi_group(&made.value)),
+        }))
+    }
+
+    async fn delete_volume_group_snapshot(
+        &self,
+        r: Request<DeleteVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<DeleteVolumeGroupSnapshotResponse>, Status> {
+        let req = r.into_inner();
+        if req.group_snapshot_id.is_empty() {
+            return invalid!("group_snapshot_id is required");
+        }
+        let id = &req.group_snapshot_id;
+        if !is_lamina_name(id) {
+            return Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
+        }
+        let _g = self.c.lock(&format!("snapshot/{id}")).await;
+        match self.c.client.delete_snapshot_group(id).await {
+            Ok(_) => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
+            Err(e) if e.is_not_found() => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
+            Err(e) => Err(from_client(&e)),
+        }
+    }
+
+    async fn get_volume_group_snapshot(
+        &self,
+        r: Request<GetVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<GetVolumeGroupSnapshotResponse>, Status> {
+        let req = r.into_inner();
+        if req.group_snapshot_id.is_empty() {
+            return invalid!("group_snapshot_id is required");
+        }
+        let g = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
+            Status::not_found(format!("group snapshot {:?} does not exist", req.group_snapshot_id))
+        })?;
+        Ok(Response::new(GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(Self::csi_group(&g)),
+        }))
+    }
+}
