@@ -153,4 +153,30 @@ mod tests {
             assert_eq!(SnapshotId::parse(bad), None, "{bad}");
         }
     }
+
+    proptest::proptest! {
+        /// Whatever a CO sends, parsing answers and never panics, and a
+        /// mapped name is always a valid one.
+        #[test]
+        fn any_text_parses_or_is_refused_without_panic(s in ".{0,300}") {
+            let _ = VolumeId::parse(&s);
+            let _ = SnapshotId::parse(&s);
+            let n = lamina_name(&s);
+            proptest::prop_assert!(is_lamina_name(&n));
+            proptest::prop_assert_eq!(n, lamina_name(&s));
+        }
+
+        #[test]
+        fn ids_of_valid_names_round_trip(
+            v in "[a-z0-9][a-z0-9._-]{0,60}",
+            n in "[a-z0-9][a-z0-9._-]{0,60}",
+            id in proptest::prelude::any::<u64>(),
+        ) {
+            let vid = VolumeId { name: v.clone(), id };
+            proptest::prop_assert_eq!(VolumeId::parse(&vid.to_string()), Some(vid));
+            let sid = SnapshotId { volume: v.clone(), name: n.clone(), id };
+            proptest::prop_assert_eq!(SnapshotId::parse(&sid.to_string()), Some(sid));
+            proptest::prop_assert_eq!(lamina_name(&v), v);
+        }
+    }
 }
