@@ -351,3 +351,30 @@ fn snapshot_pages_stay_valid_while_snapshots_come_and_go() {
         Code::Aborted
     );
 }
+
+#[test]
+fn garbage_on_the_socket_does_not_hurt_the_driver() {
+    use std::io::{Read, Write};
+    let csi = Csi::start();
+    for junk in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x04\x08\x00\x00\x00\x00\x00\xff\xff"[..],
+        &[0xffu8; 4096][..],
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&csi.sock).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let _ = s.write_all(junk);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = vec![];
+        let _ = s.read_to_end(&mut sink);
+    }
+    // Still serving, and a malformed request is a clear error.
+    let mut c = csi.controller();
+    let e = csi
+        .block_on(c.create_volume(CreateVolumeRequest::default()))
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let v = csi.create_ok(create("pvc-after", 4 * MIB, None, false));
+    assert!(v.volume_id.starts_with("pvc-after@"));
+}
