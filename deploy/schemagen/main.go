@@ -315,6 +315,7 @@ func convert(s any) any {
 	}
 	if in["x-kubernetes-int-or-string"] == true && in["anyOf"] == nil && in["oneOf"] == nil {
 		out["oneOf"] = []any{schema{"type": "integer"}, schema{"type": "string"}}
+		delete(out, "type") // a CRD may say string beside it; both are taken
 	}
 	_, hasProps := in["properties"]
 	_, open := in["additionalProperties"]
