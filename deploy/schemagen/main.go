@@ -160,7 +160,7 @@ func customResources(dir string, core map[string]any, w *writer) error {
 		var crd struct {
 			Kind string `json:"kind"`
 			Spec struct {
-				Group    string `json:"group"`
+				Group    string                `json:"group"`
 				Names    struct{ Kind string } `json:"names"`
 				Versions []struct {
 					Name   string `json:"name"`
