@@ -274,6 +274,7 @@ async fn snapshot_clone_and_operation_routes() {
         name: Some("s".into()),
         id: Some(7),
     };
+    f.answer(200, json(&vec![snapshot("a", "s")]));
     c.find_snapshots(&filter).await.unwrap();
     assert_eq!(f.last(), seen("GET", "/v1/snapshots?name=s&id=7", None));
     f.answer(200, json(&snapshot("a", "s")));
