@@ -219,6 +219,10 @@ pub enum OperationKind {
     Clone,
     /// A full clone: a background copy of the data.
     FullClone,
+    /// A group snapshot: one snapshot of each of several volumes at once.
+    CreateSnapshotGroup,
+    /// The deletion of every member of a group snapshot.
+    DeleteSnapshotGroup,
 }
 
 impl OperationKind {
@@ -234,6 +238,8 @@ impl OperationKind {
             OperationKind::Flatten => "flatten",
             OperationKind::Clone => "clone",
             OperationKind::FullClone => "full-clone",
+            OperationKind::CreateSnapshotGroup => "create-snapshot-group",
+            OperationKind::DeleteSnapshotGroup => "delete-snapshot-group",
         }
     }
 }

@@ -4,7 +4,9 @@ use crate::output::{self, fields, list_or_dash, or_dash, Format, Table};
 use crate::Ctx;
 use anyhow::Result;
 use clap::Subcommand;
-use lamina_api::{format_size, CreateSnapshot, Snapshot, Volume};
+use lamina_api::{
+    format_size, CreateSnapshot, CreateSnapshotGroup, Snapshot, SnapshotGroup, Volume,
+};
 use serde::Serialize;
 
 #[derive(Subcommand)]
@@ -66,6 +68,27 @@ pub enum SnapshotCmd {
         /// Detach even while NBD clients are connected: they are cut off and their I/O fails.
         #[arg(long)]
         force: bool,
+    },
+    /// Take a snapshot NAME of every VOLUME at one instant (crash-consistent across them); succeeds if that group exists already.
+    CreateGroup {
+        /// Name of the group, and of each volume's snapshot in it.
+        name: String,
+        /// The volumes, at least one.
+        #[arg(required = true, value_name = "VOLUME")]
+        volumes: Vec<String>,
+        /// A label KEY=VALUE every member carries (repeat for more).
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
+        labels: Vec<(String, String)>,
+    },
+    /// Show a group snapshot: its members, one per volume.
+    GetGroup {
+        /// The group.
+        name: String,
+    },
+    /// Delete every snapshot of a group (succeeds if there is none; refused while a member is attached).
+    DeleteGroup {
+        /// The group.
+        name: String,
     },
 }
 
@@ -165,6 +188,50 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             let e = c.attach_snapshot(&volume, &name).await?;
             output::show(ctx.fmt, &e, |e| e.uri.clone())
         }
+        SnapshotCmd::CreateGroup {
+            name,
+            volumes,
+            labels,
+        } => {
+            let req = CreateSnapshotGroup {
+                name,
+                volumes,
+                labels: labels.into_iter().collect(),
+            };
+            let r = c.create_snapshot_group(&req).await?;
+            output::show(ctx.fmt, &r.value, |g| {
+                let head = if r.created {
+                    format!("created group snapshot {} of {}", g.name, members(g))
+                } else {
+                    format!("group snapshot {} of {} exists already", g.name, members(g))
+                };
+                format!("{head}\n{}", list_table(&g.snapshots))
+            })
+        }
+        SnapshotCmd::GetGroup { name } => {
+            let g = c.get_snapshot_group(&name).await?;
+            output::show(ctx.fmt, &g, |g| {
+                format!(
+                    "{}{}",
+                    fields(&[
+                        ("Group", g.name.clone()),
+                        ("Created", g.created.clone()),
+                        ("Volumes", members(g)),
+                    ]),
+                    list_table(&g.snapshots)
+                )
+            })
+        }
+        SnapshotCmd::DeleteGroup { name } => {
+            let r = c.delete_snapshot_group(&name).await?;
+            output::show(ctx.fmt, &r, |r| {
+                if r.existed {
+                    format!("deleted group snapshot {name}")
+                } else {
+                    format!("group snapshot {name} does not exist: nothing to delete")
+                }
+            })
+        }
         SnapshotCmd::Detach {
             volume,
             name,
@@ -180,6 +247,12 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             })
         }
     }
+}
+
+/// A group's volumes, comma-separated.
+fn members(g: &SnapshotGroup) -> String {
+    let v: Vec<&str> = g.snapshots.iter().map(|s| s.volume.as_str()).collect();
+    v.join(", ")
 }
 
 fn labels(s: &Snapshot) -> String {

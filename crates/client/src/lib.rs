@@ -225,6 +225,31 @@ impl Client {
             .await
     }
 
+    // --- group snapshots ---
+
+    /// Take one snapshot of each volume at one instant (crash-consistent
+    /// across them); the same group again (same volumes, in any order, and
+    /// labels) succeeds (`created` false), another is refused (409).
+    pub async fn create_snapshot_group(
+        &self,
+        req: &api::CreateSnapshotGroup,
+    ) -> Result<Created<api::SnapshotGroup>> {
+        self.create(&path::api("/snapshot-groups", &[]), req).await
+    }
+
+    /// A group snapshot's members, ordered by volume name (404 when none).
+    pub async fn get_snapshot_group(&self, name: &str) -> Result<api::SnapshotGroup> {
+        self.get(&path::api("/snapshot-groups/{}", &[name])).await
+    }
+
+    /// Delete every member of a group snapshot; none there is
+    /// `existed: false`.
+    pub async fn delete_snapshot_group(&self, name: &str) -> Result<api::Removed> {
+        let p = path::api("/snapshot-groups/{}", &[name]);
+        self.remove(Method::DELETE, &p, format!("snapshot group {name}"))
+            .await
+    }
+
     // --- clones and operations ---
 
     /// A new volume from a snapshot or a volume: 201 for a linked clone,

@@ -275,6 +275,7 @@ async fn snapshot_clone_and_operation_routes() {
         name: Some("s".into()),
         id: Some(7),
     };
+    f.answer(200, json(&vec![snapshot("a", "s")]));
     c.find_snapshots(&filter).await.unwrap();
     assert_eq!(f.last(), seen("GET", "/v1/snapshots?name=s&id=7", None));
     f.answer(200, json(&snapshot("a", "s")));
@@ -346,6 +347,52 @@ async fn snapshot_clone_and_operation_routes() {
     f.answer(200, json(&operation()));
     assert_eq!(c.get_operation("op-1").await.unwrap(), operation());
     assert_eq!(f.last(), seen("GET", "/v1/operations/op-1", None));
+}
+
+#[tokio::test]
+async fn group_snapshot_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+    let group = api::SnapshotGroup {
+        name: "g".into(),
+        created: "2025-01-01T00:00:00Z".into(),
+        snapshots: vec![snapshot("a", "g"), snapshot("b", "g")],
+    };
+    let req = api::CreateSnapshotGroup {
+        name: "g".into(),
+        volumes: vec!["b".into(), "a".into()],
+        labels: [("k".to_string(), "v".to_string())].into(),
+    };
+    f.answer(201, json(&group));
+    let r = c.create_snapshot_group(&req).await.unwrap();
+    assert!(r.created);
+    assert_eq!(r.value, group);
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/snapshot-groups", Some(json(&req)))
+    );
+    f.answer(200, json(&group));
+    assert!(!c.create_snapshot_group(&req).await.unwrap().created);
+
+    f.answer(200, json(&group));
+    assert_eq!(c.get_snapshot_group("g 1").await.unwrap(), group);
+    assert_eq!(f.last(), seen("GET", "/v1/snapshot-groups/g%201", None));
+    f.answer(
+        404,
+        serde_json::json!({"code": "not_found", "message": "no group snapshot \"x\""}),
+    );
+    assert!(c.get_snapshot_group("x").await.unwrap_err().is_not_found());
+
+    let gone = api::Removed {
+        what: "snapshot group g".into(),
+        existed: false,
+    };
+    f.answer(200, json(&gone));
+    assert_eq!(c.delete_snapshot_group("g").await.unwrap(), gone);
+    assert_eq!(f.last(), seen("DELETE", "/v1/snapshot-groups/g", None));
+    f.answer(204, serde_json::Value::Null);
+    let r = c.delete_snapshot_group("g").await.unwrap();
+    assert_eq!((r.what.as_str(), r.existed), ("snapshot group g", true));
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ pub mod error;
 mod extents;
 mod flatten;
 pub mod format;
+mod group;
 mod io;
 mod latch;
 mod meta;
@@ -33,6 +34,7 @@ pub use check::CheckReport;
 pub use error::{Error, IoFailure, Result};
 pub use extents::{Chunk, CopyControl, CopyEnd, CopyProgress, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
+pub use group::GROUP_LABEL;
 pub use io::Volume;
 pub use ops::{
     is_system_name, round_up_size, CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage,

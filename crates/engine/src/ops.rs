@@ -149,7 +149,7 @@ fn check_size(size: u64) -> Result<()> {
 
 /// Children and linked clones of snapshots, by snapshot id.
 #[derive(Default)]
-struct Links {
+pub(crate) struct Links {
     children: HashMap<u64, Vec<String>>,
     clones: HashMap<u64, Vec<String>>,
 }
@@ -224,7 +224,7 @@ impl Pool {
     /// A snapshot's description. Its exclusive size walks only the part of
     /// its tree no one else references (nothing, for a snapshot whose root
     /// is still shared).
-    fn snapshot_info(
+    pub(crate) fn snapshot_info(
         &self,
         m: &mut crate::meta::Meta,
         s: &SnapshotRec,
@@ -399,7 +399,7 @@ impl Pool {
         check_name(name)?;
         check_labels(labels)?;
         self.snapshot_then(volume, |m, vid| {
-            let rec = Self::new_snapshot(m, vid, name.to_string(), labels, false)?;
+            let rec = Self::new_snapshot(m, vid, name.to_string(), labels, false, now_ns())?;
             self.snapshot_info(m, &rec, &Links::default())
         })
     }
@@ -413,7 +413,7 @@ impl Pool {
         check_name(target)?;
         self.snapshot_then(volume, |m, vid| {
             let name = system_snapshot_name(m.sb.next_id, target);
-            let rec = Self::new_snapshot(m, vid, name, &[], true)?;
+            let rec = Self::new_snapshot(m, vid, name, &[], true, now_ns())?;
             self.snapshot_info(m, &rec, &Links::default())
         })
     }
@@ -445,13 +445,18 @@ impl Pool {
     }
 
     /// Add a snapshot record of volume `vid` as it is now (the caller holds
-    /// the volume's gate). Its id is `m.sb.next_id` as it was on entry.
-    fn new_snapshot(
+    /// the volume's gate), created at `created` (ns). Its id is
+    /// `m.sb.next_id` as it was on entry. On an error nothing is left
+    /// changed but the id counter (the reference on the root is taken back
+    /// if the record cannot be made), so that a group can undo the members
+    /// it made before ([`Pool::undo_snapshot`]).
+    pub(crate) fn new_snapshot(
         m: &mut crate::meta::Meta,
         vid: u64,
         name: String,
         labels: &[(String, String)],
         system: bool,
+        created: u64,
     ) -> Result<SnapshotRec> {
         let id = m.sb.next_id;
         if m.catalog.has_snapshot(vid, &name) {
@@ -468,19 +473,34 @@ impl Pool {
             size: v.size,
             root: v.root,
             levels: v.levels,
-            created: now_ns(),
+            created,
             parent: v.parent,
             system,
             mapped: v.mapped,
             labels: labels.to_vec(),
         };
-        m.create_record(Record::Snapshot(rec.clone()))?;
-        m.sb.next_id += 1;
         if v.root != 0 {
             m.incref(v.root)?;
         }
+        if let Err(e) = m.create_record(Record::Snapshot(rec.clone())) {
+            // An error here is the caller's; a failure to take the
+            // reference back too is an I/O error that latches the pool.
+            m.release_root(v.root)?;
+            return Err(e);
+        }
+        m.sb.next_id += 1;
         m.catalog.volume_mut(vid).parent = id;
         Ok(rec)
+    }
+
+    /// Take back a snapshot [`Pool::new_snapshot`] made in the transaction
+    /// being built: its record, its reference on the volume's root, and the
+    /// volume's parent.
+    pub(crate) fn undo_snapshot(m: &mut crate::meta::Meta, rec: &SnapshotRec) -> Result<()> {
+        m.delete_record(rec.id)?;
+        m.release_root(rec.root)?;
+        m.catalog.volume_mut(rec.volume).parent = rec.parent;
+        Ok(())
     }
 
     pub fn snapshot_info_by_name(&self, volume: &str, name: &str) -> Result<SnapshotInfo> {
@@ -746,7 +766,7 @@ impl Pool {
                 return Err(Error::VolumeExists(new_name.to_string()));
             }
             let name = system_snapshot_name(m.sb.next_id, new_name);
-            let snap = Self::new_snapshot(m, vid, name, &[], true)?;
+            let snap = Self::new_snapshot(m, vid, name, &[], true, now_ns())?;
             let rec = Self::new_linked_clone(m, snap.id, new_name)?;
             Ok(self.volume_info(m, &rec))
         })

@@ -114,6 +114,16 @@ fn script() -> Vec<Step> {
                 m.snaps.insert(k("b", "t1"), s);
             },
         ),
+        step(
+            "group a,b @g",
+            |p| p.create_snapshot_group(&["b", "a"], "g", &[]).map(drop),
+            move |m| {
+                for v in ["a", "b"] {
+                    let s = snap_of(m, v);
+                    m.snaps.insert(k(v, "g"), s);
+                }
+            },
+        ),
         step("flatten b", |p| p.flatten("b").map(drop), |_| {}),
         step(
             "delete a@s1",
@@ -291,4 +301,7 @@ fn every_failure_point_recovers() {
     eprintln!("{total} failure points; failures landed in {steps:?}");
     // Every kind of step met a failure somewhere inside it.
     assert!(steps.len() >= 12, "failures landed in only {steps:?}");
+    // Including the group snapshot: a failure at any step of it leaves all
+    // of its members or none.
+    assert!(steps.contains("group a,b @g"), "{steps:?}");
 }

@@ -25,6 +25,9 @@ enum Op {
     TrimAll(usize),
     Flush,
     Snap(usize, usize),
+    /// A group snapshot of the volumes whose bits are set (in the order
+    /// of the bits from the top when the flag is set).
+    Group(u8, usize, bool),
     DelSnap(usize, usize),
     Revert(usize, usize),
     Clone(usize, usize, usize),
@@ -47,6 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => v.clone().prop_map(Op::TrimAll),
         2 => Just(Op::Flush),
         4 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::Snap(a, b)),
+        2 => (0..16u8, s.clone(), any::<bool>()).prop_map(|(a, b, c)| Op::Group(a, b, c)),
         2 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::DelSnap(a, b)),
         2 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::Revert(a, b)),
         2 => (v.clone(), s.clone(), v.clone()).prop_map(|(a, b, c)| Op::Clone(a, b, c)),
@@ -176,6 +180,39 @@ impl Run {
                         self.committed();
                     }
                     _ => assert!(r.is_err()),
+                }
+            }
+            Op::Group(mask, s, reverse) => {
+                let mut vols: Vec<&str> = (0..VOLS.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| VOLS[i])
+                    .collect();
+                if reverse {
+                    vols.reverse();
+                }
+                let r = p.create_snapshot_group(&vols, SNAPS[s], &[("k".into(), "v".into())]);
+                let ok = !vols.is_empty()
+                    && vols.iter().all(|v| {
+                        self.model.vols.contains_key(*v)
+                            && !self
+                                .model
+                                .snaps
+                                .contains_key(&(v.to_string(), SNAPS[s].to_string()))
+                    });
+                if ok {
+                    let g = r.unwrap();
+                    assert_eq!(g.len(), vols.len());
+                    assert!(g.iter().all(|x| x.created == g[0].created));
+                    for v in vols {
+                        let mut snap = self.model.vols[v].clone();
+                        snap.clone = false;
+                        self.model.snaps.insert((v.into(), SNAPS[s].into()), snap);
+                    }
+                    self.committed();
+                } else {
+                    // Refused as a whole: the model is unchanged, and so
+                    // must be the pool (checked after every step).
+                    assert!(r.is_err());
                 }
             }
             Op::DelSnap(v, s) => {
@@ -390,6 +427,7 @@ fn scripted_lineage() {
         Snap(0, 0),
         Write(0, 0, 0, 2, 9),
         Clone(0, 0, 1),
+        Group(0b11, 2, true),
         Write(1, 0, 2, 3, 10),
         Snap(1, 1),
         Expand(1),

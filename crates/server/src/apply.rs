@@ -39,6 +39,11 @@ pub enum Outcome {
         created: bool,
         running: Option<String>,
     },
+    /// A group snapshot's members, ordered by volume name.
+    Group {
+        members: Vec<SnapshotInfo>,
+        created: bool,
+    },
 }
 
 impl Outcome {
@@ -67,24 +72,53 @@ fn new_id() -> String {
     )
 }
 
-/// Names a request brings that must follow the naming rule before anything
-/// is recorded.
-fn check_names(op: &Op) -> Result<(), Failure> {
+/// What a request must get right before anything is recorded: names that
+/// follow the naming rule, a group's list of volumes, labels that leave
+/// the group label to groups.
+fn check_request(op: &Op) -> Result<(), Failure> {
     match op {
         Op::CreateVolume { name, .. } | Op::Clone { name, .. } => lamina_engine::check_name(name)?,
-        Op::CreateSnapshot { name, .. } => lamina_engine::check_name(name)?,
+        Op::CreateSnapshot { name, labels, .. } => {
+            lamina_engine::check_name(name)?;
+            crate::groups::refuse_group_label(labels)?;
+        }
+        Op::CreateSnapshotGroup {
+            name,
+            volumes,
+            labels,
+        } => crate::groups::check_create(name, volumes, labels)?,
         _ => {}
     }
     Ok(())
+}
+
+/// The locks an operation takes, in the order it takes them: a group's
+/// name first, then its volumes by name. Every operation takes at most one
+/// group lock and its volume locks in name order, so none waits in a cycle.
+fn lock_keys(op: &Op) -> Vec<String> {
+    match op {
+        Op::CreateSnapshotGroup { name, .. } | Op::DeleteSnapshotGroup { name, .. } => {
+            // '/' is in no volume name: the keys never meet.
+            let mut vols: Vec<String> = op.volumes().into_iter().map(String::from).collect();
+            vols.sort();
+            vols.dedup();
+            std::iter::once(format!("group/{name}"))
+                .chain(vols)
+                .collect()
+        }
+        other => vec![other.volume().to_string()],
+    }
 }
 
 /// Record, run, and mark done: the one path for every change. The volume's
 /// lock serialises operations on it, so whether something existed is
 /// decided under it.
 pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
-    check_names(&op)?;
-    let lock = st.lock(op.volume());
-    let _guard = lock.lock().await;
+    check_request(&op)?;
+    let mut _guards = Vec::new();
+    for k in lock_keys(&op) {
+        _guards.push(st.lock(&k).lock_owned().await);
+    }
     if let Some(gone) = already_gone(st, &op).await? {
         return Ok(gone);
     }
@@ -130,6 +164,11 @@ async fn already_gone(st: &Arc<State>, op: &Op) -> Result<Option<Outcome>, Failu
             {
                 Some(Outcome::Removed(false))
             }
+            Op::DeleteSnapshotGroup { name, .. }
+                if crate::groups::members(&p, name)?.is_empty() =>
+            {
+                Some(Outcome::Removed(false))
+            }
             _ => None,
         })
     })
@@ -141,20 +180,22 @@ async fn already_gone(st: &Arc<State>, op: &Op) -> Result<Option<Outcome>, Failu
 fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
     // A clone's own target is the clone's business: asking again for the
     // full clone being copied is answered with it (see jobs.rs).
-    let v = match op {
-        Op::Clone { source, .. } => source.volume(),
-        other => other.volume(),
+    let vols = match op {
+        Op::Clone { source, .. } => vec![source.volume()],
+        other => other.volumes(),
     };
-    match st.running_copy_into(v) {
-        Some(id) => Err(Failure::conflict(
-            format!("a full clone is still copying into volume {v:?} (operation {id})"),
-            &format!("wait for it to end: lamina operation wait {id}"),
-        )),
-        None => Ok(()),
+    for v in vols {
+        if let Some(id) = st.running_copy_into(v) {
+            return Err(Failure::conflict(
+                format!("a full clone is still copying into volume {v:?} (operation {id})"),
+                &format!("wait for it to end: lamina operation wait {id}"),
+            ));
+        }
     }
+    Ok(())
 }
 
-fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {
+pub(crate) fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {
     labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
@@ -286,6 +327,15 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
             })
         }
         Op::Clone { .. } => crate::jobs::clone(st, rec, recovering).await,
+        Op::CreateSnapshotGroup {
+            name,
+            volumes,
+            labels,
+        } => blocking(move || crate::groups::create(&p, &name, &volumes, &labels)).await,
+        Op::DeleteSnapshotGroup { name, .. } => {
+            let st2 = st.clone();
+            blocking(move || crate::groups::delete(&st2, &name, recovering)).await
+        }
     }
 }
 
@@ -432,6 +482,63 @@ mod tests {
             }),
         })
         .unwrap();
+    }
+
+    fn running(op: Op) -> OpRec {
+        OpRec {
+            id: new_id(),
+            op,
+            state: api::OperationState::Running,
+            started: now(),
+            error: None,
+            done_bytes: 0,
+            total_bytes: 0,
+            copy: None,
+        }
+    }
+
+    /// A daemon killed while it took or deleted a group finishes the job at
+    /// restart: the group is all there, or all gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn group_operations_interrupted_by_a_restart_are_finished() {
+        let (_d, st) = state().await;
+        for v in ["a", "b"] {
+            st.pool.create_volume(v, 1 << 20).unwrap();
+        }
+        let vols = vec!["a".to_string(), "b".to_string()];
+        let create = running(Op::CreateSnapshotGroup {
+            name: "g".into(),
+            volumes: vols.clone(),
+            labels: [("k".to_string(), "v".to_string())].into(),
+        });
+        st.record(&create).unwrap();
+        assert_eq!(
+            st.operations(&api::OperationFilter {
+                volume: Some("b".into()),
+                ..Default::default()
+            })
+            .unwrap()
+            .len(),
+            1,
+            "a group's record is found under each volume"
+        );
+        st.recover().await.unwrap();
+        let m = crate::groups::members(&st.pool, "g").unwrap();
+        assert_eq!(m.len(), 2);
+        let rec = st.store.op(&create.id).unwrap().unwrap();
+        assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
+        // Killed half-way through a delete: one member gone already.
+        st.pool.delete_snapshot("a", "g").unwrap();
+        let delete = running(Op::DeleteSnapshotGroup {
+            name: "g".into(),
+            volumes: vols,
+        });
+        st.record(&delete).unwrap();
+        st.recover().await.unwrap();
+        assert!(crate::groups::members(&st.pool, "g").unwrap().is_empty());
+        let rec = st.store.op(&delete.id).unwrap().unwrap();
+        assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
+        st.close().await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

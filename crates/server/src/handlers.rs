@@ -24,7 +24,7 @@ use tracing::Instrument;
 type St = S<Arc<State>>;
 type R<T> = Result<T, Failure>;
 
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> R<T> {
+pub(crate) fn body<T>(b: Result<Json<T>, JsonRejection>) -> R<T> {
     b.map(|Json(v)| v)
         .map_err(|e| Failure::invalid(format!("malformed request body: {}", e.body_text())))
 }
@@ -56,6 +56,14 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
             post(detach_snapshot),
         )
         .route("/v1/snapshots", get(list_all_snapshots))
+        .route(
+            "/v1/snapshot-groups",
+            post(crate::groups::create_snapshot_group),
+        )
+        .route(
+            "/v1/snapshot-groups/{name}",
+            get(crate::groups::get_snapshot_group).delete(crate::groups::delete_snapshot_group),
+        )
         .route("/v1/clones", post(create_clone))
         .route("/v1/operations", get(list_operations))
         .route("/v1/operations/{id}", get(get_operation))
@@ -201,7 +209,7 @@ pub async fn list_volumes(st: St) -> R<Json<Vec<api::Volume>>> {
     .await
 }
 
-fn created(c: bool) -> StatusCode {
+pub(crate) fn created(c: bool) -> StatusCode {
     if c {
         StatusCode::CREATED
     } else {
@@ -270,7 +278,7 @@ pub async fn delete_volume(
     removed(what, apply::run(&st, op).await?)
 }
 
-fn removed(what: String, o: Outcome) -> R<Json<api::Removed>> {
+pub(crate) fn removed(what: String, o: Outcome) -> R<Json<api::Removed>> {
     match o {
         Outcome::Removed(existed) => Ok(Json(api::Removed { what, existed })),
         _ => Err(Failure::internal("a delete yielded something else")),

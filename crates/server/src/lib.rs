@@ -7,6 +7,7 @@
 mod apply;
 mod device;
 mod error;
+mod groups;
 mod handlers;
 mod jobs;
 mod migrate;

@@ -1,6 +1,7 @@
 //! The OpenAPI document the daemon serves at `/openapi.json`, generated from
 //! the handlers' annotations and the API types so that it cannot drift.
 
+use crate::groups::*;
 use crate::handlers::*;
 use lamina_api as api;
 use utoipa::OpenApi;
@@ -30,6 +31,9 @@ use utoipa::OpenApi;
         attach_snapshot,
         detach_snapshot,
         create_clone,
+        create_snapshot_group,
+        get_snapshot_group,
+        delete_snapshot_group,
         list_operations,
         get_operation
     ),
@@ -39,6 +43,8 @@ use utoipa::OpenApi;
         api::CreateVolume,
         api::ExpandVolume,
         api::CreateSnapshot,
+        api::CreateSnapshotGroup,
+        api::SnapshotGroup,
         api::CreateClone,
         api::CloneCreated,
         api::Operation,

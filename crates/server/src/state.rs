@@ -106,13 +106,13 @@ impl State {
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
-                state
-                    .running
-                    .lock()
-                    .unwrap()
-                    .entry(op.volume().to_string())
-                    .or_default()
-                    .push(Running::of(&op));
+                let mut running = state.running.lock().unwrap();
+                for v in op.op.volumes() {
+                    running
+                        .entry(v.to_string())
+                        .or_default()
+                        .push(Running::of(&op));
+                }
             }
         }
         for (name, rec) in state.store.exports()? {
@@ -331,13 +331,15 @@ impl State {
     pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
         self.store.put_op(op)?;
         let mut running = self.running.lock().unwrap();
-        let list = running.entry(op.volume().to_string()).or_default();
-        list.retain(|r| r.id != op.id);
-        if op.state == api::OperationState::Running {
-            list.push(Running::of(op));
-        }
-        if list.is_empty() {
-            running.remove(op.volume());
+        for v in op.op.volumes() {
+            let list = running.entry(v.to_string()).or_default();
+            list.retain(|r| r.id != op.id);
+            if op.state == api::OperationState::Running {
+                list.push(Running::of(op));
+            }
+            if list.is_empty() {
+                running.remove(v);
+            }
         }
         Ok(())
     }
@@ -367,7 +369,11 @@ impl State {
             .store
             .ops()?
             .into_iter()
-            .filter(|o| f.volume.as_deref().is_none_or(|v| o.volume() == v))
+            .filter(|o| {
+                f.volume
+                    .as_deref()
+                    .is_none_or(|v| o.op.volumes().contains(&v))
+            })
             .filter(|o| f.state.is_none_or(|s| o.state == s))
             .collect();
         ops.sort_by(|a, b| b.started.cmp(&a.started).then_with(|| b.id.cmp(&a.id)));

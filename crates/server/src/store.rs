@@ -22,8 +22,11 @@ const OPERATIONS: TableDefinition<&str, &str> = TableDefinition::new("operations
 const VERSION_KEY: &str = "record_version";
 
 /// The record format this daemon writes. 1: operations as a kind string
-/// and untyped JSON arguments (before issue 9); 2: typed operations.
-pub const RECORD_VERSION: u64 = 2;
+/// and untyped JSON arguments (before issue 9); 2: typed operations; 3: the
+/// same, with group snapshot operations (a format-2 store is read as it is:
+/// only the version is rewritten, so that an older daemon refuses the store
+/// by its version rather than by a record it cannot read).
+pub const RECORD_VERSION: u64 = 3;
 
 /// An export to restore at start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -98,13 +101,30 @@ pub enum Op {
         source: CloneSource,
         full: bool,
     },
+    /// A group snapshot `name` of `volumes` (sorted, each once).
+    CreateSnapshotGroup {
+        name: String,
+        volumes: Vec<String>,
+        labels: BTreeMap<String, String>,
+    },
+    /// Delete every member of group snapshot `name`; `volumes` (sorted)
+    /// held one when the request came.
+    DeleteSnapshotGroup {
+        name: String,
+        volumes: Vec<String>,
+    },
 }
 
 impl Op {
     /// The volume the operation changes: operations on one volume run one
-    /// at a time (a clone changes the new volume).
+    /// at a time (a clone changes the new volume). A group operation
+    /// changes several: this is the first by name (see [`Op::volumes`]).
     pub fn volume(&self) -> &str {
         match self {
+            Op::CreateSnapshotGroup { volumes, name, .. }
+            | Op::DeleteSnapshotGroup { volumes, name } => {
+                volumes.first().map(String::as_str).unwrap_or(name)
+            }
             Op::CreateVolume { name, .. }
             | Op::ExpandVolume { name, .. }
             | Op::DeleteVolume { name, .. }
@@ -116,8 +136,20 @@ impl Op {
         }
     }
 
+    /// Every volume the operation changes, sorted.
+    pub fn volumes(&self) -> Vec<&str> {
+        match self {
+            Op::CreateSnapshotGroup { volumes, .. } | Op::DeleteSnapshotGroup { volumes, .. } => {
+                volumes.iter().map(String::as_str).collect()
+            }
+            other => vec![other.volume()],
+        }
+    }
+
     pub fn kind(&self) -> OperationKind {
         match self {
+            Op::CreateSnapshotGroup { .. } => OperationKind::CreateSnapshotGroup,
+            Op::DeleteSnapshotGroup { .. } => OperationKind::DeleteSnapshotGroup,
             Op::CreateVolume { .. } => OperationKind::CreateVolume,
             Op::ExpandVolume { .. } => OperationKind::ExpandVolume,
             Op::DeleteVolume { .. } => OperationKind::DeleteVolume,
@@ -199,6 +231,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
+            2 => store.set_version(2)?,
             newer => {
                 return Err(ServerError::Store(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",
@@ -232,6 +265,16 @@ impl Store {
         }
         w.commit()?;
         tracing::info!(store = %self.path.display(), "operation records migrated to format {RECORD_VERSION}");
+        Ok(())
+    }
+
+    /// A store whose records this daemon reads as they are: record the
+    /// current version.
+    fn set_version(&self, from: u64) -> Result<(), ServerError> {
+        let w = self.db.begin_write()?;
+        w.open_table(META)?.insert(VERSION_KEY, RECORD_VERSION)?;
+        w.commit()?;
+        tracing::info!(store = %self.path.display(), from, "record format version now {RECORD_VERSION}");
         Ok(())
     }
 
@@ -418,6 +461,44 @@ mod tests {
             .unwrap()
             .value();
         assert_eq!(v, RECORD_VERSION);
+    }
+
+    #[test]
+    fn a_format_2_store_is_read_as_it_is_and_a_group_record_round_trips() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store.redb");
+        let r = rec(
+            "op-1",
+            Op::CreateSnapshot {
+                volume: "v".into(),
+                name: "s".into(),
+                labels: Default::default(),
+            },
+        );
+        {
+            let s = Store::open(&path).unwrap();
+            s.put_op(&r).unwrap();
+            let w = s.db.begin_write().unwrap();
+            w.open_table(META).unwrap().insert(VERSION_KEY, 2).unwrap();
+            w.commit().unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.ops().unwrap(), vec![r]);
+        let v = s.db.begin_read().unwrap();
+        let v = v.open_table(META).unwrap().get(VERSION_KEY).unwrap();
+        assert_eq!(v.unwrap().value(), RECORD_VERSION);
+        let g = rec(
+            "op-2",
+            Op::CreateSnapshotGroup {
+                name: "g".into(),
+                volumes: vec!["a".into(), "b".into()],
+                labels: [("k".to_string(), "v".to_string())].into(),
+            },
+        );
+        s.put_op(&g).unwrap();
+        assert_eq!(s.op("op-2").unwrap(), Some(g.clone()));
+        assert_eq!(g.op.kind(), OperationKind::CreateSnapshotGroup);
+        assert_eq!((g.volume(), g.op.volumes()), ("a", vec!["a", "b"]));
     }
 
     #[test]

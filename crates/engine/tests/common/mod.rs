@@ -217,6 +217,10 @@ pub fn assert_refused(
             d(pool.create_snapshot(name, "latch-probe", &[])),
         );
         expect("clone volume", d(pool.clone_volume(name, "latch-probe")));
+        expect(
+            "create group",
+            d(pool.create_snapshot_group(&[name], "latch-probe", &[])),
+        );
         expect("expand", d(pool.expand_volume(name, v.size + BS)));
         if let Some(s) = &v.parent_snapshot {
             expect("revert", d(pool.revert_volume(name, s)));

@@ -204,8 +204,20 @@ pub async fn send(
 
 /// Run qemu-io commands against an NBD URI; panics if any fails.
 pub fn qemu_io(uri: &str, cmds: &[&str]) {
+    run_qemu_io(uri, cmds, false)
+}
+
+/// The same against a read-only export (a snapshot's).
+pub fn qemu_io_ro(uri: &str, cmds: &[&str]) {
+    run_qemu_io(uri, cmds, true)
+}
+
+fn run_qemu_io(uri: &str, cmds: &[&str], read_only: bool) {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw"]);
+    if read_only {
+        c.arg("-r");
+    }
     for cmd in cmds {
         c.args(["-c", cmd]);
     }
