@@ -52,7 +52,13 @@ fn member_volumes(g: &api::SnapshotGroup) -> Vec<String> {
     let mut v: Vec<String> = g
         .snapshots
         .iter()
-        .map(|s| VolumeId { name: s.volume.clone(), id: s.volume_id }.to_string())
+        .map(|s| {
+            VolumeId {
+                name: s.volume.clone(),
+                id: s.volume_id,
+            }
+            .to_string()
+        })
         .collect();
     v.sort();
     v
@@ -84,7 +90,11 @@ impl GroupController for GroupService {
         if req.source_volume_ids.is_empty() {
             return invalid!("source_volume_ids is required");
         }
-        if let Some(k) = req.parameters.keys().find(|k| !k.starts_with("csi.storage.k8s.io/")) {
+        if let Some(k) = req
+            .parameters
+            .keys()
+            .find(|k| !k.starts_with("csi.storage.k8s.io/"))
+        {
             return invalid!("unknown group snapshot parameter {k:?} (Lamina takes none)");
         }
         let name = lamina_name(&req.name);
@@ -112,12 +122,19 @@ impl GroupController for GroupService {
         }
         let mut labels = std::collections::BTreeMap::new();
         if name != req.name && req.name.len() <= 1024 {
-            labels.insert(crate::controller::CSI_NAME_LABEL.to_string(), req.name.clone());
+            labels.insert(
+                crate::controller::CSI_NAME_LABEL.to_string(),
+                req.name.clone(),
+            );
         }
         let made = self
             .c
             .client
-            .create_snapshot_group(&api::CreateSnapshotGroup { name, volumes, labels })
+            .create_snapshot_group(&api::CreateSnapshotGroup {
+                name,
+                volumes,
+                labels,
+            })
             .await
             .map_err(|e| from_client(&e))?;
         Ok(Response::new(CreateVolumeGroupSnapshotResponse {
@@ -154,7 +171,10 @@ impl GroupController for GroupService {
             return invalid!("group_snapshot_id is required");
         }
         let g = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
-            Status::not_found(format!("group snapshot {:?} does not exist", req.group_snapshot_id))
+            Status::not_found(format!(
+                "group snapshot {:?} does not exist",
+                req.group_snapshot_id
+            ))
         })?;
         Ok(Response::new(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(Self::csi_group(&g)),

@@ -15,6 +15,7 @@ pub mod proto {
 }
 
 mod controller;
+mod group;
 mod identity;
 pub mod ids;
 pub mod node;

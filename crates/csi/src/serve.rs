@@ -1,10 +1,12 @@
 //! Serving the services on the CSI endpoint (a unix socket), by mode.
 
 use crate::controller::ControllerService;
+use crate::group::GroupService;
 
 use crate::identity::IdentityService;
 use crate::node::{self, NodeService};
 use crate::proto::controller_server::ControllerServer;
+use crate::proto::group_controller_server::GroupControllerServer;
 
 use crate::proto::identity_server::IdentityServer;
 use crate::proto::node_server::NodeServer;
@@ -99,7 +101,9 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
             opts.client.clone(),
             opts.storage_node.clone(),
         ));
-        router = router.add_service(ControllerServer::from_arc(c));
+        router = router
+            .add_service(ControllerServer::from_arc(c.clone()))
+            .add_service(GroupControllerServer::new(GroupService::new(c)));
     }
     if node {
         let n = NodeService::new(

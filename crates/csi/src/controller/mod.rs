@@ -6,6 +6,8 @@
 mod snapshots;
 mod volumes;
 
+pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};
+
 use crate::ids::{SnapshotId, VolumeId};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc, Rpc, Type};
