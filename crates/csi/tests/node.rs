@@ -164,3 +164,252 @@ fn block_access_writes_through_the_published_device_reach_the_volume() {
     env.call("detach", env.client.detach_volume(&name, false))
         .unwrap();
 }
+
+#[test]
+fn a_restarted_plugin_unstages_what_the_one_before_staged() {
+    tools();
+    let mut env = Env::start();
+    let id = env.create_volume("pvc-restart", 128 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    write_synced(&target.join("f"), b"before the restart");
+    let pids = env.nbdfuse_pids();
+
+    env.restart_csi();
+
+    // nbdfuse lives on in its own session, and the new plugin knows it.
+    assert_eq!(env.nbdfuse_pids(), pids);
+    let stats = env.stats(&id, &target).unwrap();
+    let cond = stats.volume_condition.unwrap();
+    assert!(!cond.abnormal, "{}", cond.message);
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    assert_eq!(env.nbdfuse_pids(), pids, "a repeated stage reuses it");
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"before the restart"
+    );
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}
+
+#[test]
+fn a_dead_nbdfuse_shows_as_an_abnormal_condition_and_unstage_still_cleans_up() {
+    tools();
+    let env = Env::start();
+    let id = env.create_volume("pvc-dead", 64 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/dev/block");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, block_cap()).unwrap();
+    env.publish(&id, &staging, &target, block_cap(), false)
+        .unwrap();
+    let cond = env.stats(&id, &target).unwrap().volume_condition.unwrap();
+    assert!(!cond.abnormal, "{}", cond.message);
+
+    let pids = env.nbdfuse_pids();
+    assert_eq!(pids.len(), 1);
+    run(Command::new("kill").args(["-9", &pids[0].to_string()])).ok();
+    lamina_test_support::wait_until("nbdfuse to die", node_env::LIMIT, || {
+        env.nbdfuse_pids().is_empty().then_some(())
+    });
+    let cond = env.stats(&id, &target).unwrap().volume_condition.unwrap();
+    assert!(cond.abnormal);
+    assert!(cond.message.contains("nbdfuse"), "{}", cond.message);
+    // A broken staging is not published anew.
+    let other = env.path("pods/b/dev/block");
+    assert_eq!(
+        code(env.publish(&id, &staging, &other, block_cap(), false)),
+        Code::FailedPrecondition
+    );
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}
+
+#[test]
+fn a_volume_expanded_while_unstaged_gets_a_filesystem_of_its_new_size() {
+    tools();
+    let env = Env::start();
+    let id = env.create_volume("pvc-grow", 128 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    write_synced(&target.join("f"), b"kept");
+    let total = |env: &Env| env.stats(&id, &target).unwrap().usage[0].total as u64;
+    let small = total(&env);
+    assert!(small > 100 * MIB && small <= 128 * MIB, "{small}");
+
+    // Lamina grows volumes offline: not while a node is connected.
+    let grow = |env: &Env| {
+        let req = lamina_csi::proto::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(lamina_csi::proto::CapacityRange {
+                required_bytes: (512 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(mount_cap("")),
+            ..Default::default()
+        };
+        env.call(
+            "ControllerExpandVolume",
+            env.ctl().controller_expand_volume(req),
+        )
+    };
+    assert_eq!(code(grow(&env)), Code::FailedPrecondition);
+    assert_eq!(
+        code(env.expand(&id, &target, 512 * MIB)),
+        Code::FailedPrecondition,
+        "the node cannot see a size the volume does not have"
+    );
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    let r = grow(&env).unwrap().into_inner();
+    assert_eq!(r.capacity_bytes, (512 * MIB) as i64);
+    assert!(r.node_expansion_required);
+
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    let cap = env.expand(&id, &target, 512 * MIB).unwrap();
+    assert_eq!(cap, (512 * MIB) as i64);
+    let big = total(&env);
+    assert!(big > 448 * MIB && big <= 512 * MIB, "{big}");
+    assert_eq!(std::fs::read(target.join("f")).unwrap(), b"kept");
+    // Again: nothing more to grow, the same answer.
+    assert_eq!(env.expand(&id, &staging, 0).unwrap(), (512 * MIB) as i64);
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}
+
+#[test]
+fn stats_report_bytes_and_inodes_of_the_mounted_filesystem() {
+    tools();
+    let env = Env::start();
+    let id = env.create_volume("pvc-stats", 128 * MIB);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    let usage = |path: &Path| {
+        let s = env.stats(&id, path).unwrap();
+        assert!(!s.volume_condition.as_ref().unwrap().abnormal);
+        let by = |unit: lamina_csi::proto::volume_usage::Unit| {
+            s.usage
+                .iter()
+                .find(|u| u.unit == unit as i32)
+                .cloned()
+                .unwrap_or_else(|| panic!("no {unit:?} usage in {s:?}"))
+        };
+        (
+            by(lamina_csi::proto::volume_usage::Unit::Bytes),
+            by(lamina_csi::proto::volume_usage::Unit::Inodes),
+        )
+    };
+    let (b0, i0) = usage(&target);
+    assert!(b0.total > 0 && b0.available > 0 && b0.available <= b0.total);
+    assert!(i0.total > 0 && i0.used > 0 && i0.used + i0.available <= i0.total);
+
+    write_synced(&target.join("big"), &pattern(16 * MIB as usize, 3));
+    for i in 0..10 {
+        write_synced(&target.join(format!("small-{i}")), b"x");
+    }
+    let (b1, i1) = usage(&target);
+    assert_eq!(b1.total, b0.total);
+    assert!(b1.used >= b0.used + (16 * MIB) as i64, "{b0:?} then {b1:?}");
+    assert_eq!(i1.used, i0.used + 11, "{i0:?} then {i1:?}");
+    // The staging path reports the same filesystem.
+    assert_eq!(usage(&staging).0.total, b1.total);
+
+    assert_eq!(code(env.stats(&id, &env.path("elsewhere"))), Code::NotFound);
+    assert_eq!(code(env.stats("pvc-none@99", &target)), Code::NotFound);
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name_of(&id));
+}
+
+#[test]
+fn requests_that_do_not_fit_get_the_codes_the_spec_names() {
+    tools();
+    let env = Env::start();
+    let id = env.create_volume("pvc-codes", 64 * MIB);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+
+    // Before staging: nothing to publish, nothing to unstage or unpublish.
+    assert_eq!(
+        code(env.publish(&id, &staging, &target, mount_cap(""), false)),
+        Code::FailedPrecondition
+    );
+    env.unstage(&id, &staging).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    env.unpublish(&id, &target).unwrap();
+    assert!(!target.exists(), "an unmounted target directory is removed");
+    assert_eq!(
+        code(env.stage("pvc-missing@12345", &staging, mount_cap(""))),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(env.stage("not an id", &staging, mount_cap(""))),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(env.stage(&id, &staging, mount_cap("btrfs"))),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(env.stage(&id, Path::new(""), mount_cap(""))),
+        Code::InvalidArgument
+    );
+
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    // The same volume at another staging path, or with another capability.
+    let elsewhere = env.path("staging2");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    assert_eq!(
+        code(env.stage(&id, &elsewhere, mount_cap(""))),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(env.stage(&id, &staging, block_cap())),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(env.stage(&id, &staging, mount_cap("xfs"))),
+        Code::AlreadyExists
+    );
+    // Published with the other access type than staged.
+    assert_eq!(
+        code(env.publish(&id, &staging, &target, block_cap(), false)),
+        Code::InvalidArgument
+    );
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    // Unstaging while published is refused; nothing is torn down.
+    assert_eq!(code(env.unstage(&id, &staging)), Code::FailedPrecondition);
+    assert_eq!(mounted_fs(&target).as_deref(), Some("ext4"));
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name_of(&id));
+}

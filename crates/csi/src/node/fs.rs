@@ -138,15 +138,48 @@ async fn ext4_size(dev: &Path) -> Result<u64, Error> {
     }
 }
 
+fn is_ext(fs: &str) -> bool {
+    matches!(fs, "ext4" | "ext3" | "ext2")
+}
+
+/// Whether an ext filesystem is smaller than its device (by at least one
+/// 4 KiB block).
+async fn ext_smaller(dev: &Path) -> Result<bool, Error> {
+    let size = sys::device_size(sys::rdev(dev)?)?;
+    Ok(ext4_size(dev).await? + 4096 <= size)
+}
+
+/// Grow an unmounted ext filesystem to its device, checking it first (as
+/// offline resize2fs requires). Offline growth needs no CAP_SYS_RESOURCE,
+/// which online ext4 growth does; staging, where a volume expanded while
+/// unstaged first shows its new size, grows this way. Other filesystems
+/// are grown once mounted ([`grow`]).
+pub async fn grow_unmounted(fs: &str, dev: &Path) -> Result<(), Error> {
+    if !is_ext(fs) || !ext_smaller(dev).await? {
+        return Ok(());
+    }
+    let d = dev.to_string_lossy();
+    tracing::info!(dev = %d, "checking the filesystem before growing it");
+    let args = ["-f", "-p", &*d];
+    let o = exec::output("e2fsck", &args, SLOW).await?;
+    // 0: clean; 1: errors corrected. Anything else is left to a person.
+    if !matches!(o.code, Some(0 | 1)) {
+        return Err(exec::failed("e2fsck", &args, &o));
+    }
+    tracing::info!(dev = %d, "growing the ext4 filesystem to its device");
+    exec::run("resize2fs", &[&d], SLOW).await?;
+    Ok(())
+}
+
 /// Grow the filesystem mounted at `mount_point` from `dev` to the device's
 /// size, when the device is larger (by at least one 4 KiB block).
 pub async fn grow(fs: &str, dev: &Path, mount_point: &Path) -> Result<(), Error> {
-    let size = sys::device_size(sys::rdev(dev)?)?;
     match fs {
         "ext4" | "ext3" | "ext2" => {
-            if ext4_size(dev).await? + 4096 > size {
+            if !ext_smaller(dev).await? {
                 return Ok(());
             }
+            let size = sys::device_size(sys::rdev(dev)?)?;
             tracing::info!(dev = %dev.display(), size, "growing the ext4 filesystem");
             exec::run("resize2fs", &[&dev.to_string_lossy()], SLOW).await?;
         }

@@ -216,6 +216,9 @@ impl NodeService {
                             rec.volume_id
                         )));
                     }
+                    if !read_only {
+                        fs::grow_unmounted(&t, dev).await?;
+                    }
                     t
                 }
                 fs::Found::Other(what) => {
