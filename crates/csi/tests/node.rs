@@ -413,3 +413,44 @@ fn requests_that_do_not_fit_get_the_codes_the_spec_names() {
     env.unstage(&id, &staging).unwrap();
     env.assert_clean(&name_of(&id));
 }
+
+#[test]
+fn staging_a_broken_staged_volume_again_starts_over_and_keeps_the_data() {
+    tools();
+    let env = Env::start();
+    let id = env.create_volume("pvc-repair", 64 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    write_synced(&target.join("f"), b"durable");
+    run(Command::new("sync").arg("-f").arg(target.join("f"))).ok();
+
+    let old = env.nbdfuse_pids();
+    run(Command::new("kill").args(["-9", &old[0].to_string()])).ok();
+    lamina_test_support::wait_until("nbdfuse to die", node_env::LIMIT, || {
+        env.nbdfuse_pids().is_empty().then_some(())
+    });
+    // Still published: the broken device is held, so no new start.
+    assert_eq!(
+        code(env.stage(&id, &staging, mount_cap(""))),
+        Code::FailedPrecondition
+    );
+    env.unpublish(&id, &target).unwrap();
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    let new = env.nbdfuse_pids();
+    assert_eq!(new.len(), 1);
+    assert_ne!(new, old);
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    assert_eq!(std::fs::read(target.join("f")).unwrap(), b"durable");
+    let cond = env.stats(&id, &target).unwrap().volume_condition.unwrap();
+    assert!(!cond.abnormal, "{}", cond.message);
+
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}

@@ -93,13 +93,30 @@ impl NodeService {
                         )));
                     }
                 }
-                if r.staged && self.staged_ok(&r).is_ok() {
+                if !r.staged {
+                    // An unfinished staging here: resume it.
+                    Record {
+                        access: access.clone(),
+                        mode,
+                        ..r
+                    }
+                } else if let Err(why) = self.staged_ok(&r) {
+                    // Broken (nbdfuse died, the mount went): start over,
+                    // unless a publish still holds the old device.
+                    for p in &r.publishes {
+                        if sys::mount_at(&p.target)?.is_some() {
+                            return Err(Status::failed_precondition(format!(
+                                "volume {} is staged but broken ({why}) and still published at                                  {}: unpublish it first",
+                                req.volume_id,
+                                p.target.display()
+                            )));
+                        }
+                    }
+                    tracing::warn!(volume_id = %req.volume_id, %why, "staged volume is broken; staging it again");
+                    self.teardown(&r).await?;
+                    self.new_record(&vid, &req.volume_id, staging.clone(), access, mode)
+                } else {
                     return Ok(NodeStageVolumeResponse {});
-                }
-                Record {
-                    access: access.clone(),
-                    mode,
-                    ..r
                 }
             }
             Some(r) => {
