@@ -454,3 +454,85 @@ fn staging_a_broken_staged_volume_again_starts_over_and_keeps_the_data() {
     env.unstage(&id, &staging).unwrap();
     env.assert_clean(&name);
 }
+
+#[test]
+fn xfs_is_made_grown_and_mounted_beside_a_clone_with_the_same_uuid() {
+    tools();
+    need("mkfs.xfs", "xfsprogs");
+    need("xfs_growfs", "xfsprogs");
+    let env = Env::start();
+    // mkfs.xfs refuses filesystems under 300 MiB.
+    let id = env.create_volume("pvc-xfs", 320 * MIB);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("xfs")).unwrap();
+    assert_eq!(mounted_fs(&staging).as_deref(), Some("xfs"));
+    env.publish(&id, &staging, &target, mount_cap("xfs"), false)
+        .unwrap();
+    write_synced(&target.join("f"), b"on xfs");
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+
+    // Grown offline, then staged: xfs grows once mounted.
+    let req = lamina_csi::proto::ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(lamina_csi::proto::CapacityRange {
+            required_bytes: (640 * MIB) as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount_cap("xfs")),
+        ..Default::default()
+    };
+    env.call(
+        "ControllerExpandVolume",
+        env.ctl().controller_expand_volume(req),
+    )
+    .unwrap();
+    // Asked for no filesystem in particular, the one found is used.
+    env.stage(&id, &staging, mount_cap("")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap(""), false)
+        .unwrap();
+    assert_eq!(
+        env.expand(&id, &target, 640 * MIB).unwrap(),
+        (640 * MIB) as i64
+    );
+    let total = env.stats(&id, &target).unwrap().usage[0].total as u64;
+    // statvfs leaves out the log and reserved blocks: more than 320 MiB is grown.
+    assert!(total > 512 * MIB && total <= 640 * MIB, "{total}");
+
+    // A clone holds the same filesystem UUID; both mount at once.
+    let req = lamina_csi::proto::CreateVolumeRequest {
+        name: "pvc-xfs-clone".into(),
+        volume_capabilities: vec![mount_cap("xfs")],
+        volume_content_source: Some(lamina_csi::proto::VolumeContentSource {
+            r#type: Some(lamina_csi::proto::volume_content_source::Type::Volume(
+                lamina_csi::proto::volume_content_source::VolumeSource {
+                    volume_id: id.clone(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let clone = env
+        .call("CreateVolume", env.ctl().create_volume(req))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let staging2 = env.path("staging2");
+    let target2 = env.path("pods/b/mount");
+    std::fs::create_dir_all(&staging2).unwrap();
+    env.stage(&clone, &staging2, mount_cap("xfs")).unwrap();
+    env.publish(&clone, &staging2, &target2, mount_cap("xfs"), false)
+        .unwrap();
+    assert_eq!(std::fs::read(target2.join("f")).unwrap(), b"on xfs");
+
+    for (v, s, t) in [(&clone, &staging2, &target2), (&id, &staging, &target)] {
+        env.unpublish(v, t).unwrap();
+        env.unstage(v, s).unwrap();
+    }
+    env.assert_clean(&name_of(&id));
+    env.assert_clean(&name_of(&clone));
+}
