@@ -361,13 +361,16 @@ impl Env {
         assert!(records.is_empty(), "records left: {records:?}");
     }
 
-    /// Remove what a failing test left: mounts, loop devices, nbdfuse.
+    /// Remove what a failing test left: loop devices, mounts, nbdfuse.
     fn sweep(&self) {
-        for m in self.mounts().iter().rev() {
-            let _ = try_run(Command::new("umount").arg("-l").arg(m));
-        }
+        // Loop devices first: they are found by their backing file's path,
+        // which a lazy unmount of nbdfuse's directory would hide. A loop
+        // device still mounted goes when its mount does.
         for l in self.loops() {
             let _ = try_run(Command::new("losetup").arg("-d").arg(l));
+        }
+        for m in self.mounts().iter().rev() {
+            let _ = try_run(Command::new("umount").arg("-l").arg(m));
         }
         for pid in self.nbdfuse_pids() {
             let _ = try_run(Command::new("kill").arg("-9").arg(pid.to_string()));
