@@ -351,15 +351,19 @@ impl Pool {
                 .iter()
                 .map(|s| (s.id, s.root))
                 .collect();
-            if !snaps.is_empty() && !with_snapshots {
+            // System snapshots no linked clone needs (none does: checked
+            // above) go with the volume; only a user's snapshot holds it.
+            let users: Vec<String> = m
+                .catalog
+                .snapshots_of(id)
+                .iter()
+                .filter(|s| !s.system)
+                .map(|s| s.name.clone())
+                .collect();
+            if !users.is_empty() && !with_snapshots {
                 return Err(Error::HasSnapshots {
                     volume: name.into(),
-                    snapshots: m
-                        .catalog
-                        .snapshots_of(id)
-                        .iter()
-                        .map(|s| s.name.clone())
-                        .collect(),
+                    snapshots: users,
                 });
             }
             // Stop a flatten of this volume before it goes.
@@ -383,8 +387,13 @@ impl Pool {
         self.commit()?;
         self.wake_background();
         tracing::info!(volume = name, "volume deleted");
-        if let Some(o) = origin.filter(|o| o.root != 0) {
-            self.release_system_snapshot(o.volume, o.snapshot)?;
+        // Also when the clone shares nothing (`root == 0`: its origin was
+        // empty, or it was flattened): the snapshot goes if it is a system
+        // one and no other linked clone needs it.
+        if let Some(o) = origin {
+            if self.lock_meta().catalog.snapshot(o.snapshot).is_some() {
+                self.release_system_snapshot(o.volume, o.snapshot)?;
+            }
         }
         Ok(())
     }
