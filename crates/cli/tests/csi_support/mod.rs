@@ -7,7 +7,7 @@ use lamina_csi::proto::controller_client::ControllerClient;
 use lamina_csi::proto::group_controller_client::GroupControllerClient;
 use lamina_csi::proto::node_client::NodeClient;
 use lamina_test_support::{wait_until, Daemon, Lamina};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -28,46 +28,13 @@ impl Csi {
     pub fn start() -> Csi {
         let daemon = LAMINA.start();
         let sock = daemon.data().join("csi.sock");
-        let log = std::fs::File::create(daemon.data().join("csi.log")).unwrap();
-        let child = LAMINA
-            .cmd()
-            .args([
-                "csi",
-                "--mode",
-                "all",
-                "--node-id",
-                "test-node",
-                "--endpoint",
-            ])
-            .arg(format!("unix://{}", sock.display()))
-            .arg("--data-dir")
-            .arg(daemon.data())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start lamina csi");
-        wait_until("the CSI socket", Duration::from_secs(30), || {
-            sock.exists().then_some(())
-        });
+        let child = spawn_driver(&daemon, &sock);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let path = sock.clone();
-        let channel = rt
-            .block_on(
-                Endpoint::from_static("http://csi.invalid").connect_with_connector(
-                    tower::service_fn(move |_: Uri| {
-                        let p = path.clone();
-                        async move {
-                            let s = tokio::net::UnixStream::connect(p).await?;
-                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                        }
-                    }),
-                ),
-            )
-            .expect("connect to the CSI socket");
+        let channel = connect(&rt, &sock);
         Csi {
             child,
             daemon,
@@ -75,6 +42,16 @@ impl Csi {
             rt,
             channel,
         }
+    }
+
+    /// Kill the driver with SIGKILL (it cleans nothing up) and start a new
+    /// one on the same socket and state directory.
+    #[track_caller]
+    pub fn kill_and_restart_driver(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = spawn_driver(&self.daemon, &self.sock);
+        self.channel = connect(&self.rt, &self.sock);
     }
 
     pub fn controller(&self) -> ControllerClient<Channel> {
@@ -96,6 +73,52 @@ impl Csi {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.daemon.data().join("csi.log")).unwrap_or_default()
     }
+}
+
+#[track_caller]
+fn spawn_driver(daemon: &Daemon, sock: &Path) -> Child {
+    // A socket left by a killed driver: wait for the new one's.
+    let _ = std::fs::remove_file(sock);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(daemon.data().join("csi.log"))
+        .unwrap();
+    let child = LAMINA
+        .cmd()
+        .args([
+            "csi",
+            "--mode",
+            "all",
+            "--node-id",
+            "test-node",
+            "--endpoint",
+        ])
+        .arg(format!("unix://{}", sock.display()))
+        .arg("--data-dir")
+        .arg(daemon.data())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start lamina csi");
+    wait_until("the CSI socket", Duration::from_secs(30), || {
+        sock.exists().then_some(())
+    });
+    child
+}
+
+#[track_caller]
+fn connect(rt: &tokio::runtime::Runtime, sock: &Path) -> Channel {
+    let path = sock.to_path_buf();
+    let connector = tower::service_fn(move |_: Uri| {
+        let p = path.clone();
+        async move {
+            let s = tokio::net::UnixStream::connect(p).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+        }
+    });
+    rt.block_on(Endpoint::from_static("http://csi.invalid").connect_with_connector(connector))
+        .expect("connect to the CSI socket")
 }
 
 impl Drop for Csi {

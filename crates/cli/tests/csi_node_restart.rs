@@ -1,0 +1,133 @@
+//! The real `lamina csi` binary killed with SIGKILL while a volume is
+//! staged and published: the next one, on the same state directory, finds
+//! what the first did, serves the volume's data, and unpublishes and
+//! unstages it leaving nothing behind (no mount, loop device, nbdfuse or
+//! export). The in-process version of this is crates/csi/tests/node.rs.
+
+mod csi_support;
+
+use csi_support::Csi;
+use lamina_csi::proto::volume_capability::{
+    access_mode::Mode, AccessMode, AccessType, MountVolume,
+};
+use lamina_csi::proto::*;
+use lamina_test_support::{need, run};
+use std::path::Path;
+use std::process::Command;
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn mounted(path: &Path) -> bool {
+    let p = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+impl Csi {
+    fn stage(&self, id: &str, staging: &Path) {
+        let req = NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        };
+        self.block_on(self.node().node_stage_volume(req))
+            .unwrap_or_else(|e| panic!("stage: {e}"));
+    }
+
+    fn publish(&self, id: &str, staging: &Path, target: &Path) {
+        let req = NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        };
+        self.block_on(self.node().node_publish_volume(req))
+            .unwrap_or_else(|e| panic!("publish: {e}"));
+    }
+
+    fn unpublish_and_unstage(&self, id: &str, staging: &Path, target: &Path) {
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.display().to_string(),
+        };
+        self.block_on(self.node().node_unpublish_volume(req))
+            .unwrap_or_else(|e| panic!("unpublish: {e}"));
+        let req = NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+        };
+        self.block_on(self.node().node_unstage_volume(req))
+            .unwrap_or_else(|e| panic!("unstage: {e}"));
+    }
+}
+
+#[test]
+fn a_killed_driver_is_followed_by_one_that_finishes_its_work() {
+    need("nbdfuse", "nbdfuse");
+    need("mkfs.ext4", "e2fsprogs");
+    need("losetup", "mount");
+    let mut csi = Csi::start();
+    let req = CreateVolumeRequest {
+        name: "pvc-killed".into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 64 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        ..Default::default()
+    };
+    let id = csi
+        .block_on(csi.controller().create_volume(req))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let staging = csi.daemon.data().join("stage");
+    let target = csi.daemon.data().join("pods/p/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    csi.stage(&id, &staging);
+    csi.publish(&id, &staging, &target);
+    std::fs::write(target.join("f"), b"written before the kill").unwrap();
+    run(Command::new("sync").arg("-f").arg(target.join("f"))).ok();
+
+    csi.kill_and_restart_driver();
+
+    // The pod's mount outlives the driver; the new one repeats the calls
+    // the kubelet repeats, and they find the work done.
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"written before the kill"
+    );
+    csi.stage(&id, &staging);
+    csi.publish(&id, &staging, &target);
+    csi.unpublish_and_unstage(&id, &staging, &target);
+    assert!(!mounted(&target) && !mounted(&staging), "a mount is left");
+    let loops = run(Command::new("losetup").arg("-a")).ok();
+    let data = csi.daemon.data().display().to_string();
+    assert!(!loops.contains(&data), "a loop device is left: {loops}");
+    let v = csi.daemon.json(&["volume", "get", "pvc-killed"]);
+    assert!(v["export"].is_null(), "the export is left: {v}");
+    let procs = run(Command::new("pgrep").args(["-af", "nbdfuse"])).stdout;
+    assert!(!procs.contains(&data), "an nbdfuse is left: {procs}");
+
+    // And the data is the volume's: staged again, the file is there.
+    csi.stage(&id, &staging);
+    csi.publish(&id, &staging, &target);
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"written before the kill"
+    );
+    csi.unpublish_and_unstage(&id, &staging, &target);
+}
