@@ -106,7 +106,7 @@ impl NodeService {
                     for p in &r.publishes {
                         if sys::mount_at(&p.target)?.is_some() {
                             return Err(Status::failed_precondition(format!(
-                                "volume {} is staged but broken ({why}) and still published at                                  {}: unpublish it first",
+                                "volume {} is staged but broken ({why}) and still published at {}: unpublish it first",
                                 req.volume_id,
                                 p.target.display()
                             )));
