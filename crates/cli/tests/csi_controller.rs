@@ -378,3 +378,42 @@ fn garbage_on_the_socket_does_not_hurt_the_driver() {
     let v = csi.create_ok(create("pvc-after", 4 * MIB, None, false));
     assert!(v.volume_id.starts_with("pvc-after@"));
 }
+
+/// A restore is made at its source's size and then grown: a call cut off
+/// between the two leaves it smaller than asked, and the CO's retry must
+/// finish it, not answer ALREADY_EXISTS. A plain volume of the wrong size
+/// is another matter: refused.
+#[test]
+fn a_retry_finishes_a_restore_cut_off_before_it_was_grown() {
+    let csi = Csi::start();
+    let src = csi.create_ok(create("pvc-s", 4 * MIB, None, false));
+    let snap = csi.snapshot_ok("snap-s", &src.volume_id);
+    // What the cut-off call left: the linked restore, at the source's size.
+    csi.daemon.ok(&[
+        "clone",
+        "create",
+        "pvc-cut",
+        "--from-snapshot",
+        "pvc-s/snap-s",
+    ]);
+    let v = csi.create_ok(create(
+        "pvc-cut",
+        8 * MIB,
+        from_snapshot(&snap.snapshot_id),
+        false,
+    ));
+    assert_eq!(v.capacity_bytes, 8 * MIB);
+    assert_eq!(
+        csi.daemon.json(&["volume", "get", "pvc-cut"])["size"],
+        8 * MIB
+    );
+
+    csi.daemon
+        .ok(&["volume", "create", "pvc-plain", "--size", "4M"]);
+    let e = csi.create_err(create("pvc-plain", 8 * MIB, None, false));
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+    assert_eq!(
+        csi.daemon.json(&["volume", "get", "pvc-plain"])["size"],
+        4 * MIB
+    );
+}

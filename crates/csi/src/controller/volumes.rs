@@ -167,16 +167,10 @@ impl ControllerService {
         want_min: u64,
         limit: u64,
     ) -> Result<CreateVolumeResponse, Status> {
-        if v.size < want_min || (limit > 0 && v.size > limit) {
-            return Err(Status::already_exists(format!(
-                "volume {:?} exists with {} bytes, outside the range asked for ({want_min}..{limit})",
-                req.name, v.size
-            )));
-        }
         let asked = requested_source(req.volume_content_source.as_ref())?;
         let had = self.created_from(&v).await?;
-        if let Some(had) = had {
-            if had != asked {
+        if let Some(had) = &had {
+            if *had != asked {
                 return Err(Status::already_exists(format!(
                     "volume {:?} exists, made from {}, not from {}",
                     req.name,
@@ -187,6 +181,19 @@ impl ControllerService {
         }
         if let (api::CloneState::Copying, Some(op)) = (&v.clone_state, &v.operation) {
             self.wait_copy(&v.name, op).await?;
+        }
+        // A clone or restore is made at its source's size, then grown: a
+        // call cut off between the two left it smaller than asked, and the
+        // retry finishes the growing.
+        let size = round_up(want_min);
+        let fits_limit = limit == 0 || size <= limit;
+        if matches!(had, Some(Some(_))) && v.size < want_min && fits_limit && v.export.is_none() {
+            self.grow_to(&v.name, size).await?;
+        } else if v.size < want_min || (limit > 0 && v.size > limit) {
+            return Err(Status::already_exists(format!(
+                "volume {:?} exists with {} bytes, outside the range asked for ({want_min}..{limit})",
+                req.name, v.size
+            )));
         }
         let v = self
             .client
