@@ -55,8 +55,12 @@ fn lamina_processes_see_no_lamina_variable() {
     let cli = run(&mut Lamina::new("env").cmd()).ok();
     assert!(!cli.contains("LAMINA_"), "{cli}");
     let d = STOPS.start();
-    let log = d.log();
-    assert!(log.contains("fake daemon up"), "{log}");
+    // The stand-in "answers" (its `volume list` succeeds) before it has
+    // written its environment: wait for the line written after it.
+    let log = wait_until("the stand-in's log", Duration::from_secs(30), || {
+        let log = d.log();
+        log.contains("fake daemon up").then_some(log)
+    });
     assert!(!log.contains("LAMINA_"), "{log}");
     d.stop_cleanly();
 }
@@ -77,6 +81,10 @@ fn a_daemon_stops_on_sigterm_and_runs_the_cli_on_its_directory() {
 #[test]
 fn a_daemon_that_ignores_sigterm_fails_the_test_with_its_log() {
     let mut d = IGNORES_SIGTERM.start();
+    // Up for real (it "answers" before it has written anything).
+    wait_until("the stand-in's log", Duration::from_secs(30), || {
+        d.log().contains("fake daemon up").then_some(())
+    });
     d.stop_limit = Duration::from_millis(300);
     let e = panic_of(move || drop(d));
     assert!(
