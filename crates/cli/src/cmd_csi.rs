@@ -92,15 +92,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
-            }
-        };
+        let shutdown = super::shutdown_signal()?;
         lamina_csi::serve(opts, shutdown)
             .await
             .context("serving CSI")

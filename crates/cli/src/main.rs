@@ -275,9 +275,22 @@ async fn status(ctx: &Ctx) -> Result<()> {
     })
 }
 
+/// Completes at the first SIGTERM or SIGINT; the handlers are installed
+/// when it is called (inside the runtime), before anything is served.
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}
+
 /// `lamina serve`: the daemon until SIGTERM or SIGINT.
 fn serve(config: lamina_server::Config) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lamina")
@@ -300,14 +313,7 @@ fn serve(config: lamina_server::Config) -> Result<()> {
     rt.block_on(async move {
         // Installed before the daemon starts, so that a signal sent as soon
         // as the socket answers stops it cleanly instead of killing it.
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
-            }
-        };
+        let shutdown = shutdown_signal()?;
         lamina_server::run(config, shutdown)
             .await
             .with_context(|| format!("serving {}", dir.display()))

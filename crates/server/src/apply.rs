@@ -72,6 +72,20 @@ fn new_id() -> String {
     )
 }
 
+/// A new operation's record, running from now.
+fn new_running(op: Op) -> OpRec {
+    OpRec {
+        id: new_id(),
+        op,
+        state: api::OperationState::Running,
+        started: now(),
+        error: None,
+        done_bytes: 0,
+        total_bytes: 0,
+        copy: None,
+    }
+}
+
 /// What a request must get right before anything is recorded: names that
 /// follow the naming rule, a group's list of volumes, labels that leave
 /// the group label to groups.
@@ -123,16 +137,7 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         return Ok(gone);
     }
     refuse_while_copying(st, &op)?;
-    let rec = OpRec {
-        id: new_id(),
-        op,
-        state: api::OperationState::Running,
-        started: now(),
-        error: None,
-        done_bytes: 0,
-        total_bytes: 0,
-        copy: None,
-    };
+    let rec = new_running(op);
     let span = tracing::info_span!("operation", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
     async move {
         st.record_async(rec.clone()).await?;
@@ -484,19 +489,6 @@ mod tests {
         .unwrap();
     }
 
-    fn running(op: Op) -> OpRec {
-        OpRec {
-            id: new_id(),
-            op,
-            state: api::OperationState::Running,
-            started: now(),
-            error: None,
-            done_bytes: 0,
-            total_bytes: 0,
-            copy: None,
-        }
-    }
-
     /// A daemon killed while it took or deleted a group finishes the job at
     /// restart: the group is all there, or all gone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,7 +498,7 @@ mod tests {
             st.pool.create_volume(v, 1 << 20).unwrap();
         }
         let vols = vec!["a".to_string(), "b".to_string()];
-        let create = running(Op::CreateSnapshotGroup {
+        let create = new_running(Op::CreateSnapshotGroup {
             name: "g".into(),
             volumes: vols.clone(),
             labels: [("k".to_string(), "v".to_string())].into(),
@@ -529,7 +521,7 @@ mod tests {
         assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
         // Killed half-way through a delete: one member gone already.
         st.pool.delete_snapshot("a", "g").unwrap();
-        let delete = running(Op::DeleteSnapshotGroup {
+        let delete = new_running(Op::DeleteSnapshotGroup {
             name: "g".into(),
             volumes: vols,
         });
