@@ -1,0 +1,437 @@
+//! The running environment as the scenarios see it: kubectl (the one
+//! kube-env/build made) with the admin kubeconfig, the `lamina` command on
+//! the daemon's TCP API, NBD reads and writes through qemu-io, and waiting
+//! on a condition with a deadline.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DRIVER: &str = "lamina.csi.io";
+/// The node id kube-env/up gives the controller (its storage node).
+pub const NODE_ID: &str = "kube-env-node";
+
+pub struct Env {
+    pub dir: PathBuf,
+    pub kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub lamina: PathBuf,
+    pub endpoint: String,
+    pub token: String,
+    pub lamina_data: PathBuf,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Run a command to its end; its stdout, or an error with both outputs.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("could not run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Env {
+    /// Build what is needed, start kube-env in `dir`, and read DIR/env.
+    pub fn up(dir: &Path) -> Result<Env> {
+        let root = repo_root();
+        let lamina = match std::env::var_os("LAMINA_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => {
+                // The outer cargo has released the build directory by now.
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let status = Command::new(cargo)
+                    .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina"])
+                    .current_dir(&root)
+                    .status()
+                    .context("run cargo build -p lamina-cli")?;
+                if !status.success() {
+                    bail!("cargo build -p lamina-cli --bin lamina failed");
+                }
+                target_dir(&root).join("debug/lamina")
+            }
+        };
+        let up = Command::new(root.join("kube-env/up"))
+            .arg(dir)
+            .env("LAMINA_BIN", &lamina)
+            .stdin(Stdio::null())
+            .status()
+            .context("run kube-env/up")?;
+        if !up.success() {
+            bail!(
+                "kube-env/up {} failed ({up}): its output is above",
+                dir.display()
+            );
+        }
+        let vars = read_env_file(&dir.join("env"))?;
+        let get = |k: &str| {
+            vars.get(k)
+                .cloned()
+                .ok_or_else(|| anyhow!("{k} missing from DIR/env"))
+        };
+        Ok(Env {
+            dir: dir.to_path_buf(),
+            kubectl: PathBuf::from(get("KUBE_ENV_BIN")?).join("kubectl"),
+            kubeconfig: get("KUBECONFIG")?.into(),
+            lamina,
+            endpoint: get("LAMINA_ENDPOINT")?,
+            token: get("LAMINA_TOKEN")?,
+            lamina_data: get("LAMINA_DATA_DIR")?.into(),
+        })
+    }
+
+    pub fn down(&self) -> Result<()> {
+        down(&self.dir)
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        run(Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args))
+    }
+
+    pub fn kubectl_json(&self, args: &[&str]) -> Result<Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        let out = self.kubectl(&a)?;
+        serde_json::from_str(&out)
+            .with_context(|| format!("kubectl {args:?} printed no JSON: {out}"))
+    }
+
+    /// `kubectl get KIND NAME -n NS -o json`, or None when it does not exist.
+    pub fn get(&self, ns: &str, kind: &str, name: &str) -> Result<Option<Value>> {
+        let mut a = vec!["get", kind, name, "--ignore-not-found"];
+        if !ns.is_empty() {
+            a.extend(["-n", ns]);
+        }
+        let out = self.kubectl(&[a.as_slice(), &["-o", "json"]].concat())?;
+        if out.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::from_str(&out)?))
+    }
+
+    /// `kubectl apply -f -` of a YAML or JSON document (several with `---`).
+    pub fn apply(&self, doc: &str) -> Result<()> {
+        self.stdin_cmd(&["apply", "-f", "-"], doc)
+    }
+
+    pub fn create(&self, doc: &str) -> Result<()> {
+        self.stdin_cmd(&["create", "-f", "-"], doc)
+    }
+
+    fn stdin_cmd(&self, args: &[&str], doc: &str) -> Result<()> {
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("run kubectl")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(doc.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {args:?} failed: {}\n{doc}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    pub fn namespace(&self, ns: &str) -> Result<()> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
+        ))
+    }
+
+    /// The `lamina` command on the environment's daemon.
+    pub fn lamina(&self, args: &[&str]) -> Result<String> {
+        // The token by environment, so that it stays out of error messages.
+        run(Command::new(&self.lamina)
+            .args(["--endpoint", &self.endpoint])
+            .env("LAMINA_TOKEN", &self.token)
+            .args(args))
+    }
+
+    pub fn lamina_json(&self, args: &[&str]) -> Result<Value> {
+        let out = self.lamina(&[args, &["-o", "json"]].concat())?;
+        serde_json::from_str(&out)
+            .with_context(|| format!("lamina {args:?} printed no JSON: {out}"))
+    }
+
+    /// Export a volume over NBD; its URI.
+    pub fn attach_volume(&self, volume: &str) -> Result<String> {
+        uri(&self.lamina_json(&["volume", "attach", volume])?)
+    }
+
+    pub fn detach_volume(&self, volume: &str) -> Result<()> {
+        self.lamina(&["volume", "detach", volume]).map(drop)
+    }
+
+    /// Write byte `pattern` over the first `len` bytes of a volume.
+    pub fn write_pattern(&self, volume: &str, pattern: u8, len: &str) -> Result<()> {
+        let uri = self.attach_volume(volume)?;
+        qemu_io(&uri, &format!("write -P {pattern:#x} 0 {len}"))?;
+        self.detach_volume(volume)
+    }
+
+    /// Check that the first `len` bytes of a volume all hold `pattern`.
+    pub fn check_pattern(&self, volume: &str, pattern: u8, len: &str) -> Result<()> {
+        let uri = self.attach_volume(volume)?;
+        let r = qemu_io(&uri, &format!("read -P {pattern:#x} 0 {len}"))
+            .with_context(|| format!("volume {volume} does not hold {pattern:#x} over {len}"));
+        self.detach_volume(volume)?;
+        r.map(drop)
+    }
+
+    /// DIR/pids/COMPONENT.pid, as kube-env/up wrote it.
+    pub fn pid_file(&self, component: &str) -> PathBuf {
+        self.dir.join("pids").join(format!("{component}.pid"))
+    }
+
+    /// The lines of the sidecars' logs that say a request was forbidden.
+    pub fn forbidden(&self) -> Result<Vec<String>> {
+        let mut lines = Vec::new();
+        for c in ["csi-provisioner", "csi-snapshotter", "csi-resizer"] {
+            let text = std::fs::read_to_string(self.log_file(c))?;
+            lines.extend(
+                text.lines()
+                    .filter(|l| l.contains("forbidden"))
+                    .map(|l| format!("{c}: {l}")),
+            );
+        }
+        Ok(lines)
+    }
+
+    /// DIR/logs/COMPONENT.log.
+    pub fn log_file(&self, component: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{component}.log"))
+    }
+}
+
+fn uri(v: &Value) -> Result<String> {
+    v["uri"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("no uri in {v}"))
+}
+
+/// qemu-io reports some failures on stdout with exit code 0: look for them.
+pub fn qemu_io(uri: &str, cmd: &str) -> Result<String> {
+    let out = run(Command::new("qemu-io").args(["-f", "raw", uri, "-c", cmd]))?;
+    if out.contains("failed") || out.contains("error") || out.contains("Pattern verification") {
+        bail!("qemu-io {cmd:?} on {uri}: {out}");
+    }
+    Ok(out)
+}
+
+/// kube-env/down DIR.
+pub fn down(dir: &Path) -> Result<()> {
+    run(Command::new(repo_root().join("kube-env/down")).arg(dir)).map(drop)
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+/// DIR/env: `export K=V` lines.
+fn read_env_file(path: &Path) -> Result<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// Call `probe` until it gives `Some`, for at most `limit`; the error names
+/// `what` and the last thing `probe` saw (its error, or the state it
+/// reported through `last`).
+pub fn wait<T>(
+    what: &str,
+    limit: Duration,
+    probe: impl FnMut(&mut String) -> Result<Option<T>>,
+) -> Result<T> {
+    wait_every(what, limit, Duration::from_millis(100), probe)
+}
+
+/// [`wait`], looking every `every` (for probes that cost the API server).
+pub fn wait_every<T>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut probe: impl FnMut(&mut String) -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + limit;
+    let mut last = String::new();
+    loop {
+        match probe(&mut last) {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() >= deadline {
+            bail!("gave up after {limit:?} waiting for {what}; last seen: {last}");
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A PVC of class `class` and `size`, optionally from a data source.
+pub fn pvc(ns: &str, name: &str, class: &str, size: &str, source: Option<(&str, &str)>) -> String {
+    let source = match source {
+        Some((kind, src)) => {
+            let group = if kind == "VolumeSnapshot" {
+                "apiGroup: snapshot.storage.k8s.io, "
+            } else {
+                ""
+            };
+            format!("  dataSource: {{{group}kind: {kind}, name: {src}}}\n")
+        }
+        None => String::new(),
+    };
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+         accessModes: [ReadWriteOnce]\n  storageClassName: {class}\n  resources: {{requests: {{storage: {size}}}}}\n{source}"
+    )
+}
+
+pub fn volume_snapshot(ns: &str, name: &str, pvc: &str, class: &str) -> String {
+    format!(
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         spec:\n  volumeSnapshotClassName: {class}\n  source: {{persistentVolumeClaimName: {pvc}}}\n"
+    )
+}
+
+impl Env {
+    /// Wait until a PVC is Bound; the name of its PV (= the Lamina volume).
+    pub fn wait_bound(&self, ns: &str, pvc: &str, limit: Duration) -> Result<String> {
+        wait(&format!("PVC {ns}/{pvc} to bind"), limit, |last| {
+            let Some(p) = self.get(ns, "pvc", pvc)? else {
+                return Ok(None);
+            };
+            *last = format!("phase {}", p["status"]["phase"]);
+            if p["status"]["phase"] == "Bound" {
+                return Ok(p["spec"]["volumeName"].as_str().map(str::to_string));
+            }
+            Ok(None)
+        })
+        .with_context(|| self.events(ns, pvc))
+    }
+
+    /// Wait until a VolumeSnapshot is readyToUse; its object.
+    pub fn wait_snapshot_ready(&self, ns: &str, name: &str, limit: Duration) -> Result<Value> {
+        wait(
+            &format!("VolumeSnapshot {ns}/{name} to be readyToUse"),
+            limit,
+            |last| {
+                let Some(s) = self.get(ns, "volumesnapshot", name)? else {
+                    return Ok(None);
+                };
+                *last = format!("status {}", s["status"]);
+                Ok((s["status"]["readyToUse"] == true).then_some(s))
+            },
+        )
+        .with_context(|| self.events(ns, name))
+    }
+
+    /// Wait until an object is gone.
+    pub fn wait_gone(&self, ns: &str, kind: &str, name: &str, limit: Duration) -> Result<()> {
+        wait(&format!("{kind} {ns}/{name} to be gone"), limit, |_| {
+            Ok(self.get(ns, kind, name)?.is_none().then_some(()))
+        })
+    }
+
+    /// The events about an object, one a line (context for a failure).
+    pub fn events(&self, ns: &str, name: &str) -> String {
+        self.events_json(ns, name)
+            .map(|evs| {
+                let lines: Vec<String> = evs
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {} {}: {}",
+                            e["type"], e["reason"], e["source"]["component"], e["message"]
+                        )
+                    })
+                    .collect();
+                format!("events of {ns}/{name}:\n{}", lines.join("\n"))
+            })
+            .unwrap_or_else(|e| format!("no events of {ns}/{name}: {e:#}"))
+    }
+
+    pub fn events_json(&self, ns: &str, name: &str) -> Result<Vec<Value>> {
+        let sel = format!("involvedObject.name={name}");
+        let v = self.kubectl_json(&["get", "events", "-n", ns, "--field-selector", &sel])?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The engine snapshot behind a bound VolumeSnapshot: (volume, snapshot)
+    /// from its content's snapshotHandle `VOLUME/SNAPSHOT@ID`.
+    pub fn engine_snapshot(&self, ns: &str, vs: &str) -> Result<(String, String, String)> {
+        let s = self
+            .get(ns, "volumesnapshot", vs)?
+            .context("no VolumeSnapshot")?;
+        let content = s["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .context("not bound to a content")?;
+        let c = self
+            .get("", "volumesnapshotcontent", content)?
+            .context("no VolumeSnapshotContent")?;
+        let handle = c["status"]["snapshotHandle"]
+            .as_str()
+            .context("content has no snapshotHandle")?;
+        let (vol, rest) = handle
+            .split_once('/')
+            .with_context(|| format!("handle {handle}"))?;
+        let (snap, _) = rest
+            .split_once('@')
+            .with_context(|| format!("handle {handle}"))?;
+        Ok((vol.to_string(), snap.to_string(), handle.to_string()))
+    }
+
+    /// `lamina snapshot list` as (volume, name) pairs.
+    pub fn engine_snapshots(&self) -> Result<Vec<(String, String)>> {
+        let v = self.lamina_json(&["snapshot", "list"])?;
+        let items = v
+            .as_array()
+            .or_else(|| v["snapshots"].as_array())
+            .cloned()
+            .unwrap_or_default();
+        Ok(items
+            .iter()
+            .map(|s| {
+                (
+                    s["volume"].as_str().unwrap_or_default().to_string(),
+                    s["name"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,192 @@
+//! The scenarios: kube-env/build, kube-env/up in a temporary directory, each
+//! scenario in order (arguments filter them by substring), then always
+//! kube-env/down. Exits non-zero if any scenario failed, or if the
+//! environment could not run at all: it never skips.
+//!
+//!     cargo test -p lamina-kube-e2e --test scenarios -- restore
+
+mod env;
+mod full_clone;
+mod groups;
+mod namespaces;
+mod node;
+mod scale;
+mod snapshots;
+
+use anyhow::{bail, Context, Result};
+use env::Env;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+type Scenario = fn(&Env) -> Result<()>;
+
+/// In priority order; each runs in a namespace of its own name.
+const SCENARIOS: &[(&str, Scenario)] = &[
+    ("snapshot-ready", snapshots::snapshot_ready),
+    ("restore-from-snapshot", snapshots::restore_from_snapshot),
+    ("clone-from-pvc", snapshots::clone_from_pvc),
+    ("deletion-policy", snapshots::deletion_policy),
+    ("group-snapshot", groups::group_snapshot),
+    (
+        "pre-provisioned-content",
+        snapshots::pre_provisioned_content,
+    ),
+    (
+        "cross-namespace-restore",
+        namespaces::cross_namespace_restore,
+    ),
+    (
+        "full-clone-daemon-killed",
+        full_clone::full_clone_daemon_killed,
+    ),
+    ("node-stage-publish", node::stage_and_publish),
+    ("scale-1000-snapshots", scale::thousand_snapshots),
+];
+
+fn main() -> ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let chosen: Vec<_> = SCENARIOS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    if chosen.is_empty() {
+        println!(
+            "no scenario matches {filters:?}; there are: {:?}",
+            SCENARIOS.iter().map(|s| s.0).collect::<Vec<_>>()
+        );
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = preconditions() {
+        println!("kube-env scenarios cannot run: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let dir = match tempfile::Builder::new().prefix("kube-env-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("kube-env scenarios: no temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = Instant::now();
+    let up = catch_unwind(AssertUnwindSafe(|| Env::up(dir.path())));
+    let env = match up {
+        Ok(Ok(env)) => env,
+        Ok(Err(e)) => return give_up(dir, &format!("{e:#}")),
+        Err(_) => return give_up(dir, "kube-env/up panicked"),
+    };
+    println!(
+        "kube-env up in {:.1} s ({})",
+        started.elapsed().as_secs_f64(),
+        dir.path().display()
+    );
+
+    let mut failed = Vec::new();
+    for (name, run) in chosen {
+        let t = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| run(&env)));
+        let secs = t.elapsed().as_secs_f64();
+        match outcome {
+            Ok(Ok(())) => println!("scenario {name} ... ok ({secs:.1} s)"),
+            Ok(Err(e)) => {
+                println!(
+                    "scenario {name} ... FAILED ({secs:.1} s)\n{}",
+                    indent(&format!("{e:#}"))
+                );
+                failed.push(*name);
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                println!("scenario {name} ... PANICKED ({secs:.1} s): {msg}");
+                failed.push(*name);
+            }
+        }
+    }
+    // The sidecars run as the chart's ServiceAccount: nothing they tried
+    // during the scenarios may have been forbidden.
+    match env.forbidden() {
+        Ok(lines) if lines.is_empty() => println!("check chart-rbac-enough ... ok"),
+        Ok(lines) => {
+            println!(
+                "check chart-rbac-enough ... FAILED: the chart's RBAC forbade:\n{}",
+                indent(&lines.join("\n"))
+            );
+            failed.push("chart-rbac-enough");
+        }
+        Err(e) => {
+            println!("check chart-rbac-enough ... FAILED: {e:#}");
+            failed.push("chart-rbac-enough");
+        }
+    }
+    let down = env.down();
+    if let Err(e) = &down {
+        println!("kube-env/down: {e:#}");
+    }
+    if !failed.is_empty() || down.is_err() {
+        // Keep the logs of a failed run for whoever reads it.
+        let kept = dir.keep();
+        println!(
+            "failed: {failed:?}; the environment's logs are in {}/logs",
+            kept.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    println!("all scenarios passed");
+    ExitCode::SUCCESS
+}
+
+/// What the environment needs that only the machine can give: fail with
+/// the reason rather than skip.
+fn preconditions() -> Result<()> {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("they need root (the node scenario mounts ext4 over nbdfuse and loop devices)");
+    }
+    for (tool, package) in [
+        ("etcd", "etcd-server"),
+        ("openssl", "openssl"),
+        ("curl", "curl"),
+        ("python3", "python3"),
+        ("go", "golang-go (Go 1.26)"),
+        ("qemu-io", "qemu-utils"),
+        ("qemu-img", "qemu-utils"),
+        ("nbdcopy", "libnbd-bin"),
+        ("nbdkit", "nbdkit"),
+        ("nbdfuse", "nbdfuse"),
+    ] {
+        if which(tool).is_none()
+            && !(tool == "go" && PathBuf::from("/usr/local/go/bin/go").exists())
+        {
+            bail!("`{tool}` is not installed: apt-get install {package}");
+        }
+    }
+    Ok(())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// kube-env/up failed: stop what it started, keep its logs, and fail.
+fn give_up(dir: tempfile::TempDir, why: &str) -> ExitCode {
+    println!("kube-env/up failed:\n{}", indent(why));
+    if let Err(e) = env::down(dir.path()).context("kube-env/down after a failed up") {
+        println!("{e:#}");
+    }
+    println!("logs kept in {}/logs", dir.keep().display());
+    ExitCode::FAILURE
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("    {l}\n")).collect()
+}
