@@ -332,3 +332,33 @@ pub struct Health {
     #[serde(default)]
     pub capacity_bytes: u64,
 }
+
+/// Where the daemon's change sequence stands (`GET /v1/changes`). `seq`
+/// moves on every change visible in the volume and snapshot lists (each
+/// operation recorded or ended, a background clone or flatten's progress and
+/// end, an attach or detach); `epoch` is new at every daemon start, so a
+/// watcher notices a restart (its sequence starts again at 1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Changes {
+    pub epoch: String,
+    pub seq: u64,
+}
+
+/// Query of `GET /v1/changes`: answer at once if the sequence is past
+/// `after` (or the daemon's epoch is not `epoch`), else wait up to
+/// `wait_ms` (at most [`MAX_CHANGES_WAIT_MS`]) for a change.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams,
+)]
+#[into_params(parameter_in = Query)]
+pub struct ChangesQuery {
+    /// The last sequence the caller saw; absent answers at once.
+    pub after: Option<u64>,
+    /// The epoch the caller saw `after` in; another epoch answers at once.
+    pub epoch: Option<String>,
+    /// How long to wait for a change, in milliseconds (default 0).
+    pub wait_ms: Option<u64>,
+}
+
+/// The longest a `GET /v1/changes` waits: 300 s.
+pub const MAX_CHANGES_WAIT_MS: u64 = 300_000;

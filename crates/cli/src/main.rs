@@ -5,6 +5,7 @@
 //! engine or daemon logic, and writes no API path or request body itself.
 
 mod cmd_clone;
+mod cmd_controller;
 mod cmd_csi;
 mod cmd_operation;
 mod cmd_pool;
@@ -138,6 +139,14 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run the Kubernetes controllers (their own flags: `lamina controller --help`).
+    Controller {
+        /// The controllers' flags, e.g. --namespace lamina-system.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print the CustomResourceDefinitions of Lamina's Kubernetes resources (YAML).
+    Crds,
     /// Manage a pool directory directly (the daemon must not be running on it).
     Pool {
         #[command(subcommand)]
@@ -158,6 +167,14 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "csi") {
         init_tracing("info");
         if let Err(e) = cmd_csi::main(args) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.get(1).is_some_and(|a| a == "controller") {
+        init_tracing("info");
+        if let Err(e) = cmd_controller::main(args) {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
@@ -206,6 +223,11 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             "`lamina csi` takes its own options after the word csi".to_string(),
             Some("run it as `lamina csi --mode ... --endpoint unix:///...` (see `lamina csi --help`)".into()),
         )),
+        Cmd::Crds => cmd_controller::crds(),
+        Cmd::Controller { .. } => anyhow::bail!(Failure::new(
+            "`lamina controller` takes its own options after the word controller".to_string(),
+            Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
+        )),
         Cmd::Serve {
             listen,
             nbd_listen,
@@ -234,7 +256,11 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     Cmd::Snapshot { cmd } => cmd_snapshot::run(&ctx, cmd).await,
                     Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
-                    Cmd::Pool { .. } | Cmd::Serve { .. } | Cmd::Csi { .. } => {
+                    Cmd::Pool { .. }
+                    | Cmd::Serve { .. }
+                    | Cmd::Csi { .. }
+                    | Cmd::Controller { .. }
+                    | Cmd::Crds => {
                         unreachable!("handled above")
                     }
                 }

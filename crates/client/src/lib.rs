@@ -285,6 +285,28 @@ impl Client {
         self.get(&path::api("/operations/{}", &[id])).await
     }
 
+    // --- the change feed ---
+
+    /// `GET /v1/changes`: the daemon's epoch and change sequence, at once
+    /// if it is past `after` (seen in `epoch`), else after the first change
+    /// or `wait` (the daemon caps it at 300 s), whichever comes first.
+    pub async fn changes(
+        &self,
+        after: Option<u64>,
+        epoch: Option<&str>,
+        wait: std::time::Duration,
+    ) -> Result<api::Changes> {
+        let p = path::with_query(
+            path::api("/changes", &[]),
+            &[
+                ("after", after.map(|n| n.to_string())),
+                ("epoch", epoch.map(String::from)),
+                ("wait_ms", Some(wait.as_millis().to_string())),
+            ],
+        );
+        self.get(&p).await
+    }
+
     // --- the exchange ---
 
     async fn get<T: DeserializeOwned>(&self, p: &str) -> Result<T> {

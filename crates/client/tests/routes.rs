@@ -414,6 +414,22 @@ async fn daemon_routes_and_errors() {
     f.answer(200, serde_json::json!({"openapi": "3.1.0"}));
     assert_eq!(c.openapi().await.unwrap()["openapi"], "3.1.0");
     assert_eq!(f.last(), seen("GET", "/openapi.json", None));
+    let changes = api::Changes {
+        epoch: "e1".into(),
+        seq: 7,
+    };
+    f.answer(200, json(&changes));
+    let wait = std::time::Duration::from_secs(30);
+    assert_eq!(c.changes(Some(6), Some("e1"), wait).await.unwrap(), changes);
+    assert_eq!(
+        f.last(),
+        seen("GET", "/v1/changes?after=6&epoch=e1&wait_ms=30000", None)
+    );
+    f.answer(200, json(&changes));
+    c.changes(None, None, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/changes?wait_ms=0", None));
 
     // A refusal: status, code, message and hint.
     f.answer(

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 use tracing::Instrument;
 
-type St = S<Arc<State>>;
+pub(crate) type St = S<Arc<State>>;
 type R<T> = Result<T, Failure>;
 
 pub(crate) fn body<T>(b: Result<Json<T>, JsonRejection>) -> R<T> {
@@ -66,6 +66,7 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
         )
         .route("/v1/clones", post(create_clone))
         .route("/v1/operations", get(list_operations))
+        .route("/v1/changes", get(crate::changes::changes))
         .route("/v1/operations/{id}", get(get_operation))
         .route("/openapi.json", get(openapi))
         .fallback(|| async { Failure::not_found("no such API path (see /openapi.json)") });

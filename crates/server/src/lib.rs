@@ -5,6 +5,7 @@
 //! implement storage (the engine's) or the NBD wire protocol (lamina-nbd's).
 
 mod apply;
+mod changes;
 mod device;
 mod error;
 mod groups;
@@ -143,6 +144,7 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: draining requests, flushing volumes");
     let _ = stop_tx.send(true);
+    state.changes.stop();
     // Requests in flight finish; each NBD connection gets the drain time
     // to take its replies and is then closed (lamina-nbd), so this ends
     // within about that time. The bound here is a backstop for a volume

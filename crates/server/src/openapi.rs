@@ -1,6 +1,7 @@
 //! The OpenAPI document the daemon serves at `/openapi.json`, generated from
 //! the handlers' annotations and the API types so that it cannot drift.
 
+use crate::changes::*;
 use crate::groups::*;
 use crate::handlers::*;
 use lamina_api as api;
@@ -35,7 +36,8 @@ use utoipa::OpenApi;
         get_snapshot_group,
         delete_snapshot_group,
         list_operations,
-        get_operation
+        get_operation,
+        changes
     ),
     components(schemas(
         api::Volume,
@@ -55,7 +57,8 @@ use utoipa::OpenApi;
         api::Export,
         api::Origin,
         api::CloneState,
-        api::Health
+        api::Health,
+        api::Changes
     ))
 )]
 struct Doc;

@@ -32,6 +32,8 @@ pub struct State {
     running: Mutex<HashMap<String, Vec<Running>>>,
     /// Background jobs (full clones, flatten watchers), joined at shutdown.
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The change feed: bumped by every operation record and export change.
+    pub changes: crate::changes::Changes,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -103,6 +105,7 @@ impl State {
             stopping: std::sync::atomic::AtomicBool::new(false),
             jobs: Mutex::new(Vec::new()),
             running: Mutex::new(HashMap::new()),
+            changes: crate::changes::Changes::new(),
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -278,6 +281,7 @@ impl State {
                 )
                 .map_err(Failure::from)?;
             self.exports.insert(&name, Arc::new(EngineDevice::new(h)));
+            self.changes.bump();
         }
         self.export_of(&name).ok_or_else(|| {
             Failure::internal(format!(
@@ -319,7 +323,11 @@ impl State {
             ));
         }
         self.store.remove_export(&name).map_err(Failure::from)?;
-        Ok(self.exports.remove(&name)?)
+        let removed = self.exports.remove(&name)?;
+        if removed {
+            self.changes.bump();
+        }
+        Ok(removed)
     }
 
     pub fn is_attached(&self, export: &str) -> bool {
@@ -341,6 +349,9 @@ impl State {
                 running.remove(v);
             }
         }
+        drop(running);
+        // Every change to a volume is recorded (started, progressed, ended).
+        self.changes.bump();
         Ok(())
     }
 

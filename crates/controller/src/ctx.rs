@@ -1,0 +1,206 @@
+//! What the controllers share: the Kubernetes client, the node daemons and
+//! the last thing each listed, the resource stores, the event recorder and
+//! the metrics; and the one place resources are written.
+
+use crate::crd::{Snapshot, Volume};
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::plan::{EngineView, Write};
+use crate::{Error, FINALIZER, MANAGER};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub struct Ctx {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub snapshots: Store<Snapshot>,
+    pub volumes: Store<Volume>,
+    /// The daemons, by node name.
+    pub engines: RwLock<BTreeMap<String, Engine>>,
+    /// What each node's daemon held at its last listing.
+    pub views: RwLock<HashMap<String, Arc<EngineView>>>,
+    /// Failures in a row per object, for the retry backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+    /// Reconcile every Volume again now: sent after a node's listing changed
+    /// while some of its Volumes are being deleted (a clone or snapshot that
+    /// held them may be gone). Reconciling a settled Volume costs no call.
+    pub kick_volumes: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+/// Where a volume is, as far as the daemons' last listings tell.
+#[derive(Debug, PartialEq)]
+pub enum Located {
+    On(Engine),
+    /// Every known node was listed and none holds it.
+    Gone,
+    /// Some node has not been listed (unreachable, or just starting).
+    Unknown,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Engine({})", self.node)
+    }
+}
+
+impl PartialEq for Engine {
+    fn eq(&self, o: &Engine) -> bool {
+        self.node == o.node
+    }
+}
+
+impl Ctx {
+    pub fn engine(&self, node: &str) -> Option<Engine> {
+        self.engines.read().unwrap().get(node).cloned()
+    }
+
+    pub fn view(&self, node: &str) -> Option<Arc<EngineView>> {
+        self.views.read().unwrap().get(node).cloned()
+    }
+
+    /// The node holding engine volume `volume`.
+    pub fn locate(&self, volume: &str) -> Located {
+        let engines = self.engines.read().unwrap();
+        let views = self.views.read().unwrap();
+        let mut all_listed = true;
+        for (node, e) in engines.iter() {
+            match views.get(node) {
+                Some(v) if v.volumes.iter().any(|x| x.name == volume) => {
+                    return Located::On(e.clone())
+                }
+                Some(_) => {}
+                None => all_listed = false,
+            }
+        }
+        if all_listed {
+            Located::Gone
+        } else {
+            Located::Unknown
+        }
+    }
+
+    pub fn snapshot_api(&self) -> Api<Snapshot> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn volume_api(&self) -> Api<Volume> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Publish an event on `obj` (failures are logged: an event that cannot
+    /// be written must not stop the work).
+    pub async fn event(
+        &self,
+        obj: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.metrics.api_write("Event", "create");
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, obj).await {
+            tracing::warn!(error = %e, reason, "could not publish an event");
+        }
+    }
+
+    /// A failure as a warning event on `obj`.
+    pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, action: &str, e: &Error) {
+        tracing::warn!(object = %obj.name_any(), action, error = %e, "failed");
+        self.event(
+            &obj.object_ref(&()),
+            true,
+            e.reason(),
+            action,
+            e.to_string(),
+        )
+        .await;
+    }
+
+    pub fn failed(&self, key: &str) -> u32 {
+        let mut f = self.failures.lock().unwrap();
+        let n = f.entry(key.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().unwrap().remove(key);
+    }
+
+    /// Make one write of the mirror or a reconciler.
+    pub async fn write(&self, w: &Write) -> Result<(), Error> {
+        let (kind, verb) = w.what();
+        self.metrics.api_write(kind, verb);
+        let pp = PatchParams::apply(MANAGER).force();
+        match w {
+            Write::CreateVolume { name, spec } => {
+                let body = json!({
+                    "apiVersion": "lamina.io/v1alpha1", "kind": "Volume",
+                    "metadata": {"name": name, "finalizers": [FINALIZER]},
+                    "spec": spec,
+                });
+                self.volume_api()
+                    .patch(name, &pp, &Patch::Apply(body))
+                    .await
+                    .map_err(Error::kube(format!("create Volume {name}")))?;
+            }
+            Write::VolumeStatus { name, status } => {
+                let body =
+                    json!({"apiVersion": "lamina.io/v1alpha1", "kind": "Volume", "status": status});
+                self.volume_api()
+                    .patch_status(name, &pp, &Patch::Apply(body))
+                    .await
+                    .map_err(Error::kube(format!("status of Volume {name}")))?;
+            }
+            Write::CreateSnapshot { name, spec, labels } => {
+                let body = json!({
+                    "apiVersion": "lamina.io/v1alpha1", "kind": "Snapshot",
+                    "metadata": {"name": name, "labels": labels, "finalizers": [FINALIZER]},
+                    "spec": spec,
+                });
+                self.snapshot_api()
+                    .patch(name, &pp, &Patch::Apply(body))
+                    .await
+                    .map_err(Error::kube(format!("create Snapshot {name}")))?;
+            }
+            Write::SnapshotStatus { name, status } => {
+                let body = json!({"apiVersion": "lamina.io/v1alpha1", "kind": "Snapshot", "status": status});
+                self.snapshot_api()
+                    .patch_status(name, &pp, &Patch::Apply(body))
+                    .await
+                    .map_err(Error::kube(format!("status of Snapshot {name}")))?;
+            }
+            Write::DeleteSnapshot { name } => {
+                match self
+                    .snapshot_api()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(Error::kube(format!("delete Snapshot {name}"))(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}

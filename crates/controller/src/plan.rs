@@ -1,0 +1,428 @@
+//! The mirror's pure part: from one node's engine lists and the resources
+//! that exist, the set of writes that makes the resources tell what the
+//! engine holds, and nothing more (a status equal to what is there is not
+//! written).
+
+use crate::crd::{
+    CloneStatus, Snapshot, SnapshotSpec, SnapshotStatus, Volume, VolumeSpec, VolumeStatus,
+    VOLUME_LABEL,
+};
+use crate::names;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use lamina_api as api;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// What one node's daemon holds, as listed.
+#[derive(Clone, Debug, Default)]
+pub struct EngineView {
+    pub node: String,
+    pub volumes: Vec<api::Volume>,
+    pub snapshots: Vec<api::Snapshot>,
+    /// The latest operation of each volume that needs one read: those with
+    /// an operation running, and vanished ones whose clone was initiated.
+    pub operations: HashMap<String, api::Operation>,
+}
+
+/// One write to the API server.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// A resource for an engine volume that has none.
+    CreateVolume {
+        name: String,
+        spec: VolumeSpec,
+    },
+    VolumeStatus {
+        name: String,
+        status: VolumeStatus,
+    },
+    /// A resource for an engine snapshot that has none.
+    CreateSnapshot {
+        name: String,
+        spec: SnapshotSpec,
+        labels: BTreeMap<String, String>,
+    },
+    SnapshotStatus {
+        name: String,
+        status: SnapshotStatus,
+    },
+    /// A system-made snapshot's resource whose snapshot vanished.
+    DeleteSnapshot {
+        name: String,
+    },
+}
+
+impl Write {
+    /// The kind and verb, for the metrics.
+    pub fn what(&self) -> (&'static str, &'static str) {
+        match self {
+            Write::CreateVolume { .. } => ("Volume", "create"),
+            Write::VolumeStatus { .. } => ("Volume", "status"),
+            Write::CreateSnapshot { .. } => ("Snapshot", "create"),
+            Write::SnapshotStatus { .. } => ("Snapshot", "status"),
+            Write::DeleteSnapshot { .. } => ("Snapshot", "delete"),
+        }
+    }
+}
+
+/// The volumes whose latest operation the plan needs (see [`EngineView`]).
+pub fn operations_needed(
+    node: &str,
+    volumes: &[api::Volume],
+    existing: &[Arc<Volume>],
+) -> Vec<String> {
+    let mut out: Vec<String> = volumes
+        .iter()
+        .filter(|v| v.operation.is_some())
+        .map(|v| v.name.clone())
+        .collect();
+    for r in existing.iter().filter(|r| r.spec.node == node) {
+        let initiated = r
+            .status
+            .as_ref()
+            .and_then(|s| s.clone.as_ref())
+            .is_some_and(|c| c.state == "initiated");
+        let name = r.engine_name();
+        if initiated && !volumes.iter().any(|v| v.name == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+fn name_of<K: kube::Resource>(r: &K) -> String {
+    r.meta().name.clone().unwrap_or_default()
+}
+
+fn deleting<K: kube::Resource>(r: &K) -> bool {
+    r.meta().deletion_timestamp.is_some()
+}
+
+/// The writes for one node. `now` stamps condition transitions.
+pub fn plan(
+    view: &EngineView,
+    volumes: &[Arc<Volume>],
+    snapshots: &[Arc<Snapshot>],
+    now: &Time,
+) -> Vec<Write> {
+    let mut out = Vec::new();
+    plan_volumes(view, volumes, now, &mut out);
+    plan_snapshots(view, snapshots, &mut out);
+    out
+}
+
+fn plan_volumes(view: &EngineView, existing: &[Arc<Volume>], now: &Time, out: &mut Vec<Write>) {
+    let node = view.node.as_str();
+    let mine: HashMap<&str, &Arc<Volume>> = existing
+        .iter()
+        .filter(|r| r.spec.node == node)
+        .map(|r| (r.engine_name(), r))
+        .collect();
+    for v in &view.volumes {
+        let op = view.operations.get(&v.name);
+        match mine.get(v.name.as_str()) {
+            None => {
+                let name = names::volume_resource(&v.name);
+                out.push(Write::CreateVolume {
+                    spec: VolumeSpec {
+                        volume_name: (name != v.name).then(|| v.name.clone()),
+                        size: v.size.to_string(),
+                        node: node.to_string(),
+                        data_source: None,
+                    },
+                    name: name.clone(),
+                });
+                let status = volume_status(node, v, op, None, now);
+                out.push(Write::VolumeStatus { name, status });
+            }
+            Some(r) => {
+                let status = volume_status(node, v, op, r.status.as_ref(), now);
+                if r.status.as_ref() != Some(&status) && !deleting(r.as_ref()) {
+                    out.push(Write::VolumeStatus {
+                        name: name_of(r.as_ref()),
+                        status,
+                    });
+                }
+            }
+        }
+    }
+    for (engine, r) in mine {
+        let Some(old) = r.status.as_ref() else {
+            continue;
+        };
+        if old.id.is_none() || deleting(r.as_ref()) || view.volumes.iter().any(|v| v.name == engine)
+        {
+            continue; // not made yet (the reconciler's), going, or there
+        }
+        let mut status = old.clone();
+        let failed = view
+            .operations
+            .get(engine)
+            .filter(|o| o.state == api::OperationState::Failed);
+        match (status.clone.as_mut(), failed) {
+            (Some(c), Some(op)) if c.state == "initiated" => {
+                c.state = "failed".into();
+                c.reason = op.error.clone();
+                c.rate = None;
+                c.eta_seconds = None;
+                status.state = Some("Failed".into());
+                let msg = format!(
+                    "the clone failed: {}",
+                    op.error.as_deref().unwrap_or("no reason given")
+                );
+                set_ready(&mut status, false, "CloneFailed", &msg, now);
+            }
+            _ => {
+                status.state = Some("Missing".into());
+                let msg = format!("node {node}'s daemon no longer has volume {engine}");
+                set_ready(&mut status, false, "VolumeMissing", &msg, now);
+            }
+        }
+        status.attached = false;
+        if Some(&status) != r.status.as_ref() {
+            out.push(Write::VolumeStatus {
+                name: name_of(r.as_ref()),
+                status,
+            });
+        }
+    }
+}
+
+/// Set the Ready condition, keeping its transition time when its status
+/// does not change.
+pub fn set_ready(status: &mut VolumeStatus, ready: bool, reason: &str, message: &str, now: &Time) {
+    let s = if ready { "True" } else { "False" };
+    let since = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == s)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    status.conditions.retain(|c| c.type_ != "Ready");
+    status.conditions.push(Condition {
+        type_: "Ready".into(),
+        status: s.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation: None,
+    });
+}
+
+fn volume_status(
+    node: &str,
+    v: &api::Volume,
+    op: Option<&api::Operation>,
+    old: Option<&VolumeStatus>,
+    now: &Time,
+) -> VolumeStatus {
+    let copying = v.clone_state == api::CloneState::Copying;
+    let mut status = VolumeStatus {
+        state: Some(if copying { "Cloning" } else { "Ready" }.into()),
+        node: Some(node.into()),
+        id: Some(v.id),
+        size_bytes: Some(v.size),
+        attached: v.export.is_some(),
+        clone: clone_status(v, op, old.and_then(|o| o.clone.as_ref()), now),
+        conditions: old.map(|o| o.conditions.clone()).unwrap_or_default(),
+    };
+    if copying {
+        set_ready(
+            &mut status,
+            false,
+            "Cloning",
+            "a full clone is copying the data",
+            now,
+        );
+    } else {
+        set_ready(&mut status, true, "Ready", "the daemon has the volume", now);
+    }
+    status
+}
+
+fn clone_status(
+    v: &api::Volume,
+    op: Option<&api::Operation>,
+    old: Option<&CloneStatus>,
+    now: &Time,
+) -> Option<CloneStatus> {
+    let origin = v
+        .origin
+        .as_ref()
+        .map(|o| match (&o.volume, &o.snapshot) {
+            (Some(v), Some(s)) => format!("{v}/{s}"),
+            (Some(v), None) => v.clone(),
+            _ => String::new(),
+        })
+        .filter(|s| !s.is_empty())
+        .or_else(|| op.and_then(|o| o.source.clone()))
+        .or_else(|| old.and_then(|o| o.origin.clone()));
+    if let Some(op) = op.filter(|o| {
+        o.kind == api::OperationKind::FullClone && o.state == api::OperationState::Running
+    }) {
+        let progress = (op.done_bytes.saturating_mul(100))
+            .checked_div(op.total_bytes)
+            .map(|p| p.min(100) as u8);
+        let elapsed = elapsed_secs(&op.started, now).filter(|s| *s > 0);
+        let rate = elapsed.map(|s| op.done_bytes / s);
+        let eta = rate
+            .filter(|r| *r > 0)
+            .map(|r| op.total_bytes.saturating_sub(op.done_bytes) / r);
+        return Some(CloneStatus {
+            origin,
+            state: "initiated".into(),
+            reason: None,
+            progress,
+            rate,
+            eta_seconds: eta,
+        });
+    }
+    if v.clone_state == api::CloneState::None && old.is_none() {
+        return None;
+    }
+    origin.as_ref()?;
+    Some(CloneStatus {
+        origin,
+        state: "completed".into(),
+        reason: None,
+        progress: Some(100),
+        rate: None,
+        eta_seconds: None,
+    })
+}
+
+fn elapsed_secs(started: &str, now: &Time) -> Option<u64> {
+    let t: k8s_openapi::jiff::Timestamp = started.parse().ok()?;
+    let d = now.0.as_second() - t.as_second();
+    u64::try_from(d).ok()
+}
+
+fn plan_snapshots(view: &EngineView, existing: &[Arc<Snapshot>], out: &mut Vec<Write>) {
+    let node = view.node.as_str();
+    let vols: std::collections::HashSet<&str> =
+        view.volumes.iter().map(|v| v.name.as_str()).collect();
+    let in_scope = |r: &Snapshot| match r.status.as_ref().and_then(|s| s.node.as_deref()) {
+        Some(n) => n == node,
+        None => vols.contains(r.spec.volume.as_str()),
+    };
+    let mine: HashMap<(&str, &str), &Arc<Snapshot>> = existing
+        .iter()
+        .filter(|r| in_scope(r))
+        .map(|r| ((r.spec.volume.as_str(), r.engine_name()), r))
+        .collect();
+    for s in &view.snapshots {
+        let status = snapshot_status(node, s);
+        match mine.get(&(s.volume.as_str(), s.name.as_str())) {
+            None => {
+                let name = names::snapshot_resource(&s.volume, &s.name);
+                out.push(Write::CreateSnapshot {
+                    spec: SnapshotSpec {
+                        volume: s.volume.clone(),
+                        snapshot_name: (name != s.name).then(|| s.name.clone()),
+                        create_snapshot: false,
+                        labels: s.labels.clone(),
+                    },
+                    labels: BTreeMap::from([(VOLUME_LABEL.to_string(), label_value(&s.volume))]),
+                    name: name.clone(),
+                });
+                out.push(Write::SnapshotStatus { name, status });
+            }
+            Some(r) => {
+                if r.status.as_ref() != Some(&status) && !deleting(r.as_ref()) {
+                    out.push(Write::SnapshotStatus {
+                        name: name_of(r.as_ref()),
+                        status,
+                    });
+                }
+            }
+        }
+    }
+    let held: std::collections::HashSet<(&str, &str)> = view
+        .snapshots
+        .iter()
+        .map(|s| (s.volume.as_str(), s.name.as_str()))
+        .collect();
+    for ((volume, snap), r) in mine {
+        if held.contains(&(volume, snap)) || deleting(r.as_ref()) {
+            continue;
+        }
+        let old = r.status.clone().unwrap_or_default();
+        if r.spec.create_snapshot && old.creation_time.is_none() {
+            continue; // not taken yet: the snapshot reconciler's
+        }
+        if !r.spec.create_snapshot && !old.user_created {
+            out.push(Write::DeleteSnapshot {
+                name: name_of(r.as_ref()),
+            });
+            continue;
+        }
+        let why = if vols.contains(volume) {
+            format!("snapshot {snap} of volume {volume} no longer exists on node {node}")
+        } else {
+            format!("volume {volume} no longer exists on node {node}")
+        };
+        let status = SnapshotStatus {
+            ready_to_use: false,
+            error: Some(why),
+            node: Some(node.into()),
+            ..old
+        };
+        if Some(&status) != r.status.as_ref() {
+            out.push(Write::SnapshotStatus {
+                name: name_of(r.as_ref()),
+                status,
+            });
+        }
+    }
+}
+
+/// A label value for an engine name: the name itself when it fits a label
+/// value (63 characters, no leading '.' or '_'), else its resource form cut.
+pub fn label_value(engine: &str) -> String {
+    let ok = engine.len() <= 63
+        && engine
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+        && engine
+            .as_bytes()
+            .first()
+            .is_some_and(u8::is_ascii_alphanumeric)
+        && engine
+            .as_bytes()
+            .last()
+            .is_some_and(u8::is_ascii_alphanumeric);
+    if ok {
+        engine.to_string()
+    } else {
+        let n = names::volume_resource(engine);
+        let h = &n[n.len().saturating_sub(8)..];
+        let head: String = n
+            .chars()
+            .take(54)
+            .collect::<String>()
+            .trim_end_matches(['-', '.'])
+            .to_string();
+        format!("{head}-{h}")
+    }
+}
+
+/// A snapshot's status as the daemon describes it.
+pub fn snapshot_status(node: &str, s: &api::Snapshot) -> SnapshotStatus {
+    SnapshotStatus {
+        parent: s.parent.clone(),
+        children: s.children.iter().map(|c| (c.clone(), true)).collect(),
+        mark_removed: false,
+        user_created: !s.system,
+        creation_time: Some(s.created.clone()),
+        size: s.exclusive_bytes,
+        restore_size: s.restore_size,
+        ready_to_use: true,
+        error: None,
+        node: Some(node.into()),
+        id: Some(s.id),
+    }
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

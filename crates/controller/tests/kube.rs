@@ -1,0 +1,287 @@
+//! The controllers against a real kube-apiserver (the kube-env scripts):
+//! a Snapshot created with kubectl is taken in the engine; one taken with
+//! the daemon's API appears in kubectl; deleting a Snapshot resource deletes
+//! the engine snapshot; a Volume resource makes a volume, whose deletion is
+//! refused while a linked clone depends on it (an event names the clone)
+//! and waits for its snapshots; two controller replicas, the active one
+//! killed with SIGKILL right after a Snapshot is asked for: the other takes
+//! the lease and exactly one engine snapshot results.
+
+mod support;
+
+use lamina_api as api;
+use serde_json::Value;
+use std::time::Duration;
+use support::{eventually, free_port, Env, NODE, NS};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The Snapshot resource of engine snapshot VOLUME/NAME, if any.
+fn snapshot_resource(env: &Env, volume: &str, name: &str) -> Option<Value> {
+    env.items("snapshots.lamina.io").into_iter().find(|s| {
+        let engine = s["spec"]["snapshotName"]
+            .as_str()
+            .or(s["metadata"]["name"].as_str());
+        s["spec"]["volume"] == volume && engine == Some(name)
+    })
+}
+
+fn ready(v: &Value) -> bool {
+    v["status"]["readyToUse"] == true
+}
+
+#[test]
+fn the_controllers_against_a_real_api_server() {
+    let mut env = Env::up("scenarios");
+    let rt = rt();
+    let c = env.client();
+    env.start_controller("c1", free_port());
+    eventually("c1 holds the lease", LIMIT, || {
+        (env.lease_holder() == "c1").then_some(())
+    });
+
+    // An engine volume gets a Volume resource.
+    rt.block_on(c.create_volume(&api::CreateVolume {
+        name: "v1".into(),
+        size: 16 << 20,
+    }))
+    .unwrap();
+    let v1 = eventually("a Volume resource for engine volume v1", LIMIT, || {
+        env.items("volumes.lamina.io")
+            .into_iter()
+            .find(|v| v["metadata"]["name"] == "v1" && v["status"]["state"] == "Ready")
+    });
+    assert_eq!(v1["spec"]["node"], NODE);
+    assert_eq!(v1["status"]["sizeBytes"], 16 << 20);
+
+    kubectl_snapshot_is_taken(&env, &rt, &c);
+    api_snapshot_appears(&env, &rt, &c);
+    volume_resource_lifecycle(&env, &rt, &c);
+    killing_the_active_controller_mid_snapshot_leaves_one(&mut env, &rt, &c);
+}
+
+fn kubectl_snapshot_is_taken(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_client::Client) {
+    env.apply(&format!(
+        "apiVersion: lamina.io/v1alpha1\nkind: Snapshot\nmetadata: {{name: s-kubectl, namespace: {NS}}}\nspec: {{volume: v1, createSnapshot: true, labels: {{made-by: kubectl}}}}\n"
+    ));
+    let s = eventually("the kubectl Snapshot is taken and ready", LIMIT, || {
+        snapshot_resource(env, "v1", "s-kubectl").filter(ready)
+    });
+    assert_eq!(s["status"]["userCreated"], true);
+    assert_eq!(s["status"]["restoreSize"], 16 << 20);
+    let engine = rt.block_on(c.get_snapshot("v1", "s-kubectl")).unwrap();
+    assert_eq!(
+        engine.labels.get("made-by").map(String::as_str),
+        Some("kubectl")
+    );
+    assert_eq!(s["status"]["creationTime"], engine.created.as_str());
+
+    // Deleting the resource deletes the engine snapshot first.
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "snapshots.lamina.io",
+        "s-kubectl",
+        "--timeout=120s",
+    ]);
+    let e = rt.block_on(c.get_snapshot("v1", "s-kubectl")).unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+}
+
+fn api_snapshot_appears(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_client::Client) {
+    let req = api::CreateSnapshot {
+        name: "from-cli".into(),
+        labels: Default::default(),
+    };
+    rt.block_on(c.create_snapshot("v1", &req)).unwrap();
+    let s = eventually("a Snapshot resource for v1/from-cli", LIMIT, || {
+        snapshot_resource(env, "v1", "from-cli").filter(ready)
+    });
+    assert_eq!(s["spec"]["createSnapshot"], false);
+    assert_eq!(s["status"]["userCreated"], true);
+    assert_eq!(s["status"]["node"], NODE);
+    assert_eq!(s["metadata"]["labels"]["lamina.io/volume"], "v1");
+    let table = env.kubectl(&["-n", NS, "get", "snapshots.lamina.io"]);
+    let name = s["metadata"]["name"].as_str().unwrap();
+    let row = table.lines().find(|l| l.starts_with(name)).unwrap();
+    assert!(
+        row.contains(" v1 ") && row.contains("true"),
+        "kubectl get shows volume and readiness: {row}"
+    );
+
+    // A system snapshot (a clone of a volume as it is now) gets a resource
+    // too, with a valid name mapped from its '.' name.
+    let clone = api::CreateClone {
+        name: "v1-copy".into(),
+        from_snapshot: None,
+        from_volume: Some("v1".into()),
+        full: false,
+    };
+    rt.block_on(c.create_clone(&clone)).unwrap();
+    let sys = rt
+        .block_on(c.list_snapshots("v1"))
+        .unwrap()
+        .into_iter()
+        .find(|s| s.system)
+        .unwrap();
+    let r = eventually("a Snapshot resource for the system snapshot", LIMIT, || {
+        snapshot_resource(env, "v1", &sys.name).filter(ready)
+    });
+    assert_eq!(r["status"]["userCreated"], false);
+    assert_eq!(r["spec"]["snapshotName"], sys.name.as_str());
+
+    // Deleting the mirrored resource deletes the engine snapshot.
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "snapshots.lamina.io",
+        name,
+        "--timeout=120s",
+    ]);
+    assert!(rt
+        .block_on(c.get_snapshot("v1", "from-cli"))
+        .unwrap_err()
+        .is_not_found());
+    // The clone going takes its system snapshot with it, and its resource goes.
+    rt.block_on(c.delete_volume("v1-copy", false)).unwrap();
+    eventually("the system snapshot's resource goes with it", LIMIT, || {
+        snapshot_resource(env, "v1", &sys.name)
+            .is_none()
+            .then_some(())
+    });
+}
+
+fn volume_resource_lifecycle(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_client::Client) {
+    env.apply(&format!(
+        "apiVersion: lamina.io/v1alpha1\nkind: Volume\nmetadata: {{name: vol-k, namespace: {NS}}}\nspec: {{size: 8Mi, node: {NODE}}}\n"
+    ));
+    eventually(
+        "the Volume resource makes engine volume vol-k",
+        LIMIT,
+        || rt.block_on(c.get_volume("vol-k")).ok(),
+    );
+    eventually("vol-k Ready", LIMIT, || {
+        (env.json(&["-n", NS, "get", "volumes.lamina.io", "vol-k"])["status"]["state"] == "Ready")
+            .then_some(())
+    });
+    env.apply(&format!(
+        "apiVersion: lamina.io/v1alpha1\nkind: Snapshot\nmetadata: {{name: vol-k-s, namespace: {NS}}}\nspec: {{volume: vol-k, createSnapshot: true}}\n---\napiVersion: lamina.io/v1alpha1\nkind: Volume\nmetadata: {{name: clone-k, namespace: {NS}}}\nspec: {{size: 8Mi, node: {NODE}, dataSource: {{kind: Snapshot, name: vol-k-s, mode: linked}}}}\n"
+    ));
+    let clone = eventually("the clone Volume makes a linked clone", LIMIT, || {
+        rt.block_on(c.get_volume("clone-k")).ok()
+    });
+    assert_eq!(clone.clone_state, api::CloneState::Linked);
+    assert_eq!(clone.origin.unwrap().volume.as_deref(), Some("vol-k"));
+    eventually("clone-k's status names its origin", LIMIT, || {
+        let v = env.json(&["-n", NS, "get", "volumes.lamina.io", "clone-k"]);
+        (v["status"]["clone"]["origin"] == "vol-k/vol-k-s"
+            && v["status"]["clone"]["state"] == "completed")
+            .then_some(())
+    });
+
+    // Refused while the linked clone depends on it, with an event naming it.
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "volumes.lamina.io",
+        "vol-k",
+        "--wait=false",
+    ]);
+    let notes = eventually("an event naming the dependent clone", LIMIT, || {
+        let n = env.events("vol-k", "DependentClones");
+        (!n.is_empty()).then_some(n)
+    });
+    assert!(notes.iter().any(|n| n.contains("clone-k")), "{notes:?}");
+    assert!(
+        rt.block_on(c.get_volume("vol-k")).is_ok(),
+        "the volume is kept"
+    );
+    let described = env.kubectl(&["-n", NS, "describe", "volumes.lamina.io", "vol-k"]);
+    assert!(described.contains("DependentClones"), "{described}");
+
+    // The clone goes; the volume then waits for its snapshot; that goes too.
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "volumes.lamina.io",
+        "clone-k",
+        "--timeout=120s",
+    ]);
+    assert!(rt
+        .block_on(c.get_volume("clone-k"))
+        .unwrap_err()
+        .is_not_found());
+    eventually(
+        "an event naming the snapshot vol-k waits for",
+        LIMIT,
+        || {
+            env.events("vol-k", "WaitingForSnapshots")
+                .iter()
+                .any(|n| n.contains("vol-k-s"))
+                .then_some(())
+        },
+    );
+    assert!(rt.block_on(c.get_volume("vol-k")).is_ok());
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "snapshots.lamina.io",
+        "vol-k-s",
+        "--timeout=120s",
+    ]);
+    eventually("vol-k leaves the engine and the API", LIMIT, || {
+        let gone = rt
+            .block_on(c.get_volume("vol-k"))
+            .is_err_and(|e| e.is_not_found());
+        (gone && !env.try_kubectl(&["-n", NS, "get", "volumes.lamina.io", "vol-k"])).then_some(())
+    });
+}
+
+fn killing_the_active_controller_mid_snapshot_leaves_one(
+    env: &mut Env,
+    rt: &tokio::runtime::Runtime,
+    c: &lamina_client::Client,
+) {
+    rt.block_on(c.create_volume(&api::CreateVolume {
+        name: "ha".into(),
+        size: 4 << 20,
+    }))
+    .unwrap();
+    env.start_controller("c2", free_port());
+    eventually("the Volume resource for ha", LIMIT, || {
+        env.items("volumes.lamina.io")
+            .into_iter()
+            .find(|v| v["metadata"]["name"] == "ha")
+    });
+    assert_eq!(
+        env.lease_holder(),
+        "c1",
+        "the standby does not take a held lease"
+    );
+    env.apply(&format!(
+        "apiVersion: lamina.io/v1alpha1\nkind: Snapshot\nmetadata: {{name: ha-s, namespace: {NS}}}\nspec: {{volume: ha, createSnapshot: true}}\n"
+    ));
+    env.kill_controller("c1");
+    eventually("c2 takes the lease", LIMIT, || {
+        (env.lease_holder() == "c2").then_some(())
+    });
+    eventually("the snapshot is ready", LIMIT, || {
+        snapshot_resource(env, "ha", "ha-s").filter(ready)
+    });
+    let snaps = rt.block_on(c.list_snapshots("ha")).unwrap();
+    let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["ha-s"], "exactly one engine snapshot");
+    assert!(env.controller_running("c2"));
+}
