@@ -20,8 +20,9 @@ pub fn thousand_snapshots(env: &Env) -> Result<()> {
         })
         .collect();
     env.apply(&claims)?;
+    let mut volumes = Vec::new();
     for i in 0..PVCS {
-        env.wait_bound(ns, &format!("data-{i}"), Duration::from_secs(60))?;
+        volumes.push(env.wait_bound(ns, &format!("data-{i}"), Duration::from_secs(60))?);
     }
     let total = PVCS * PER_PVC;
     let start = Instant::now();
@@ -79,10 +80,10 @@ pub fn thousand_snapshots(env: &Env) -> Result<()> {
         created.as_secs_f64()
     );
     let engine = env.engine_snapshots()?;
-    let ours = engine.iter().filter(|(v, _)| v.starts_with("pvc-")).count();
+    let ours = engine.iter().filter(|(v, _)| volumes.contains(v)).count();
     ensure!(
-        ours >= total,
-        "the engine holds {ours} snapshots of PVC volumes, want at least {total}"
+        ours == total,
+        "the engine holds {ours} snapshots of the {PVCS} volumes, want {total}"
     );
     Ok(())
 }
