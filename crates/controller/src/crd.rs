@@ -260,6 +260,32 @@ impl Volume {
 /// The CRDs.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![Volume::crd(), Snapshot::crd()]
+        .into_iter()
+        .map(|c| {
+            // schemars writes Rust's unsigned formats, which the API server
+            // does not know (kubectl warns of them): OpenAPI's instead.
+            let mut v = serde_json::to_value(&c).unwrap_or_default();
+            openapi_formats(&mut v);
+            serde_json::from_value(v).unwrap_or(c)
+        })
+        .collect()
+}
+
+fn openapi_formats(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(f) = m.get_mut("format") {
+                match f.as_str() {
+                    Some("uint64") => *f = "int64".into(),
+                    Some("uint8" | "uint16" | "uint32") => *f = "int32".into(),
+                    _ => {}
+                }
+            }
+            m.values_mut().for_each(openapi_formats);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(openapi_formats),
+        _ => {}
+    }
 }
 
 /// The CRDs as one YAML stream (`lamina crds`, `kubectl apply -f -`).
@@ -322,8 +348,10 @@ mod tests {
             "pattern: ^[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$",
             "scope: Namespaced",
             "subresources:",
+            "format: int64",
         ] {
             assert!(y.contains(want), "CRDs lack {want:?}");
         }
+        assert!(!y.contains("format: uint"), "only OpenAPI's formats");
     }
 }

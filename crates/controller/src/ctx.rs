@@ -33,6 +33,9 @@ pub struct Ctx {
     /// while some of its Volumes are being deleted (a clone or snapshot that
     /// held them may be gone). Reconciling a settled Volume costs no call.
     pub kick_volumes: tokio::sync::mpsc::UnboundedSender<()>,
+    /// Set once the node Secrets have been read: until then no node is
+    /// known, which must not read as "the volume is on no node".
+    pub nodes_known: std::sync::atomic::AtomicBool,
 }
 
 /// Where a volume is, as far as the daemons' last listings tell.
@@ -66,8 +69,15 @@ impl Ctx {
         self.views.read().unwrap().get(node).cloned()
     }
 
+    pub fn nodes_known(&self) -> bool {
+        self.nodes_known.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The node holding engine volume `volume`.
     pub fn locate(&self, volume: &str) -> Located {
+        if !self.nodes_known() {
+            return Located::Unknown;
+        }
         let engines = self.engines.read().unwrap();
         let views = self.views.read().unwrap();
         let mut all_listed = true;

@@ -68,6 +68,7 @@ async fn report(ctx: &Ctx, node: &str, e: &Error) {
 
 /// List the node and write the differences.
 async fn sync(ctx: &Ctx, engine: &Engine) -> Result<(), Error> {
+    let started = std::time::Instant::now();
     let volumes = engine.list_volumes().await?;
     let snapshots = engine.list_snapshots().await?;
     let vol_resources = ctx.volumes.state();
@@ -95,8 +96,9 @@ async fn sync(ctx: &Ctx, engine: &Engine) -> Result<(), Error> {
     }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let writes = plan::plan(&view, &vol_resources, &ctx.snapshots.state(), &now);
-    if !writes.is_empty() {
-        tracing::info!(node = %engine.node, writes = writes.len(), "mirroring changes");
+    let count = writes.len();
+    if count > 0 {
+        tracing::info!(node = %engine.node, writes = count, "mirroring changes");
     }
     // Creates first (a status needs its object), then the rest; each phase
     // a few at a time.
@@ -120,6 +122,13 @@ async fn sync(ctx: &Ctx, engine: &Engine) -> Result<(), Error> {
             }
         }
     }
+    tracing::info!(
+        node = %engine.node,
+        writes = count,
+        took_ms = started.elapsed().as_millis() as u64,
+        failed = first_err.is_some(),
+        "mirrored"
+    );
     match first_err {
         None => Ok(()),
         Some(e) => Err(e),

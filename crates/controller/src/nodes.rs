@@ -132,5 +132,7 @@ pub async fn run(ctx: Arc<Ctx>) {
             let task = tokio::spawn(mirror::run(ctx.clone(), engine));
             running.insert(n, (spec, task));
         }
+        ctx.nodes_known
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

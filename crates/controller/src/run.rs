@@ -130,6 +130,7 @@ async fn controllers(client: kube::Client, opts: &Options, metrics: Arc<Metrics>
         views: RwLock::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         kick_volumes: kick_tx,
+        nodes_known: std::sync::atomic::AtomicBool::new(false),
     });
     let snap_run = snap_ctl
         .run(snapshot::reconcile, snapshot::error_policy, ctx.clone())

@@ -59,6 +59,11 @@ pub fn error_policy(v: Arc<Volume>, e: &Error, ctx: Arc<Ctx>) -> Action {
 /// Make the engine volume if it was never made; grow it if its spec grew.
 async fn ensure(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     let node = &v.spec.node;
+    if !ctx.nodes_known() {
+        return Err(Error::NotYet(
+            "the node Secrets have not been read yet".into(),
+        ));
+    }
     let Some(engine) = ctx.engine(node) else {
         let e = Error::Refused(format!(
             "no daemon is known for node {node} (no Secret labelled lamina.io/node={node})"
@@ -196,6 +201,11 @@ async fn fail(v: &Volume, ctx: &Ctx, e: &Error, reason: &str) {
 async fn remove(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     let node = &v.spec.node;
     let name = v.engine_name();
+    if !ctx.nodes_known() {
+        return Err(Error::NotYet(
+            "the node Secrets have not been read yet".into(),
+        ));
+    }
     let (Some(engine), Some(view)) = (ctx.engine(node), ctx.view(node)) else {
         if ctx.engine(node).is_none() && v.status.as_ref().and_then(|s| s.id).is_none() {
             return Ok(Action::await_change()); // never made, and no node to make it on

@@ -173,6 +173,18 @@ fn volume_resource_lifecycle(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina
         (env.json(&["-n", NS, "get", "volumes.lamina.io", "vol-k"])["status"]["state"] == "Ready")
             .then_some(())
     });
+    // Data, so that a clone of its snapshot shares blocks with it.
+    let export = rt.block_on(c.attach_volume("vol-k")).unwrap();
+    let out = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x11 0 64k", &export.uri])
+        .output()
+        .expect("qemu-io (qemu-utils) runs");
+    assert!(
+        out.status.success(),
+        "qemu-io: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rt.block_on(c.detach_volume("vol-k", false)).unwrap();
     env.apply(&format!(
         "apiVersion: lamina.io/v1alpha1\nkind: Snapshot\nmetadata: {{name: vol-k-s, namespace: {NS}}}\nspec: {{volume: vol-k, createSnapshot: true}}\n---\napiVersion: lamina.io/v1alpha1\nkind: Volume\nmetadata: {{name: clone-k, namespace: {NS}}}\nspec: {{size: 8Mi, node: {NODE}, dataSource: {{kind: Snapshot, name: vol-k-s, mode: linked}}}}\n"
     ));

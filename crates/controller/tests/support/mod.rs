@@ -283,6 +283,14 @@ impl Drop for Env {
         let _ = Command::new(self.scripts.join("down"))
             .arg(&self.dir)
             .status();
+        if std::thread::panicking() {
+            eprintln!(
+                "the environment's logs are kept in {}/logs",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
