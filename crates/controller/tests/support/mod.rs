@@ -1,8 +1,10 @@
 //! A real Kubernetes control plane for the controller's tests: the kube-env
 //! scripts (`LAMINA_KUBE_ENV_SCRIPTS`, default `<repo>/kube-env`) start
-//! etcd, kube-apiserver and the rest on loopback with a `lamina serve`; this
-//! module installs the CRDs, registers the daemon as a node through its
-//! Secret, starts and kills `lamina controller` processes, and runs kubectl.
+//! etcd, kube-apiserver and the rest on loopback with a `lamina serve`, and
+//! install the chart's CRDs, the operator's ServiceAccount and Role and the
+//! node Secret (`KUBE_ENV_CONTROLLERS=0`: no controller of theirs); this
+//! module starts and kills `lamina controller` processes under that
+//! ServiceAccount, and runs kubectl.
 //! An environment that cannot start fails the test with the scripts' output.
 
 #![allow(dead_code)]
@@ -65,6 +67,10 @@ impl Env {
         let out = Command::new(scripts.join("up"))
             .arg(&dir)
             .env("LAMINA_BIN", &lamina)
+            // up installs the CRDs (the chart's file), the operator's
+            // ServiceAccount and Role, and the node Secret; the tests start
+            // and kill their own controllers
+            .env("KUBE_ENV_CONTROLLERS", "0")
             .output()
             .expect("running kube-env/up");
         if !out.status.success() {
@@ -83,15 +89,13 @@ impl Env {
                 vars.insert(k.to_string(), v.to_string());
             }
         }
-        let env = Env {
+        Env {
             dir,
             scripts,
             vars,
             lamina,
             controllers: Vec::new(),
-        };
-        env.install();
-        env
+        }
     }
 
     pub fn var(&self, k: &str) -> &str {
@@ -168,40 +172,6 @@ impl Env {
             .clone()
     }
 
-    /// CRDs, and the daemon registered as node NODE.
-    fn install(&self) {
-        let crds = Command::new(&self.lamina).arg("crds").output().unwrap();
-        assert!(crds.status.success());
-        self.apply(&String::from_utf8(crds.stdout).unwrap());
-        self.kubectl(&[
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout",
-            "60s",
-            "crd/volumes.lamina.io",
-            "crd/snapshots.lamina.io",
-        ]);
-        self.kubectl(&[
-            "-n",
-            NS,
-            "create",
-            "secret",
-            "generic",
-            "node-a",
-            &format!("--from-literal=endpoint={}", self.var("LAMINA_ENDPOINT")),
-            &format!("--from-literal=token={}", self.var("LAMINA_TOKEN")),
-        ]);
-        self.kubectl(&[
-            "-n",
-            NS,
-            "label",
-            "secret",
-            "node-a",
-            &format!("lamina.io/node={NODE}"),
-        ]);
-    }
-
     /// Start `lamina controller` as `identity` (logs in DIR/logs).
     pub fn start_controller(&mut self, identity: &str, metrics_port: u16) {
         let log = std::fs::File::create(self.dir.join(format!("logs/controller-{identity}.log")))
@@ -218,7 +188,8 @@ impl Env {
                 "--metrics-listen",
                 &format!("127.0.0.1:{metrics_port}"),
             ])
-            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            // the chart's ServiceAccount and Role, as kube-env/up made them
+            .env("KUBECONFIG", self.dir.join("operator.kubeconfig"))
             .env("LAMINA_LOG", "info,kube=warn")
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -212,10 +212,18 @@ impl Env {
         self.dir.join("pids").join(format!("{component}.pid"))
     }
 
-    /// The lines of the sidecars' logs that say a request was forbidden.
+    /// The lines of the sidecars' and Lamina's controllers' logs that say
+    /// a request was forbidden.
     pub fn forbidden(&self) -> Result<Vec<String>> {
         let mut lines = Vec::new();
-        for c in ["csi-provisioner", "csi-snapshotter", "csi-resizer"] {
+        let components = [
+            "csi-provisioner",
+            "csi-snapshotter",
+            "csi-resizer",
+            "lamina-operator-1",
+            "lamina-operator-2",
+        ];
+        for c in components {
             let text = std::fs::read_to_string(self.log_file(c))?;
             lines.extend(
                 text.lines()

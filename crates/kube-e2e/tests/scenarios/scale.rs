@@ -1,5 +1,7 @@
 //! j. 1,000 VolumeSnapshots created at once over 10 PVCs: the time until
-//! all are readyToUse, printed as a figure (not asserted against a limit).
+//! all are readyToUse, then until Lamina's controllers have a ready Snapshot
+//! resource for each, and how long `kubectl get snapshots.lamina.io -A`
+//! takes over them, printed as figures (not asserted against a limit).
 
 use crate::env::{pvc, volume_snapshot, wait_every, Env};
 use anyhow::{ensure, Result};
@@ -84,6 +86,43 @@ pub fn thousand_snapshots(env: &Env) -> Result<()> {
     ensure!(
         ours == total,
         "the engine holds {ours} snapshots of the {PVCS} volumes, want {total}"
+    );
+
+    // Lamina's controllers mirror every engine snapshot into a Snapshot
+    // resource (createSnapshot false: the CSI driver took them).
+    wait_every(
+        &format!("{total} ready Snapshot resources of the {PVCS} volumes"),
+        Duration::from_secs(900),
+        Duration::from_secs(1),
+        |last| {
+            let out = env.kubectl(&[
+                "get",
+                "snapshots.lamina.io",
+                "-A",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.volume} {.status.readyToUse} {.spec.createSnapshot}{\"\\n\"}{end}",
+            ])?;
+            let ready = out
+                .lines()
+                .filter(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    f.len() == 3 && volumes.iter().any(|v| v == f[0]) && f[1] == "true" && f[2] == "false"
+                })
+                .count();
+            *last = format!("{ready} of {total} mirrored and ready");
+            Ok((ready == total).then_some(()))
+        },
+    )?;
+    println!(
+        "    figure: {total} Snapshot resources mirrored and ready {:.1} s after the first VolumeSnapshot was created",
+        start.elapsed().as_secs_f64()
+    );
+    let listed = Instant::now();
+    let all = env.kubectl(&["get", "snapshots.lamina.io", "-A", "--no-headers"])?;
+    println!(
+        "    figure: kubectl get snapshots.lamina.io -A: {} objects in {:.2} s",
+        all.lines().count(),
+        listed.elapsed().as_secs_f64()
     );
     Ok(())
 }
