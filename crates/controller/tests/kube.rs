@@ -62,6 +62,7 @@ fn the_controllers_against_a_real_api_server() {
     assert_eq!(v1["status"]["sizeBytes"], 16 << 20);
 
     kubectl_snapshot_is_taken(&env, &rt, &c);
+    the_api_server_enforces_the_schema_and_cel_rules(&env);
     api_snapshot_appears(&env, &rt, &c);
     volume_resource_lifecycle(&env, &rt, &c);
     killing_the_active_controller_mid_snapshot_leaves_one(&mut env, &rt, &c);
@@ -96,12 +97,73 @@ fn kubectl_snapshot_is_taken(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina
     assert!(e.is_not_found(), "{e}");
 }
 
-fn api_snapshot_appears(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_client::Client) {
-    let req = api::CreateSnapshot {
-        name: "from-cli".into(),
-        labels: Default::default(),
+/// The CRDs' validation runs in the real API server: patterns, and the CEL
+/// rules that keep a Snapshot's spec immutable and system names reserved.
+fn the_api_server_enforces_the_schema_and_cel_rules(env: &Env) {
+    let snapshot = |name: &str, spec: &str| {
+        format!("apiVersion: lamina.io/v1alpha1\nkind: Snapshot\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {spec}\n")
     };
-    rt.block_on(c.create_snapshot("v1", &req)).unwrap();
+    let (ok, err) = env.try_apply(&snapshot(
+        "bad-volume",
+        "{volume: Not_A_Name, createSnapshot: true}",
+    ));
+    assert!(
+        !ok && err.contains("spec.volume"),
+        "a bad volume name is refused: {err}"
+    );
+    let (ok, err) = env.try_apply(&snapshot(
+        "system-name",
+        "{volume: v1, snapshotName: .mine, createSnapshot: true}",
+    ));
+    assert!(
+        !ok && err.contains("system"),
+        "a system name cannot be requested: {err}"
+    );
+
+    env.apply(&snapshot(
+        "s-immutable",
+        "{volume: v1, createSnapshot: true}",
+    ));
+    eventually("s-immutable is taken", LIMIT, || {
+        snapshot_resource(env, "v1", "s-immutable").filter(ready)
+    });
+    let (ok, err) = env.try_apply(&snapshot(
+        "s-immutable",
+        "{volume: v2, createSnapshot: true}",
+    ));
+    assert!(
+        !ok && err.contains("volume is immutable"),
+        "spec.volume is immutable: {err}"
+    );
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "snapshots.lamina.io",
+        "s-immutable",
+        "--timeout=120s",
+    ]);
+}
+
+fn api_snapshot_appears(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_client::Client) {
+    // taken with the CLI, over the daemon's TCP API
+    let out = std::process::Command::new(&env.lamina)
+        .args([
+            "--endpoint",
+            env.var("LAMINA_ENDPOINT"),
+            "snapshot",
+            "create",
+            "v1",
+            "from-cli",
+        ])
+        .env("LAMINA_TOKEN", env.var("LAMINA_TOKEN"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "lamina snapshot create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = eventually("a Snapshot resource for v1/from-cli", LIMIT, || {
         snapshot_resource(env, "v1", "from-cli").filter(ready)
     });

@@ -140,6 +140,12 @@ impl Env {
 
     /// kubectl apply -f - of `yaml`.
     pub fn apply(&self, yaml: &str) {
+        let (ok, err) = self.try_apply(yaml);
+        assert!(ok, "kubectl apply:\n{yaml}\n{err}");
+    }
+
+    /// kubectl apply -f - of `yaml`: whether it succeeded, and its stderr.
+    pub fn try_apply(&self, yaml: &str) -> (bool, String) {
         use std::io::Write;
         let mut c = self
             .kubectl_cmd()
@@ -151,11 +157,10 @@ impl Env {
             .unwrap();
         c.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
         let out = c.wait_with_output().unwrap();
-        assert!(
+        (
             out.status.success(),
-            "kubectl apply:\n{yaml}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     pub fn json(&self, args: &[&str]) -> Value {

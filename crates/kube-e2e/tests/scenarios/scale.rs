@@ -106,7 +106,10 @@ pub fn thousand_snapshots(env: &Env) -> Result<()> {
                 .lines()
                 .filter(|l| {
                     let f: Vec<&str> = l.split(' ').collect();
-                    f.len() == 3 && volumes.iter().any(|v| v == f[0]) && f[1] == "true" && f[2] == "false"
+                    f.len() == 3
+                        && volumes.iter().any(|v| v == f[0])
+                        && f[1] == "true"
+                        && f[2] == "false"
                 })
                 .count();
             *last = format!("{ready} of {total} mirrored and ready");
