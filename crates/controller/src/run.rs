@@ -43,7 +43,10 @@ pub async fn run(
         metrics::serve(metrics.clone(), addr).await?;
     }
     let duration = opts.lease_duration.max(2);
-    let grace = (duration / 3).max(1);
+    // Renew halfway through the lease (client-go's defaults are alike: 10 s
+    // of 15), so an API server slow for a moment on a busy machine does not
+    // cost the holder its lease; a lost lease ends the process.
+    let grace = (duration / 2).max(1);
     let lease = LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
         .with_namespace(&opts.namespace)
         .with_identity(&opts.identity)

@@ -189,7 +189,7 @@ impl Env {
                 "--identity",
                 identity,
                 "--lease-duration",
-                "4s",
+                "6s",
                 "--metrics-listen",
                 &format!("127.0.0.1:{metrics_port}"),
             ])
