@@ -122,16 +122,24 @@ async fn fail(s: &Snapshot, ctx: &Ctx, e: &Error, reason: &str) {
     let status = crate::crd::SnapshotStatus {
         ready_to_use: false,
         error: Some(e.to_string()),
-        ..old.clone()
+        ..old
     };
-    if status != old {
-        let w = Write::SnapshotStatus {
-            name: s.name_any(),
-            status,
-        };
-        if let Err(e) = ctx.write(&w).await {
-            tracing::warn!(error = %e, "could not record a snapshot's error");
-        }
+    record_error(s, ctx, status).await;
+}
+
+/// Write a status carrying an error, only if it differs from the one the
+/// resource has; a failed write is logged (the error is still returned to
+/// the reconciler, which retries).
+async fn record_error(s: &Snapshot, ctx: &Ctx, status: crate::crd::SnapshotStatus) {
+    if s.status.as_ref() == Some(&status) {
+        return;
+    }
+    let w = Write::SnapshotStatus {
+        name: s.name_any(),
+        status,
+    };
+    if let Err(e) = ctx.write(&w).await {
+        tracing::warn!(error = %e, "could not record a snapshot's error");
     }
 }
 
@@ -155,21 +163,12 @@ async fn remove(s: &Snapshot, ctx: &Ctx) -> Result<Action, Error> {
         Ok(_) => Ok(Action::await_change()),
         Err(e) => {
             ctx.warn(s, "DeleteSnapshot", &e).await;
-            let old = s.status.clone().unwrap_or_default();
             let status = crate::crd::SnapshotStatus {
                 mark_removed: true,
                 error: Some(e.to_string()),
-                ..old.clone()
+                ..s.status.clone().unwrap_or_default()
             };
-            if status != old {
-                let w = Write::SnapshotStatus {
-                    name: s.name_any(),
-                    status,
-                };
-                if let Err(e) = ctx.write(&w).await {
-                    tracing::warn!(error = %e, "could not record a snapshot's error");
-                }
-            }
+            record_error(s, ctx, status).await;
             Err(e)
         }
     }
