@@ -122,8 +122,16 @@ fn kill_and_restart_daemon(env: &Env) -> Result<()> {
     if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
         bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
     }
-    wait("the killed daemon to be gone", T, |_| {
-        Ok(gone(pid).then_some(()))
+    // SIGKILL makes the process a zombie at once, but its other threads
+    // (one may be inside a long write or fdatasync) hold its files, the pool
+    // lock and the API socket until they have exited too; a daemon started
+    // before then meets a socket that still accepts and refuses to start.
+    let api = env.lamina_data.join("api.sock");
+    wait("the killed daemon's threads to exit", T, |last| {
+        let exited = gone(pid);
+        let accepts = std::os::unix::net::UnixStream::connect(&api).is_ok();
+        *last = format!("process exited: {exited}; API socket accepts: {accepts}");
+        Ok((exited && !accepts).then_some(()))
     })?;
     let listen = env.endpoint.trim_start_matches("http://").to_string();
     let log = std::fs::OpenOptions::new()
@@ -147,12 +155,17 @@ fn kill_and_restart_daemon(env: &Env) -> Result<()> {
     Ok(())
 }
 
-/// The process is gone or a zombie.
+/// The process is gone, or a zombie none of whose threads still runs (a
+/// zombie leader lists its live threads under /proc/PID/task).
 fn gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
+    let zombie = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => return true,
         Ok(s) => s
             .rsplit_once(") ")
             .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    }
+    };
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    zombie && threads <= 1
 }
