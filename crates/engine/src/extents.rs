@@ -195,7 +195,7 @@ impl Pool {
         checkpoint_bytes: u64,
         ctl: &mut dyn CopyControl,
     ) -> Result<CopyEnd> {
-        let export = self.export(None, from)?;
+        let mut export = self.export(None, from)?;
         let dst = self.open_volume(into)?;
         let need = export.source.size()?;
         if dst.size()? < need {
@@ -203,9 +203,13 @@ impl Pool {
                 "volume {into:?} is smaller than the {need} bytes to copy into it"
             )));
         }
+        let total_bytes = export.data_bytes();
+        // Below resume_offset an earlier run copied and made it durable:
+        // skip it without reading it.
+        let done_bytes = export.skip_to(resume_offset);
         let mut p = CopyProgress {
-            done_bytes: 0,
-            total_bytes: export.data_bytes(),
+            done_bytes,
+            total_bytes,
             resume_offset,
         };
         let mut since = 0;
@@ -220,9 +224,6 @@ impl Pool {
                 Chunk::Zero { offset, len } => (offset + len, 0),
             };
             p.done_bytes += data;
-            if end <= resume_offset {
-                continue; // copied and made durable by an earlier run
-            }
             dst.apply(&chunk)?;
             since += data;
             ctl.progress(&p);
@@ -299,13 +300,44 @@ impl Export {
         &self.extents
     }
 
-    /// Bytes of data the stream will carry.
+    /// Bytes of data the stream will carry (from where it stands now).
     pub fn data_bytes(&self) -> u64 {
-        self.extents
+        self.extents[self.next.min(self.extents.len())..]
             .iter()
             .filter(|e| e.kind == ExtentKind::Data)
             .map(|e| e.len)
-            .sum()
+            .sum::<u64>()
+            - self.within
+    }
+
+    /// Start the stream at `offset` without reading what lies before it:
+    /// extents that end at or below `offset` are dropped, the one that
+    /// straddles it is cut there. Returns the bytes of data skipped. Only
+    /// moves forward: an offset behind the stream's position skips nothing.
+    pub fn skip_to(&mut self, offset: u64) -> u64 {
+        let mut skipped = 0;
+        while let Some(e) = self.extents.get_mut(self.next) {
+            let at = e.offset + self.within;
+            if at >= offset {
+                break;
+            }
+            let end = e.offset + e.len;
+            let cut = end.min(offset) - at;
+            if e.kind == ExtentKind::Data {
+                skipped += cut;
+            }
+            if end <= offset {
+                self.next += 1;
+                self.within = 0;
+            } else if e.kind == ExtentKind::Data {
+                self.within += cut;
+            } else {
+                // A Zero extent is sent whole: shorten it instead.
+                e.offset = offset;
+                e.len = end - offset;
+            }
+        }
+        skipped
     }
 }
 
@@ -348,5 +380,69 @@ impl Volume {
             Chunk::Data { offset, bytes } => self.write(*offset, bytes),
             Chunk::Zero { offset, len } => self.write_zeroes(*offset, *len),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolOptions;
+
+    #[test]
+    fn skip_to_starts_the_stream_at_an_offset() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Pool::create_dir(d.path(), PoolOptions::default()).unwrap();
+        p.create_volume("v", 16 << 20).unwrap();
+        let v = p.open_volume("v").unwrap();
+        // Data at [1 MiB, 3 MiB) and [8 MiB, 8 MiB + 4 KiB).
+        v.write(1 << 20, &vec![7u8; 2 << 20]).unwrap();
+        v.write(8 << 20, &[9u8; 4096]).unwrap();
+        p.create_snapshot("v", "s", &[]).unwrap();
+        let t = Target::snapshot("v", "s");
+        let full: u64 = (2 << 20) + 4096;
+
+        let mut e = p.export(None, &t).unwrap();
+        assert_eq!(e.data_bytes(), full);
+        // Cut the first extent in its middle.
+        let at = (2 << 20) + 512;
+        assert_eq!(e.skip_to(at), at - (1 << 20));
+        assert_eq!(e.data_bytes(), full - (at - (1 << 20)));
+        let chunks: Vec<Chunk> = e.map(|c| c.unwrap()).collect();
+        assert!(matches!(&chunks[0], Chunk::Data { offset, bytes }
+            if *offset == at && bytes.len() as u64 == (3 << 20) - at && bytes.iter().all(|&b| b == 7)));
+        assert!(matches!(&chunks[1], Chunk::Data { offset, bytes }
+            if *offset == 8 << 20 && bytes.len() == 4096));
+        assert_eq!(chunks.len(), 2);
+
+        // Past the first extent: it is dropped whole; past all: nothing left.
+        let mut e = p.export(None, &t).unwrap();
+        assert_eq!(e.skip_to(5 << 20), 2 << 20);
+        assert_eq!(
+            e.next().unwrap().unwrap(),
+            Chunk::Data {
+                offset: 8 << 20,
+                bytes: vec![9; 4096]
+            }
+        );
+        let mut e = p.export(None, &t).unwrap();
+        assert_eq!(e.skip_to(16 << 20), full);
+        assert!(e.next().is_none());
+        // Backwards skips nothing.
+        let mut e = p.export(None, &t).unwrap();
+        e.skip_to(8 << 20);
+        assert_eq!(e.skip_to(0), 0);
+
+        // A Zero extent (in a diff) straddling the offset is shortened.
+        v.write_zeroes(1 << 20, 2 << 20).unwrap();
+        p.create_snapshot("v", "s2", &[]).unwrap();
+        let mut e = p.export(Some(&t), &Target::snapshot("v", "s2")).unwrap();
+        assert_eq!(e.skip_to(2 << 20), 0);
+        assert_eq!(
+            e.next().unwrap().unwrap(),
+            Chunk::Zero {
+                offset: 2 << 20,
+                len: 1 << 20
+            }
+        );
     }
 }
