@@ -1,0 +1,207 @@
+//! The target's connection to a source: TCP, mutual TLS, Hello, Request
+//! and Answer. Blocking (the daemon calls the target side from its own job
+//! thread).
+
+use crate::error::TransferError;
+use crate::frames::{read_sync, write_sync, ReadError};
+use crate::tls::Identity;
+use crate::wire::{Answer, Frame, Request, VERSION};
+use rustls::pki_types::ServerName;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A source silent this long is taken for gone.
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A source: where it listens and the node name its certificate must carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// host:port
+    pub address: String,
+    /// The source's node name, checked against its certificate.
+    pub node: String,
+}
+
+/// A TCP stream that counts the bytes it receives (TLS records included).
+pub(crate) struct Counted {
+    tcp: TcpStream,
+    pub(crate) received: Arc<AtomicU64>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.tcp.read(buf)?;
+        self.received.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
+pub(crate) struct Conn {
+    pub(crate) stream: rustls::StreamOwned<rustls::ClientConnection, Counted>,
+    /// "node (address)", for errors.
+    pub(crate) peer: String,
+}
+
+impl Conn {
+    /// Connect, authenticate both ways, and exchange Hellos.
+    pub(crate) fn open(identity: &Identity, remote: &Remote) -> Result<Conn, TransferError> {
+        let unreachable = |source| TransferError::Unreachable {
+            address: remote.address.clone(),
+            source,
+        };
+        let mut last = None;
+        let mut tcp = None;
+        for a in remote.address.to_socket_addrs().map_err(unreachable)? {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+                Ok(s) => {
+                    tcp = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let tcp = tcp.ok_or_else(|| {
+            unreachable(last.unwrap_or_else(|| std::io::ErrorKind::NotFound.into()))
+        })?;
+        let peer = format!("{} ({})", remote.node, remote.address);
+        let io = |e| TransferError::Io {
+            context: format!("socket to {peer}"),
+            source: e,
+        };
+        tcp.set_nodelay(true).map_err(io)?;
+        tcp.set_read_timeout(Some(READ_TIMEOUT)).map_err(io)?;
+        tcp.set_write_timeout(Some(READ_TIMEOUT)).map_err(io)?;
+        let name = ServerName::try_from(remote.node.clone()).map_err(|_| {
+            TransferError::Invalid(format!("node name {:?} is not a DNS name", remote.node))
+        })?;
+        let tls = rustls::ClientConnection::new(identity.client_config()?, name).map_err(|e| {
+            TransferError::Refused {
+                peer: peer.clone(),
+                detail: e.to_string(),
+            }
+        })?;
+        let counted = Counted {
+            tcp,
+            received: Arc::default(),
+        };
+        let mut c = Conn {
+            stream: rustls::StreamOwned::new(tls, counted),
+            peer,
+        };
+        while c.stream.conn.is_handshaking() {
+            let s = &mut c.stream;
+            s.conn.complete_io(&mut s.sock).map_err(|e| c.io_error(e))?;
+        }
+        c.send(&Frame::Hello { version: VERSION })?;
+        match c.read()? {
+            Frame::Hello { version } if version == VERSION => Ok(c),
+            Frame::Hello { version } => Err(c.protocol(format!(
+                "the source speaks transfer protocol version {version}, this node version {VERSION}"
+            ))),
+            f => Err(c.unexpected("Hello", f, "", "")),
+        }
+    }
+
+    /// Send a request and read its answer.
+    pub(crate) fn request(&mut self, r: &Request) -> Result<Answer, TransferError> {
+        self.send(&Frame::Request(r.clone()))?;
+        match self.read()? {
+            Frame::Answer(a) => Ok(a),
+            f => Err(self.unexpected("Answer", f, &r.volume, &r.snapshot)),
+        }
+    }
+
+    /// Bytes received on the socket so far.
+    pub(crate) fn received(&self) -> Arc<AtomicU64> {
+        self.stream.sock.received.clone()
+    }
+
+    /// A handle on the socket that can cut it from another thread.
+    pub(crate) fn cutter(&self) -> Option<TcpStream> {
+        self.stream.sock.tcp.try_clone().ok()
+    }
+
+    pub(crate) fn send(&mut self, f: &Frame) -> Result<(), TransferError> {
+        write_sync(&mut self.stream, f).map_err(|e| self.io_error(e))
+    }
+
+    pub(crate) fn read(&mut self) -> Result<Frame, TransferError> {
+        match read_sync(&mut self.stream) {
+            Ok((f, _)) => Ok(f),
+            Err(ReadError::Io(e)) => Err(self.io_error(e)),
+            Err(ReadError::Wire(e @ crate::wire::WireError::Checksum { .. })) => {
+                Err(TransferError::Checksum {
+                    peer: self.peer.clone(),
+                    source: e,
+                })
+            }
+            Err(ReadError::Wire(e)) => Err(self.protocol(e.to_string())),
+        }
+    }
+
+    pub(crate) fn protocol(&self, detail: String) -> TransferError {
+        TransferError::Protocol {
+            peer: self.peer.clone(),
+            detail,
+        }
+    }
+
+    /// An Error frame becomes the source's refusal; anything else is a
+    /// protocol error.
+    pub(crate) fn unexpected(
+        &self,
+        want: &str,
+        f: Frame,
+        volume: &str,
+        snapshot: &str,
+    ) -> TransferError {
+        match f {
+            Frame::Error { code, message } => TransferError::Remote {
+                peer: self.peer.clone(),
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+                code,
+                message,
+            },
+            Frame::Data { offset, .. } => {
+                self.protocol(format!("expected {want}, got Data at {offset}"))
+            }
+            f => self.protocol(format!("expected {want}, got {f:?}")),
+        }
+    }
+
+    /// TLS failures that mean "not authenticated" become Refused; the rest
+    /// is a lost connection.
+    pub(crate) fn io_error(&self, e: std::io::Error) -> TransferError {
+        use rustls::Error as R;
+        match e.get_ref().and_then(|i| i.downcast_ref::<R>()) {
+            Some(
+                r @ (R::InvalidCertificate(_)
+                | R::NoCertificatesPresented
+                | R::AlertReceived(_)
+                | R::PeerIncompatible(_)),
+            ) => TransferError::Refused {
+                peer: self.peer.clone(),
+                detail: r.to_string(),
+            },
+            Some(r) => self.protocol(format!("TLS: {r}")),
+            None => TransferError::Connection {
+                peer: self.peer.clone(),
+                source: e,
+            },
+        }
+    }
+}

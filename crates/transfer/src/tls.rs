@@ -1,0 +1,124 @@
+//! A node's TLS identity and the mutual-TLS configurations built from it:
+//! TLS 1.3 only, crypto by `ring`, both sides verified against the cluster
+//! CA.
+
+use crate::error::TransferError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The CA file of an identity directory.
+pub const CA_FILE: &str = "ca.crt";
+/// The node's certificate (chain) file.
+pub const CERT_FILE: &str = "tls.crt";
+/// The node's private key file.
+pub const KEY_FILE: &str = "tls.key";
+
+/// TLS identity of a node, loaded from a directory holding PEM files
+/// `ca.crt`, `tls.crt`, `tls.key` (a `kubernetes.io/tls` Secret plus
+/// `ca.crt`, as cert-manager writes it). The node's name is its
+/// certificate's first DNS subjectAltName.
+pub struct Identity {
+    node: String,
+    dir: PathBuf,
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    roots: Arc<RootCertStore>,
+}
+
+fn bad(path: &Path, detail: impl std::fmt::Display) -> TransferError {
+    TransferError::Identity {
+        path: path.to_path_buf(),
+        detail: detail.to_string(),
+    }
+}
+
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The first DNS subjectAltName of a certificate: the node it names.
+pub fn cert_node(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, x) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let san = x.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+        _ => None,
+    })
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TransferError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(path, e))?;
+    if certs.is_empty() {
+        return Err(bad(path, "no certificate in the file"));
+    }
+    Ok(certs)
+}
+
+impl Identity {
+    /// Load `ca.crt`, `tls.crt` and `tls.key` from `dir`.
+    pub fn load(dir: &Path) -> Result<Identity, TransferError> {
+        let ca = dir.join(CA_FILE);
+        let mut roots = RootCertStore::empty();
+        for c in read_certs(&ca)? {
+            roots.add(c).map_err(|e| bad(&ca, e))?;
+        }
+        let crt = dir.join(CERT_FILE);
+        let certs = read_certs(&crt)?;
+        let node = cert_node(&certs[0])
+            .ok_or_else(|| bad(&crt, "the certificate has no DNS subjectAltName"))?;
+        let keyf = dir.join(KEY_FILE);
+        let key = PrivateKeyDer::from_pem_file(&keyf).map_err(|e| bad(&keyf, e))?;
+        let id = Identity {
+            node,
+            dir: dir.to_path_buf(),
+            certs,
+            key,
+            roots: Arc::new(roots),
+        };
+        // Fail here, not at the first connection, on a key that does not
+        // match its certificate or a CA that did not sign it.
+        id.server_config()?;
+        id.client_config()?;
+        Ok(id)
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The TLS configuration of a source: TLS 1.3, and a client
+    /// certificate signed by the CA is required.
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TransferError> {
+        let p = provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), p.clone())
+            .build()
+            .map_err(|e| bad(&self.dir.join(CA_FILE), e))?;
+        let cfg = ServerConfig::builder_with_provider(p)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(&self.dir, e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(|e| bad(&self.dir.join(CERT_FILE), e))?;
+        Ok(Arc::new(cfg))
+    }
+
+    /// The TLS configuration of a target: TLS 1.3, the server verified
+    /// against the CA, this node's certificate presented.
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, TransferError> {
+        let cfg = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(&self.dir, e))?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
+            .map_err(|e| bad(&self.dir.join(CERT_FILE), e))?;
+        Ok(Arc::new(cfg))
+    }
+}

@@ -1,0 +1,416 @@
+//! The frame codec: bytes in, frames or a clear error out. Pure (no I/O, no
+//! state), so the fuzz target and the proptests drive it directly.
+//!
+//! Every frame is `kind u8, 3 zero bytes, body length u32`, the body, then
+//! a CRC-32C over header and body. All integers are big-endian. The bodies
+//! are described in `docs/transfer.md`.
+
+/// First bytes of a Hello body: says "this is Lamina's transfer protocol".
+pub const MAGIC: [u8; 8] = *b"LAMINAXF";
+/// The protocol version this code speaks.
+pub const VERSION: u16 = 1;
+/// Bytes of a frame header: kind, 3 reserved zero bytes, body length.
+pub const HEADER: usize = 8;
+/// Bytes of a frame trailer: the CRC-32C.
+pub const TRAILER: usize = 4;
+/// Most payload bytes in one Data frame.
+pub const MAX_DATA: usize = 1 << 20;
+/// Longest volume or snapshot name (the engine's name limit).
+pub const MAX_NAME: usize = 255;
+/// Longest message in an Error frame.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// Frame kinds, as on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 1,
+    Request = 2,
+    Answer = 3,
+    Data = 4,
+    Zero = 5,
+    End = 6,
+    Error = 7,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Request,
+            3 => Kind::Answer,
+            4 => Kind::Data,
+            5 => Kind::Zero,
+            6 => Kind::End,
+            7 => Kind::Error,
+            _ => return None,
+        })
+    }
+
+    /// The largest body a frame of this kind may announce.
+    fn max_body(self) -> usize {
+        match self {
+            Kind::Hello => 10,
+            Kind::Request => 1 + 8 + 8 + 2 * (2 + MAX_NAME),
+            Kind::Answer => 32,
+            Kind::Data => 8 + MAX_DATA,
+            Kind::Zero => 16,
+            Kind::End => 16,
+            Kind::Error => 2 + MAX_MESSAGE,
+        }
+    }
+}
+
+/// What a client asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Answer, then stream the snapshot's extents from `from_offset`.
+    Pull = 0,
+    /// Answer, then End: no data.
+    Describe = 1,
+}
+
+/// A client's request: which snapshot, and from where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub mode: Mode,
+    /// The snapshot id the transfer started from (0: any).
+    pub expect_id: u64,
+    pub from_offset: u64,
+    pub volume: String,
+    pub snapshot: String,
+}
+
+/// The source's answer to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub id: u64,
+    pub size: u64,
+    /// Bytes of data in the whole snapshot.
+    pub data_bytes: u64,
+    /// Of those, bytes below the request's `from_offset` (not sent).
+    pub skipped_bytes: u64,
+}
+
+/// Why a source refuses or ends a transfer (an Error frame's code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Version,
+    SnapshotMissing,
+    SnapshotReplaced,
+    BadRequest,
+    SourceIo,
+    ShuttingDown,
+    /// A code this version does not know.
+    Other(u16),
+}
+
+impl Code {
+    pub fn to_u16(self) -> u16 {
+        match self {
+            Code::Version => 1,
+            Code::SnapshotMissing => 2,
+            Code::SnapshotReplaced => 3,
+            Code::BadRequest => 4,
+            Code::SourceIo => 5,
+            Code::ShuttingDown => 6,
+            Code::Other(n) => n,
+        }
+    }
+
+    pub fn from_u16(n: u16) -> Code {
+        match n {
+            1 => Code::Version,
+            2 => Code::SnapshotMissing,
+            3 => Code::SnapshotReplaced,
+            4 => Code::BadRequest,
+            5 => Code::SourceIo,
+            6 => Code::ShuttingDown,
+            n => Code::Other(n),
+        }
+    }
+}
+
+/// One frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    Hello {
+        version: u16,
+    },
+    Request(Request),
+    Answer(Answer),
+    Data {
+        offset: u64,
+        payload: Vec<u8>,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    /// The stream is complete: Data and Zero frames and payload bytes sent.
+    End {
+        frames: u64,
+        data_bytes: u64,
+    },
+    Error {
+        code: Code,
+        message: String,
+    },
+}
+
+/// A frame that cannot be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("reserved header bytes are not zero")]
+    Reserved,
+    #[error("{kind:?} frame announces {len} bytes of body, more than its limit {max}")]
+    TooLong { kind: Kind, len: usize, max: usize },
+    #[error("checksum mismatch in {kind:?} frame{}", at(*.offset))]
+    Checksum { kind: Kind, offset: Option<u64> },
+    #[error("malformed {kind:?} frame: {detail}")]
+    Malformed { kind: Kind, detail: String },
+}
+
+fn at(offset: Option<u64>) -> String {
+    offset
+        .map(|o| format!(" at offset {o}"))
+        .unwrap_or_default()
+}
+
+/// Check a header: its kind, reserved bytes and body length (bounded by
+/// the kind before anything is allocated). Returns the kind and the bytes
+/// that follow the header (body and checksum).
+pub fn check_header(h: &[u8; HEADER]) -> Result<(Kind, usize), WireError> {
+    let kind = Kind::from_u8(h[0]).ok_or(WireError::UnknownKind(h[0]))?;
+    if h[1..4] != [0, 0, 0] {
+        return Err(WireError::Reserved);
+    }
+    let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+    let max = kind.max_body();
+    if len > max {
+        return Err(WireError::TooLong { kind, len, max });
+    }
+    Ok((kind, len + TRAILER))
+}
+
+/// Decode the frame at the start of `buf`: `Ok(None)` if `buf` holds only
+/// part of it, else the frame and the bytes it took.
+pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
+    let Some(h) = buf.get(..HEADER) else {
+        return Ok(None);
+    };
+    let h: &[u8; HEADER] = h.try_into().expect("HEADER bytes");
+    let (kind, rest) = check_header(h)?;
+    let total = HEADER + rest;
+    let Some(whole) = buf.get(..total) else {
+        return Ok(None);
+    };
+    let (covered, sum) = whole.split_at(total - TRAILER);
+    let body = &covered[HEADER..];
+    if crc32c::crc32c(covered).to_be_bytes() != sum {
+        let offset = match kind {
+            Kind::Data | Kind::Zero => body.get(..8).map(|b| be64(b)),
+            _ => None,
+        };
+        return Err(WireError::Checksum { kind, offset });
+    }
+    Ok(Some((body_frame(kind, body)?, total)))
+}
+
+fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+/// Reads a body field by field; every shortfall is a Malformed error.
+struct Body<'a> {
+    kind: Kind,
+    rest: &'a [u8],
+}
+
+impl<'a> Body<'a> {
+    fn bad(&self, detail: impl Into<String>) -> WireError {
+        WireError::Malformed {
+            kind: self.kind,
+            detail: detail.into(),
+        }
+    }
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], WireError> {
+        if self.rest.len() < n {
+            return Err(self.bad(format!("body ends inside {what}")));
+        }
+        let (a, b) = self.rest.split_at(n);
+        self.rest = b;
+        Ok(a)
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, WireError> {
+        Ok(be64(self.take(8, what)?))
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, WireError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn name(&mut self, what: &str) -> Result<String, WireError> {
+        let n = self.u16(what)? as usize;
+        if n > MAX_NAME {
+            return Err(self.bad(format!("{what} is {n} bytes, more than {MAX_NAME}")));
+        }
+        let b = self.take(n, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.bad(format!("{what} is not UTF-8")))
+    }
+    fn end(self) -> Result<(), WireError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(self.bad(format!("{} bytes after the last field", self.rest.len())))
+        }
+    }
+}
+
+fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
+    let mut b = Body { kind, rest: body };
+    let frame = match kind {
+        Kind::Hello => {
+            if b.take(8, "magic")? != MAGIC {
+                return Err(
+                    b.bad("wrong magic: the peer does not speak Lamina's transfer protocol")
+                );
+            }
+            Frame::Hello {
+                version: b.u16("version")?,
+            }
+        }
+        Kind::Request => {
+            let mode = match b.take(1, "mode")?[0] {
+                0 => Mode::Pull,
+                1 => Mode::Describe,
+                m => return Err(b.bad(format!("unknown mode {m}"))),
+            };
+            Frame::Request(Request {
+                mode,
+                expect_id: b.u64("expect_id")?,
+                from_offset: b.u64("from_offset")?,
+                volume: b.name("volume")?,
+                snapshot: b.name("snapshot")?,
+            })
+        }
+        Kind::Answer => Frame::Answer(Answer {
+            id: b.u64("id")?,
+            size: b.u64("size")?,
+            data_bytes: b.u64("data_bytes")?,
+            skipped_bytes: b.u64("skipped_bytes")?,
+        }),
+        Kind::Data => {
+            let offset = b.u64("offset")?;
+            let payload = std::mem::take(&mut b.rest);
+            if payload.is_empty() {
+                return Err(b.bad("no payload"));
+            }
+            if offset.checked_add(payload.len() as u64).is_none() {
+                return Err(b.bad(format!("offset {offset} + length overflows")));
+            }
+            Frame::Data {
+                offset,
+                payload: payload.to_vec(),
+            }
+        }
+        Kind::Zero => {
+            let (offset, len) = (b.u64("offset")?, b.u64("len")?);
+            if len == 0 || offset.checked_add(len).is_none() {
+                return Err(b.bad(format!("bad range {offset}+{len}")));
+            }
+            Frame::Zero { offset, len }
+        }
+        Kind::End => Frame::End {
+            frames: b.u64("frames")?,
+            data_bytes: b.u64("data_bytes")?,
+        },
+        Kind::Error => {
+            let code = Code::from_u16(b.u16("code")?);
+            let msg = std::mem::take(&mut b.rest);
+            let message =
+                String::from_utf8(msg.to_vec()).map_err(|_| b.bad("message is not UTF-8"))?;
+            Frame::Error { code, message }
+        }
+    };
+    b.end()?;
+    Ok(frame)
+}
+
+/// Append `frame` to `out`. Names, payloads and messages must be within
+/// their bounds (the caller's job: an oversized one would not decode);
+/// a message longer than the bound is cut at a character boundary.
+pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
+    let start = out.len();
+    let kind = match frame {
+        Frame::Hello { .. } => Kind::Hello,
+        Frame::Request(_) => Kind::Request,
+        Frame::Answer(_) => Kind::Answer,
+        Frame::Data { .. } => Kind::Data,
+        Frame::Zero { .. } => Kind::Zero,
+        Frame::End { .. } => Kind::End,
+        Frame::Error { .. } => Kind::Error,
+    };
+    out.extend_from_slice(&[kind as u8, 0, 0, 0, 0, 0, 0, 0]);
+    match frame {
+        Frame::Hello { version } => {
+            out.extend_from_slice(&MAGIC);
+            out.extend_from_slice(&version.to_be_bytes());
+        }
+        Frame::Request(r) => {
+            out.push(r.mode as u8);
+            out.extend_from_slice(&r.expect_id.to_be_bytes());
+            out.extend_from_slice(&r.from_offset.to_be_bytes());
+            for name in [&r.volume, &r.snapshot] {
+                out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                out.extend_from_slice(name.as_bytes());
+            }
+        }
+        Frame::Answer(a) => {
+            for v in [a.id, a.size, a.data_bytes, a.skipped_bytes] {
+                out.extend_from_slice(&v.to_be_bytes());
+            }
+        }
+        Frame::Data { offset, payload } => {
+            out.extend_from_slice(&offset.to_be_bytes());
+            out.extend_from_slice(payload);
+        }
+        Frame::Zero { offset, len } => {
+            out.extend_from_slice(&offset.to_be_bytes());
+            out.extend_from_slice(&len.to_be_bytes());
+        }
+        Frame::End { frames, data_bytes } => {
+            out.extend_from_slice(&frames.to_be_bytes());
+            out.extend_from_slice(&data_bytes.to_be_bytes());
+        }
+        Frame::Error { code, message } => {
+            out.extend_from_slice(&code.to_u16().to_be_bytes());
+            let mut end = message.len().min(MAX_MESSAGE);
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.extend_from_slice(&message.as_bytes()[..end]);
+        }
+    }
+    let body = (out.len() - start - HEADER) as u32;
+    out[start + 4..start + HEADER].copy_from_slice(&body.to_be_bytes());
+    let sum = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&sum.to_be_bytes());
+}
+
+/// Append a Data frame without building a [`Frame`] (no copy of the payload
+/// besides the one into `out`).
+pub fn encode_data(offset: u64, payload: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.reserve(HEADER + 8 + payload.len() + TRAILER);
+    out.extend_from_slice(&[Kind::Data as u8, 0, 0, 0]);
+    out.extend_from_slice(&((8 + payload.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(payload);
+    let sum = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&sum.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests;
