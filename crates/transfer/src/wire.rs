@@ -211,7 +211,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
     let body = &covered[HEADER..];
     if crc32c::crc32c(covered).to_be_bytes() != sum {
         let offset = match kind {
-            Kind::Data | Kind::Zero => body.get(..8).map(|b| be64(b)),
+            Kind::Data | Kind::Zero => body.get(..8).map(be64),
             _ => None,
         };
         return Err(WireError::Checksum { kind, offset });

@@ -1,0 +1,288 @@
+//! Pulls between two pools over real sockets on 127.0.0.1.
+
+mod common;
+
+use common::*;
+use lamina_engine::{CopyEnd, SnapshotInfo};
+use lamina_transfer::{describe, pull_into, Reason};
+
+const MIB: u64 = 1 << 20;
+
+/// 40 extents of 256 KiB 1 MiB apart, plus two unaligned 4 KiB pieces.
+fn scattered() -> Vec<(u64, usize, u8)> {
+    let mut w: Vec<(u64, usize, u8)> = (0..40u64)
+        .map(|i| (i * MIB, 256 << 10, i as u8 + 1))
+        .collect();
+    w.push((50 * MIB + 4096, 4096, 0xaa));
+    w.push((63 * MIB, 4096, 0xbb));
+    w
+}
+
+fn snap(p: &lamina_engine::Pool) -> SnapshotInfo {
+    p.snapshot_info_by_name("src", "s").unwrap()
+}
+
+#[test]
+fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
+    capture_logs();
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(64 * MIB, &scattered());
+    let served = Served::new(src.clone(), src_id);
+    let (_b, dst) = pool();
+    dst.create_volume("copy", 64 * MIB).unwrap();
+    let info = snap(&src);
+
+    let remote = served.remote("source");
+    let d = describe(&dst_id, &remote, "src", "s").unwrap();
+    assert_eq!(
+        (d.id, d.size, d.data_bytes),
+        (info.id, 64 * MIB, info.allocated_bytes)
+    );
+
+    // While the pull runs, the source lists the target as a reader.
+    let mut seen = Vec::new();
+    let mut ctl = OnProgress(|_: &_| {
+        if seen.is_empty() {
+            seen = served.source.readers("src", "s");
+        }
+    });
+    let end = pull_into(
+        &dst,
+        "copy",
+        &dst_id,
+        &remote,
+        "src",
+        "s",
+        info.id,
+        0,
+        8 * MIB,
+        &mut ctl,
+    )
+    .unwrap();
+    assert_eq!(seen, vec!["target".to_string()]);
+    let CopyEnd::Done(p) = end.end else {
+        panic!("not done: {end:?}")
+    };
+    assert_eq!(
+        (p.done_bytes, p.total_bytes, p.resume_offset),
+        (info.allocated_bytes, info.allocated_bytes, 64 * MIB)
+    );
+    assert!(read_all(&src, "src", Some("s")) == read_all(&dst, "copy", None));
+    // Holes stay holes; only allocated data crossed, with little overhead.
+    let allocated = dst.volume_info_by_name("copy").unwrap().allocated_bytes;
+    assert_eq!(allocated, info.allocated_bytes);
+    assert!(end.wire_bytes >= info.allocated_bytes);
+    assert!(
+        end.wire_bytes as f64 <= 1.05 * info.allocated_bytes as f64,
+        "{} wire bytes for {} allocated",
+        end.wire_bytes,
+        info.allocated_bytes
+    );
+    assert!(served.source.bytes_sent_to("target") >= info.allocated_bytes);
+    eventually("the reader is gone", || {
+        served.source.readers("src", "s").is_empty()
+    });
+    assert!(logs().contains("accepted a session"));
+}
+
+#[test]
+fn a_resumed_pull_sends_only_the_rest() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(64 * MIB, &scattered());
+    let served = Served::new(src.clone(), src_id);
+    let (_b, dst) = pool();
+    dst.create_volume("copy", 64 * MIB).unwrap();
+    let info = snap(&src);
+    let remote = served.remote("source");
+
+    let mut ctl = StopAtFirstCheckpoint::default();
+    let end = pull_into(
+        &dst, "copy", &dst_id, &remote, "src", "s", info.id, 0, MIB, &mut ctl,
+    )
+    .unwrap();
+    let first = ctl.0.expect("a durable checkpoint");
+    assert_eq!(end.end, CopyEnd::Stopped(first));
+    assert!(first.resume_offset > 0 && first.done_bytes < first.total_bytes);
+    eventually("the first session ended", || {
+        served.source.readers("src", "s").is_empty()
+    });
+    let sent_before = served.source.bytes_sent_to("target");
+
+    let mut done = None;
+    let mut ctl = OnProgress(|p: &lamina_engine::CopyProgress| {
+        // Progress starts from what the first run made durable.
+        done.get_or_insert(p.done_bytes);
+    });
+    let end = pull_into(
+        &dst,
+        "copy",
+        &dst_id,
+        &remote,
+        "src",
+        "s",
+        info.id,
+        first.resume_offset,
+        MIB,
+        &mut ctl,
+    )
+    .unwrap();
+    assert!(matches!(end.end, CopyEnd::Done(p) if p.done_bytes == p.total_bytes));
+    assert!(done.unwrap() > first.done_bytes);
+    let rest = info.allocated_bytes - first.done_bytes;
+    assert!(
+        end.wire_bytes as f64 <= 1.05 * rest as f64 + 16384.0,
+        "{} wire bytes for {rest}",
+        end.wire_bytes
+    );
+    eventually("the second session ended", || {
+        served.source.readers("src", "s").is_empty()
+    });
+    let sent = served.source.bytes_sent_to("target") - sent_before;
+    assert!(
+        sent >= rest && sent < rest + 64 * 1024,
+        "{sent} bytes sent for the {rest} left"
+    );
+    assert!(read_all(&src, "src", Some("s")) == read_all(&dst, "copy", None));
+}
+
+#[test]
+fn a_missing_snapshot_is_reported() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(4 * MIB, &[(0, 4096, 1)]);
+    let served = Served::new(src, src_id);
+    let (_b, dst) = pool();
+    dst.create_volume("copy", 4 * MIB).unwrap();
+    let remote = served.remote("source");
+    for (v, s) in [("src", "nope"), ("nope", "s")] {
+        let e = pull_into(
+            &dst,
+            "copy",
+            &dst_id,
+            &remote,
+            v,
+            s,
+            0,
+            0,
+            MIB,
+            &mut Nothing,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
+        assert!(e.to_string().contains("not found"), "{e}");
+        let e = describe(&dst_id, &remote, v, s).unwrap_err();
+        assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
+    }
+    assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
+}
+
+#[test]
+fn a_snapshot_made_again_under_the_same_name_is_refused() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(4 * MIB, &[(0, 4096, 1)]);
+    let served = Served::new(src.clone(), src_id);
+    let (_b, dst) = pool();
+    dst.create_volume("copy", 4 * MIB).unwrap();
+    let remote = served.remote("source");
+    let old = describe(&dst_id, &remote, "src", "s").unwrap();
+    src.delete_snapshot("src", "s").unwrap();
+    src.open_volume("src")
+        .unwrap()
+        .write(0, &[2; 4096])
+        .unwrap();
+    src.create_snapshot("src", "s", &[]).unwrap();
+    let e = pull_into(
+        &dst,
+        "copy",
+        &dst_id,
+        &remote,
+        "src",
+        "s",
+        old.id,
+        0,
+        MIB,
+        &mut Nothing,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
+    assert!(e.to_string().contains("deleted and made again"), "{e}");
+    assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
+}
+
+#[test]
+fn an_unreachable_source_is_reported() {
+    let ca = Ca::new();
+    let (_t, dst_id) = ca.identity("target");
+    let (_b, dst) = pool();
+    dst.create_volume("copy", MIB).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let remote = lamina_transfer::Remote {
+        address: addr.to_string(),
+        node: "source".into(),
+    };
+    let e = pull_into(
+        &dst,
+        "copy",
+        &dst_id,
+        &remote,
+        "src",
+        "s",
+        0,
+        0,
+        MIB,
+        &mut Nothing,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), Reason::SourceUnreachable, "{e}");
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
+}
+
+#[test]
+fn a_target_volume_too_small_is_refused_before_any_write() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(8 * MIB, &[(0, 4096, 1)]);
+    let served = Served::new(src, src_id);
+    let (_b, dst) = pool();
+    dst.create_volume("small", 4 * MIB).unwrap();
+    let e = pull_into(
+        &dst,
+        "small",
+        &dst_id,
+        &served.remote("source"),
+        "src",
+        "s",
+        0,
+        0,
+        MIB,
+        &mut Nothing,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("smaller than"), "{e}");
+    assert_eq!(dst.volume_info_by_name("small").unwrap().allocated_bytes, 0);
+    // And a target volume that does not exist.
+    let e = pull_into(
+        &dst,
+        "none",
+        &dst_id,
+        &served.remote("source"),
+        "src",
+        "s",
+        0,
+        0,
+        MIB,
+        &mut Nothing,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("none"), "{e}");
+}
