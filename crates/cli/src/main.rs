@@ -4,6 +4,7 @@
 //! works on a pool offline. It owns argument parsing and output only, never
 //! engine or daemon logic, and writes no API path or request body itself.
 
+mod cmd_certs;
 mod cmd_clone;
 mod cmd_controller;
 mod cmd_csi;
@@ -108,8 +109,22 @@ enum Cmd {
         /// Prune finished operation records older than this (e.g. 7d, 12h, 30min).
         #[arg(long, value_name = "DURATION", default_value_t = lamina_server::DEFAULT_OPERATION_RETENTION.into())]
         operation_retention: humantime::Duration,
+        /// Serve this node's snapshots to other nodes on TCP at ADDR (needs --transfer-tls).
+        #[arg(long, value_name = "ADDR")]
+        transfer_listen: Option<SocketAddr>,
+        /// This node's transfer certificate: a directory with ca.crt, tls.crt, tls.key (see `lamina certs`).
+        #[arg(long, value_name = "DIR")]
+        transfer_tls: Option<PathBuf>,
+        /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
+        #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "60")]
+        transfer_retry_window: std::time::Duration,
         #[command(flatten)]
         _not: NotForServe,
+    },
+    /// Certificates for copies between nodes: a cluster CA and one certificate per node.
+    Certs {
+        #[command(subcommand)]
+        cmd: cmd_certs::CertsCmd,
     },
     /// The daemon's version, data directory and pool usage.
     Status,
@@ -232,13 +247,22 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             listen,
             nbd_listen,
             operation_retention,
+            transfer_listen,
+            transfer_tls,
+            transfer_retry_window,
             ..
         } => serve(lamina_server::Config {
             data_dir: data_dir.to_path_buf(),
             listen,
             nbd_listen,
             operation_retention: operation_retention.into(),
+            transfer: lamina_server::TransferConfig {
+                listen: transfer_listen,
+                tls_dir: transfer_tls,
+                retry_window: transfer_retry_window,
+            },
         }),
+        Cmd::Certs { cmd } => cmd_certs::run(cmd),
         cmd => {
             let c = make_client(data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
             let ctx = Ctx {
@@ -258,6 +282,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
                     Cmd::Pool { .. }
                     | Cmd::Serve { .. }
+                    | Cmd::Certs { .. }
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }
                     | Cmd::Crds => {
@@ -313,6 +338,15 @@ pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>>
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
     })
+}
+
+/// A duration as plain seconds (`30`) or with a unit (`2min`).
+fn seconds_or_duration(s: &str) -> Result<std::time::Duration, String> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(n));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?}: {e} (give seconds, or e.g. 90s, 2min)"))
 }
 
 /// `lamina serve`: the daemon until SIGTERM or SIGINT.

@@ -231,7 +231,7 @@ fn volume_status(
             &mut status,
             false,
             "Cloning",
-            "a full clone is copying the data",
+            "a full clone (from this node or another) is copying the data",
             now,
         );
     } else {
@@ -258,16 +258,24 @@ fn clone_status(
         .or_else(|| op.and_then(|o| o.source.clone()))
         .or_else(|| old.and_then(|o| o.origin.clone()));
     if let Some(op) = op.filter(|o| {
-        o.kind == api::OperationKind::FullClone && o.state == api::OperationState::Running
+        matches!(
+            o.kind,
+            api::OperationKind::FullClone | api::OperationKind::RemoteClone
+        ) && o.state == api::OperationState::Running
     }) {
         let progress = (op.done_bytes.saturating_mul(100))
             .checked_div(op.total_bytes)
             .map(|p| p.min(100) as u8);
+        // The daemon's own rate (since the copy last resumed) when it gives
+        // one; otherwise the average since the operation started.
         let elapsed = elapsed_secs(&op.started, now).filter(|s| *s > 0);
-        let rate = elapsed.map(|s| op.done_bytes / s);
-        let eta = rate
-            .filter(|r| *r > 0)
-            .map(|r| op.total_bytes.saturating_sub(op.done_bytes) / r);
+        let rate = op
+            .rate_bytes_per_sec
+            .or_else(|| elapsed.map(|s| op.done_bytes / s));
+        let eta = op.eta_seconds.or_else(|| {
+            rate.filter(|r| *r > 0)
+                .map(|r| op.total_bytes.saturating_sub(op.done_bytes) / r)
+        });
         return Some(CloneStatus {
             origin,
             state: "initiated".into(),

@@ -83,6 +83,7 @@ fn new_running(op: Op) -> OpRec {
         done_bytes: 0,
         total_bytes: 0,
         copy: None,
+        reason: None,
     }
 }
 
@@ -186,7 +187,7 @@ fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
     // A clone's own target is the clone's business: asking again for the
     // full clone being copied is answered with it (see jobs.rs).
     let vols = match op {
-        Op::Clone { source, .. } => vec![source.volume()],
+        Op::Clone { source, .. } => source.local_volume().into_iter().collect(),
         other => other.volumes(),
     };
     for v in vols {
@@ -398,10 +399,16 @@ impl State {
 /// An operation record as the API shows it, with live progress if a job is
 /// working for it.
 pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
-    let (done_bytes, total_bytes) = match st.progress.lock().unwrap().get(&rec.id) {
-        Some(&p) if rec.state == api::OperationState::Running => p,
-        _ => (rec.done_bytes, rec.total_bytes),
+    let live = match st.progress.lock().unwrap().get(&rec.id) {
+        Some(&p) if rec.state == api::OperationState::Running => Some(p),
+        _ => None,
     };
+    let (done_bytes, total_bytes) =
+        live.map_or((rec.done_bytes, rec.total_bytes), |l| (l.done, l.total));
+    let copy = rec.copy.as_ref();
+    let received = copy.map_or(0, |c| c.received_bytes)
+        + live.map_or(0, |l| l.done.saturating_sub(l.done_at_start));
+    let remote = rec.op.kind() == api::OperationKind::RemoteClone;
     api::Operation {
         id: rec.id.clone(),
         kind: rec.op.kind(),
@@ -412,14 +419,18 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
         started: rec.started.clone(),
         error: rec.error.clone(),
         source: match &rec.op {
-            crate::store::Op::Clone { source, .. } => Some(match source {
-                crate::store::CloneSource::Snapshot { volume, snapshot } => {
-                    format!("{volume}/{snapshot}")
-                }
-                crate::store::CloneSource::Volume { volume } => volume.clone(),
-            }),
+            Op::Clone { source, .. } => Some(source.api_form()),
             _ => None,
         },
+        reason: rec.reason,
+        resent_bytes: if remote {
+            received.saturating_sub(done_bytes)
+        } else {
+            0
+        },
+        wire_bytes: copy.map_or(0, |c| c.wire_bytes) + live.map_or(0, |l| l.wire),
+        rate_bytes_per_sec: live.and_then(|l| l.rate()),
+        eta_seconds: live.and_then(|l| l.eta()),
     }
 }
 
@@ -437,6 +448,7 @@ mod tests {
             listen: None,
             nbd_listen: None,
             operation_retention: crate::DEFAULT_OPERATION_RETENTION,
+            transfer: Default::default(),
         };
         let st = Arc::new(State::open(&layout, &config).await.unwrap());
         (d, st)
@@ -484,7 +496,11 @@ mod tests {
                 snapshot: "s".into(),
                 system: false,
                 resume_offset: 0,
+                snapshot_id: 0,
+                received_bytes: 0,
+                wire_bytes: 0,
             }),
+            reason: None,
         })
         .unwrap();
     }

@@ -21,6 +21,10 @@ pub enum ServerError {
     Engine(#[from] lamina_engine::Error),
     #[error("store: {0}")]
     Store(String),
+    #[error("transfer: {0}")]
+    Transfer(#[source] lamina_transfer::TransferError),
+    #[error("{0}")]
+    Config(String),
 }
 
 impl ServerError {

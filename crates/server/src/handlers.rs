@@ -536,9 +536,9 @@ pub async fn detach_snapshot(
 #[utoipa::path(post, path = "/v1/clones", request_body = api::CreateClone,
     responses((status = 201, description = "a linked clone, made", body = api::CloneCreated),
         (status = 200, description = "exists already, from the same source", body = api::CloneCreated),
-        (status = 202, description = "a full clone: the copy runs in the background", body = api::CloneCreated),
-        (status = 400, description = "malformed body or bad name; not exactly one source", body = api::ApiError),
-        (status = 404, description = "the source is missing", body = api::ApiError),
+        (status = 202, description = "a full clone (or a clone from another node): the copy runs in the background", body = api::CloneCreated),
+        (status = 400, description = "malformed body or bad name; not exactly one source; from another node without a snapshot, or without a transfer identity", body = api::ApiError),
+        (status = 404, description = "the source is missing (here, or on the other node)", body = api::ApiError),
         (status = 409, description = "a volume of that name exists and is not this clone", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
         (status = 507, description = "no space", body = api::ApiError)))]
@@ -547,27 +547,36 @@ pub async fn create_clone(
     b: Result<Json<api::CreateClone>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::CloneCreated>)> {
     let req = body(b)?;
-    let source = match (req.from_snapshot, req.from_volume) {
-        (Some(s), None) => {
+    let source = match (req.from_snapshot, req.from_volume, req.from_node) {
+        (Some(s), None, node) => {
             let (v, s) = s.split_once('/').ok_or_else(|| {
                 Failure::invalid(format!("from_snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
             })?;
-            CloneSource::Snapshot {
-                volume: v.into(),
-                snapshot: s.into(),
+            match node {
+                None => CloneSource::Snapshot {
+                    volume: v.into(),
+                    snapshot: s.into(),
+                },
+                Some(n) => crate::remote::source(n, v, s)?,
             }
         }
-        (None, Some(v)) => CloneSource::Volume { volume: v },
+        (None, Some(_), Some(_)) => {
+            return Err(Failure::invalid(
+                "a clone from another node takes a snapshot (from_snapshot), not a volume",
+            ))
+        }
+        (None, Some(v), None) => CloneSource::Volume { volume: v },
         _ => {
             return Err(Failure::invalid(
                 "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
             ))
         }
     };
+    let full = req.full || matches!(source, CloneSource::Remote { .. });
     let op = Op::Clone {
         name: req.name,
         source,
-        full: req.full,
+        full,
     };
     let Outcome::Started {
         info,

@@ -7,7 +7,7 @@
 
 use crate::apply::Outcome;
 use crate::error::Failure;
-use crate::state::{blocking, State};
+use crate::state::{blocking, Live, State};
 use crate::store::{CloneSource, CopyRec, Op, OpRec};
 use lamina_api::OperationState;
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress, Target};
@@ -28,15 +28,18 @@ pub fn watch_flatten(
     use std::sync::atomic::Ordering;
     let (st2, mut rec) = (st.clone(), rec.clone());
     st.spawn_job("lamina-flatten-watch", move || {
+        let mut live: Option<Live> = None;
         while !progress.finished.load(Ordering::SeqCst) {
             if st2.is_stopping() {
                 return;
             }
-            let p = (
+            let (done, total) = (
                 progress.done.load(Ordering::SeqCst),
                 progress.total.load(Ordering::SeqCst),
             );
-            st2.progress.lock().unwrap().insert(rec.id.clone(), p);
+            let l = live.get_or_insert_with(|| Live::start(done, total));
+            (l.done, l.total) = (done, total);
+            st2.progress.lock().unwrap().insert(rec.id.clone(), *l);
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         st2.progress.lock().unwrap().remove(&rec.id);
@@ -69,6 +72,7 @@ fn is_linked_clone_of(v: &lamina_engine::VolumeInfo, source: &CloneSource) -> bo
                     .as_deref()
                     .is_some_and(lamina_engine::is_system_name)
         }
+        CloneSource::Remote { .. } => false,
     }
 }
 
@@ -76,6 +80,9 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
     let Op::Clone { name, source, full } = rec.op.clone() else {
         return Err(Failure::internal("not a clone operation"));
     };
+    if let CloneSource::Remote { .. } = source {
+        return crate::remote::remote_clone(st, rec, recovering).await;
+    }
     if full {
         return full_clone(st, rec, recovering).await;
     }
@@ -99,6 +106,9 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
                 p.clone_snapshot(volume, snapshot, &name)?
             }
             CloneSource::Volume { volume } => p.clone_volume(volume, &name)?,
+            CloneSource::Remote { .. } => {
+                return Err(Failure::internal("a remote clone is never linked"))
+            }
         };
         Ok(Outcome::Started {
             info,
@@ -168,7 +178,13 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
                         snapshot,
                         system: false,
                         resume_offset: 0,
+                        snapshot_id: 0,
+                        received_bytes: 0,
+                        wire_bytes: 0,
                     }
+                }
+                CloneSource::Remote { .. } => {
+                    return Err(Failure::internal("a remote clone is not a local copy"))
                 }
                 CloneSource::Volume { volume } => {
                     let s = p2.create_system_snapshot(&volume, &n2)?;
@@ -177,6 +193,9 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
                         snapshot: s.name,
                         system: true,
                         resume_offset: 0,
+                        snapshot_id: 0,
+                        received_bytes: 0,
+                        wire_bytes: 0,
                     }
                 }
             })
@@ -227,14 +246,19 @@ fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
         st: &'a State,
         rec: &'a mut OpRec,
         failed: Option<String>,
+        live: Option<Live>,
     }
     impl CopyControl for Ctl<'_> {
         fn progress(&mut self, p: &CopyProgress) {
+            let l = self
+                .live
+                .get_or_insert_with(|| Live::start(p.done_bytes, p.total_bytes));
+            (l.done, l.total) = (p.done_bytes, p.total_bytes);
             self.st
                 .progress
                 .lock()
                 .unwrap()
-                .insert(self.rec.id.clone(), (p.done_bytes, p.total_bytes));
+                .insert(self.rec.id.clone(), *l);
         }
         fn durable(&mut self, p: &CopyProgress) -> bool {
             self.rec.done_bytes = p.done_bytes;
@@ -259,6 +283,7 @@ fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
         st,
         rec: &mut rec,
         failed: None,
+        live: None,
     };
     let end = st
         .pool

@@ -14,6 +14,7 @@ mod jobs;
 mod migrate;
 mod openapi;
 mod paths;
+mod remote;
 mod state;
 mod store;
 
@@ -35,6 +36,34 @@ pub struct Config {
     pub nbd_listen: Option<SocketAddr>,
     /// Finished operation records older than this are pruned.
     pub operation_retention: std::time::Duration,
+    /// Copies between nodes.
+    pub transfer: TransferConfig,
+}
+
+/// How this node takes part in copies between nodes.
+#[derive(Clone, Debug)]
+pub struct TransferConfig {
+    /// Serve this node's snapshots to peers on TCP at this address.
+    pub listen: Option<SocketAddr>,
+    /// The node's TLS identity: a directory with ca.crt, tls.crt and
+    /// tls.key. Needed to serve and to pull.
+    pub tls_dir: Option<PathBuf>,
+    /// How long a pull keeps retrying a source it lost before it fails
+    /// with `source-unreachable`; the clock restarts with every progress.
+    pub retry_window: std::time::Duration,
+}
+
+/// Default of [`TransferConfig::retry_window`]: one minute.
+pub const DEFAULT_TRANSFER_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            listen: None,
+            tls_dir: None,
+            retry_window: DEFAULT_TRANSFER_RETRY_WINDOW,
+        }
+    }
 }
 
 /// Default age at which finished operation records are pruned: 7 days.
@@ -112,6 +141,19 @@ pub async fn run(
                     }
                     _ = &mut stop => break,
                 }
+            }
+        });
+    }
+
+    // Peers pulling this node's snapshots.
+    if let (Some(addr), Some(source)) = (config.transfer.listen, state.transfer_source.clone()) {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::io("bind transfer", addr.to_string(), e))?;
+        let stop = stopped(&stop_rx);
+        tasks.spawn(async move {
+            if let Err(e) = source.serve(l, stop).await {
+                tracing::error!(error = %e, "the transfer listener stopped");
             }
         });
     }

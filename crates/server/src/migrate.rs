@@ -112,6 +112,9 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
                     snapshot: snap.1,
                     system: snap.2,
                     resume_offset: a["resume_offset"].as_u64().unwrap_or(0),
+                    snapshot_id: 0,
+                    received_bytes: 0,
+                    wire_bytes: 0,
                 });
             }
             Op::Clone { name, source, full }
@@ -133,6 +136,7 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
         done_bytes: r.done_bytes,
         total_bytes: r.total_bytes,
         copy,
+        reason: None,
     })
 }
 

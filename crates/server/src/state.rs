@@ -20,8 +20,8 @@ pub struct State {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub token: Option<String>,
     pub nbd_tcp: Option<SocketAddr>,
-    /// Live progress of running copy jobs: operation id -> (done, total) bytes.
-    pub progress: Mutex<HashMap<String, (u64, u64)>>,
+    /// Live progress of running copy jobs, by operation id.
+    pub progress: Mutex<HashMap<String, Live>>,
     /// Set at shutdown: background jobs stop at their next step and leave
     /// their operation running, to be resumed at the next start.
     pub stopping: std::sync::atomic::AtomicBool,
@@ -34,11 +34,55 @@ pub struct State {
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The change feed: bumped by every operation record and export change.
     pub changes: crate::changes::Changes,
+    /// This node's transfer identity (to pull from peers and serve them).
+    pub identity: Option<Arc<lamina_transfer::Identity>>,
+    /// Serves this node's snapshots to peers, when asked to listen.
+    pub transfer_source: Option<Arc<lamina_transfer::Source>>,
+    /// See [`crate::TransferConfig::retry_window`].
+    pub transfer_retry_window: std::time::Duration,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
 /// refuses (without `force`).
 const DETACH_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A running job's progress as it goes (the record holds only what is
+/// durable).
+#[derive(Clone, Copy, Debug)]
+pub struct Live {
+    pub done: u64,
+    pub total: u64,
+    /// When this run of the job began, and how much was done then: the rate
+    /// counts only what this run did.
+    pub since: std::time::Instant,
+    pub done_at_start: u64,
+    /// A remote clone: bytes received on the wire by this run.
+    pub wire: u64,
+}
+
+impl Live {
+    pub fn start(done: u64, total: u64) -> Live {
+        Live {
+            done,
+            total,
+            since: std::time::Instant::now(),
+            done_at_start: done,
+            wire: 0,
+        }
+    }
+
+    /// Bytes per second since this run began (none in its first 100 ms).
+    pub fn rate(&self) -> Option<u64> {
+        let secs = self.since.elapsed().as_secs_f64();
+        (secs >= 0.1).then(|| (self.done.saturating_sub(self.done_at_start) as f64 / secs) as u64)
+    }
+
+    /// Seconds left at that rate.
+    pub fn eta(&self) -> Option<u64> {
+        let r = self.rate().filter(|&r| r > 0)?;
+        Some(self.total.saturating_sub(self.done).div_ceil(r))
+    }
+}
 
 /// A running operation, as the in-memory index keeps it.
 #[derive(Clone, Debug)]
@@ -54,9 +98,11 @@ impl Running {
         Running {
             id: op.id.clone(),
             kind: op.op.kind(),
+            // A remote clone reads another node's snapshot, not this one's.
             copies_from: op
                 .copy
                 .as_ref()
+                .filter(|_| op.op.kind() == api::OperationKind::FullClone)
                 .map(|c| (c.volume.clone(), c.snapshot.clone())),
         }
     }
@@ -93,6 +139,24 @@ impl State {
             Some(_) => Some(layout.token()?),
             None => None,
         };
+        let identity = match &config.transfer.tls_dir {
+            Some(dir) => Some(Arc::new(
+                lamina_transfer::Identity::load(dir).map_err(ServerError::Transfer)?,
+            )),
+            None if config.transfer.listen.is_some() => {
+                return Err(ServerError::Config(
+                    "--transfer-listen needs --transfer-tls DIR (the node's certificate: ca.crt, tls.crt, tls.key)".into(),
+                ))
+            }
+            None => None,
+        };
+        let transfer_source = match (&identity, config.transfer.listen) {
+            (Some(id), Some(_)) => Some(lamina_transfer::Source::new(
+                Arc::new(pool.clone()),
+                id.clone(),
+            )),
+            _ => None,
+        };
         let state = State {
             layout: layout.clone(),
             pool,
@@ -106,6 +170,9 @@ impl State {
             jobs: Mutex::new(Vec::new()),
             running: Mutex::new(HashMap::new()),
             changes: crate::changes::Changes::new(),
+            identity,
+            transfer_source,
+            transfer_retry_window: config.transfer.retry_window,
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -228,18 +295,38 @@ impl State {
         }
     }
 
-    /// The full clone copying into `volume`, if one runs.
+    /// The full clone (local or remote) copying into `volume`, if one runs.
     pub fn running_copy_into(&self, volume: &str) -> Option<String> {
         self.running
             .lock()
             .unwrap()
             .get(volume)
-            .and_then(|rs| rs.iter().find(|r| r.kind == api::OperationKind::FullClone))
+            .and_then(|rs| {
+                rs.iter().find(|r| {
+                    matches!(
+                        r.kind,
+                        api::OperationKind::FullClone | api::OperationKind::RemoteClone
+                    )
+                })
+            })
             .map(|r| r.id.clone())
     }
 
-    /// Refuse to delete a snapshot a running full clone reads.
+    /// Refuse to delete a snapshot a running full clone reads, here or
+    /// (through a transfer open now) on another node.
     pub fn refuse_if_copying_from(&self, volume: &str, snapshot: &str) -> Result<(), Failure> {
+        if let Some(src) = &self.transfer_source {
+            let peers = src.readers(volume, snapshot);
+            if !peers.is_empty() {
+                return Err(Failure::conflict(
+                    format!(
+                        "node {} is copying snapshot {volume}/{snapshot} (a clone on that node)",
+                        peers.join(", ")
+                    ),
+                    "wait for the clone to end, or delete it on that node first",
+                ));
+            }
+        }
         let running = self.running.lock().unwrap();
         let want = (volume.to_string(), snapshot.to_string());
         match running

@@ -25,8 +25,10 @@ const VERSION_KEY: &str = "record_version";
 /// and untyped JSON arguments (before issue 9); 2: typed operations; 3: the
 /// same, with group snapshot operations (a format-2 store is read as it is:
 /// only the version is rewritten, so that an older daemon refuses the store
-/// by its version rather than by a record it cannot read).
-pub const RECORD_VERSION: u64 = 3;
+/// by its version rather than by a record it cannot read); 4: remote clones
+/// (their source, and the copy's snapshot id and byte counts; a format-3
+/// store is read as it is, the same way).
+pub const RECORD_VERSION: u64 = 4;
 
 /// An export to restore at start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,13 +45,36 @@ pub enum CloneSource {
     Snapshot { volume: String, snapshot: String },
     /// A volume as it is when the clone runs (through a system snapshot).
     Volume { volume: String },
+    /// A snapshot on another node, pulled over the transfer protocol.
+    Remote {
+        node: String,
+        address: String,
+        volume: String,
+        snapshot: String,
+    },
 }
 
 impl CloneSource {
-    /// The volume the clone reads.
-    pub fn volume(&self) -> &str {
+    /// The volume of this node the clone reads (none for another node's).
+    pub fn local_volume(&self) -> Option<&str> {
         match self {
-            CloneSource::Snapshot { volume, .. } | CloneSource::Volume { volume } => volume,
+            CloneSource::Snapshot { volume, .. } | CloneSource::Volume { volume } => Some(volume),
+            CloneSource::Remote { .. } => None,
+        }
+    }
+
+    /// As the API shows it: `VOLUME/SNAPSHOT`, `VOLUME`, or
+    /// `NODE:VOLUME/SNAPSHOT`.
+    pub fn api_form(&self) -> String {
+        match self {
+            CloneSource::Snapshot { volume, snapshot } => format!("{volume}/{snapshot}"),
+            CloneSource::Volume { volume } => volume.clone(),
+            CloneSource::Remote {
+                node,
+                volume,
+                snapshot,
+                ..
+            } => format!("{node}:{volume}/{snapshot}"),
         }
     }
 }
@@ -59,6 +84,12 @@ impl std::fmt::Display for CloneSource {
         match self {
             CloneSource::Snapshot { volume, snapshot } => write!(f, "snapshot {volume}/{snapshot}"),
             CloneSource::Volume { volume } => write!(f, "volume {volume}"),
+            CloneSource::Remote {
+                node,
+                address,
+                volume,
+                snapshot,
+            } => write!(f, "snapshot {volume}/{snapshot} of node {node} ({address})"),
         }
     }
 }
@@ -157,6 +188,10 @@ impl Op {
             Op::DeleteSnapshot { .. } => OperationKind::DeleteSnapshot,
             Op::Revert { .. } => OperationKind::Revert,
             Op::Flatten { .. } => OperationKind::Flatten,
+            Op::Clone {
+                source: CloneSource::Remote { .. },
+                ..
+            } => OperationKind::RemoteClone,
             Op::Clone { full: false, .. } => OperationKind::Clone,
             Op::Clone { full: true, .. } => OperationKind::FullClone,
         }
@@ -166,7 +201,7 @@ impl Op {
 /// A full clone's copy: what it reads and how far it is durable.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CopyRec {
-    /// The snapshot it copies from.
+    /// The snapshot it copies from (on the source node, for a remote clone).
     pub volume: String,
     pub snapshot: String,
     /// The snapshot was taken by the system for this copy, and is deleted
@@ -174,6 +209,17 @@ pub struct CopyRec {
     pub system: bool,
     /// Everything below this offset is durable in the new volume.
     pub resume_offset: u64,
+    /// A remote clone: the source snapshot's id when the copy started; a
+    /// resume from a snapshot of the same name but another id is refused.
+    #[serde(default)]
+    pub snapshot_id: u64,
+    /// A remote clone: data bytes received over all its attempts (recorded
+    /// at each checkpoint and at most a second apart).
+    #[serde(default)]
+    pub received_bytes: u64,
+    /// A remote clone: bytes received on the wire over all its attempts.
+    #[serde(default)]
+    pub wire_bytes: u64,
 }
 
 /// A recorded operation.
@@ -190,6 +236,9 @@ pub struct OpRec {
     pub total_bytes: u64,
     /// Set once a full clone knows what it copies.
     pub copy: Option<CopyRec>,
+    /// Why a remote clone failed.
+    #[serde(default)]
+    pub reason: Option<lamina_api::FailureReason>,
 }
 
 impl OpRec {
@@ -231,7 +280,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
-            2 => store.set_version(2)?,
+            2 | 3 => store.set_version(version)?,
             newer => {
                 return Err(ServerError::Store(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",
@@ -384,6 +433,7 @@ mod tests {
             done_bytes: 0,
             total_bytes: 0,
             copy: None,
+            reason: None,
         }
     }
 

@@ -41,6 +41,7 @@ impl Daemon {
             listen: None,
             nbd_listen: None,
             operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
+            transfer: Default::default(),
         };
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;

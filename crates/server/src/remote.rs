@@ -1,0 +1,418 @@
+//! Clones of another node's snapshot: the daemon records the pull, makes the
+//! target volume at the source's size, and runs the pull as a background
+//! job that records each durable offset, so that a restart, a lost source or
+//! a cut link resumes from there instead of from zero. The wire protocol and
+//! its credentials are lamina-transfer's; the copying into the volume is the
+//! engine's; this module schedules, retries, records and reports.
+//!
+//! States (docs/transfer.md): recorded `running` (what the seeds call
+//! `initiated`) → `succeeded` (`completed`), or `failed` with a reason. A
+//! failed pull deletes what it had copied: a partial volume never passes
+//! for a clone.
+
+use crate::apply::Outcome;
+use crate::error::Failure;
+use crate::state::{blocking, Live, State};
+use crate::store::{CloneSource, CopyRec, Op, OpRec};
+use lamina_api::{FailureReason, OperationState, PeerNode};
+use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
+use lamina_transfer::{Reason, Remote, TransferError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A pull is made durable and recorded every this many bytes of data.
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+/// Received-byte counts are recorded at most this far apart between
+/// checkpoints (so that a kill -9 loses at most this much of the count).
+const RECORD_EVERY: Duration = Duration::from_secs(1);
+
+/// The clone source of a request naming another node.
+pub fn source(node: PeerNode, volume: &str, snapshot: &str) -> Result<CloneSource, Failure> {
+    if node.name.is_empty() || node.address.is_empty() {
+        return Err(Failure::invalid(
+            "from_node needs the node's name and its transfer address (HOST:PORT)",
+        ));
+    }
+    if !node.address.contains(':') {
+        return Err(Failure::invalid(format!(
+            "the transfer address of node {:?} must be HOST:PORT, not {:?}",
+            node.name, node.address
+        )));
+    }
+    Ok(CloneSource::Remote {
+        node: node.name,
+        address: node.address,
+        volume: volume.into(),
+        snapshot: snapshot.into(),
+    })
+}
+
+fn api_reason(r: Reason) -> FailureReason {
+    match r {
+        Reason::SnapshotMissing => FailureReason::SnapshotMissing,
+        Reason::SourceUnreachable => FailureReason::SourceUnreachable,
+        Reason::NoSpace => FailureReason::NoSpace,
+        Reason::Refused => FailureReason::Refused,
+        Reason::Checksum => FailureReason::Checksum,
+        Reason::Protocol => FailureReason::Protocol,
+        Reason::Io => FailureReason::Io,
+    }
+}
+
+/// A failure of the request itself (before anything is copied), as the API
+/// answers it.
+fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
+    use axum::http::StatusCode;
+    let msg = format!("{}: {e}", api_reason(e.reason()).as_str());
+    match e.reason() {
+        Reason::SnapshotMissing => Failure::not_found(msg),
+        Reason::SourceUnreachable => Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            msg,
+            Some(&format!(
+                "is node {} serving transfers at {}? (lamina serve --transfer-listen)",
+                remote.node, remote.address
+            )),
+        ),
+        Reason::NoSpace => Failure::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", msg, None),
+        Reason::Refused => Failure::new(
+            StatusCode::FORBIDDEN,
+            "refused",
+            msg,
+            Some("both nodes need certificates from the same CA (lamina certs issue)"),
+        ),
+        _ => Failure::new(StatusCode::BAD_GATEWAY, "unavailable", msg, None),
+    }
+}
+
+fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
+    match source {
+        CloneSource::Remote {
+            node,
+            address,
+            volume,
+            snapshot,
+        } => Some((
+            Remote {
+                address: address.clone(),
+                node: node.clone(),
+            },
+            volume.clone(),
+            snapshot.clone(),
+        )),
+        _ => None,
+    }
+}
+
+/// Start (or, at restart, resume) a clone of another node's snapshot.
+pub async fn remote_clone(
+    st: &Arc<State>,
+    rec: &OpRec,
+    recovering: bool,
+) -> Result<Outcome, Failure> {
+    let Op::Clone { name, source, .. } = rec.op.clone() else {
+        return Err(Failure::internal("not a clone operation"));
+    };
+    let Some((remote, rvol, rsnap)) = remote_of(&source) else {
+        return Err(Failure::internal("not a remote clone"));
+    };
+    let Some(identity) = st.identity.clone() else {
+        return Err(Failure::invalid(
+            "this node has no transfer identity: start lamina serve with --transfer-tls DIR (ca.crt, tls.crt, tls.key; see `lamina certs`)",
+        ));
+    };
+    let mut rec = rec.clone();
+    if !recovering {
+        if let Some(answer) = asked_again(st, &rec, &name, &source).await? {
+            return Ok(answer);
+        }
+    }
+    if rec.copy.is_none() {
+        let (id2, r2, v2, s2) = (
+            identity.clone(),
+            remote.clone(),
+            rvol.clone(),
+            rsnap.clone(),
+        );
+        let n2 = name.clone();
+        let described = blocking(move || {
+            lamina_engine::check_name(&n2)?;
+            lamina_transfer::describe(&id2, &r2, &v2, &s2).map_err(|e| request_failure(&e, &r2))
+        })
+        .await?;
+        rec.total_bytes = described.data_bytes;
+        rec.copy = Some(CopyRec {
+            volume: rvol.clone(),
+            snapshot: rsnap.clone(),
+            system: false,
+            resume_offset: 0,
+            snapshot_id: described.id,
+            received_bytes: 0,
+            wire_bytes: 0,
+        });
+        rec.reason = None;
+        st.record_async(rec.clone()).await?;
+        let (p, n2) = (st.pool.clone(), name.clone());
+        let size = described.size;
+        blocking(move || Ok(p.create_volume(&n2, size)?)).await?;
+    }
+    let (p, n2) = (st.pool.clone(), name.clone());
+    let info = match blocking(move || Ok(p.volume_info_by_name(&n2)?)).await {
+        Ok(info) => info,
+        Err(f) => {
+            // Recorded but never made (killed between the two): make it.
+            let copy = rec.copy.clone().expect("set above");
+            let (id2, r2) = (identity.clone(), remote.clone());
+            let (p, n2) = (st.pool.clone(), name.clone());
+            let made = blocking(move || {
+                let d = lamina_transfer::describe(&id2, &r2, &copy.volume, &copy.snapshot)
+                    .map_err(|e| request_failure(&e, &r2))?;
+                Ok(p.create_volume(&n2, d.size)?)
+            })
+            .await;
+            made.map_err(|_| f)?
+        }
+    };
+    let (st2, rec2) = (st.clone(), rec.clone());
+    st.spawn_job("lamina-pull", move || run_pull(&st2, rec2, &name))
+        .map_err(|e| Failure::internal(format!("cannot start the pull: {e}")))?;
+    Ok(Outcome::Started {
+        info,
+        created: !recovering,
+        running: Some(rec.id.clone()),
+    })
+}
+
+/// Asked again for a remote clone that exists, from the same source: answer
+/// it as it is; a volume of that name made otherwise is a conflict.
+async fn asked_again(
+    st: &Arc<State>,
+    rec: &OpRec,
+    name: &str,
+    source: &CloneSource,
+) -> Result<Option<Outcome>, Failure> {
+    let (st2, n2, s2, me) = (st.clone(), name.to_string(), source.clone(), rec.id.clone());
+    blocking(move || {
+        let Ok(info) = st2.pool.volume_info_by_name(&n2) else {
+            return Ok(None);
+        };
+        let ops = st2.operations(&lamina_api::OperationFilter {
+            volume: Some(n2.clone()),
+            ..Default::default()
+        })?;
+        let earlier = ops.into_iter().find(|o| {
+            o.id != me
+                && o.state != OperationState::Failed
+                && matches!(&o.op, Op::Clone { name, source, .. } if *name == n2 && *source == s2)
+        });
+        match earlier {
+            Some(op) => Ok(Some(Outcome::Started {
+                info,
+                created: false,
+                running: (op.state == OperationState::Running).then_some(op.id),
+            })),
+            None => Err(Failure::exists(
+                format!("volume {n2:?} already exists and is not a clone of {s2}"),
+                "pick another name for the clone",
+            )),
+        }
+    })
+    .await
+}
+
+/// What the pull hears while it runs, and what it records.
+struct Ctl<'a> {
+    st: &'a State,
+    rec: &'a mut OpRec,
+    live: Live,
+    last_record: Instant,
+    /// Data received in this attempt before the last record.
+    recorded_this_attempt: u64,
+    failed: Option<String>,
+    /// The last time the pull moved (a retry window counts from it).
+    moved: Instant,
+}
+
+impl Ctl<'_> {
+    fn publish(&self) {
+        self.st
+            .progress
+            .lock()
+            .unwrap()
+            .insert(self.rec.id.clone(), self.live);
+    }
+
+    /// Data received in this attempt so far.
+    fn received_now(&self) -> u64 {
+        self.live.done.saturating_sub(self.live.done_at_start)
+    }
+
+    /// Add what this attempt received since the last record to the record.
+    fn count_received(&mut self) {
+        let now = self.received_now();
+        if let Some(c) = self.rec.copy.as_mut() {
+            c.received_bytes += now.saturating_sub(self.recorded_this_attempt);
+        }
+        self.recorded_this_attempt = now;
+    }
+}
+
+impl CopyControl for Ctl<'_> {
+    fn progress(&mut self, p: &CopyProgress) {
+        self.live.done = p.done_bytes;
+        self.live.total = p.total_bytes;
+        self.moved = Instant::now();
+        self.publish();
+        if self.last_record.elapsed() >= RECORD_EVERY {
+            self.count_received();
+            self.last_record = Instant::now();
+            if let Err(e) = self.st.record(self.rec) {
+                self.failed = Some(format!("cannot record progress: {e}"));
+            }
+        }
+    }
+    fn durable(&mut self, p: &CopyProgress) -> bool {
+        self.count_received();
+        self.last_record = Instant::now();
+        self.rec.done_bytes = p.done_bytes;
+        self.rec.total_bytes = p.total_bytes;
+        if let Some(c) = self.rec.copy.as_mut() {
+            c.resume_offset = p.resume_offset;
+        }
+        match self.st.record(self.rec) {
+            Ok(()) => self.failed.is_none(),
+            Err(e) => {
+                self.failed = Some(format!("cannot record progress: {e}"));
+                false
+            }
+        }
+    }
+    fn stop(&self) -> bool {
+        self.st.is_stopping() || self.failed.is_some()
+    }
+}
+
+/// The pull job: attempts until done, failed for good, or the daemon stops.
+fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
+    let span = tracing::info_span!("remote-clone", op = %rec.id, volume = %name);
+    let _e = span.enter();
+    let Op::Clone { source, .. } = rec.op.clone() else {
+        return;
+    };
+    let (Some((remote, rvol, rsnap)), Some(identity)) = (remote_of(&source), st.identity.clone())
+    else {
+        fail(
+            st,
+            &mut rec,
+            name,
+            FailureReason::Protocol,
+            "not a remote clone, or no identity".into(),
+        );
+        return;
+    };
+    let mut moved = Instant::now();
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let copy = rec
+            .copy
+            .clone()
+            .expect("a remote clone's copy is recorded before it runs");
+        let mut ctl = Ctl {
+            st,
+            live: Live::start(rec.done_bytes, rec.total_bytes),
+            rec: &mut rec,
+            last_record: Instant::now(),
+            recorded_this_attempt: 0,
+            failed: None,
+            moved,
+        };
+        ctl.publish();
+        let end = lamina_transfer::pull_into(
+            &st.pool,
+            name,
+            &identity,
+            &remote,
+            &rvol,
+            &rsnap,
+            copy.snapshot_id,
+            copy.resume_offset,
+            CHECKPOINT_BYTES,
+            &mut ctl,
+        );
+        ctl.count_received();
+        moved = ctl.moved;
+        let failed = ctl.failed.take();
+        let wire = match &end {
+            Ok(e) => e.wire_bytes,
+            Err(_) => 0,
+        };
+        if let Some(c) = rec.copy.as_mut() {
+            c.wire_bytes += wire;
+        }
+        match (end, failed) {
+            (_, Some(e)) => return fail(st, &mut rec, name, FailureReason::Io, e),
+            (Ok(e), None) => match e.end {
+                CopyEnd::Done(p) => {
+                    rec.done_bytes = p.done_bytes;
+                    rec.total_bytes = p.total_bytes;
+                    return succeed(st, &mut rec);
+                }
+                CopyEnd::Stopped(_) => {
+                    let _ = st.record(&rec);
+                    st.progress.lock().unwrap().remove(&rec.id);
+                    tracing::info!("daemon stopping: the pull resumes at the next start");
+                    return;
+                }
+            },
+            (Err(e), None) => {
+                let reason = e.reason();
+                let retriable = matches!(reason, Reason::SourceUnreachable);
+                if !retriable || moved.elapsed() >= st.transfer_retry_window {
+                    return fail(st, &mut rec, name, api_reason(reason), e.to_string());
+                }
+                tracing::warn!(error = %e, retry_in = ?backoff, "pull interrupted; resuming from the last durable offset");
+                let _ = st.record(&rec);
+                let until = Instant::now() + backoff;
+                while Instant::now() < until {
+                    if st.is_stopping() {
+                        st.progress.lock().unwrap().remove(&rec.id);
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn succeed(st: &State, rec: &mut OpRec) {
+    st.progress.lock().unwrap().remove(&rec.id);
+    rec.state = OperationState::Succeeded;
+    let resent = rec
+        .copy
+        .as_ref()
+        .map_or(0, |c| c.received_bytes.saturating_sub(rec.done_bytes));
+    tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
+    if let Err(e) = st.record(rec) {
+        tracing::error!(error = %e, "could not record the end of a remote clone");
+    }
+}
+
+/// End the pull as failed: the partial volume goes first.
+fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: String) {
+    st.progress.lock().unwrap().remove(&rec.id);
+    tracing::error!(reason = reason.as_str(), error = %error, "remote clone failed; removing the partial volume");
+    if let Err(d) = st.pool.delete_volume(name, true) {
+        if !matches!(d, lamina_engine::Error::VolumeNotFound(_)) {
+            tracing::error!(error = %d, "could not remove the partial volume");
+        }
+    }
+    rec.state = OperationState::Failed;
+    rec.reason = Some(reason);
+    rec.error = Some(format!("{}: {error}", reason.as_str()));
+    if let Err(e) = st.record(rec) {
+        tracing::error!(error = %e, "could not record the end of a remote clone");
+    }
+}
