@@ -18,6 +18,7 @@ fn a_client_from_another_ca_is_refused_and_logged() {
     let (_t, stranger) = Ca::new().identity("stranger");
     let e = describe(&stranger, &served.remote("source"), "src", "s").unwrap_err();
     assert_eq!(e.reason(), Reason::Refused, "{e}");
+    assert!(e.to_string().contains("UnknownIssuer"), "{e}");
     // Neither trusts the other's CA: the client's verification fails
     // first and aborts the handshake; the source logs the failed one.
     eventually("the source counted the refusal", || {
@@ -44,6 +45,7 @@ fn a_client_certificate_the_source_does_not_trust_is_refused() {
     let intruder = lamina_transfer::Identity::load(dir.path()).unwrap();
     let e = describe(&intruder, &served.remote("source"), "src", "s").unwrap_err();
     assert_eq!(e.reason(), Reason::Refused, "{e}");
+    assert!(e.to_string().contains("UnknownCA"), "{e}");
     eventually("the source counted the refusal", || {
         served.source.refused() == 1
     });
