@@ -230,3 +230,38 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
     assert_eq!(e.reason(), Reason::Protocol, "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
 }
+
+#[test]
+fn a_client_breaking_the_protocol_gets_a_bad_request() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(4 * MIB, &[(0, 4096, 1)]);
+    let served = Served::new(src, src_id);
+    let bad_requests = [
+        Frame::Data {
+            offset: 0,
+            payload: vec![1],
+        },
+        Frame::Request(Request {
+            mode: Mode::Pull,
+            expect_id: 0,
+            from_offset: 0,
+            volume: "../etc".into(),
+            snapshot: "s".into(),
+        }),
+    ];
+    for f in bad_requests {
+        let mut c = fake_client(&dst_id, served.addr, "source");
+        write_frame(&mut c, &Frame::Hello { version: VERSION });
+        assert_eq!(read_frame(&mut c), Frame::Hello { version: VERSION });
+        write_frame(&mut c, &f);
+        match read_frame(&mut c) {
+            Frame::Error { code, message } => {
+                assert_eq!(code, Code::BadRequest, "{message}");
+                assert!(!message.is_empty());
+            }
+            g => panic!("expected an Error frame for {f:?}, got {g:?}"),
+        }
+    }
+}
