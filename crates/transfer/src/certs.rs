@@ -42,8 +42,14 @@ pub fn create_ca(dir: &Path) -> Result<(), TransferError> {
     std::fs::create_dir_all(dir).map_err(|e| bad(dir, e))?;
     let key = KeyPair::generate().map_err(|e| bad(dir, e))?;
     let mut p = CertificateParams::new(Vec::<String>::new()).map_err(|e| bad(dir, e))?;
+    // A name of its own (from its key), so that a peer of another cluster
+    // is told "unknown issuer", not "bad signature" from a namesake CA.
+    let tag: String = key.public_key_raw()[1..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     p.distinguished_name
-        .push(DnType::CommonName, "Lamina cluster CA");
+        .push(DnType::CommonName, format!("Lamina cluster CA {tag}"));
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let cert = p.self_signed(&key).map_err(|e| bad(dir, e))?;

@@ -26,16 +26,30 @@ pub struct Remote {
     pub node: String,
 }
 
-/// A TCP stream that counts the bytes it receives (TLS records included).
+/// A TCP stream that counts the bytes it receives (TLS records included)
+/// and reads them in large pieces: rustls asks for 4 KiB at a time, which
+/// would cost a system call per 4 KiB.
 pub(crate) struct Counted {
     tcp: TcpStream,
     pub(crate) received: Arc<AtomicU64>,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
 }
 
+/// Bytes read from the socket at once.
+const READ_AHEAD: usize = 256 << 10;
+
 impl Read for Counted {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.tcp.read(buf)?;
-        self.received.fetch_add(n as u64, Ordering::Relaxed);
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            let n = self.tcp.read(&mut self.buf)?;
+            self.received.fetch_add(n as u64, Ordering::Relaxed);
+            (self.pos, self.end) = (0, n);
+        }
+        let n = out.len().min(self.end - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
         Ok(n)
     }
 }
@@ -96,6 +110,9 @@ impl Conn {
         let counted = Counted {
             tcp,
             received: Arc::default(),
+            buf: vec![0; READ_AHEAD].into_boxed_slice(),
+            pos: 0,
+            end: 0,
         };
         let mut c = Conn {
             stream: rustls::StreamOwned::new(tls, counted),

@@ -61,6 +61,15 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TransferError
     Ok(certs)
 }
 
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("node", &self.node)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Identity {
     /// Load `ca.crt`, `tls.crt` and `tls.key` from `dir`.
     pub fn load(dir: &Path) -> Result<Identity, TransferError> {

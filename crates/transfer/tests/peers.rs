@@ -18,6 +18,7 @@ fn a_client_from_another_ca_is_refused_and_logged() {
     let (_t, stranger) = Ca::new().identity("stranger");
     let e = describe(&stranger, &served.remote("source"), "src", "s").unwrap_err();
     assert_eq!(e.reason(), Reason::Refused, "{e}");
+    assert!(e.to_string().contains("UnknownIssuer"), "{e}");
     // Neither trusts the other's CA: the client's verification fails
     // first and aborts the handshake; the source logs the failed one.
     eventually("the source counted the refusal", || {
@@ -44,6 +45,7 @@ fn a_client_certificate_the_source_does_not_trust_is_refused() {
     let intruder = lamina_transfer::Identity::load(dir.path()).unwrap();
     let e = describe(&intruder, &served.remote("source"), "src", "s").unwrap_err();
     assert_eq!(e.reason(), Reason::Refused, "{e}");
+    assert!(e.to_string().contains("UnknownCA"), "{e}");
     eventually("the source counted the refusal", || {
         served.source.refused() == 1
     });
@@ -227,4 +229,39 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Protocol, "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
+}
+
+#[test]
+fn a_client_breaking_the_protocol_gets_a_bad_request() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (_a, src) = source_pool(4 * MIB, &[(0, 4096, 1)]);
+    let served = Served::new(src, src_id);
+    let bad_requests = [
+        Frame::Data {
+            offset: 0,
+            payload: vec![1],
+        },
+        Frame::Request(Request {
+            mode: Mode::Pull,
+            expect_id: 0,
+            from_offset: 0,
+            volume: "../etc".into(),
+            snapshot: "s".into(),
+        }),
+    ];
+    for f in bad_requests {
+        let mut c = fake_client(&dst_id, served.addr, "source");
+        write_frame(&mut c, &Frame::Hello { version: VERSION });
+        assert_eq!(read_frame(&mut c), Frame::Hello { version: VERSION });
+        write_frame(&mut c, &f);
+        match read_frame(&mut c) {
+            Frame::Error { code, message } => {
+                assert_eq!(code, Code::BadRequest, "{message}");
+                assert!(!message.is_empty());
+            }
+            g => panic!("expected an Error frame for {f:?}, got {g:?}"),
+        }
+    }
 }
