@@ -368,7 +368,8 @@ pub struct Removed {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApiError {
     /// One of: invalid, not_found, already_exists, conflict, no_space,
-    /// unauthorized, unavailable, internal.
+    /// unauthorized, refused (another node refused this one's
+    /// credentials, or this one its), unavailable, internal.
     pub code: String,
     /// What was wrong.
     pub message: String,

@@ -539,8 +539,11 @@ pub async fn detach_snapshot(
         (status = 202, description = "a full clone (or a clone from another node): the copy runs in the background", body = api::CloneCreated),
         (status = 400, description = "malformed body or bad name; not exactly one source; from another node without a snapshot, or without a transfer identity", body = api::ApiError),
         (status = 404, description = "the source is missing (here, or on the other node)", body = api::ApiError),
+        (status = 403, description = "from another node: the peers refused each other's certificates", body = api::ApiError),
         (status = 409, description = "a volume of that name exists and is not this clone", body = api::ApiError),
-        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 500, body = api::ApiError),
+        (status = 502, description = "from another node: the peer broke the protocol", body = api::ApiError),
+        (status = 503, description = "the daemon is latched, or the other node is unreachable", body = api::ApiError),
         (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_clone(
     st: St,

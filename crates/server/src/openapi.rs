@@ -58,7 +58,9 @@ use utoipa::OpenApi;
         api::Origin,
         api::CloneState,
         api::Health,
-        api::Changes
+        api::Changes,
+        api::PeerNode,
+        api::FailureReason
     ))
 )]
 struct Doc;
