@@ -261,7 +261,8 @@ impl Host {
     pub fn unshape(&self) {
         for (ns, dev) in [(&self.ns, "eth0"), (&self.switch, self.port.as_str())] {
             // Deleting the root qdisc when there is none fails: harmless.
-            let _ = try_run(Command::new("tc").args(["-n", ns, "qdisc", "del", "dev", dev, "root"]));
+            let _ =
+                try_run(Command::new("tc").args(["-n", ns, "qdisc", "del", "dev", dev, "root"]));
         }
     }
 

@@ -37,7 +37,9 @@ fn inside<T: Send + 'static>(host: &Host, f: impl FnOnce() -> T + Send + 'static
 /// number of bytes it read before the client shut its side down.
 fn counter(host: &Host) -> SocketAddr {
     let addr = SocketAddr::from((host.addr(), 9000));
-    let l = inside(host, move || TcpListener::bind(addr).expect("bind in the host"));
+    let l = inside(host, move || {
+        TcpListener::bind(addr).expect("bind in the host")
+    });
     std::thread::spawn(move || {
         for mut c in l.incoming().flatten() {
             let mut n = 0u64;
@@ -103,7 +105,14 @@ fn commands_run_inside_a_host() {
     let listen = a.addr().to_string();
     let mut server = a
         .cmd("nbdkit")
-        .args(["--foreground", "--exit-with-parent", "-i", &listen, "-p", "10809"])
+        .args([
+            "--foreground",
+            "--exit-with-parent",
+            "-i",
+            &listen,
+            "-p",
+            "10809",
+        ])
         .args(["memory", "3M"])
         .stdin(Stdio::null())
         .spawn()
@@ -133,7 +142,10 @@ fn a_shaped_link_holds_packets_back() {
     assert_eq!(q["options"]["rate"], 2_000_000, "{q}");
     let sent = a.tx_bytes();
     let len = 4usize << 20;
-    assert_eq!(send(a, to, len, WAIT).expect("a reaches b, slowly"), len as u64);
+    assert_eq!(
+        send(a, to, len, WAIT).expect("a reaches b, slowly"),
+        len as u64
+    );
     assert!(a.tx_bytes() - sent >= len as u64);
     let q = a.qdisc_stats();
     // Everything went through the filter, and it had to hold packets back
@@ -156,7 +168,11 @@ fn a_daemon_runs_in_its_host_and_restarts_there() {
     let ns_inode = std::fs::metadata(format!("/var/run/netns/{}", h.name()))
         .unwrap()
         .ino();
-    let in_host = |pid: u32| std::fs::metadata(format!("/proc/{pid}/ns/net")).unwrap().ino();
+    let in_host = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}/ns/net"))
+            .unwrap()
+            .ino()
+    };
     let mut d = h.serve(&STOPS, &[]);
     let pid = d.pid().expect("running");
     // `ip netns exec` execs the daemon: the pid is the daemon's own (in the
