@@ -27,13 +27,7 @@ impl Lamina {
 
     /// The CLI with none of the caller's `LAMINA_*` settings.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(self.bin);
-        for (key, _) in std::env::vars_os() {
-            if key.as_encoded_bytes().starts_with(b"LAMINA_") {
-                c.env_remove(key);
-            }
-        }
-        c
+        clear_lamina_vars(Command::new(self.bin))
     }
 
     /// The CLI pointed at a data directory.
@@ -55,6 +49,15 @@ impl Lamina {
     /// fails if it neither exits nor answers within [`START_LIMIT`].
     #[track_caller]
     pub fn start_with(&self, extra: &[&str]) -> Result<Daemon, StartError> {
+        self.start_in(&[], extra)
+    }
+
+    /// [`Lamina::start_with`], the daemon run by a command prefix (e.g.
+    /// `ip netns exec NS`, see [`crate::netns::Host::prefix`]) that must
+    /// exec it, so that the pid it gets is the daemon's; the CLI still
+    /// reaches it on its data directory's unix socket.
+    #[track_caller]
+    pub fn start_in(&self, prefix: &[String], extra: &[&str]) -> Result<Daemon, StartError> {
         // A short path: unix socket paths are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("lamina-test")
@@ -64,12 +67,23 @@ impl Lamina {
             lamina: *self,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            prefix: prefix.to_vec(),
             child: None,
             stop_limit: STOP_LIMIT,
         };
         d.spawn()?;
         Ok(d)
     }
+}
+
+/// `c` with none of the caller's `LAMINA_*` variables.
+fn clear_lamina_vars(mut c: Command) -> Command {
+    for (key, _) in std::env::vars_os() {
+        if key.as_encoded_bytes().starts_with(b"LAMINA_") {
+            c.env_remove(key);
+        }
+    }
+    c
 }
 
 /// Why a daemon did not start.
@@ -86,6 +100,8 @@ pub struct Daemon {
     lamina: Lamina,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// What runs `lamina serve` (empty: nothing, it runs itself).
+    prefix: Vec<String>,
     child: Option<Child>,
     /// [`STOP_LIMIT`], shorter in the harness's own tests.
     pub(crate) stop_limit: Duration,
@@ -159,9 +175,16 @@ impl Daemon {
             .append(true)
             .open(self.log_path())
             .expect("daemon log file");
-        let child = self
-            .lamina
-            .cmd()
+        let mut cmd = match self.prefix.split_first() {
+            None => self.lamina.cmd(),
+            Some((program, args)) => {
+                // The prefix passes its environment on to the daemon.
+                let mut c = clear_lamina_vars(Command::new(program));
+                c.args(args).arg(self.lamina.bin);
+                c
+            }
+        };
+        let child = cmd
             .arg("serve")
             .arg("--data-dir")
             .arg(self.dir.path())
@@ -206,6 +229,26 @@ impl Daemon {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Start again on the same data directory after [`Daemon::kill9`] (a
+    /// node that stays down a while before it comes back).
+    #[track_caller]
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "start_again: the daemon is running");
+        self.spawn()
+            .unwrap_or_else(|e| panic!("lamina serve did not start again: {e}"));
+    }
+
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the daemon process has been started and not stopped or
+    /// killed by this guard.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kill (SIGKILL) and start again on the same data directory.

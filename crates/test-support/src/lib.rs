@@ -27,12 +27,16 @@
 //! end-to-end package did) could find a binary left by an earlier build and
 //! silently test old code, or none at all.
 //!
+//! [`netns`] puts several daemons on one machine, each in a network
+//! namespace of its own joined to one switch, for the cross-node tests.
+//!
 //! Failures are panics with context, not errors: a failure here is a failed
 //! test. The one error type, [`StartError`], is for a start the caller may
 //! retry (a TCP port taken between choosing and binding it).
 
 mod command;
 mod daemon;
+pub mod netns;
 #[cfg(test)]
 mod tests;
 mod tools;

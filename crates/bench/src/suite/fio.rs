@@ -42,6 +42,9 @@ pub enum Target {
     Nbd(String),
     /// A file of this size, opened with O_DIRECT.
     File(PathBuf, u64),
+    /// An NBD URI reached from inside a network namespace: fio runs under
+    /// `prefix` (`ip netns exec NS`).
+    NbdIn { prefix: Vec<String>, uri: String },
 }
 
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -55,7 +58,14 @@ pub struct Outcome {
 }
 
 fn command(job: &Job, target: &Target) -> Command {
-    let mut c = Command::new("fio");
+    let mut c = match target {
+        Target::NbdIn { prefix, .. } if !prefix.is_empty() => {
+            let mut c = Command::new(&prefix[0]);
+            c.args(&prefix[1..]).arg("fio");
+            c
+        }
+        _ => Command::new("fio"),
+    };
     c.args([
         "--name=bench",
         "--output-format=json",
@@ -77,7 +87,7 @@ fn command(job: &Job, target: &Target) -> Command {
         }
     }
     match target {
-        Target::Nbd(uri) => {
+        Target::Nbd(uri) | Target::NbdIn { uri, .. } => {
             c.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
             if let Some(s) = job.size {
                 c.arg(format!("--size={s}"));

@@ -23,12 +23,33 @@ impl Lamina {
     /// Start the daemon on `data` (made if missing; a pool already there is
     /// opened as it is).
     pub fn start(bin: &Path, data: &Path, log_dir: &Path) -> Result<Lamina> {
+        Lamina::start_in(bin, data, log_dir, &[], &[])
+    }
+
+    /// [`Lamina::start`] run by a command prefix that execs it (`ip netns
+    /// exec NS`), with extra `serve` arguments; the API and NBD sockets are
+    /// still unix sockets in `data`.
+    pub fn start_in(
+        bin: &Path,
+        data: &Path,
+        log_dir: &Path,
+        prefix: &[String],
+        extra: &[String],
+    ) -> Result<Lamina> {
         std::fs::create_dir_all(data)?;
         let layout = lamina_server::Layout::new(data);
-        let mut cmd = Command::new(bin);
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(data)
+            .args(extra)
             .env("RUST_LOG", "warn");
         let name = format!(
             "lamina-{}",

@@ -9,6 +9,7 @@ mod fio;
 mod lamina;
 mod machine;
 mod nbd_client;
+mod netns;
 mod plot;
 mod proc;
 mod qmp;
@@ -39,7 +40,7 @@ pub struct SuiteArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Run only these cases (comma separated): io, depth, snapshot, delete,
-    /// clone, scale.
+    /// clone, crossnode, scale.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Rounds of each comparison (default 3, quick 1).
@@ -72,6 +73,9 @@ pub struct Profile {
     /// Clone: volume size and bytes allocated in it.
     pub clone_size: u64,
     pub clone_allocated: u64,
+    /// Cross-node clone: volume size and bytes allocated in it.
+    pub crossnode_size: u64,
+    pub crossnode_allocated: u64,
     /// Scale: volumes, and snapshots per volume.
     pub scale_volumes: usize,
     pub scale_snapshots: usize,
@@ -92,6 +96,8 @@ impl Profile {
             delete_bytes: GIB,
             clone_size: 10 * GIB,
             clone_allocated: 2 * GIB,
+            crossnode_size: 10 * GIB,
+            crossnode_allocated: 2 * GIB,
             scale_volumes: 1000,
             scale_snapshots: 30,
         }
@@ -111,6 +117,8 @@ impl Profile {
             delete_bytes: 64 * MIB,
             clone_size: GIB,
             clone_allocated: 128 * MIB,
+            crossnode_size: 512 * MIB,
+            crossnode_allocated: 128 * MIB,
             scale_volumes: 40,
             scale_snapshots: 5,
         }
@@ -152,6 +160,7 @@ pub const CASES: &[(&str, &str, CaseFn)] = &[
     ("snapshot", "Snapshot latency", cases::snapshot::run),
     ("delete", "Snapshot delete", cases::delete::run),
     ("clone", "Clones", cases::clone::run),
+    ("crossnode", "Cross-node clone", cases::crossnode::run),
     ("scale", "Scale (control plane)", cases::scale::run),
 ];
 
@@ -165,6 +174,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("nbdkit", "nbdkit"),
     ("nbdcopy", "libnbd-bin"),
     ("findmnt", "util-linux"),
+    ("nbdinfo", "libnbd-bin"),
+    ("ip", "iproute2"),
 ];
 
 fn check_tools() -> Result<()> {
@@ -230,7 +241,9 @@ pub fn run(a: SuiteArgs) -> Result<()> {
     }
     for o in &a.only {
         if !CASES.iter().any(|(n, _, _)| n == o) {
-            bail!("no case {o:?}; the cases are io, depth, snapshot, delete, clone, scale");
+            bail!(
+                "no case {o:?}; the cases are io, depth, snapshot, delete, clone, crossnode, scale"
+            );
         }
     }
     let out = a.out.clone().unwrap_or_else(|| {

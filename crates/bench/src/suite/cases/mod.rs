@@ -2,6 +2,7 @@
 //! its records and comparisons, and notes what it could not run and why.
 
 pub mod clone;
+pub mod crossnode;
 pub mod delete;
 pub mod depth;
 pub mod io;

@@ -1,0 +1,500 @@
+//! Cross-node clone: a volume of `crossnode_size` holding
+//! `crossnode_allocated` bytes (half at its start, half in 1 MiB extents
+//! spread over the rest) copied from host A to host B, two network
+//! namespaces joined by one veth link. Lamina (`lamina clone create
+//! --from-node`, the target pulling over its transfer protocol) against
+//! nbdcopy run in B from a qemu-nbd raw export on A over TCP to a sparse
+//! raw file. Per side: time, rate, bytes on the link (A's tx), and what the
+//! copies cost writes on the source (fio 4k randwrite alone, then with
+//! copies back to back).
+//!
+//! `LAMINA_BENCH_CROSSNODE=anchor` runs the nbdcopy half alone (for a
+//! build without the transfer protocol); the report says so.
+
+use crate::suite::cases::clone::under_reads;
+use crate::suite::cases::io;
+use crate::suite::fio::{self, Job, Target};
+use crate::suite::lamina::Lamina;
+use crate::suite::netns::{Host, Link};
+use crate::suite::proc;
+use crate::suite::record::Better;
+use crate::suite::{path_str, Ctx, MIB};
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CASE: &str = "crossnode";
+const LAMINA: &str = "lamina remote clone";
+const NBDCOPY: &str = "nbdcopy qemu-nbd raw → raw";
+/// Set to `anchor` to run only the nbdcopy half.
+pub const ONLY_ENV: &str = "LAMINA_BENCH_CROSSNODE";
+
+const TIME: &str = "cross-node copy: time";
+const RATE: &str = "cross-node copy: rate (allocated bytes / time)";
+const LINK: &str = "cross-node copy: bytes on the link (A's tx)";
+const LINK_AMP: &str = "cross-node copy: bytes on the link ÷ allocated";
+const WRITE_ALONE: &str = "4k randwrite QD32 on the source, alone";
+const WRITE_DURING: &str = "4k randwrite QD32 on the source, during copies";
+const WRITE_KEPT: &str = "source write IOPS during copies ÷ alone";
+
+const NBD_PORT: u16 = 10809;
+const API_PORT: u16 = 7400;
+const TRANSFER_PORT: u16 = 7401;
+/// nbdcopy onto a new sparse file, as durable at its end as Lamina's clone.
+const NBDCOPY_OPTS: &[&str] = &["--destination-is-zero", "--flush"];
+
+/// The source: `allocated` bytes of incompressible data in a sparse file of
+/// `size`, the first half of them at its start (where fio writes), the
+/// rest in 1 MiB extents spread evenly over the remainder.
+fn source_file(path: &Path, size: u64, allocated: u64) -> Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.set_len(size)?;
+    let head = allocated / 2;
+    let extents = (allocated - head) / MIB;
+    let stride = (size - head) / extents.max(1);
+    ensure!(stride >= MIB, "{allocated} allocated do not fit in {size}");
+    let mut s: u64 = 0x5EED_0C0F_FEE1_2345;
+    let mut buf = vec![0u8; MIB as usize];
+    let mut fill = |buf: &mut [u8]| {
+        for w in buf.chunks_exact_mut(8) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            w.copy_from_slice(&s.to_le_bytes());
+        }
+    };
+    for off in (0..head).step_by(MIB as usize) {
+        fill(&mut buf);
+        f.write_all_at(&buf, off)?;
+    }
+    for i in 0..extents {
+        fill(&mut buf);
+        f.write_all_at(&buf, head + i * stride)?;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// The write load on the source: 4 KiB random writes over the contiguous
+/// half of its data (allocated already: no write allocates).
+fn write_job(seconds: f64, allocated: u64) -> Job {
+    let mut j = Job::new("randwrite", "4k", 32, seconds);
+    j.size = Some(allocated / 2);
+    j.seed = 11;
+    j
+}
+
+/// One copy's figures.
+struct Copy {
+    took: Duration,
+    link: u64,
+}
+
+fn record_copy(ctx: &mut Ctx, target: &str, c: &Copy) {
+    let alloc = ctx.p.crossnode_allocated as f64;
+    let s = c.took.as_secs_f64();
+    let r = &mut ctx.rec;
+    r.add(CASE, target, TIME, "s", Better::Lower, s);
+    r.add(CASE, target, RATE, "MB/s", Better::Higher, alloc / s / 1e6);
+    let link = c.link as f64;
+    r.add(CASE, target, LINK, "MiB", Better::Lower, link / MIB as f64);
+    r.add(CASE, target, LINK_AMP, "×", Better::Lower, link / alloc);
+}
+
+fn record_writes(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, during: &fio::Outcome) {
+    io::record(ctx, CASE, target, WRITE_ALONE, "4k", alone);
+    io::record(ctx, CASE, target, WRITE_DURING, "4k", during);
+    ctx.rec.add(
+        CASE,
+        target,
+        WRITE_KEPT,
+        "×",
+        Better::Higher,
+        during.iops / alone.iops,
+    );
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The anchor: qemu-nbd in A serving the raw source on A's address.
+struct Anchor<'a> {
+    _server: Reaped,
+    uri: String,
+    b: &'a Host,
+    a: &'a Host,
+    dst: PathBuf,
+    size: u64,
+}
+
+impl<'a> Anchor<'a> {
+    fn start(link: &'a Link, src: &Path, dir: &Path, logs: &Path, size: u64) -> Result<Anchor<'a>> {
+        let log = std::fs::File::create(logs.join("crossnode-qemu-nbd.log"))?;
+        let addr = link.a.addr.to_string();
+        let child = link
+            .a
+            .cmd("qemu-nbd")
+            .args(["--persistent", "--shared=8", "--export-name=disk"])
+            .args(["-f", "raw", "-b", &addr, "-p", &NBD_PORT.to_string()])
+            .arg(src)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting qemu-nbd in host A")?;
+        let server = Reaped(child);
+        let uri = format!("nbd://{addr}:{NBD_PORT}/disk");
+        let t = Instant::now();
+        while !link
+            .b
+            .cmd("nbdinfo")
+            .args(["--size", &uri])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("qemu-nbd in host A did not answer on {uri} from host B in 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Anchor {
+            _server: server,
+            uri,
+            a: &link.a,
+            b: &link.b,
+            dst: dir.join("anchor-dst.raw"),
+            size,
+        })
+    }
+
+    /// nbdcopy in B from A's export onto a new sparse file.
+    fn copy(&self) -> Result<Copy> {
+        let _ = std::fs::remove_file(&self.dst);
+        std::fs::File::create(&self.dst)?.set_len(self.size)?;
+        let tx = self.a.tx_bytes()?;
+        let t = Instant::now();
+        proc::run(
+            self.b
+                .cmd("nbdcopy")
+                .args(NBDCOPY_OPTS)
+                .arg("--")
+                .arg(&self.uri)
+                .arg(&self.dst),
+        )?;
+        let took = t.elapsed();
+        Ok(Copy {
+            took,
+            link: self.a.tx_bytes()? - tx,
+        })
+    }
+
+    fn fio_target(&self) -> Target {
+        Target::NbdIn {
+            prefix: self.a.prefix(),
+            uri: self.uri.clone(),
+        }
+    }
+}
+
+/// Lamina: a node in each host, the source volume `src` with snapshot
+/// `src/gold` on A.
+struct Nodes<'a> {
+    bin: PathBuf,
+    /// The source node: kept running while the struct lives.
+    _a: Lamina,
+    b: Lamina,
+    link: &'a Link,
+    src_uri: String,
+    mapped: u64,
+}
+
+impl<'a> Nodes<'a> {
+    fn start(ctx: &Ctx, link: &'a Link, src: &Path, size: u64) -> Result<Nodes<'a>> {
+        let bin = ctx.lamina_bin.clone();
+        let certs = ctx.scratch("crossnode-certs")?;
+        let ca = certs.join("ca");
+        proc::run(Command::new(&bin).args(["certs", "create-ca"]).arg(&ca))?;
+        let node = |name: &str, h: &Host| -> Result<Lamina> {
+            let tls = certs.join(name);
+            proc::run(
+                Command::new(&bin)
+                    .args(["certs", "issue", "--ca"])
+                    .arg(&ca)
+                    .args(["--node", name])
+                    .arg(&tls),
+            )?;
+            let extra = [
+                "--listen".to_string(),
+                format!("{}:{API_PORT}", h.addr),
+                "--transfer-listen".to_string(),
+                format!("{}:{TRANSFER_PORT}", h.addr),
+                "--transfer-tls".to_string(),
+                path_str(&tls),
+            ];
+            let data = ctx.scratch(&format!("crossnode-{name}"))?;
+            Lamina::start_in(&bin, &data, &ctx.logs, &h.prefix(), &extra)
+        };
+        let a = node("a", &link.a)?;
+        let b = node("b", &link.b)?;
+        a.create_volume("src", size)?;
+        let src_uri = a.attach("src")?;
+        proc::run(
+            Command::new("nbdcopy")
+                .args(["--destination-is-zero", "--"])
+                .arg(src)
+                .arg(&src_uri),
+        )
+        .context("filling the Lamina source volume")?;
+        a.snapshot("src", "gold")?;
+        let mapped = a.snapshot_info("src", "gold")?.allocated_bytes;
+        Ok(Nodes {
+            bin,
+            _a: a,
+            b,
+            link,
+            src_uri,
+            mapped,
+        })
+    }
+
+    /// `lamina -o json ARGS` against node B.
+    fn cli_b(&self, args: &[&str]) -> Result<Value> {
+        let out = proc::run(
+            Command::new(&self.bin)
+                .arg("--data-dir")
+                .arg(&self.b.data)
+                .args(args)
+                .args(["-o", "json"]),
+        )?;
+        serde_json::from_str(&out).with_context(|| format!("lamina {args:?} printed {out}"))
+    }
+
+    /// Clone `src/gold` from A into a new volume `name` on B, to its end.
+    fn copy(&self, name: &str) -> Result<(Copy, Value)> {
+        let from = format!("{}:{TRANSFER_PORT}", self.link.a.addr);
+        let tx = self.link.a.tx_bytes()?;
+        let t = Instant::now();
+        let j = self.cli_b(&[
+            "clone",
+            "create",
+            name,
+            "--from-snapshot",
+            "src/gold",
+            "--from-node",
+            "a",
+            "--from-address",
+            &from,
+            "--no-wait",
+        ])?;
+        let id = j["operation"]["id"]
+            .as_str()
+            .with_context(|| format!("clone create printed no operation: {j}"))?
+            .to_string();
+        let op = self.cli_b(&["operation", "wait", &id])?;
+        let took = t.elapsed();
+        ensure!(op["state"] == "succeeded", "the remote clone failed: {op}");
+        let link = self.link.a.tx_bytes()? - tx;
+        Ok((Copy { took, link }, op))
+    }
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let size = ctx.p.crossnode_size;
+    let allocated = ctx.p.crossnode_allocated;
+    let rounds = ctx.p.rounds;
+    let anchor_only = std::env::var(ONLY_ENV).is_ok_and(|v| v == "anchor");
+    let dir = ctx.scratch("crossnode")?;
+    let src = dir.join("src.raw");
+    source_file(&src, size, allocated)?;
+    let link = Link::new()?;
+    let job = write_job(ctx.p.seconds, allocated);
+
+    let nodes = if anchor_only {
+        None
+    } else {
+        Some(Nodes::start(ctx, &link, &src, size)?)
+    };
+    if let Some(n) = &nodes {
+        if n.mapped.abs_diff(allocated) > allocated / 20 {
+            ctx.rec.note(
+                CASE,
+                format!(
+                    "the Lamina source snapshot maps {} MiB, not the {} MiB written into it.",
+                    n.mapped >> 20,
+                    allocated >> 20
+                ),
+            );
+        }
+    }
+    let anchor = Anchor::start(&link, &src, &dir, &ctx.logs, size)?;
+
+    for round in 0..rounds {
+        for k in 0..2 {
+            if (round + k) % 2 == 0 {
+                let Some(n) = &nodes else { continue };
+                let (c, op) = n.copy(&format!("c{round}"))?;
+                record_copy(ctx, LAMINA, &c);
+                let num = |key: &str| op[key].as_f64().unwrap_or(f64::NAN);
+                let r = &mut ctx.rec;
+                let (wire, rate) = (num("wire_bytes"), num("rate_bytes_per_sec"));
+                r.add(
+                    CASE,
+                    LAMINA,
+                    "operation's wire_bytes",
+                    "MiB",
+                    Better::Lower,
+                    wire / MIB as f64,
+                );
+                r.add(
+                    CASE,
+                    LAMINA,
+                    "operation's rate",
+                    "MB/s",
+                    Better::Higher,
+                    rate / 1e6,
+                );
+                let target = Target::Nbd(n.src_uri.clone());
+                let alone = fio::run(&job, &target)?;
+                let mut names = Vec::new();
+                let loaded = under_reads(
+                    &job,
+                    &target,
+                    || link.a.tx_bytes().unwrap_or(0),
+                    |i| {
+                        let name = format!("load{round}-{i}");
+                        n.copy(&name)?;
+                        names.push(name);
+                        Ok(())
+                    },
+                )?;
+                for name in names.iter().chain([&format!("c{round}")]) {
+                    n.b.delete_volume(name, false)?;
+                }
+                record_writes(ctx, LAMINA, &alone, &loaded.reads);
+                eprintln!(
+                    "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB, {:.0} MB/s); writes {:.0} IOPS alone, {:.0} during {} copies",
+                    c.took.as_secs_f64(),
+                    c.link >> 20,
+                    wire as u64 >> 20,
+                    rate / 1e6,
+                    alone.iops,
+                    loaded.reads.iops,
+                    loaded.copies
+                );
+            } else {
+                let c = anchor.copy()?;
+                record_copy(ctx, NBDCOPY, &c);
+                let target = anchor.fio_target();
+                let alone = fio::run(&job, &target)?;
+                let loaded = under_reads(
+                    &job,
+                    &target,
+                    || link.a.tx_bytes().unwrap_or(0),
+                    |_| anchor.copy().map(drop),
+                )?;
+                record_writes(ctx, NBDCOPY, &alone, &loaded.reads);
+                eprintln!(
+                    "  round {round} nbdcopy: {:.2} s, {} MiB on the link; writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
+                    c.took.as_secs_f64(),
+                    c.link >> 20,
+                    alone.iops,
+                    loaded.reads.iops,
+                    loaded.copies,
+                    loaded.written >> 20,
+                    loaded.window.as_secs_f64()
+                );
+            }
+        }
+    }
+    drop(anchor);
+    drop(nodes);
+    drop(link);
+    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+
+    let r = &mut ctx.rec;
+    r.compare(
+        CASE,
+        "cross-node clone rate vs nbdcopy",
+        RATE,
+        LAMINA,
+        NBDCOPY,
+        Some(0.8),
+    );
+    r.compare(
+        CASE,
+        "bytes on the link vs nbdcopy",
+        LINK,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.compare(
+        CASE,
+        "source write IOPS kept during copies vs during nbdcopy",
+        WRITE_KEPT,
+        LAMINA,
+        NBDCOPY,
+        None,
+    );
+    r.goal(
+        CASE,
+        "bytes on the link ≤ 1.05× allocated",
+        LAMINA,
+        LINK_AMP,
+        1.05,
+    );
+    r.goal(
+        CASE,
+        "source write IOPS during a cross-node clone ≥ 0.8× alone",
+        LAMINA,
+        WRITE_KEPT,
+        0.8,
+    );
+    let (sz, al) = (size >> 20, allocated >> 20);
+    r.note(
+        CASE,
+        format!(
+            "Two network namespaces A and B joined by one veth pair (no shaping). Source: a {sz} MiB volume \
+             holding {al} MiB of random data, half at its start and half in 1 MiB extents spread evenly over \
+             the rest. Lamina: nodes `a` and `b` (`lamina serve` in each namespace, certificates from one \
+             `lamina certs create-ca`), the source volume filled over NBD and snapshot `src/gold`; a copy is \
+             `lamina clone create --from-snapshot src/gold --from-node a --from-address A:{TRANSFER_PORT} \
+             --no-wait` on B then `lamina operation wait` (wall time of both). Anchor: qemu-nbd in A serving \
+             the raw file on A's address over TCP, `nbdcopy {}` run in B onto a new sparse raw file. Bytes on \
+             the link: A's veth tx counter around the copy (TCP/IP, TLS and protocol included). Rate = {al} \
+             MiB allocated / time, for both.",
+            NBDCOPY_OPTS.join(" ")
+        ),
+    );
+    r.note(
+        CASE,
+        format!(
+            "Source writes: fio 4k randwrite QD32 for {} s over the source's first {} MiB (all allocated), \
+             alone, then with copies back to back until fio ends (Lamina: clones into new volumes on B, \
+             deleted after; anchor: nbdcopy again onto the new file). Lamina's fio writes the live volume \
+             through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
+             reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
+            ctx.p.seconds,
+            al / 2
+        ),
+    );
+    if anchor_only {
+        r.note(
+            CASE,
+            format!("{ONLY_ENV}=anchor: only the nbdcopy half ran; there is no Lamina figure."),
+        );
+    }
+    Ok(())
+}

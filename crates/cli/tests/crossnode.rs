@@ -1,0 +1,454 @@
+//! Clones across nodes: each `lamina serve` in a network namespace of its
+//! own (the harness's `netns`), the target pulling a snapshot from the
+//! source over Lamina's transfer protocol (mutual TLS), with the link slowed
+//! by tbf, cut, or a node killed mid-copy. Data is checked end to end with
+//! qemu-img compare through both nodes' NBD exports (or against the
+//! generator that filled the source, when the source is gone).
+//!
+//! Progress is waited on through the operation (`done_bytes`, `state`),
+//! never on a sleep; a copy that must still be running while something is
+//! checked is frozen by cutting the source's link first.
+
+use lamina_test_support::netns::{Host, Net};
+use lamina_test_support::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
+const MIB: u64 = 1 << 20;
+/// The ports every node listens on (each node has its own namespace).
+const API_PORT: u16 = 7400;
+const TRANSFER_PORT: u16 = 7401;
+/// What a slowed link carries each way: a copy of 100+ MiB takes a while.
+const SLOW: u64 = 8_000_000;
+/// A generous bound on one copy (slowed, on 2 busy cores); it times nothing.
+const COPY_LIMIT: Duration = Duration::from_secs(900);
+/// The source's data: nbdkit's sparse-random plugin, the same bytes for the
+/// same arguments (random data in runs, holes between them).
+const SEED: &str = "seed=1204";
+const PERCENT: &str = "percent=50";
+
+/// A CA and the certificates issued by it, in a temporary directory.
+struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn new() -> Certs {
+        let dir = tempfile::tempdir().unwrap();
+        run(LAMINA
+            .cmd()
+            .args(["certs", "create-ca"])
+            .arg(dir.path().join("ca")))
+        .ok();
+        Certs { dir }
+    }
+
+    /// The directory holding `node`'s ca.crt, tls.crt and tls.key.
+    fn issue(&self, node: &str) -> PathBuf {
+        let out = self.dir.path().join(node);
+        run(LAMINA
+            .cmd()
+            .args(["certs", "issue", "--ca"])
+            .arg(self.dir.path().join("ca"))
+            .args(["--node", node])
+            .arg(&out))
+        .ok();
+        for f in ["ca.crt", "tls.crt", "tls.key"] {
+            assert!(out.join(f).is_file(), "certs issue wrote no {f}");
+        }
+        out
+    }
+}
+
+/// A node: a daemon in a host, with its name and transfer credentials.
+struct Node<'a> {
+    name: String,
+    host: &'a Host,
+    d: Daemon,
+}
+
+impl<'a> Node<'a> {
+    /// `lamina serve` in `host` as node `name`, retrying an interrupted
+    /// transfer for `window` seconds.
+    fn start(host: &'a Host, name: &str, certs: &Certs, window: u32) -> Node<'a> {
+        let tls = certs.issue(name);
+        let api = format!("{}:{API_PORT}", host.addr());
+        let transfer = format!("{}:{TRANSFER_PORT}", host.addr());
+        let window = window.to_string();
+        let d = host.serve(
+            &LAMINA,
+            &[
+                "--listen",
+                &api,
+                "--transfer-listen",
+                &transfer,
+                "--transfer-tls",
+                tls.to_str().unwrap(),
+                "--transfer-retry-window",
+                &window,
+            ],
+        );
+        Node {
+            name: name.into(),
+            host,
+            d,
+        }
+    }
+
+    fn transfer(&self) -> String {
+        format!("{}:{TRANSFER_PORT}", self.host.addr())
+    }
+
+    /// Start pulling `src/gold` from `from` into a new volume `name`; the
+    /// operation's id.
+    fn pull(&self, name: &str, from: &Node) -> String {
+        let j = self.d.json(&[
+            "clone",
+            "create",
+            name,
+            "--from-snapshot",
+            "src/gold",
+            "--from-node",
+            &from.name,
+            "--from-address",
+            &from.transfer(),
+            "--no-wait",
+        ]);
+        let id = j["operation"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("clone create printed no operation id: {j}"))
+            .to_string();
+        let op = self.op(&id);
+        assert_eq!(op["kind"], "remote-clone", "{op}");
+        id
+    }
+
+    fn op(&self, id: &str) -> Value {
+        self.d.json(&["operation", "get", id])
+    }
+
+    /// Wait until the operation has done at least `bytes` (it must not
+    /// fail or finish first); the operation then.
+    fn done_at_least(&self, id: &str, bytes: u64) -> Value {
+        wait_until(&format!("{bytes} bytes done"), COPY_LIMIT, || {
+            let op = self.op(id);
+            assert_eq!(op["state"], "running", "before {bytes} bytes: {op}");
+            (op["done_bytes"].as_u64().unwrap() >= bytes).then_some(op)
+        })
+    }
+
+    /// Wait until the operation has ended; the operation then.
+    fn ended(&self, id: &str) -> Value {
+        wait_until("the clone's end", COPY_LIMIT, || {
+            let op = self.op(id);
+            (op["state"] != "running").then_some(op)
+        })
+    }
+
+    /// Wait for success; the operation then.
+    fn succeeded(&self, id: &str) -> Value {
+        let op = self.ended(id);
+        assert_eq!(op["state"], "succeeded", "{op}\n{}", self.d.log());
+        assert_eq!(op["done_bytes"], op["total_bytes"], "{op}");
+        op
+    }
+
+    /// The volume `name` does not exist here (a failed clone leaves none).
+    fn has_no_volume(&self, name: &str) {
+        let o = self.d.lamina(&["volume", "get", name]);
+        assert!(!o.status.success(), "{name} is still there: {}", o.stdout);
+        assert!(!self.d.ok(&["volume", "list"]).contains(name));
+    }
+}
+
+/// Fill a new volume `src` of `size` on `n` with the generator's data and
+/// take the snapshot `src/gold`; the bytes it maps.
+fn source(n: &Node, size: u64) -> u64 {
+    need("nbdcopy", "libnbd-bin");
+    need("nbdkit", "nbdkit");
+    n.d.ok(&["volume", "create", "src", "--size", &size.to_string()]);
+    let uri = n.d.attach(&["volume", "attach", "src"]);
+    run(Command::new("nbdcopy")
+        .args(["--destination-is-zero", "--", "["])
+        .args(generator(size))
+        .args(["]", uri.as_str()]))
+    .ok();
+    n.d.ok(&["snapshot", "create", "src", "gold"]);
+    let s = n.d.json(&["snapshot", "get", "src", "gold"]);
+    let allocated = s["allocated_bytes"].as_u64().unwrap();
+    // Data, and holes.
+    assert!(allocated > size / 4 && allocated < size * 3 / 4, "{s}");
+    allocated
+}
+
+/// The nbdkit command that makes the source's data.
+fn generator(size: u64) -> Vec<String> {
+    [
+        "nbdkit",
+        "sparse-random",
+        &format!("size={size}"),
+        SEED,
+        PERCENT,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The clone `name` on `target` holds the source snapshot's data, read
+/// through both nodes' exports.
+fn same_data(source: &Node, target: &Node, name: &str) {
+    let a = source.d.attach(&["snapshot", "attach", "src", "gold"]);
+    let b = target.d.attach(&["volume", "attach", name]);
+    let cmp = qemu_img_compare(&a, &b);
+    assert!(
+        cmp.status.success(),
+        "{name} differs from src/gold: {cmp:?}"
+    );
+}
+
+/// The clone `name` on `target` holds the generator's data (the source's
+/// snapshot may be gone).
+fn generator_data(target: &Node, name: &str, size: u64) {
+    let b = target.d.attach(&["volume", "attach", name]);
+    let cmp = run(Command::new("nbdkit")
+        .args(["-U", "-"])
+        .args(&generator(size)[1..])
+        .args([
+            "--run",
+            "qemu-img compare -f raw -F raw \"$uri\" \"$CLONE\"",
+        ])
+        .env("CLONE", &b));
+    assert!(
+        cmp.status.success(),
+        "{name} differs from its source: {cmp:?}"
+    );
+}
+
+fn error_starts_with_reason(op: &Value, reason: &str) {
+    assert_eq!(op["reason"], reason, "{op}");
+    let e = op["error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with(reason) || e.starts_with(&reason.replace('-', " ")),
+        "the error should open with its reason {reason}: {op}"
+    );
+}
+
+#[test]
+fn a_clone_crosses_nodes_sparse_and_unusable_until_done() {
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let src = Node::start(net.host(0), "n0", &certs, 60);
+    let dst = Node::start(net.host(1), "n1", &certs, 60);
+    let third = Node::start(net.host(2), "n2", &certs, 60);
+    let size = 256 * MIB;
+    let allocated = source(&src, size);
+
+    // Slowed, so that it is still copying while it is looked at.
+    src.host.shape(SLOW);
+    let rx = dst.host.rx_bytes();
+    let id = dst.pull("c1", &src);
+    let v = dst.d.json(&["volume", "get", "c1"]);
+    assert_eq!(v["clone_state"], "copying", "{v}");
+    assert_eq!(v["operation"], id.as_str(), "{v}");
+    let refused = dst.d.lamina(&["volume", "attach", "c1"]);
+    // Still copying after the refusal: it was refused while copying.
+    assert_eq!(dst.op(&id)["state"], "running");
+    assert!(
+        !refused.status.success(),
+        "attach of a copying clone: {refused:?}"
+    );
+    assert!(refused.stderr.contains("c1"), "{refused:?}");
+
+    let op = dst.succeeded(&id);
+    let wire = dst.host.rx_bytes() - rx;
+    // Everything the target received, TCP, TLS and the protocol included:
+    // at most 5% over the data, and a little for the handshakes.
+    assert!(
+        wire <= allocated + allocated / 20 + MIB,
+        "{wire} bytes on the link for {allocated} allocated: {op}"
+    );
+    // The generator's data is random: it cannot have come in fewer bytes.
+    assert!(wire >= allocated, "{wire} < {allocated}: {op}");
+    let counted = op["wire_bytes"].as_u64().expect("wire_bytes");
+    assert!(counted > 0 && counted <= wire, "{counted} vs {wire}: {op}");
+    assert_eq!(op["resent_bytes"], 0, "{op}");
+    let v = dst.d.json(&["volume", "get", "c1"]);
+    assert_ne!(v["clone_state"], "copying", "{v}");
+    assert!(v["operation"].is_null(), "{v}");
+    same_data(&src, &dst, "c1");
+
+    // A second clone of the same snapshot, to the third node, at full speed.
+    src.host.unshape();
+    let id = third.pull("c2", &src);
+    third.succeeded(&id);
+    same_data(&src, &third, "c2");
+}
+
+#[test]
+fn seed_004_a_dead_source_fails_the_clone_and_a_new_clone_completes() {
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let mut src = Node::start(net.host(0), "n0", &certs, 5);
+    let dst = Node::start(net.host(1), "n1", &certs, 5);
+    let size = 256 * MIB;
+    source(&src, size);
+    src.host.shape(SLOW);
+    let id = dst.pull("c", &src);
+    dst.done_at_least(&id, 1);
+    // Frozen mid-copy, then the source dies and stays down.
+    src.host.cut();
+    assert_eq!(dst.op(&id)["state"], "running");
+    src.d.kill9();
+    src.host.restore();
+
+    let op = dst.ended(&id);
+    assert_eq!(op["state"], "failed", "{op}");
+    error_starts_with_reason(&op, "source-unreachable");
+    dst.has_no_volume("c");
+
+    src.d.start_again();
+    src.host.unshape();
+    let id = dst.pull("c", &src);
+    dst.succeeded(&id);
+    same_data(&src, &dst, "c");
+}
+
+#[test]
+fn a_restarted_target_resumes_from_its_last_checkpoint() {
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let src = Node::start(net.host(0), "n0", &certs, 60);
+    let mut dst = Node::start(net.host(1), "n1", &certs, 60);
+    // ~192 MiB allocated: past the first checkpoint (every 64 MiB) with
+    // plenty left.
+    let size = 384 * MIB;
+    source(&src, size);
+    src.host.shape(SLOW);
+    let id = dst.pull("c", &src);
+    dst.done_at_least(&id, 72 * MIB);
+    src.host.cut();
+    let before = dst.op(&id);
+    assert_eq!(before["state"], "running");
+    let total = before["total_bytes"].as_u64().unwrap();
+    assert!(total > 100 * MIB, "{before}");
+    dst.d.kill9();
+    src.host.restore();
+    dst.d.start_again();
+
+    let resumed = dst.op(&id);
+    assert_eq!(resumed["kind"], "remote-clone", "{resumed}");
+    let done = resumed["done_bytes"].as_u64().unwrap();
+    assert!(done > 0, "resumed from zero: {resumed}");
+    let op = dst.succeeded(&id);
+    let resent = op["resent_bytes"].as_u64().expect("resent_bytes");
+    assert!(resent > 0 && resent < total, "{op}");
+    same_data(&src, &dst, "c");
+}
+
+#[test]
+fn a_cut_link_restored_within_the_window_resumes() {
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let src = Node::start(net.host(0), "n0", &certs, 120);
+    let dst = Node::start(net.host(1), "n1", &certs, 120);
+    let size = 256 * MIB;
+    source(&src, size);
+    src.host.shape(SLOW);
+    let id = dst.pull("c", &src);
+    dst.done_at_least(&id, 8 * MIB);
+    let log = dst.d.log().len();
+    src.host.cut();
+    // The link stays cut until the target has noticed (its log says it is
+    // retrying the source), well within the window.
+    wait_until(
+        "the target noticing the cut",
+        Duration::from_secs(90),
+        || {
+            let l = dst.d.log()[log..].to_lowercase();
+            ["retry", "interrupt", "unreachable", "reconnect"]
+                .iter()
+                .any(|w| l.contains(w))
+                .then_some(())
+        },
+    );
+    assert_eq!(dst.op(&id)["state"], "running");
+    src.host.restore();
+    src.host.unshape();
+    let op = dst.succeeded(&id);
+    let resent = op["resent_bytes"].as_u64().expect("resent_bytes");
+    assert!(resent < op["total_bytes"].as_u64().unwrap(), "{op}");
+    same_data(&src, &dst, "c");
+}
+
+#[test]
+fn a_peer_certified_by_another_ca_is_refused_and_logged() {
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let other = Certs::new();
+    let src = Node::start(net.host(0), "n0", &certs, 5);
+    // Named like a node of the cluster, certified by a CA it does not trust.
+    let rogue = Node::start(net.host(1), "n1", &other, 5);
+    let good = Node::start(net.host(2), "n2", &certs, 5);
+    source(&src, 64 * MIB);
+
+    let id = rogue.pull("c", &src);
+    let op = rogue.ended(&id);
+    assert_eq!(op["state"], "failed", "{op}");
+    error_starts_with_reason(&op, "refused");
+    rogue.has_no_volume("c");
+    let peer = net.host(1).addr().to_string();
+    wait_until("the source logging the refusal", COMMAND_LIMIT, || {
+        let log = src.d.log();
+        let refusal = log
+            .lines()
+            .any(|l| l.to_lowercase().contains("refus") && l.contains(&peer));
+        refusal.then_some(())
+    });
+
+    // The source itself is fine: a peer of its CA clones.
+    let id = good.pull("c", &src);
+    good.succeeded(&id);
+    same_data(&src, &good, "c");
+}
+
+#[test]
+fn deleting_the_source_snapshot_mid_copy_never_leaves_a_partial_clone() {
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let src = Node::start(net.host(0), "n0", &certs, 30);
+    let dst = Node::start(net.host(1), "n1", &certs, 30);
+    let size = 256 * MIB;
+    source(&src, size);
+    src.host.shape(SLOW);
+    let id = dst.pull("c", &src);
+    dst.done_at_least(&id, 1);
+    // Frozen mid-copy while the snapshot is deleted.
+    src.host.cut();
+    let del = src.d.lamina(&["snapshot", "delete", "src", "gold"]);
+    assert_eq!(dst.op(&id)["state"], "running");
+    src.host.restore();
+    src.host.unshape();
+
+    let op = dst.ended(&id);
+    if del.status.success() {
+        // Deleted: the clone fails for it, or it completed from data the
+        // source still held; never a completed clone with other data.
+        if op["state"] == "succeeded" {
+            generator_data(&dst, "c", size);
+        } else {
+            error_starts_with_reason(&op, "snapshot-missing");
+            dst.has_no_volume("c");
+        }
+    } else {
+        // Refused (a conflict, exit 1) naming the node reading it; the
+        // clone goes on.
+        assert_eq!(del.code(), Some(1), "{del:?}");
+        assert!(del.stderr.contains(&dst.name), "{del:?}");
+        assert_eq!(op["state"], "succeeded", "{op}");
+        same_data(&src, &dst, "c");
+    }
+}
