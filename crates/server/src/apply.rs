@@ -146,7 +146,11 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         match &result {
             Ok(o) if o.runs_on() => {}
             Ok(_) => st.finish(rec, None).await?,
-            Err(f) => st.finish(rec, Some(f.1.message.clone())).await?,
+            Err(f) => {
+                let mut rec = rec.clone();
+                rec.reason = crate::remote::reason_of(&rec, f);
+                st.finish(rec, Some(f.1.message.clone())).await?
+            }
         }
         if let Err(f) = &result {
             tracing::info!(error = %f.1.message, "operation refused or failed");

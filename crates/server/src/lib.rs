@@ -49,7 +49,9 @@ pub struct TransferConfig {
     /// tls.key. Needed to serve and to pull.
     pub tls_dir: Option<PathBuf>,
     /// How long a pull keeps retrying a source it lost before it fails
-    /// with `source-unreachable`; the clock restarts with every progress.
+    /// with `source-unreachable`, from when it found the source lost (a
+    /// source silent for 30 s counts as lost); data arriving again ends
+    /// the outage.
     pub retry_window: std::time::Duration,
 }
 

@@ -22,9 +22,60 @@ use std::time::{Duration, Instant};
 
 /// A pull is made durable and recorded every this many bytes of data.
 const CHECKPOINT_BYTES: u64 = 64 << 20;
-/// Received-byte counts are recorded at most this far apart between
-/// checkpoints (so that a kill -9 loses at most this much of the count).
+/// Received-byte counts are recorded in the store at most this far apart
+/// between checkpoints.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
+
+/// The count of data bytes a pull received, kept in a small file of its own
+/// (`DATA/transfers/OP.received`, 8 bytes little-endian) rewritten with
+/// every piece, without a sync: a kill -9 of the daemon keeps it (the page
+/// cache outlives the process), so a resumed pull knows what it receives a
+/// second time. A power cut may lose the last of it, which only makes
+/// `resent_bytes` smaller; the data is never involved.
+struct ReceivedFile {
+    file: Option<std::fs::File>,
+    path: std::path::PathBuf,
+}
+
+impl ReceivedFile {
+    fn open(st: &State, op: &str) -> ReceivedFile {
+        let dir = st.layout.root.join("transfers");
+        let path = dir.join(format!("{op}.received"));
+        let file = std::fs::create_dir_all(&dir)
+            .and_then(|_| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+            })
+            .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot keep the received count"))
+            .ok();
+        ReceivedFile { file, path }
+    }
+
+    fn read(&self) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        match &self.file {
+            Some(f) if f.read_exact_at(&mut b, 0).is_ok() => u64::from_le_bytes(b),
+            _ => 0,
+        }
+    }
+
+    fn write(&self, n: u64) {
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = &self.file {
+            let _ = f.write_all_at(&n.to_le_bytes(), 0);
+        }
+    }
+
+    fn remove(self) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// The clone source of a request naming another node.
 pub fn source(node: PeerNode, volume: &str, snapshot: &str) -> Result<CloneSource, Failure> {
@@ -57,6 +108,16 @@ fn api_reason(r: Reason) -> FailureReason {
         Reason::Protocol => FailureReason::Protocol,
         Reason::Io => FailureReason::Io,
     }
+}
+
+/// The reason a remote clone's request failed, as its record keeps it (the
+/// messages of [`request_failure`] and [`fail`] open with it).
+pub fn reason_of(rec: &OpRec, f: &Failure) -> Option<FailureReason> {
+    if rec.op.kind() != lamina_api::OperationKind::RemoteClone {
+        return None;
+    }
+    let (word, _) = f.1.message.split_once(':')?;
+    serde_json::from_value(serde_json::Value::String(word.to_string())).ok()
 }
 
 /// A failure of the request itself (before anything is copied), as the API
@@ -230,8 +291,9 @@ struct Ctl<'a> {
     /// Data received in this attempt before the last record.
     recorded_this_attempt: u64,
     failed: Option<String>,
-    /// The last time the pull moved (a retry window counts from it).
-    moved: Instant,
+    /// Whether this attempt moved data (which ends an outage).
+    moved: bool,
+    received: &'a ReceivedFile,
 }
 
 impl Ctl<'_> {
@@ -262,8 +324,15 @@ impl CopyControl for Ctl<'_> {
     fn progress(&mut self, p: &CopyProgress) {
         self.live.done = p.done_bytes;
         self.live.total = p.total_bytes;
-        self.moved = Instant::now();
+        self.moved = true;
         self.publish();
+        let recorded = self.rec.copy.as_ref().map_or(0, |c| c.received_bytes);
+        self.received.write(
+            recorded
+                + self
+                    .received_now()
+                    .saturating_sub(self.recorded_this_attempt),
+        );
         if self.last_record.elapsed() >= RECORD_EVERY {
             self.count_received();
             self.last_record = Instant::now();
@@ -311,7 +380,15 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
         );
         return;
     };
-    let mut moved = Instant::now();
+    let received = ReceivedFile::open(st, &rec.id);
+    // A daemon killed mid-pull left its count there: what it received past
+    // the last durable offset comes again.
+    let kept = received.read();
+    if let Some(c) = rec.copy.as_mut() {
+        c.received_bytes = c.received_bytes.max(kept);
+    }
+    // When the current outage was first noticed (none while it moves).
+    let mut outage: Option<Instant> = None;
     let mut backoff = Duration::from_millis(200);
     loop {
         let copy = rec
@@ -325,7 +402,8 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             last_record: Instant::now(),
             recorded_this_attempt: 0,
             failed: None,
-            moved,
+            moved: false,
+            received: &received,
         };
         ctl.publish();
         let end = lamina_transfer::pull_into(
@@ -341,7 +419,10 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             &mut ctl,
         );
         ctl.count_received();
-        moved = ctl.moved;
+        if ctl.moved {
+            outage = None;
+            backoff = Duration::from_millis(200);
+        }
         let failed = ctl.failed.take();
         let wire = match &end {
             Ok(e) => e.wire_bytes,
@@ -351,11 +432,15 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             c.wire_bytes += wire;
         }
         match (end, failed) {
-            (_, Some(e)) => return fail(st, &mut rec, name, FailureReason::Io, e),
+            (_, Some(e)) => {
+                received.remove();
+                return fail(st, &mut rec, name, FailureReason::Io, e);
+            }
             (Ok(e), None) => match e.end {
                 CopyEnd::Done(p) => {
                     rec.done_bytes = p.done_bytes;
                     rec.total_bytes = p.total_bytes;
+                    received.remove();
                     return succeed(st, &mut rec);
                 }
                 CopyEnd::Stopped(_) => {
@@ -368,7 +453,9 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             (Err(e), None) => {
                 let reason = e.reason();
                 let retriable = matches!(reason, Reason::SourceUnreachable);
-                if !retriable || moved.elapsed() >= st.transfer_retry_window {
+                let since = *outage.get_or_insert_with(Instant::now);
+                if !retriable || since.elapsed() >= st.transfer_retry_window {
+                    received.remove();
                     return fail(st, &mut rec, name, api_reason(reason), e.to_string());
                 }
                 tracing::warn!(error = %e, retry_in = ?backoff, "pull interrupted; resuming from the last durable offset");

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// A source silent this long is taken for gone.
-const READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// A source silent this long is taken for gone (a cut link shows up only
+/// this way). The source sends a frame at least every MiB of data, and it
+/// answers a request once it has listed the snapshot's extents.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A source: where it listens and the node name its certificate must carry.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,6 +23,8 @@ use tracing::{info, info_span, warn, Instrument};
 
 /// How long a peer has for the TLS handshake, its Hello and its Request.
 const OPENING_TIMEOUT: Duration = Duration::from_secs(30);
+/// A peer that takes no bytes for this long is taken for gone.
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Encoded frames waiting for the socket (each at most 1 MiB of data).
 const QUEUE: usize = 8;
 
@@ -316,7 +318,16 @@ impl Source {
         let reader = tokio::task::spawn_blocking(move || read_frames(export, tx));
         let mut failed = None;
         while let Some(buf) = rx.recv().await {
-            if let Err(e) = tls.write_all(&buf).await {
+            // A target that takes nothing for this long (its link cut, its
+            // host gone) is let go: the snapshot is not held for it.
+            let wrote = tokio::time::timeout(STALL_TIMEOUT, tls.write_all(&buf)).await;
+            let wrote = wrote.unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the peer took nothing for {} s", STALL_TIMEOUT.as_secs()),
+                ))
+            });
+            if let Err(e) = wrote {
                 failed = Some(e);
                 break;
             }
