@@ -186,6 +186,55 @@ pub struct CreateClone {
     /// An independent copy of the data instead of a linked clone.
     #[serde(default)]
     pub full: bool,
+    /// The snapshot is on another node: this node pulls its data over the
+    /// transfer protocol (always a full copy; `from_snapshot` names it on
+    /// that node).
+    #[serde(default)]
+    pub from_node: Option<PeerNode>,
+}
+
+/// Another Lamina node, as the transfer protocol reaches it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PeerNode {
+    /// The node's name: its transfer certificate must carry it.
+    pub name: String,
+    /// Its transfer listener, `HOST:PORT`.
+    pub address: String,
+}
+
+/// Why a copy from another node failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureReason {
+    /// The source snapshot is gone (or was replaced by another of that name).
+    SnapshotMissing,
+    /// The source node did not answer within the retry window.
+    SourceUnreachable,
+    /// This node's pool is full.
+    NoSpace,
+    /// The peers did not accept each other's credentials.
+    Refused,
+    /// A chunk arrived damaged.
+    Checksum,
+    /// The peer broke the protocol (or speaks another version).
+    Protocol,
+    /// A local I/O error.
+    Io,
+}
+
+impl FailureReason {
+    /// As written on the wire (`snapshot-missing`...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::SnapshotMissing => "snapshot-missing",
+            FailureReason::SourceUnreachable => "source-unreachable",
+            FailureReason::NoSpace => "no-space",
+            FailureReason::Refused => "refused",
+            FailureReason::Checksum => "checksum",
+            FailureReason::Protocol => "protocol",
+            FailureReason::Io => "io",
+        }
+    }
 }
 
 /// The answer to a clone request: the volume, and for a full clone the
@@ -219,6 +268,8 @@ pub enum OperationKind {
     Clone,
     /// A full clone: a background copy of the data.
     FullClone,
+    /// A clone of another node's snapshot: a background pull of its data.
+    RemoteClone,
     /// A group snapshot: one snapshot of each of several volumes at once.
     CreateSnapshotGroup,
     /// The deletion of every member of a group snapshot.
@@ -238,6 +289,7 @@ impl OperationKind {
             OperationKind::Flatten => "flatten",
             OperationKind::Clone => "clone",
             OperationKind::FullClone => "full-clone",
+            OperationKind::RemoteClone => "remote-clone",
             OperationKind::CreateSnapshotGroup => "create-snapshot-group",
             OperationKind::DeleteSnapshotGroup => "delete-snapshot-group",
         }
@@ -264,9 +316,27 @@ pub struct Operation {
     pub total_bytes: u64,
     pub started: String,
     pub error: Option<String>,
-    /// For a clone: what it was made from, `VOLUME/SNAPSHOT` or `VOLUME`.
+    /// For a clone: what it was made from, `VOLUME/SNAPSHOT` or `VOLUME`
+    /// (`NODE:VOLUME/SNAPSHOT` from another node).
     #[serde(default)]
     pub source: Option<String>,
+    /// Why it failed, for a copy from another node.
+    #[serde(default)]
+    pub reason: Option<FailureReason>,
+    /// A copy from another node: data bytes received more than once
+    /// (after an interruption, from its last durable offset on).
+    #[serde(default)]
+    pub resent_bytes: u64,
+    /// A copy from another node: bytes received on the wire, framing
+    /// included (TLS records not counted).
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// While a copy runs: its rate since it (re)started, bytes per second.
+    #[serde(default)]
+    pub rate_bytes_per_sec: Option<u64>,
+    /// While a copy runs: seconds left at that rate.
+    #[serde(default)]
+    pub eta_seconds: Option<u64>,
 }
 
 /// Filters of `GET /v1/operations` (query parameters), newest first.

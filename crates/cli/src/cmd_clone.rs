@@ -23,8 +23,15 @@ pub enum CloneCmd {
         /// Copy the data: an independent volume, usable when the copy ends.
         #[arg(long)]
         full: bool,
+        /// The snapshot is on another node, NODE: copy it here over the network
+        /// (always a full copy; needs --from-address and a node certificate).
+        #[arg(long, value_name = "NODE", requires_all = ["from_address", "from_snapshot"])]
+        from_node: Option<String>,
+        /// The other node's transfer address, HOST:PORT (its `lamina serve --transfer-listen`).
+        #[arg(long, value_name = "HOST:PORT", requires = "from_node")]
+        from_address: Option<String>,
         /// Return as soon as a full clone has started, without waiting for the copy.
-        #[arg(long, requires = "full")]
+        #[arg(long)]
         no_wait: bool,
     },
 }
@@ -35,9 +42,20 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
         from_snapshot,
         from_volume,
         full,
+        from_node,
+        from_address,
         no_wait,
     } = cmd;
+    if no_wait && !full && from_node.is_none() {
+        anyhow::bail!(crate::failure::Failure::new(
+            "--no-wait is for copies: a linked clone is made at once".to_string(),
+            Some("add --full, or --from-node for a snapshot on another node".into()),
+        ));
+    }
     let source = match (&from_snapshot, &from_volume) {
+        (Some(s), _) if from_node.is_some() => {
+            format!("{}:{s}", from_node.as_deref().unwrap_or_default())
+        }
         (Some(s), _) => s.clone(),
         (None, Some(v)) => format!("volume {v}"),
         (None, None) => unreachable!("clap requires one source"),
@@ -47,6 +65,10 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
         from_snapshot,
         from_volume,
         full,
+        from_node: from_node.map(|name| lamina_api::PeerNode {
+            name,
+            address: from_address.unwrap_or_default(),
+        }),
     };
     let created = ctx.client.create_clone(&req).await?.value;
     let Some(op) = created.operation.clone() else {

@@ -116,21 +116,35 @@ fn list_table(ops: &[Operation]) -> String {
 }
 
 fn details(o: &Operation) -> String {
-    fields(&[
+    let mut f = vec![
         ("ID", o.id.clone()),
         ("Kind", o.kind.to_string()),
         ("Volume", o.volume.clone()),
+        ("Source", or_dash(o.source.as_deref())),
         ("State", state_name(&o.state).into()),
         ("Progress", progress(o)),
-        ("Started", o.started.clone()),
-        ("Error", or_dash(o.error.as_deref())),
-    ])
+    ];
+    if let Some(r) = o.rate_bytes_per_sec {
+        f.push(("Rate", format!("{}/s", format_size(r))));
+    }
+    if let Some(s) = o.eta_seconds {
+        f.push(("ETA", humantime::format_duration(std::time::Duration::from_secs(s)).to_string()));
+    }
+    if o.kind == OperationKind::RemoteClone {
+        f.push(("Received on the wire", format_size(o.wire_bytes)));
+        f.push(("Re-sent after interruptions", format_size(o.resent_bytes)));
+    }
+    f.push(("Started", o.started.clone()));
+    f.push(("Reason", or_dash(o.reason.map(|r| r.as_str()))));
+    f.push(("Error", or_dash(o.error.as_deref())));
+    fields(&f)
 }
 
 /// What an operation does, in words: `full clone`, `flatten`...
 fn doing(kind: OperationKind) -> String {
     match kind {
         OperationKind::FullClone => "full clone".into(),
+        OperationKind::RemoteClone => "copy from another node into".into(),
         k => k.as_str().replace('-', " "),
     }
 }
@@ -292,6 +306,11 @@ mod tests {
             started: "2025-01-01T00:00:00Z".into(),
             error: None,
             source: Some("a/s".into()),
+            reason: None,
+            resent_bytes: 0,
+            wire_bytes: 0,
+            rate_bytes_per_sec: None,
+            eta_seconds: None,
         }
     }
 

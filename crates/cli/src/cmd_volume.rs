@@ -106,7 +106,18 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Get { name } => {
             let v = c.get_volume(&name).await?;
-            output::show(ctx.fmt, &v, details)
+            // A volume being copied into says how far the copy is.
+            let copy = match (&v.clone_state, &v.operation) {
+                (CloneState::Copying, Some(id)) => c.get_operation(id).await.ok(),
+                _ => None,
+            };
+            output::show(ctx.fmt, &v, |v| {
+                let mut out = details(v);
+                if let Some(o) = &copy {
+                    out.push_str(&copy_line(o));
+                }
+                out
+            })
         }
         VolumeCmd::Expand { name, size } => {
             let v = c.expand_volume(&name, &ExpandVolume { size }).await?;
@@ -165,6 +176,30 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
             })
         }
     }
+}
+
+/// The state of a copy into a volume, as the seeds name it (`initiated`),
+/// with its progress, rate and time left.
+fn copy_line(o: &lamina_api::Operation) -> String {
+    let pct = (o.done_bytes * 100)
+        .checked_div(o.total_bytes)
+        .map_or(String::new(), |p| format!(" ({p}%)"));
+    let mut s = format!(
+        "\nCopy: initiated, {} of {}{pct}",
+        format_size(o.done_bytes),
+        format_size(o.total_bytes)
+    );
+    if let Some(r) = o.rate_bytes_per_sec {
+        s.push_str(&format!(", {}/s", format_size(r)));
+    }
+    if let Some(e) = o.eta_seconds {
+        s.push_str(&format!(", about {e} s left"));
+    }
+    if let Some(src) = &o.source {
+        s.push_str(&format!(", from {src}"));
+    }
+    s.push_str(&format!(" (operation {})", o.id));
+    s
 }
 
 /// `1 NBD client`, `2 NBD clients`.

@@ -161,6 +161,11 @@ fn operation() -> api::Operation {
         started: "2025-01-01T00:00:00Z".into(),
         error: None,
         source: Some("a/s".into()),
+        reason: None,
+        resent_bytes: 0,
+        wire_bytes: 0,
+        rate_bytes_per_sec: None,
+        eta_seconds: None,
     }
 }
 
@@ -315,6 +320,7 @@ async fn snapshot_clone_and_operation_routes() {
         from_snapshot: Some("a/s".into()),
         from_volume: None,
         full: true,
+        from_node: None,
     };
     let answer = api::CloneCreated {
         volume: volume("c"),

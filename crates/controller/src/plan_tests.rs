@@ -223,6 +223,11 @@ fn a_full_clone_reports_progress_then_failure() {
         started: "2027-01-15T07:58:20Z".into(),
         error: None,
         source: Some("a/s1".into()),
+        reason: None,
+        resent_bytes: 0,
+        wire_bytes: 0,
+        rate_bytes_per_sec: None,
+        eta_seconds: None,
     };
     assert_eq!(
         operations_needed("n1", std::slice::from_ref(&copying), &[]),

@@ -136,6 +136,7 @@ fn clone_request(name: &str, src: &DataSource, ctx: &Ctx) -> Result<api::CreateC
             from_snapshot: None,
             from_volume: Some(src.name.clone()),
             full,
+            from_node: None,
         },
         SourceKind::Snapshot => {
             let s = ctx
@@ -154,6 +155,7 @@ fn clone_request(name: &str, src: &DataSource, ctx: &Ctx) -> Result<api::CreateC
                 from_snapshot: Some(format!("{}/{}", s.spec.volume, s.engine_name())),
                 from_volume: None,
                 full,
+                from_node: None,
             }
         }
     })

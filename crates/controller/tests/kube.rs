@@ -186,6 +186,7 @@ fn api_snapshot_appears(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina_clie
         from_snapshot: None,
         from_volume: Some("v1".into()),
         full: false,
+        from_node: None,
     };
     rt.block_on(c.create_clone(&clone)).unwrap();
     let sys = rt

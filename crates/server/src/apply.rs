@@ -420,6 +420,11 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
             }),
             _ => None,
         },
+        reason: None,
+        resent_bytes: 0,
+        wire_bytes: 0,
+        rate_bytes_per_sec: None,
+        eta_seconds: None,
     }
 }
 

@@ -119,6 +119,7 @@ impl Lamina {
             from_snapshot: Some(format!("{volume}/{snapshot}")),
             from_volume: None,
             full,
+            from_node: None,
         };
         Ok(self.call(self.client.create_clone(&req))?.value)
     }
@@ -131,6 +132,7 @@ impl Lamina {
             from_snapshot: None,
             from_volume: Some(volume.into()),
             full,
+            from_node: None,
         };
         Ok(self.call(self.client.create_clone(&req))?.value)
     }

@@ -140,6 +140,7 @@ impl ControllerService {
                     from_snapshot,
                     from_volume,
                     full,
+                    from_node: None,
                 };
                 let c = self
                     .client
