@@ -128,7 +128,10 @@ fn details(o: &Operation) -> String {
         f.push(("Rate", format!("{}/s", format_size(r))));
     }
     if let Some(s) = o.eta_seconds {
-        f.push(("ETA", humantime::format_duration(std::time::Duration::from_secs(s)).to_string()));
+        f.push((
+            "ETA",
+            humantime::format_duration(std::time::Duration::from_secs(s)).to_string(),
+        ));
     }
     if o.kind == OperationKind::RemoteClone {
         f.push(("Received on the wire", format_size(o.wire_bytes)));
