@@ -19,17 +19,7 @@ pub fn full_clone_daemon_killed(env: &Env) -> Result<()> {
     let source = env.wait_bound(ns, "source", T)?;
     // 1 GiB of non-zero data (nbdkit's pattern plugin: each 8 bytes its offset).
     let uri = env.attach_volume(&source)?;
-    run(Command::new("nbdcopy").args([
-        "--",
-        "[",
-        "nbdkit",
-        "--exit-with-parent",
-        "pattern",
-        "size=1G",
-        "]",
-        &uri,
-    ]))
-    .context("fill the source with nbdcopy")?;
+    crate::env::fill_pattern(&uri, "1G")?;
     env.detach_volume(&source)?;
 
     env.apply(&crate::env::pvc(
