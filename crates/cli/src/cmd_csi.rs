@@ -131,6 +131,7 @@ mod tests {
         ])
         .unwrap();
         assert!(matches!(c.mode, ModeArg::Node));
+        assert_eq!(c.endpoint, "unix:///x/csi.sock");
         assert!(!c.nodes_from_secrets);
         let c = CsiCli::try_parse_from([
             "lamina csi",
@@ -142,7 +143,6 @@ mod tests {
         ])
         .unwrap();
         assert!(c.nodes_from_secrets && c.namespace == "lamina");
-        assert_eq!(c.endpoint, "unix:///x/csi.sock");
         assert!(CsiCli::try_parse_from(["lamina csi", "--mode", "both"]).is_err());
     }
 }
