@@ -31,9 +31,17 @@ pub struct CsiCli {
     /// This node's name (Kubernetes: the node name) [default: the host name].
     #[arg(long, env = "NODE_NAME")]
     node_id: Option<String>,
-    /// The node whose daemon the controller drives [default: --node-id].
+    /// The node whose daemon the controller drives; with --nodes-from-secrets,
+    /// the node that ids without a node name [default: --node-id].
     #[arg(long)]
     storage_node: Option<String>,
+    /// The controller drives every node of the node Secrets (label
+    /// lamina.io/node; keys endpoint, token, transfer-address) in --namespace.
+    #[arg(long)]
+    nodes_from_secrets: bool,
+    /// The namespace of the node Secrets.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "lamina-system")]
+    namespace: String,
     /// The driver's name.
     #[arg(long, default_value = lamina_csi::DRIVER_NAME)]
     driver_name: String,
@@ -79,6 +87,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<()> {
         endpoint: cli.endpoint.clone(),
         driver_name: cli.driver_name.clone(),
         storage_node: cli.storage_node.clone().unwrap_or_else(|| node_id.clone()),
+        nodes: if cli.nodes_from_secrets {
+            lamina_csi::NodeSource::Secrets {
+                namespace: cli.namespace.clone(),
+            }
+        } else {
+            lamina_csi::NodeSource::Single
+        },
         node_id,
         state_dir: cli
             .state_dir
@@ -117,6 +132,17 @@ mod tests {
         .unwrap();
         assert!(matches!(c.mode, ModeArg::Node));
         assert_eq!(c.endpoint, "unix:///x/csi.sock");
+        assert!(!c.nodes_from_secrets);
+        let c = CsiCli::try_parse_from([
+            "lamina csi",
+            "--mode",
+            "controller",
+            "--nodes-from-secrets",
+            "--namespace",
+            "lamina",
+        ])
+        .unwrap();
+        assert!(c.nodes_from_secrets && c.namespace == "lamina");
         assert!(CsiCli::try_parse_from(["lamina csi", "--mode", "both"]).is_err());
     }
 }

@@ -20,7 +20,7 @@ pub const GROUP: &str = "lamina.io";
 /// volume are found without reading all of them.
 pub const VOLUME_LABEL: &str = "lamina.io/volume";
 /// Label on Secrets that describe a node daemon (value: the node's name).
-pub const NODE_LABEL: &str = "lamina.io/node";
+pub use lamina_node_secrets::NODE_LABEL;
 
 /// A Lamina volume on one node.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

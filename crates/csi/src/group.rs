@@ -4,10 +4,13 @@
 //!
 //! A CSI group snapshot id is the Lamina group's name (the group name the
 //! CO gave, mapped as any name is); each member is a snapshot of that name
-//! in its volume, carrying the label `lamina.io/group`.
+//! in its volume, carrying the label `lamina.io/group`. When ids carry the
+//! node, so does a group's (`NODE:GROUP`), and its volumes must all be on
+//! that one node (one engine transaction).
 
 use crate::controller::{csi_snapshot, timestamp, ControllerService};
-use crate::ids::{is_lamina_name, lamina_name, VolumeId};
+use crate::ids::{lamina_name, GroupId, VolumeId};
+use crate::nodes::Picked;
 use crate::proto::group_controller_server::GroupController;
 use crate::proto::group_controller_service_capability::{rpc, Rpc, Type};
 use crate::proto::*;
@@ -25,22 +28,32 @@ impl GroupService {
         GroupService { c }
     }
 
-    fn csi_group(g: &api::SnapshotGroup) -> VolumeGroupSnapshot {
+    fn csi_group(&self, node: &str, g: &api::SnapshotGroup) -> VolumeGroupSnapshot {
+        let q = self.c.nodes.qualifier(node);
         VolumeGroupSnapshot {
-            group_snapshot_id: g.name.clone(),
-            snapshots: g.snapshots.iter().map(csi_snapshot).collect(),
+            group_snapshot_id: GroupId {
+                node: q.clone(),
+                name: g.name.clone(),
+            }
+            .to_string(),
+            snapshots: g
+                .snapshots
+                .iter()
+                .map(|s| csi_snapshot(q.clone(), s))
+                .collect(),
             creation_time: timestamp(&g.created),
             ready_to_use: true,
         }
     }
 
-    /// The group an id names, if it exists.
-    async fn group(&self, id: &str) -> Result<Option<api::SnapshotGroup>, Status> {
-        if !is_lamina_name(id) {
+    /// The group an id names, if it exists, and its node.
+    async fn group(&self, id: &str) -> Result<Option<(Picked, api::SnapshotGroup)>, Status> {
+        let Some(id) = GroupId::parse(id) else {
             return Ok(None);
-        }
-        match self.c.client.get_snapshot_group(id).await {
-            Ok(g) => Ok(Some(g)),
+        };
+        let node = self.c.node(id.node.as_deref())?;
+        match node.client.get_snapshot_group(&id.name).await {
+            Ok(g) => Ok(Some((node, g))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(from_client(&e)),
         }
@@ -48,12 +61,13 @@ impl GroupService {
 }
 
 /// The CSI volume ids of a group's members, sorted.
-fn member_volumes(g: &api::SnapshotGroup) -> Vec<String> {
+fn member_volumes(node: Option<String>, g: &api::SnapshotGroup) -> Vec<String> {
     let mut v: Vec<String> = g
         .snapshots
         .iter()
         .map(|s| {
             VolumeId {
+                node: node.clone(),
                 name: s.volume.clone(),
                 id: s.volume_id,
             }
@@ -99,25 +113,54 @@ impl GroupController for GroupService {
         }
         let name = lamina_name(&req.name);
         let _g = self.c.lock(&format!("snapshot/{name}")).await;
-        let mut asked = req.source_volume_ids.clone();
+        let mut vids = vec![];
+        for id in &req.source_volume_ids {
+            let not_found = || Status::not_found(format!("source volume {id:?} does not exist"));
+            vids.push(VolumeId::parse(id).ok_or_else(not_found)?);
+        }
+        let node = self.c.node(vids[0].node.as_deref())?;
+        for v in &vids[1..] {
+            if self.c.node(v.node.as_deref())?.name != node.name {
+                return invalid!(
+                    "a group snapshot's volumes must be on one node: {} and {v} are not",
+                    vids[0]
+                );
+            }
+        }
+        let q = self.c.nodes.qualifier(&node.name);
+        // The ids as this driver writes them (an id without a node names
+        // the default node).
+        let mut asked: Vec<String> = vids
+            .iter()
+            .map(|v| {
+                VolumeId {
+                    node: q.clone(),
+                    ..v.clone()
+                }
+                .to_string()
+            })
+            .collect();
         asked.sort();
-        if let Some(g) = self.group(&name).await? {
-            if member_volumes(&g) == asked {
+        let gid = GroupId {
+            node: q.clone(),
+            name: name.clone(),
+        };
+        if let Some((_, g)) = self.group(&gid.to_string()).await? {
+            if member_volumes(q.clone(), &g) == asked {
                 return Ok(Response::new(CreateVolumeGroupSnapshotResponse {
-                    group_snapshot: Some(Self::csi_group(&g)),
+                    group_snapshot: Some(self.csi_group(&node.name, &g)),
                 }));
             }
             return Err(Status::already_exists(format!(
                 "group snapshot {:?} exists already, of volumes {:?}",
                 req.name,
-                member_volumes(&g)
+                member_volumes(q, &g)
             )));
         }
         let mut volumes = vec![];
-        for id in &req.source_volume_ids {
+        for (id, vid) in req.source_volume_ids.iter().zip(&vids) {
             let not_found = || Status::not_found(format!("source volume {id:?} does not exist"));
-            let vid = VolumeId::parse(id).ok_or_else(not_found)?;
-            let v = self.c.volume_by_id(&vid).await?.ok_or_else(not_found)?;
+            let v = self.c.volume_by_id(vid).await?.ok_or_else(not_found)?;
             volumes.push(v.name);
         }
         let mut labels = std::collections::BTreeMap::new();
@@ -127,8 +170,7 @@ impl GroupController for GroupService {
                 req.name.clone(),
             );
         }
-        let made = self
-            .c
+        let made = node
             .client
             .create_snapshot_group(&api::CreateSnapshotGroup {
                 name,
@@ -138,7 +180,7 @@ impl GroupController for GroupService {
             .await
             .map_err(|e| from_client(&e))?;
         Ok(Response::new(CreateVolumeGroupSnapshotResponse {
-            group_snapshot: Some(Self::csi_group(&made.value)),
+            group_snapshot: Some(self.csi_group(&node.name, &made.value)),
         }))
     }
 
@@ -150,12 +192,12 @@ impl GroupController for GroupService {
         if req.group_snapshot_id.is_empty() {
             return invalid!("group_snapshot_id is required");
         }
-        let id = &req.group_snapshot_id;
-        if !is_lamina_name(id) {
+        let Some(id) = GroupId::parse(&req.group_snapshot_id) else {
             return Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
-        }
-        let _g = self.c.lock(&format!("snapshot/{id}")).await;
-        match self.c.client.delete_snapshot_group(id).await {
+        };
+        let _g = self.c.lock(&format!("snapshot/{}", id.name)).await;
+        let node = self.c.node(id.node.as_deref())?;
+        match node.client.delete_snapshot_group(&id.name).await {
             Ok(_) => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
             Err(e) if e.is_not_found() => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
             Err(e) => Err(from_client(&e)),
@@ -170,14 +212,14 @@ impl GroupController for GroupService {
         if req.group_snapshot_id.is_empty() {
             return invalid!("group_snapshot_id is required");
         }
-        let g = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
+        let (node, g) = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
             Status::not_found(format!(
                 "group snapshot {:?} does not exist",
                 req.group_snapshot_id
             ))
         })?;
         Ok(Response::new(GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(Self::csi_group(&g)),
+            group_snapshot: Some(self.csi_group(&node.name, &g)),
         }))
     }
 }

@@ -10,6 +10,8 @@ use tonic::{Request, Response, Status};
 pub struct IdentityService {
     pub(crate) name: String,
     pub(crate) client: Client,
+    /// Set for a controller of several nodes: ready when one is known.
+    pub(crate) nodes: Option<std::sync::Arc<crate::nodes::NodeSet>>,
     /// Whether this process serves the controller (and group controller).
     pub(crate) controller: bool,
 }
@@ -56,6 +58,14 @@ impl Identity for IdentityService {
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        if let Some(set) = &self.nodes {
+            return match set.all().is_empty() {
+                false => Ok(Response::new(ProbeResponse { ready: Some(true) })),
+                true => Err(Status::failed_precondition(
+                    "no storage node known yet (no usable node Secret)",
+                )),
+            };
+        }
         match self.client.health().await {
             Ok(_) => Ok(Response::new(ProbeResponse { ready: Some(true) })),
             Err(e) => Err(Status::failed_precondition(format!(

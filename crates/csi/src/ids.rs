@@ -9,6 +9,15 @@
 //!   where ID is the pool's id of the object. Ids are never reused, so an id
 //!   names one object even after it is deleted and another is made under
 //!   the same name: a stale id is simply not found.
+//! - When the controller drives several nodes, ids carry the node first:
+//!   `NODE:NAME@ID`, `NODE:VOLUME/SNAPSHOT@ID`, and a group snapshot
+//!   `NODE:GROUP`. Neither Lamina names nor Kubernetes node names hold a
+//!   `:`, so the first one ends the node. An id without a node names the
+//!   default node (the single node of a one-node driver, whose ids never
+//!   carry one), so the ids of volumes made before stay valid.
+//! - CSI allows ids of at most [`MAX_ID_LEN`] bytes. A node-qualified id
+//!   that could pass it (counting the pool id at its widest, 20 digits) is
+//!   refused before anything is made: see [`fits_csi_limit`].
 
 use sha2::{Digest, Sha256};
 
@@ -33,18 +42,64 @@ pub fn lamina_name(csi: &str) -> String {
     format!("csi-{hex}")
 }
 
+/// The most bytes a CSI id may have (the spec's limit).
+pub const MAX_ID_LEN: usize = 128;
+/// The widest pool id, in decimal digits.
+const MAX_ID_DIGITS: usize = 20;
+
+/// A Kubernetes node name (a DNS subdomain): 1-253 bytes of `a-z`, `0-9`,
+/// `-`, `.`, starting and ending with a letter or digit.
+pub fn is_node_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Whether an id naming `node` and the Lamina path `path` (`NAME` or
+/// `VOLUME/SNAPSHOT`) keeps within CSI's limit whatever pool id it gets.
+/// Ids without a node are not checked (the one-node driver's ids are as
+/// they always were).
+pub fn fits_csi_limit(node: Option<&str>, path: &str) -> bool {
+    match node {
+        None => true,
+        Some(n) => n.len() + 1 + path.len() + 1 + MAX_ID_DIGITS <= MAX_ID_LEN,
+    }
+}
+
+/// `NODE:REST` → (Some(NODE), REST); without a `:`, (None, the text).
+fn split_node(s: &str) -> Option<(Option<String>, &str)> {
+    match s.split_once(':') {
+        Some((n, rest)) => is_node_name(n).then(|| (Some(n.to_string()), rest)),
+        None => Some((None, s)),
+    }
+}
+
+fn node_prefix(f: &mut std::fmt::Formatter<'_>, node: &Option<String>) -> std::fmt::Result {
+    match node {
+        Some(n) => write!(f, "{n}:"),
+        None => Ok(()),
+    }
+}
+
 /// A parsed CSI volume id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeId {
+    /// The node, when the id names one.
+    pub node: Option<String>,
     pub name: String,
     pub id: u64,
 }
 
 impl VolumeId {
     pub fn parse(s: &str) -> Option<VolumeId> {
+        let (node, s) = split_node(s)?;
         let (name, id) = s.rsplit_once('@')?;
         let id = parse_id(id)?;
         is_lamina_name(name).then(|| VolumeId {
+            node,
             name: name.to_string(),
             id,
         })
@@ -53,6 +108,7 @@ impl VolumeId {
 
 impl std::fmt::Display for VolumeId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        node_prefix(f, &self.node)?;
         write!(f, "{}@{}", self.name, self.id)
     }
 }
@@ -60,6 +116,8 @@ impl std::fmt::Display for VolumeId {
 /// A parsed CSI snapshot id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotId {
+    /// The node, when the id names one.
+    pub node: Option<String>,
     pub volume: String,
     pub name: String,
     pub id: u64,
@@ -67,10 +125,12 @@ pub struct SnapshotId {
 
 impl SnapshotId {
     pub fn parse(s: &str) -> Option<SnapshotId> {
+        let (node, s) = split_node(s)?;
         let (path, id) = s.rsplit_once('@')?;
         let (volume, name) = path.split_once('/')?;
         let id = parse_id(id)?;
         (is_lamina_name(volume) && is_lamina_name(name)).then(|| SnapshotId {
+            node,
             volume: volume.to_string(),
             name: name.to_string(),
             id,
@@ -85,7 +145,32 @@ impl SnapshotId {
 
 impl std::fmt::Display for SnapshotId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        node_prefix(f, &self.node)?;
         write!(f, "{}/{}@{}", self.volume, self.name, self.id)
+    }
+}
+
+/// A parsed group snapshot id: `[NODE:]GROUP`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupId {
+    pub node: Option<String>,
+    pub name: String,
+}
+
+impl GroupId {
+    pub fn parse(s: &str) -> Option<GroupId> {
+        let (node, name) = split_node(s)?;
+        is_lamina_name(name).then(|| GroupId {
+            node,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        node_prefix(f, &self.node)?;
+        f.write_str(&self.name)
     }
 }
 
@@ -121,12 +206,14 @@ mod tests {
     #[test]
     fn ids_round_trip_and_malformed_ones_are_refused() {
         let v = VolumeId {
+            node: None,
             name: "pvc-1".into(),
             id: 42,
         };
         assert_eq!(v.to_string(), "pvc-1@42");
         assert_eq!(VolumeId::parse("pvc-1@42"), Some(v));
         let s = SnapshotId {
+            node: None,
             volume: "pvc-1".into(),
             name: "snap.2".into(),
             id: 7,
@@ -154,6 +241,46 @@ mod tests {
         }
     }
 
+    #[test]
+    fn ids_name_their_node_before_a_colon() {
+        let v = VolumeId::parse("node-2.example:pvc-1@42").unwrap();
+        assert_eq!(v.node.as_deref(), Some("node-2.example"));
+        assert_eq!((v.name.as_str(), v.id), ("pvc-1", 42));
+        assert_eq!(v.to_string(), "node-2.example:pvc-1@42");
+        let s = SnapshotId::parse("n1:pvc-1/snap@7").unwrap();
+        assert_eq!(s.node.as_deref(), Some("n1"));
+        assert_eq!(s.source(), "pvc-1/snap");
+        assert_eq!(GroupId::parse("n1:g").unwrap().to_string(), "n1:g");
+        assert_eq!(GroupId::parse("g").unwrap().node, None);
+        for bad in [
+            ":pvc@1",
+            "N1:pvc@1",
+            "-n:pvc@1",
+            "n-:pvc@1",
+            "a:b:pvc@1",
+            "n1:@1",
+        ] {
+            assert_eq!(VolumeId::parse(bad), None, "{bad}");
+        }
+        assert_eq!(SnapshotId::parse("a:b:v/s@1"), None);
+        assert_eq!(GroupId::parse("n1:"), None);
+    }
+
+    #[test]
+    fn node_qualified_ids_must_fit_csi_limit_at_any_pool_id() {
+        let node = "n".repeat(20);
+        let fits = "v".repeat(MAX_ID_LEN - 20 - 1 - 1 - MAX_ID_DIGITS);
+        assert!(fits_csi_limit(Some(&node), &fits));
+        let id = VolumeId {
+            node: Some(node.clone()),
+            name: fits.clone(),
+            id: u64::MAX,
+        };
+        assert_eq!(id.to_string().len(), MAX_ID_LEN);
+        assert!(!fits_csi_limit(Some(&node), &format!("{fits}x")));
+        assert!(fits_csi_limit(None, &"v".repeat(255)));
+    }
+
     proptest::proptest! {
         /// Whatever a CO sends, parsing answers and never panics, and a
         /// mapped name is always a valid one.
@@ -168,13 +295,16 @@ mod tests {
 
         #[test]
         fn ids_of_valid_names_round_trip(
+            node in proptest::option::of("[a-z0-9]([a-z0-9.-]{0,30}[a-z0-9])?"),
             v in "[a-z0-9][a-z0-9._-]{0,60}",
             n in "[a-z0-9][a-z0-9._-]{0,60}",
             id in proptest::prelude::any::<u64>(),
         ) {
-            let vid = VolumeId { name: v.clone(), id };
+            let vid = VolumeId { node: node.clone(), name: v.clone(), id };
             proptest::prop_assert_eq!(VolumeId::parse(&vid.to_string()), Some(vid));
-            let sid = SnapshotId { volume: v.clone(), name: n.clone(), id };
+            let gid = GroupId { node: node.clone(), name: n.clone() };
+            proptest::prop_assert_eq!(GroupId::parse(&gid.to_string()), Some(gid));
+            let sid = SnapshotId { node, volume: v.clone(), name: n.clone(), id };
             proptest::prop_assert_eq!(SnapshotId::parse(&sid.to_string()), Some(sid));
             proptest::prop_assert_eq!(lamina_name(&v), v);
         }

@@ -3,7 +3,8 @@
 //! unix socket by `lamina csi`. It owns the gRPC surface, the mapping from
 //! CSI's names and ids to Lamina's (docs/csi.md), and on the node side the
 //! attaching of a volume's NBD export as a block device, its filesystem and
-//! its mounts. It must not reach the engine or build daemon requests by
+//! its mounts; and which of the storage nodes a new volume goes to. It
+//! must not reach the engine or build daemon requests by
 //! hand: every change goes through `lamina-client`, and the rules about
 //! volumes and snapshots stay in the daemon.
 
@@ -19,10 +20,13 @@ mod group;
 mod identity;
 pub mod ids;
 pub mod node;
+pub mod nodes;
+pub mod placement;
 mod serve;
 mod status;
 
 pub use controller::ControllerService;
+pub use nodes::{NodeSet, NodeSource, StorageNode};
 pub use serve::{serve, socket_path, Error, Mode, Options};
 
 /// The driver's name, as CSIDriver objects and StorageClasses name it.

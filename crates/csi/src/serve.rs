@@ -5,6 +5,7 @@ use crate::group::GroupService;
 
 use crate::identity::IdentityService;
 use crate::node::{self, NodeService};
+use crate::nodes::{NodeSet, NodeSource};
 use crate::proto::controller_server::ControllerServer;
 use crate::proto::group_controller_server::GroupControllerServer;
 
@@ -34,10 +35,15 @@ pub struct Options {
     pub driver_name: String,
     /// This node's name.
     pub node_id: String,
-    /// The node whose daemon the controller drives: its volumes' topology.
+    /// The node whose daemon the controller drives (with `NodeSource::Single`),
+    /// and the node ids without a node name (with several nodes).
     pub storage_node: String,
+    /// The nodes the controller drives.
+    pub nodes: NodeSource,
     /// The node service's records.
     pub state_dir: PathBuf,
+    /// This node's daemon (the node service, the identity's probe, and the
+    /// controller's one node with `NodeSource::Single`).
     pub client: Client,
 }
 
@@ -88,19 +94,29 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let controller = matches!(opts.mode, Mode::Controller | Mode::All);
     let node = matches!(opts.mode, Mode::Node | Mode::All);
+    let set = match &opts.nodes {
+        NodeSource::Single => NodeSet::single(&opts.storage_node, opts.client.clone()),
+        NodeSource::Fixed(nodes) => NodeSet::multi(&opts.storage_node, nodes.clone()),
+        NodeSource::Secrets { .. } => NodeSet::multi(&opts.storage_node, Default::default()),
+    };
+    let set = Arc::new(set);
+    if let (true, NodeSource::Secrets { namespace }) = (controller, &opts.nodes) {
+        tokio::spawn(crate::nodes::watch_secrets(set.clone(), namespace.clone()));
+    }
     let identity = IdentityService {
         name: opts.driver_name.clone(),
         client: opts.client.clone(),
         controller,
+        // A controller of several nodes has no daemon of its own: it is
+        // ready when it knows a node.
+        nodes: (opts.mode == Mode::Controller && !matches!(opts.nodes, NodeSource::Single))
+            .then(|| set.clone()),
     };
     let mut router = tonic::transport::Server::builder()
         .trace_fn(|r| tracing::info_span!("csi", method = %r.uri().path()))
         .add_service(IdentityServer::new(identity));
     if controller {
-        let c = Arc::new(ControllerService::new(
-            opts.client.clone(),
-            opts.storage_node.clone(),
-        ));
+        let c = Arc::new(ControllerService::new(set));
         router = router
             .add_service(ControllerServer::from_arc(c.clone()))
             .add_service(GroupControllerServer::new(GroupService::new(c)));

@@ -9,12 +9,12 @@ mod volumes;
 pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};
 
 use crate::ids::{SnapshotId, VolumeId};
+use crate::nodes::{NodeSet, Picked};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc, Rpc, Type};
 use crate::proto::*;
 use crate::status::from_client;
 use lamina_api as api;
-use lamina_client::Client;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
@@ -37,19 +37,17 @@ const CAPABILITIES: [rpc::Type; 10] = [
 ];
 
 pub struct ControllerService {
-    pub(crate) client: Client,
-    /// The node whose daemon this controller drives.
-    storage_node: String,
+    /// The nodes whose daemons this controller drives.
+    pub(crate) nodes: Arc<NodeSet>,
     /// One lock per Lamina name being created or deleted, so that a CO's
     /// retries and concurrent calls for one name run one at a time.
     names: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl ControllerService {
-    pub fn new(client: Client, storage_node: String) -> ControllerService {
+    pub fn new(nodes: Arc<NodeSet>) -> ControllerService {
         ControllerService {
-            client,
-            storage_node,
+            nodes,
             names: Mutex::new(HashMap::new()),
         }
     }
@@ -71,16 +69,25 @@ impl ControllerService {
         }
     }
 
-    /// The topology of every volume this controller makes.
-    pub(crate) fn topology(&self) -> Topology {
-        Topology {
-            segments: [(crate::TOPOLOGY_KEY.to_string(), self.storage_node.clone())].into(),
-        }
+    /// The node a CSI id names (its own, or the default), or UNAVAILABLE.
+    pub(crate) fn node(&self, node: Option<&str>) -> Result<Picked, Status> {
+        self.nodes.get(node)
+    }
+
+    /// One page of `items` (node, pool id, entry) for a list request.
+    pub(crate) fn page_of<T>(
+        &self,
+        items: Vec<(String, u64, T)>,
+        token: &str,
+        max_entries: i32,
+    ) -> Result<(Vec<T>, String), Status> {
+        page(items, token, max_entries, self.nodes.qualified())
     }
 
     /// The volume a CSI id names, if it still exists (same name and id).
     pub(crate) async fn volume_by_id(&self, vid: &VolumeId) -> Result<Option<api::Volume>, Status> {
-        match self.client.get_volume(&vid.name).await {
+        let n = self.node(vid.node.as_deref())?;
+        match n.client.get_volume(&vid.name).await {
             Ok(v) if v.id == vid.id => Ok(Some(v)),
             Ok(_) => Ok(None),
             Err(e) if e.is_not_found() => Ok(None),
@@ -98,6 +105,7 @@ impl ControllerService {
             id: Some(sid.id),
         };
         let found = self
+            .node(sid.node.as_deref())?
             .client
             .find_snapshots(&filter)
             .await
@@ -129,9 +137,11 @@ impl Drop for NameGuard<'_> {
     }
 }
 
-/// A CSI volume id for a daemon volume.
-pub(crate) fn volume_id(v: &api::Volume) -> String {
+/// A CSI volume id for a daemon volume (`node`: the node it names, if ids
+/// carry one).
+pub(crate) fn volume_id(node: Option<String>, v: &api::Volume) -> String {
     VolumeId {
+        node,
         name: v.name.clone(),
         id: v.id,
     }
@@ -176,13 +186,55 @@ pub(crate) fn check_capabilities(caps: &[VolumeCapability]) -> Result<(), Status
     Ok(())
 }
 
-/// A page token: the id of the last entry of the page before.
-pub(crate) fn parse_token(t: &str) -> Result<u64, Status> {
-    if t.is_empty() {
-        return Ok(0);
+/// One page of entries listed over the nodes: `items` are (node, pool id,
+/// entry), ordered by node then id. A page token is the last entry's place:
+/// `NODE:ID` when ids carry the node, else `ID`.
+pub(crate) fn page<T>(
+    mut items: Vec<(String, u64, T)>,
+    token: &str,
+    max_entries: i32,
+    qualified: bool,
+) -> Result<(Vec<T>, String), Status> {
+    if max_entries < 0 {
+        return Err(Status::invalid_argument("max_entries must not be negative"));
     }
-    t.parse()
-        .map_err(|_| Status::aborted(format!("starting_token {t:?} is not one this driver gave")))
+    let bad = || {
+        Status::aborted(format!(
+            "starting_token {token:?} is not one this driver gave"
+        ))
+    };
+    let after: Option<(String, u64)> = match (token, qualified) {
+        ("", _) => None,
+        (t, true) => {
+            let (n, id) = t.rsplit_once(':').ok_or_else(bad)?;
+            Some((n.to_string(), id.parse().map_err(|_| bad())?))
+        }
+        (t, false) => Some((String::new(), t.parse().map_err(|_| bad())?)),
+    };
+    if !qualified {
+        items.iter_mut().for_each(|i| i.0.clear());
+    }
+    items.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    if let Some((n, id)) = &after {
+        items.retain(|i| (&i.0, i.1) > (n, *id));
+    }
+    let max = if max_entries == 0 {
+        usize::MAX
+    } else {
+        max_entries as usize
+    };
+    let next = if items.len() > max {
+        let (n, id, _) = &items[max - 1];
+        if qualified {
+            format!("{n}:{id}")
+        } else {
+            id.to_string()
+        }
+    } else {
+        String::new()
+    };
+    items.truncate(max);
+    Ok((items.into_iter().map(|i| i.2).collect(), next))
 }
 
 /// An RFC 3339 time from the daemon as a protobuf timestamp.
@@ -324,5 +376,30 @@ impl Controller for ControllerService {
         Err(Status::unimplemented(
             "Lamina volumes have no mutable parameters (MODIFY_VOLUME is not offered)",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page;
+
+    #[test]
+    fn pages_over_nodes_follow_node_then_id() {
+        let items = || {
+            vec![
+                ("b".to_string(), 1, "b1"),
+                ("a".to_string(), 5, "a5"),
+                ("a".to_string(), 2, "a2"),
+            ]
+        };
+        let (p, t) = page(items(), "", 2, true).unwrap();
+        assert_eq!((p, t.as_str()), (vec!["a2", "a5"], "a:5"));
+        let (p, t) = page(items(), "a:5", 2, true).unwrap();
+        assert_eq!((p, t.as_str()), (vec!["b1"], ""));
+        let (p, t) = page(items(), "", 1, false).unwrap();
+        assert_eq!((p, t.as_str()), (vec!["b1"], "1"));
+        assert!(page(items(), "x", 1, true).is_err());
+        assert!(page(items(), "a:x", 1, true).is_err());
+        assert!(page(items(), "", -1, true).is_err());
     }
 }

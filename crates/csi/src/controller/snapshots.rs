@@ -1,10 +1,11 @@
 //! CreateSnapshot, DeleteSnapshot, ListSnapshots and GetSnapshot. A CSI
 //! snapshot name is unique across the driver, while Lamina names snapshots
-//! per volume: a name is looked up over every volume, and calls for one
-//! name run one at a time, so that one CSI name never becomes two snapshots.
+//! per volume: a name is looked up over every volume of the source
+//! volume's node, and calls for one name run one at a time, so that one CSI
+//! name never becomes two snapshots.
 
-use super::{parse_token, timestamp, ControllerService};
-use crate::ids::{lamina_name, SnapshotId, VolumeId};
+use super::{timestamp, ControllerService};
+use crate::ids::{fits_csi_limit, lamina_name, SnapshotId, VolumeId};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
 use lamina_api as api;
@@ -13,17 +14,20 @@ use tonic::Status;
 /// Label recording the CSI name of a snapshot whose Lamina name differs.
 pub const CSI_NAME_LABEL: &str = "csi.lamina.io/name";
 
-/// A CSI snapshot for a daemon snapshot.
-pub(crate) fn csi_snapshot(s: &api::Snapshot) -> Snapshot {
+/// A CSI snapshot for a daemon snapshot (`node`: the node its ids name,
+/// if ids carry one).
+pub(crate) fn csi_snapshot(node: Option<String>, s: &api::Snapshot) -> Snapshot {
     Snapshot {
         size_bytes: s.restore_size as i64,
         snapshot_id: SnapshotId {
+            node: node.clone(),
             volume: s.volume.clone(),
             name: s.name.clone(),
             id: s.id,
         }
         .to_string(),
         source_volume_id: VolumeId {
+            node,
             name: s.volume.clone(),
             id: s.volume_id,
         }
@@ -55,53 +59,61 @@ impl ControllerService {
         }
         let name = lamina_name(&req.name);
         let _g = self.lock(&format!("snapshot/{name}")).await;
-        let filter = api::SnapshotFilter {
-            name: Some(name.clone()),
-            id: None,
-        };
-        let same = self
-            .client
-            .find_snapshots(&filter)
-            .await
-            .map_err(|e| from_client(&e))?;
-        let source = VolumeId::parse(&req.source_volume_id);
-        if let Some(s) = same.iter().find(|s| !s.system) {
-            let from_here = source
-                .as_ref()
-                .is_some_and(|v| v.name == s.volume && v.id == s.volume_id);
-            if from_here && !s.labels.contains_key(api::GROUP_LABEL) {
-                return Ok(CreateSnapshotResponse {
-                    snapshot: Some(csi_snapshot(s)),
-                });
-            }
-            return Err(Status::already_exists(format!(
-                "snapshot {:?} exists already, of volume {}",
-                req.name,
-                VolumeId {
-                    name: s.volume.clone(),
-                    id: s.volume_id
-                }
-            )));
-        }
         let not_found = || {
             Status::not_found(format!(
                 "source volume {:?} does not exist",
                 req.source_volume_id
             ))
         };
-        let vid = source.ok_or_else(not_found)?;
+        let vid = VolumeId::parse(&req.source_volume_id).ok_or_else(not_found)?;
+        let node = self.node(vid.node.as_deref())?;
+        let q = self.nodes.qualifier(&node.name);
+        let filter = api::SnapshotFilter {
+            name: Some(name.clone()),
+            id: None,
+        };
+        let same = node
+            .client
+            .find_snapshots(&filter)
+            .await
+            .map_err(|e| from_client(&e))?;
+        if let Some(s) = same.iter().find(|s| !s.system) {
+            let from_here = vid.name == s.volume && vid.id == s.volume_id;
+            if from_here && !s.labels.contains_key(api::GROUP_LABEL) {
+                return Ok(CreateSnapshotResponse {
+                    snapshot: Some(csi_snapshot(q, s)),
+                });
+            }
+            return Err(Status::already_exists(format!(
+                "snapshot {:?} exists already, of volume {}",
+                req.name,
+                VolumeId {
+                    node: q,
+                    name: s.volume.clone(),
+                    id: s.volume_id
+                }
+            )));
+        }
         let v = self.volume_by_id(&vid).await?.ok_or_else(not_found)?;
+        if !fits_csi_limit(q.as_deref(), &format!("{}/{name}", v.name)) {
+            return invalid!(
+                "the id of snapshot {name:?} of volume {:?} on node {:?} could exceed CSI's {} bytes",
+                v.name,
+                node.name,
+                crate::ids::MAX_ID_LEN
+            );
+        }
         let mut labels = std::collections::BTreeMap::new();
         if name != req.name && req.name.len() <= 1024 {
             labels.insert(CSI_NAME_LABEL.to_string(), req.name.clone());
         }
-        let made = self
+        let made = node
             .client
             .create_snapshot(&v.name, &api::CreateSnapshot { name, labels })
             .await
             .map_err(|e| from_client(&e))?;
         Ok(CreateSnapshotResponse {
-            snapshot: Some(csi_snapshot(&made.value)),
+            snapshot: Some(csi_snapshot(q, &made.value)),
         })
     }
 
@@ -116,6 +128,7 @@ impl ControllerService {
             return Ok(DeleteSnapshotResponse {});
         };
         let _g = self.lock(&format!("snapshot/{}", id.name)).await;
+        let node = self.node(id.node.as_deref())?;
         let Some(s) = self.snapshot_by_id(&id).await? else {
             return Ok(DeleteSnapshotResponse {});
         };
@@ -126,12 +139,12 @@ impl ControllerService {
                     req.snapshot_id, x.connections
                 )));
             }
-            self.client
+            node.client
                 .detach_snapshot(&s.volume, &s.name, false)
                 .await
                 .map_err(|e| from_client(&e))?;
         }
-        match self.client.delete_snapshot(&s.volume, &s.name).await {
+        match node.client.delete_snapshot(&s.volume, &s.name).await {
             Ok(_) => Ok(DeleteSnapshotResponse {}),
             Err(e) if e.is_not_found() => Ok(DeleteSnapshotResponse {}),
             Err(e) => Err(from_client(&e)),
@@ -145,60 +158,62 @@ impl ControllerService {
         if req.max_entries < 0 {
             return invalid!("max_entries must not be negative");
         }
-        let after = parse_token(&req.starting_token)?;
-        let mut snaps = if !req.snapshot_id.is_empty() {
-            match SnapshotId::parse(&req.snapshot_id) {
-                Some(id) => self.snapshot_by_id(&id).await?.into_iter().collect(),
-                None => vec![],
+        // (node, its snapshots) for the nodes the filters can match.
+        let mut found: Vec<(String, Vec<api::Snapshot>)> = vec![];
+        if !req.snapshot_id.is_empty() {
+            if let Some(id) = SnapshotId::parse(&req.snapshot_id) {
+                let node = self.node(id.node.as_deref())?;
+                let s = self.snapshot_by_id(&id).await?;
+                found.push((node.name, s.into_iter().collect()));
             }
         } else if !req.source_volume_id.is_empty() {
-            match VolumeId::parse(&req.source_volume_id) {
-                Some(id) if self.volume_by_id(&id).await?.is_some() => {
-                    match self.client.list_snapshots(&id.name).await {
+            if let Some(id) = VolumeId::parse(&req.source_volume_id) {
+                let node = self.node(id.node.as_deref())?;
+                if self.volume_by_id(&id).await?.is_some() {
+                    let snaps = match node.client.list_snapshots(&id.name).await {
                         Ok(v) => v,
                         Err(e) if e.is_not_found() => vec![],
                         Err(e) => return Err(from_client(&e)),
-                    }
+                    };
+                    found.push((node.name, snaps));
                 }
-                _ => vec![],
             }
         } else {
-            self.client
-                .list_all_snapshots()
-                .await
-                .map_err(|e| from_client(&e))?
-        };
-        if !req.source_volume_id.is_empty() {
-            snaps.retain(|s| {
-                VolumeId {
-                    name: s.volume.clone(),
-                    id: s.volume_id,
-                }
-                .to_string()
-                    == req.source_volume_id
-            });
+            for n in self.nodes.all() {
+                let snaps = n
+                    .client
+                    .list_all_snapshots()
+                    .await
+                    .map_err(|e| from_client(&e))?;
+                found.push((n.name, snaps));
+            }
         }
-        // System snapshots (taken for clones of volumes) are not the CO's.
-        snaps.retain(|s| !s.system && s.id > after);
-        snaps.sort_by_key(|s| s.id);
-        let max = if req.max_entries == 0 {
-            usize::MAX
-        } else {
-            req.max_entries as usize
-        };
-        let next_token = if snaps.len() > max {
-            snaps[max - 1].id.to_string()
-        } else {
-            String::new()
-        };
-        snaps.truncate(max);
-        Ok(ListSnapshotsResponse {
-            entries: snaps
-                .iter()
-                .map(|s| list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(s)),
+        // Both ids given: the snapshot only if it is of that volume.
+        let of_source = |node: &str, s: &api::Snapshot| {
+            req.source_volume_id.is_empty()
+                || VolumeId::parse(&req.source_volume_id).is_some_and(|v| {
+                    v.name == s.volume
+                        && v.id == s.volume_id
+                        && self.node(v.node.as_deref()).is_ok_and(|n| n.name == node)
                 })
-                .collect(),
+        };
+        let mut all = vec![];
+        for (node, snaps) in found {
+            let q = self.nodes.qualifier(&node);
+            for s in snaps {
+                // System snapshots (taken for clones of volumes) are not the CO's.
+                if s.system || !of_source(&node, &s) {
+                    continue;
+                }
+                let entry = list_snapshots_response::Entry {
+                    snapshot: Some(csi_snapshot(q.clone(), &s)),
+                };
+                all.push((node.clone(), s.id, entry));
+            }
+        }
+        let (entries, next_token) = self.page_of(all, &req.starting_token, req.max_entries)?;
+        Ok(ListSnapshotsResponse {
+            entries,
             next_token,
         })
     }
@@ -213,9 +228,10 @@ impl ControllerService {
         let not_found =
             || Status::not_found(format!("snapshot {:?} does not exist", req.snapshot_id));
         let id = SnapshotId::parse(&req.snapshot_id).ok_or_else(not_found)?;
+        let node = self.node(id.node.as_deref())?;
         let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
         Ok(GetSnapshotResponse {
-            snapshot: Some(csi_snapshot(&s)),
+            snapshot: Some(csi_snapshot(self.nodes.qualifier(&node.name), &s)),
         })
     }
 }

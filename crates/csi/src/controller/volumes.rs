@@ -2,10 +2,10 @@
 //! ControllerGetVolume, ValidateVolumeCapabilities, GetCapacity and
 //! ControllerExpandVolume.
 
-use super::{
-    check_capabilities, check_capability, parse_token, volume_id, ControllerService, DEFAULT_SIZE,
-};
-use crate::ids::{lamina_name, SnapshotId, VolumeId};
+use super::{check_capabilities, check_capability, volume_id, ControllerService, DEFAULT_SIZE};
+use crate::ids::{fits_csi_limit, lamina_name, SnapshotId, VolumeId};
+use crate::nodes::{topology_of, Picked};
+use crate::placement::{allowed, choose, fits, Candidate};
 use crate::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
@@ -62,11 +62,20 @@ fn range(r: Option<&CapacityRange>) -> Result<(u64, u64), Status> {
     Ok((req, lim))
 }
 
-/// A requested source, resolved.
+/// A requested source, resolved: with the node it is on.
 enum Resolved {
     None,
-    Snapshot(SnapshotId, api::Snapshot),
-    Volume(VolumeId, api::Volume),
+    Snapshot(SnapshotId, api::Snapshot, Picked),
+    Volume(VolumeId, api::Volume, Picked),
+}
+
+impl Resolved {
+    fn node(&self) -> Option<&Picked> {
+        match self {
+            Resolved::None => None,
+            Resolved::Snapshot(.., n) | Resolved::Volume(.., n) => Some(n),
+        }
+    }
 }
 
 impl ControllerService {
@@ -80,22 +89,19 @@ impl ControllerService {
         check_capabilities(&req.volume_capabilities)?;
         let (want_min, limit) = range(req.capacity_range.as_ref())?;
         let full = full_clone(&req.parameters)?;
-        self.check_topology(req.accessibility_requirements.as_ref())?;
         let name = lamina_name(&req.name);
         let _g = self.lock(&name).await;
 
         // Retried, or asked again: the same volume if it is compatible.
-        match self.client.get_volume(&name).await {
-            Ok(v) => return self.existing(v, &req, want_min, limit).await,
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(from_client(&e)),
+        if let Some((node, v)) = self.find_volume(&name).await? {
+            return self.existing(&node, v, &req, want_min, limit).await;
         }
 
         let source = self.resolve(req.volume_content_source.as_ref()).await?;
         let source_size = match &source {
             Resolved::None => None,
-            Resolved::Snapshot(_, s) => Some(s.restore_size),
-            Resolved::Volume(_, v) => Some(v.size),
+            Resolved::Snapshot(_, s, _) => Some(s.restore_size),
+            Resolved::Volume(_, v, _) => Some(v.size),
         };
         let size = match source_size {
             None if want_min == 0 && limit > 0 => DEFAULT_SIZE.min(limit / SECTOR * SECTOR),
@@ -117,13 +123,23 @@ impl ControllerService {
             )));
         }
 
+        let node = self
+            .place(req.accessibility_requirements.as_ref(), &source, size)
+            .await?;
+        if !fits_csi_limit(self.nodes.qualifier(&node.name).as_deref(), &name) {
+            return invalid!(
+                "the id of volume {name:?} on node {:?} could exceed CSI's {} bytes",
+                node.name,
+                crate::ids::MAX_ID_LEN
+            );
+        }
         let made = match &source {
             Resolved::None => {
                 let r = api::CreateVolume {
                     name: name.clone(),
                     size,
                 };
-                self.client
+                node.client
                     .create_volume(&r)
                     .await
                     .map_err(|e| from_client(&e))?
@@ -131,45 +147,123 @@ impl ControllerService {
             }
             Resolved::Snapshot(..) | Resolved::Volume(..) => {
                 let (from_snapshot, from_volume) = match &source {
-                    Resolved::Snapshot(id, _) => (Some(id.source()), None),
-                    Resolved::Volume(id, _) => (None, Some(id.name.clone())),
+                    Resolved::Snapshot(id, ..) => (Some(id.source()), None),
+                    Resolved::Volume(id, ..) => (None, Some(id.name.clone())),
                     Resolved::None => (None, None),
+                };
+                let from_node = match source.node() {
+                    Some(src) if src.name != node.name => Some(peer(src)?),
+                    _ => None,
                 };
                 let r = api::CreateClone {
                     name: name.clone(),
                     from_snapshot,
                     from_volume,
                     full,
-                    from_node: None,
+                    from_node,
                 };
-                let c = self
+                let c = node
                     .client
                     .create_clone(&r)
                     .await
                     .map_err(|e| from_client(&e))?
                     .value;
                 if let Some(op) = c.operation {
-                    self.wait_copy(&name, &op.id).await?;
+                    self.wait_copy(&node, &name, &op.id).await?;
                 }
-                self.grow_to(&name, size).await?
+                self.grow_to(&node, &name, size).await?
             }
         };
         Ok(CreateVolumeResponse {
-            volume: Some(self.csi_volume(&made, req.volume_content_source.clone())),
+            volume: Some(self.csi_volume(&node.name, &made, req.volume_content_source.clone())),
         })
+    }
+
+    /// A volume of this name on any node the controller can reach. A node
+    /// that does not answer is passed over (docs/csi.md: a retry could
+    /// then place the volume again elsewhere).
+    async fn find_volume(&self, name: &str) -> Result<Option<(Picked, api::Volume)>, Status> {
+        for n in self.nodes.all() {
+            match n.client.get_volume(name).await {
+                Ok(v) => return Ok(Some((n, v))),
+                Err(e) if e.is_not_found() => {}
+                Err(lamina_client::Error::Unreachable { .. }) if self.nodes.qualified() => {
+                    tracing::warn!(node = %n.name, volume = %name, "node unreachable while looking for a volume");
+                }
+                Err(e) => return Err(from_client(&e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The node a new volume goes to. A clone or restore stays on its
+    /// source's node when the requirements allow it (the daemon's linked
+    /// or full clone); a restore elsewhere pulls the snapshot over.
+    async fn place(
+        &self,
+        req: Option<&TopologyRequirement>,
+        source: &Resolved,
+        size: u64,
+    ) -> Result<Picked, Status> {
+        if let Some(src) = source.node() {
+            if allowed(req, &src.name) {
+                return Ok(src.clone());
+            }
+            if let Resolved::Volume(id, ..) = source {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is on node {:?}, which the topology requirements exclude: Lamina clones a volume only on its own node (take a VolumeSnapshot and restore it on the other node)",
+                    src.name
+                )));
+            }
+        }
+        let mut cands = vec![];
+        let mut seen = vec![];
+        for n in self.nodes.all() {
+            match n.client.health().await {
+                Ok(h) => {
+                    seen.push(format!("{} ({} bytes free)", n.name, h.capacity_bytes));
+                    cands.push(Candidate {
+                        name: n.name.clone(),
+                        free: h.capacity_bytes,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(node = %n.name, error = %e, "node left out of placement");
+                    seen.push(format!("{} (unreachable)", n.name));
+                }
+            }
+        }
+        if cands.is_empty() {
+            return Err(Status::unavailable(format!(
+                "no storage node answers; nodes: {}",
+                if seen.is_empty() {
+                    "none known".to_string()
+                } else {
+                    seen.join(", ")
+                }
+            )));
+        }
+        let chosen = choose(req, &cands, size).ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "no storage node allowed by the topology requirements has room for {size} bytes; nodes: {}",
+                seen.join(", ")
+            ))
+        })?;
+        self.node(Some(&chosen))
     }
 
     /// CreateVolume for a name that exists: the same volume if its size
     /// fits the range and it came from the same source, else ALREADY_EXISTS.
     async fn existing(
         &self,
+        node: &Picked,
         v: api::Volume,
         req: &CreateVolumeRequest,
         want_min: u64,
         limit: u64,
     ) -> Result<CreateVolumeResponse, Status> {
         let asked = requested_source(req.volume_content_source.as_ref())?;
-        let had = self.created_from(&v).await?;
+        let had = self.created_from(node, &v).await?;
         if let Some(had) = &had {
             if *had != asked {
                 return Err(Status::already_exists(format!(
@@ -181,7 +275,7 @@ impl ControllerService {
             }
         }
         if let (api::CloneState::Copying, Some(op)) = (&v.clone_state, &v.operation) {
-            self.wait_copy(&v.name, op).await?;
+            self.wait_copy(node, &v.name, op).await?;
         }
         // A clone or restore is made at its source's size, then grown: a
         // call cut off between the two left it smaller than asked, and the
@@ -189,32 +283,36 @@ impl ControllerService {
         let size = round_up(want_min);
         let fits_limit = limit == 0 || size <= limit;
         if matches!(had, Some(Some(_))) && v.size < want_min && fits_limit && v.export.is_none() {
-            self.grow_to(&v.name, size).await?;
+            self.grow_to(node, &v.name, size).await?;
         } else if v.size < want_min || (limit > 0 && v.size > limit) {
             return Err(Status::already_exists(format!(
                 "volume {:?} exists with {} bytes, outside the range asked for ({want_min}..{limit})",
                 req.name, v.size
             )));
         }
-        let v = self
+        let v = node
             .client
             .get_volume(&v.name)
             .await
             .map_err(|e| from_client(&e))?;
         Ok(CreateVolumeResponse {
-            volume: Some(self.csi_volume(&v, req.volume_content_source.clone())),
+            volume: Some(self.csi_volume(&node.name, &v, req.volume_content_source.clone())),
         })
     }
 
     /// What a volume was made from, as the daemon names sources: `Some(None)`
     /// for an empty volume, `None` when no record says (pruned long ago).
-    async fn created_from(&self, v: &api::Volume) -> Result<Option<Option<String>>, Status> {
+    async fn created_from(
+        &self,
+        node: &Picked,
+        v: &api::Volume,
+    ) -> Result<Option<Option<String>>, Status> {
         let f = api::OperationFilter {
             volume: Some(v.name.clone()),
             state: None,
             limit: None,
         };
-        let ops = self
+        let ops = node
             .client
             .list_operations(&f)
             .await
@@ -224,6 +322,14 @@ impl ControllerService {
                 api::OperationKind::CreateVolume => return Ok(Some(None)),
                 api::OperationKind::Clone | api::OperationKind::FullClone => {
                     return Ok(Some(op.source))
+                }
+                // `NODE:VOLUME/SNAPSHOT`: the snapshot's path is what a
+                // request names (its id's node is where it lives).
+                api::OperationKind::RemoteClone => {
+                    return Ok(Some(op.source.map(|s| match s.split_once(':') {
+                        Some((_, path)) => path.to_string(),
+                        None => s,
+                    })))
                 }
                 _ => {}
             }
@@ -243,30 +349,33 @@ impl ControllerService {
                 let not_found =
                     || Status::not_found(format!("source snapshot {snapshot_id:?} does not exist"));
                 let id = SnapshotId::parse(snapshot_id).ok_or_else(not_found)?;
+                let node = self.node(id.node.as_deref())?;
                 let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
-                Ok(Resolved::Snapshot(id, s))
+                Ok(Resolved::Snapshot(id, s, node))
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
                 let not_found =
                     || Status::not_found(format!("source volume {volume_id:?} does not exist"));
                 let id = VolumeId::parse(volume_id).ok_or_else(not_found)?;
+                let node = self.node(id.node.as_deref())?;
                 let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
                 if v.clone_state == api::CloneState::Copying {
                     return Err(Status::unavailable(format!(
                         "source volume {volume_id:?} is still being copied into; try again when it is done"
                     )));
                 }
-                Ok(Resolved::Volume(id, v))
+                Ok(Resolved::Volume(id, v, node))
             }
         }
     }
 
-    /// Wait for a full clone's copy; ABORTED if it is still running after a
-    /// while (the CO calls again), the daemon's error if it failed.
-    async fn wait_copy(&self, name: &str, op: &str) -> Result<(), Status> {
+    /// Wait for a full clone's copy (local, or from another node); ABORTED
+    /// if it is still running after a while (the CO calls again), the
+    /// daemon's error and reason if it failed.
+    async fn wait_copy(&self, node: &Picked, name: &str, op: &str) -> Result<(), Status> {
         let deadline = tokio::time::Instant::now() + COPY_WAIT;
         loop {
-            let o = self
+            let o = node
                 .client
                 .get_operation(op)
                 .await
@@ -274,10 +383,15 @@ impl ControllerService {
             match o.state {
                 api::OperationState::Succeeded => return Ok(()),
                 api::OperationState::Failed => {
+                    let reason = o
+                        .reason
+                        .map(|r| format!(" (reason: {})", r.as_str()))
+                        .unwrap_or_default();
                     return Err(Status::internal(format!(
-                        "copying data into volume {name:?} failed: {}",
+                        "copying data into volume {name:?} on node {:?} failed{reason}: {}",
+                        node.name,
                         o.error.unwrap_or_default()
-                    )))
+                    )));
                 }
                 api::OperationState::Running if tokio::time::Instant::now() >= deadline => {
                     return Err(Status::aborted(format!(
@@ -293,8 +407,8 @@ impl ControllerService {
     }
 
     /// Expand a new clone to the size asked for, if larger than its source.
-    async fn grow_to(&self, name: &str, size: u64) -> Result<api::Volume, Status> {
-        let v = self
+    async fn grow_to(&self, node: &Picked, name: &str, size: u64) -> Result<api::Volume, Status> {
+        let v = node
             .client
             .get_volume(name)
             .await
@@ -302,40 +416,25 @@ impl ControllerService {
         if v.size >= size {
             return Ok(v);
         }
-        self.client
+        node.client
             .expand_volume(name, &api::ExpandVolume { size })
             .await
             .map_err(|e| from_client(&e))
     }
 
-    /// RESOURCE_EXHAUSTED when the requirements exclude this storage node.
-    fn check_topology(&self, t: Option<&TopologyRequirement>) -> Result<(), Status> {
-        let Some(t) = t else { return Ok(()) };
-        let ours = self.topology();
-        let all: Vec<&Topology> = t.requisite.iter().chain(&t.preferred).collect();
-        if all.is_empty() || all.iter().any(|x| fits(x, &ours)) {
-            return Ok(());
-        }
-        Err(Status::resource_exhausted(format!(
-            "no accessible topology includes the storage node {:?}",
-            ours.segments
-                .get(crate::TOPOLOGY_KEY)
-                .cloned()
-                .unwrap_or_default()
-        )))
-    }
-
+    /// The CSI volume for a daemon volume on `node`.
     pub(crate) fn csi_volume(
         &self,
+        node: &str,
         v: &api::Volume,
         source: Option<VolumeContentSource>,
     ) -> Volume {
         Volume {
             capacity_bytes: v.size as i64,
-            volume_id: volume_id(v),
+            volume_id: volume_id(self.nodes.qualifier(node), v),
             volume_context: Default::default(),
             content_source: source,
-            accessible_topology: vec![self.topology()],
+            accessible_topology: vec![topology_of(node)],
         }
     }
 
@@ -351,6 +450,7 @@ impl ControllerService {
             return Ok(DeleteVolumeResponse {});
         };
         let _g = self.lock(&id.name).await;
+        let node = self.node(id.node.as_deref())?;
         let Some(v) = self.volume_by_id(&id).await? else {
             return Ok(DeleteVolumeResponse {});
         };
@@ -362,12 +462,12 @@ impl ControllerService {
                 )));
             }
             // A stale export, left by a node that is gone.
-            self.client
+            node.client
                 .detach_volume(&v.name, false)
                 .await
                 .map_err(|e| from_client(&e))?;
         }
-        match self.client.delete_volume(&v.name, false).await {
+        match node.client.delete_volume(&v.name, false).await {
             Ok(_) => Ok(DeleteVolumeResponse {}),
             Err(e) if e.is_not_found() => Ok(DeleteVolumeResponse {}),
             Err(e) => Err(from_client(&e)),
@@ -381,36 +481,23 @@ impl ControllerService {
         if req.max_entries < 0 {
             return invalid!("max_entries must not be negative");
         }
-        let after = parse_token(&req.starting_token)?;
-        let mut vols = self
-            .client
-            .list_volumes()
-            .await
-            .map_err(|e| from_client(&e))?;
-        vols.retain(|v| v.id > after && !v.name.starts_with('.'));
-        vols.sort_by_key(|v| v.id);
-        let max = if req.max_entries == 0 {
-            usize::MAX
-        } else {
-            req.max_entries as usize
-        };
-        let next_token = if vols.len() > max {
-            vols[max - 1].id.to_string()
-        } else {
-            String::new()
-        };
-        vols.truncate(max);
-        Ok(ListVolumesResponse {
-            entries: vols
-                .iter()
-                .map(|v| list_volumes_response::Entry {
-                    volume: Some(self.csi_volume(v, None)),
+        let mut all = vec![];
+        for n in self.nodes.all() {
+            let vols = n.client.list_volumes().await.map_err(|e| from_client(&e))?;
+            for v in vols.into_iter().filter(|v| !v.name.starts_with('.')) {
+                let entry = list_volumes_response::Entry {
+                    volume: Some(self.csi_volume(&n.name, &v, None)),
                     status: Some(list_volumes_response::VolumeStatus {
                         published_node_ids: vec![],
-                        volume_condition: Some(condition(v)),
+                        volume_condition: Some(condition(&v)),
                     }),
-                })
-                .collect(),
+                };
+                all.push((n.name.clone(), v.id, entry));
+            }
+        }
+        let (entries, next_token) = self.page_of(all, &req.starting_token, req.max_entries)?;
+        Ok(ListVolumesResponse {
+            entries,
             next_token,
         })
     }
@@ -424,9 +511,10 @@ impl ControllerService {
         }
         let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
+        let node = self.node(id.node.as_deref())?;
         let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
         Ok(ControllerGetVolumeResponse {
-            volume: Some(self.csi_volume(&v, None)),
+            volume: Some(self.csi_volume(&node.name, &v, None)),
             status: Some(controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
                 volume_condition: Some(condition(&v)),
@@ -480,16 +568,24 @@ impl ControllerService {
             .volume_capabilities
             .iter()
             .all(|c| check_capability(c).is_ok());
-        let fits_topo = req
-            .accessible_topology
-            .as_ref()
-            .is_none_or(|t| fits(t, &self.topology()));
-        let available = if fits_caps && fits_topo && full_clone(&req.parameters).is_ok() {
-            let h = self.client.health().await.map_err(|e| from_client(&e))?;
-            h.capacity_bytes
-        } else {
-            0
-        };
+        let mut available: u64 = 0;
+        if fits_caps && full_clone(&req.parameters).is_ok() {
+            for n in self.nodes.all() {
+                let counts = req
+                    .accessible_topology
+                    .as_ref()
+                    .is_none_or(|t| fits(t, &topology_of(&n.name)));
+                if !counts {
+                    continue;
+                }
+                match n.client.health().await {
+                    Ok(h) => available = available.saturating_add(h.capacity_bytes),
+                    // A node that does not answer can take nothing now.
+                    Err(lamina_client::Error::Unreachable { .. }) if self.nodes.qualified() => {}
+                    Err(e) => return Err(from_client(&e)),
+                }
+            }
+        }
         Ok(GetCapacityResponse {
             available_capacity: available.min(i64::MAX as u64) as i64,
             maximum_volume_size: None,
@@ -511,6 +607,7 @@ impl ControllerService {
         let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         let _g = self.lock(&id.name).await;
+        let node = self.node(id.node.as_deref())?;
         let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
         let node_expansion_required = !matches!(
             req.volume_capability
@@ -536,7 +633,7 @@ impl ControllerService {
                 req.volume_id, x.connections
             )));
         }
-        let grown = self
+        let grown = node
             .client
             .expand_volume(&v.name, &api::ExpandVolume { size })
             .await
@@ -572,11 +669,19 @@ fn requested_source(src: Option<&VolumeContentSource>) -> Result<Option<String>,
     })
 }
 
-/// Whether `want` (a CO's topology) holds for `ours`: every key it names.
-fn fits(want: &Topology, ours: &Topology) -> bool {
-    want.segments
-        .iter()
-        .all(|(k, v)| ours.segments.get(k) == Some(v))
+/// The source node as the daemon's clone from another node names it.
+fn peer(src: &Picked) -> Result<api::PeerNode, Status> {
+    let address = src.transfer_address.clone().ok_or_else(|| {
+        Status::failed_precondition(format!(
+            "the snapshot is on node {:?}, which has no transfer address (key `{}` of its node Secret): it cannot be copied to another node",
+            src.name,
+            lamina_node_secrets::KEY_TRANSFER
+        ))
+    })?;
+    Ok(api::PeerNode {
+        name: src.name.clone(),
+        address,
+    })
 }
 
 fn condition(v: &api::Volume) -> VolumeCondition {

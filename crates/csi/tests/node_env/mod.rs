@@ -42,29 +42,9 @@ pub struct Env {
 impl Env {
     #[track_caller]
     pub fn start() -> Env {
-        // Short: unix socket paths are limited to 108 bytes.
-        let dir = tempfile::Builder::new()
-            .prefix("lcsi")
-            .tempdir_in("/tmp")
-            .expect("temp dir");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let (dir, rt) = temp_dir_and_runtime("lcsi");
         let data = dir.path().join("data");
-        std::fs::create_dir_all(&data).unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let config = lamina_server::Config {
-            data_dir: data.clone(),
-            listen: None,
-            nbd_listen: None,
-            operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
-        };
-        let daemon = rt.spawn(lamina_server::run(config, async {
-            let _ = rx.await;
-        }));
-        let client = lamina_client::Client::unix(data.join("api.sock"));
+        let (daemon, tx, client) = spawn_daemon(&rt, &data);
         let mut env = Env {
             dir,
             rt,
@@ -75,9 +55,6 @@ impl Env {
             client,
             channel: None,
         };
-        wait_until("the daemon to answer", LIMIT, || {
-            env.rt.block_on(env.client.health()).ok()
-        });
         env.start_csi();
         env
     }
@@ -107,6 +84,7 @@ impl Env {
             driver_name: lamina_csi::DRIVER_NAME.into(),
             node_id: "node-1".into(),
             storage_node: "node-1".into(),
+            nodes: lamina_csi::NodeSource::Single,
             state_dir: self.state_dir(),
             client: self.client.clone(),
         };
@@ -115,24 +93,7 @@ impl Env {
             let _ = rx.await;
         })));
         self.csi_stop = Some(tx);
-        let sock = self.socket();
-        let channel = wait_until("the CSI socket to accept", LIMIT, || {
-            let s = sock.clone();
-            self.rt
-                .block_on(
-                    Endpoint::from_static("http://csi.local").connect_with_connector(
-                        tower::service_fn(move |_| {
-                            let s = s.clone();
-                            async move {
-                                let c = tokio::net::UnixStream::connect(s).await?;
-                                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(c))
-                            }
-                        }),
-                    ),
-                )
-                .ok()
-        });
-        self.channel = Some(channel);
+        self.channel = Some(connect(&self.rt, &self.socket()));
     }
 
     /// Stop the driver and serve a new one over the same state directory:
@@ -185,15 +146,7 @@ impl Env {
     /// A volume made through the driver's CreateVolume; its CSI id.
     #[track_caller]
     pub fn create_volume(&self, name: &str, size: u64) -> String {
-        let req = CreateVolumeRequest {
-            name: name.into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: size as i64,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap("")],
-            ..Default::default()
-        };
+        let req = create_request(name, size);
         let v = self
             .call("CreateVolume", self.ctl().create_volume(req))
             .unwrap_or_else(|s| panic!("CreateVolume {name}: {s:?}"))
@@ -416,6 +369,85 @@ pub fn cap(access: AccessType, mode: access_mode::Mode) -> VolumeCapability {
         access_mode: Some(AccessMode { mode: mode as i32 }),
         access_type: Some(access),
     }
+}
+
+/// CreateVolume of `size` bytes, mount access, no source or topology.
+pub fn create_request(name: &str, size: u64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap("")],
+        ..Default::default()
+    }
+}
+
+/// A temporary directory under /tmp (short: unix socket paths are limited
+/// to 108 bytes) and a runtime of two threads.
+pub fn temp_dir_and_runtime(prefix: &str) -> (tempfile::TempDir, tokio::runtime::Runtime) {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    (dir, rt)
+}
+
+pub type Daemon = tokio::task::JoinHandle<Result<(), lamina_server::ServerError>>;
+
+/// A daemon on `data` served on `rt` until the sender is used or dropped,
+/// once it answers; with its client.
+#[track_caller]
+pub fn spawn_daemon(
+    rt: &tokio::runtime::Runtime,
+    data: &Path,
+) -> (
+    Daemon,
+    tokio::sync::oneshot::Sender<()>,
+    lamina_client::Client,
+) {
+    std::fs::create_dir_all(data).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let config = lamina_server::Config {
+        data_dir: data.to_path_buf(),
+        listen: None,
+        nbd_listen: None,
+        operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
+    };
+    let daemon = rt.spawn(lamina_server::run(config, async {
+        let _ = rx.await;
+    }));
+    let client = lamina_client::Client::unix(data.join("api.sock"));
+    wait_until("the daemon to answer", LIMIT, || {
+        rt.block_on(client.health()).ok()
+    });
+    (daemon, tx, client)
+}
+
+/// A gRPC channel to a driver served on `sock`, once it accepts.
+#[track_caller]
+pub fn connect(rt: &tokio::runtime::Runtime, sock: &Path) -> Channel {
+    wait_until("the CSI socket to accept", LIMIT, || {
+        let s = sock.to_path_buf();
+        rt.block_on(
+            Endpoint::from_static("http://csi.local").connect_with_connector(tower::service_fn(
+                move |_| {
+                    let s = s.clone();
+                    async move {
+                        let c = tokio::net::UnixStream::connect(s).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(c))
+                    }
+                },
+            )),
+        )
+        .ok()
+    })
 }
 
 /// Mount access, single node writer, with `fs` ("" for the default).

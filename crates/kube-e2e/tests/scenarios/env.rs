@@ -14,7 +14,14 @@ use std::time::{Duration, Instant};
 pub const DRIVER: &str = "lamina.csi.io";
 /// The node id kube-env/up gives the controller (its storage node).
 pub const NODE_ID: &str = "kube-env-node";
+/// The driver's topology key.
+pub const TOPOLOGY_KEY: &str = "topology.lamina.io/node";
+/// The second storage node (KUBE_ENV_NODES=2).
+pub const NODE_2: &str = "kube-env-node-2";
 
+/// The environment; `endpoint`, `token` and `lamina_data` are node 1's
+/// daemon's (see [`Env::on_node_2`]).
+#[derive(Clone)]
 pub struct Env {
     pub dir: PathBuf,
     pub kubectl: PathBuf,
@@ -23,6 +30,8 @@ pub struct Env {
     pub endpoint: String,
     pub token: String,
     pub lamina_data: PathBuf,
+    /// Node 2's daemon (endpoint, token, data directory), if it runs.
+    pub node_2: Option<(String, String, PathBuf)>,
 }
 
 fn repo_root() -> PathBuf {
@@ -92,6 +101,30 @@ impl Env {
             endpoint: get("LAMINA_ENDPOINT")?,
             token: get("LAMINA_TOKEN")?,
             lamina_data: get("LAMINA_DATA_DIR")?.into(),
+            node_2: match (
+                get("LAMINA_ENDPOINT_2"),
+                get("LAMINA_TOKEN_2"),
+                get("LAMINA_DATA_DIR_2"),
+            ) {
+                (Ok(e), Ok(t), Ok(d)) => Some((e, t, d.into())),
+                _ => None,
+            },
+        })
+    }
+
+    /// The same environment, with `lamina` (and so attach, patterns) on
+    /// node 2's daemon; an error when only one node runs.
+    pub fn on_node_2(&self) -> Result<Env> {
+        let (endpoint, token, data) = self
+            .node_2
+            .clone()
+            .context("only one storage node runs (kube-env/up with KUBE_ENV_NODES=2 starts two)")?;
+        Ok(Env {
+            endpoint,
+            token,
+            lamina_data: data,
+            node_2: None,
+            ..self.clone()
         })
     }
 
@@ -256,6 +289,24 @@ pub fn qemu_io(uri: &str, cmd: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Fill the NBD export at `uri` with `size` (e.g. `1G`) of non-zero data:
+/// nbdkit's pattern plugin, each 8 bytes their offset.
+pub fn fill_pattern(uri: &str, size: &str) -> Result<()> {
+    let size = format!("size={size}");
+    run(Command::new("nbdcopy").args([
+        "--",
+        "[",
+        "nbdkit",
+        "--exit-with-parent",
+        "pattern",
+        &size,
+        "]",
+        uri,
+    ]))
+    .map(drop)
+    .with_context(|| format!("fill {uri} with nbdcopy"))
+}
+
 /// kube-env/down DIR.
 pub fn down(dir: &Path) -> Result<()> {
     run(Command::new(repo_root().join("kube-env/down")).arg(dir)).map(drop)
@@ -401,7 +452,7 @@ impl Env {
     }
 
     /// The engine snapshot behind a bound VolumeSnapshot: (volume, snapshot)
-    /// from its content's snapshotHandle `VOLUME/SNAPSHOT@ID`.
+    /// from its content's snapshotHandle `[NODE:]VOLUME/SNAPSHOT@ID`.
     pub fn engine_snapshot(&self, ns: &str, vs: &str) -> Result<(String, String, String)> {
         let s = self
             .get(ns, "volumesnapshot", vs)?
@@ -415,7 +466,8 @@ impl Env {
         let handle = c["status"]["snapshotHandle"]
             .as_str()
             .context("content has no snapshotHandle")?;
-        let (vol, rest) = handle
+        let path = handle.split_once(':').map_or(handle, |(_, p)| p);
+        let (vol, rest) = path
             .split_once('/')
             .with_context(|| format!("handle {handle}"))?;
         let (snap, _) = rest

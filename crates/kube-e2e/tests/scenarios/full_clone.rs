@@ -19,17 +19,7 @@ pub fn full_clone_daemon_killed(env: &Env) -> Result<()> {
     let source = env.wait_bound(ns, "source", T)?;
     // 1 GiB of non-zero data (nbdkit's pattern plugin: each 8 bytes its offset).
     let uri = env.attach_volume(&source)?;
-    run(Command::new("nbdcopy").args([
-        "--",
-        "[",
-        "nbdkit",
-        "--exit-with-parent",
-        "pattern",
-        "size=1G",
-        "]",
-        &uri,
-    ]))
-    .context("fill the source with nbdcopy")?;
+    crate::env::fill_pattern(&uri, "1G")?;
     env.detach_volume(&source)?;
 
     env.apply(&crate::env::pvc(
@@ -133,14 +123,20 @@ fn kill_and_restart_daemon(env: &Env) -> Result<()> {
         *last = format!("process exited: {exited}; API socket accepts: {accepts}");
         Ok((exited && !accepts).then_some(()))
     })?;
-    let listen = env.endpoint.trim_start_matches("http://").to_string();
+    // The same command as kube-env/up ran (the log's first line, `+ CMD`),
+    // so that a transfer listener (KUBE_ENV_NODES=2) comes back too.
+    let text = std::fs::read_to_string(env.log_file("lamina"))?;
+    let first = text.lines().next().unwrap_or_default();
+    let argv: Vec<&str> = first.split_whitespace().skip(1).collect();
+    ensure!(
+        argv.get(1) == Some(&"serve"),
+        "the daemon's log does not start with its command: {first:?}"
+    );
     let log = std::fs::OpenOptions::new()
         .append(true)
         .open(env.log_file("lamina"))?;
     let child = Command::new("setsid")
-        .arg(&env.lamina)
-        .args(["serve", "--listen", &listen, "--data-dir"])
-        .arg(&env.lamina_data)
+        .args(&argv)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -101,7 +101,9 @@ pub fn group_snapshot(env: &Env) -> Result<()> {
     let handle = c["status"]["volumeGroupSnapshotHandle"]
         .as_str()
         .context("no group handle")?;
-    let group = env.lamina_json(&["snapshot", "get-group", handle])?;
+    // `[NODE:]GROUP`: the node is there when the driver drives several.
+    let name = handle.split_once(':').map_or(handle, |(_, g)| g);
+    let group = env.lamina_json(&["snapshot", "get-group", name])?;
     let grouped: BTreeSet<String> = group["snapshots"]
         .as_array()
         .context("group has no snapshots")?

@@ -4,7 +4,13 @@
 //! environment could not run at all: it never skips.
 //!
 //!     cargo test -p lamina-kube-e2e --test scenarios -- restore
+//!
+//! Scenarios of two storage nodes (TWO_NODES) start kube-env with
+//! KUBE_ENV_NODES=2 when they are chosen, unless KUBE_ENV_NODES says
+//! otherwise; the others run the same either way (kube-env's classes keep
+//! their volumes on node 1).
 
+mod cross_node;
 mod env;
 mod full_clone;
 mod groups;
@@ -42,8 +48,12 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         full_clone::full_clone_daemon_killed,
     ),
     ("node-stage-publish", node::stage_and_publish),
+    ("cross-node-restore", cross_node::cross_node_restore),
     ("scale-1000-snapshots", scale::thousand_snapshots),
 ];
+
+/// The scenarios that need a second storage node.
+const TWO_NODES: &[&str] = &["cross-node-restore"];
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
@@ -72,6 +82,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if chosen.iter().any(|(n, _)| TWO_NODES.contains(n))
+        && std::env::var_os("KUBE_ENV_NODES").is_none()
+    {
+        // Read by kube-env/up, which inherits this process's environment;
+        // set before any thread is started.
+        std::env::set_var("KUBE_ENV_NODES", "2");
+    }
     let started = Instant::now();
     let up = catch_unwind(AssertUnwindSafe(|| Env::up(dir.path())));
     let env = match up {

@@ -1,0 +1,134 @@
+//! Where a new volume goes: a pure choice among the known nodes, from the
+//! CO's topology requirements and each node's free space.
+
+use crate::nodes::topology_of;
+use crate::proto::{Topology, TopologyRequirement};
+
+/// A node that could take a volume, and the bytes it can still take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub name: String,
+    pub free: u64,
+}
+
+/// Whether `want` (a CO's topology) holds for `ours`: every key it names.
+pub fn fits(want: &Topology, ours: &Topology) -> bool {
+    want.segments
+        .iter()
+        .all(|(k, v)| ours.segments.get(k) == Some(v))
+}
+
+/// Whether the requirements allow a volume on `node` (no requirements, or
+/// empty ones, allow every node).
+pub fn allowed(req: Option<&TopologyRequirement>, node: &str) -> bool {
+    let Some(r) = req else { return true };
+    let ours = topology_of(node);
+    let mut all = r.requisite.iter().chain(&r.preferred).peekable();
+    all.peek().is_none() || all.any(|t| fits(t, &ours))
+}
+
+/// The node for a volume of `size` bytes: the first preferred topology
+/// that a node with room fits (the roomiest such node), else the roomiest
+/// node with room that fits a requisite topology; with no requirements,
+/// the roomiest node with room. Ties go to the first name. None: no node.
+pub fn choose(req: Option<&TopologyRequirement>, nodes: &[Candidate], size: u64) -> Option<String> {
+    let roomy = |want: &dyn Fn(&str) -> bool| {
+        nodes
+            .iter()
+            .filter(|c| c.free >= size && want(&c.name))
+            .min_by(|a, b| b.free.cmp(&a.free).then_with(|| a.name.cmp(&b.name)))
+            .map(|c| c.name.clone())
+    };
+    let Some(r) = req.filter(|r| !r.requisite.is_empty() || !r.preferred.is_empty()) else {
+        return roomy(&|_| true);
+    };
+    for t in &r.preferred {
+        if let Some(n) = roomy(&|n| fits(t, &topology_of(n))) {
+            return Some(n);
+        }
+    }
+    roomy(&|n| r.requisite.iter().any(|t| fits(t, &topology_of(n))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(name: &str, free: u64) -> Candidate {
+        Candidate {
+            name: name.into(),
+            free,
+        }
+    }
+
+    fn req(requisite: &[&str], preferred: &[&str]) -> TopologyRequirement {
+        TopologyRequirement {
+            requisite: requisite.iter().map(|n| topology_of(n)).collect(),
+            preferred: preferred.iter().map(|n| topology_of(n)).collect(),
+        }
+    }
+
+    #[test]
+    fn preferred_first_then_requisite_then_most_room() {
+        let nodes = [c("a", 100), c("b", 50), c("c", 10)];
+        assert_eq!(choose(None, &nodes, 1).as_deref(), Some("a"));
+        assert_eq!(choose(None, &nodes, 101), None);
+        let r = req(&["b", "c"], &["c", "b"]);
+        assert_eq!(choose(Some(&r), &nodes, 5).as_deref(), Some("c"));
+        // The preferred node has no room: the next preferred one.
+        assert_eq!(choose(Some(&r), &nodes, 20).as_deref(), Some("b"));
+        let r = req(&["b", "c"], &[]);
+        assert_eq!(choose(Some(&r), &nodes, 5).as_deref(), Some("b"));
+        assert_eq!(choose(Some(&r), &nodes, 60), None);
+        // A node the requirements name but the set does not know.
+        assert_eq!(choose(Some(&req(&["z"], &[])), &nodes, 1), None);
+        assert_eq!(
+            choose(Some(&req(&[], &[])), &nodes, 1).as_deref(),
+            Some("a")
+        );
+        // Another key entirely fits no node.
+        let other = TopologyRequirement {
+            requisite: vec![Topology {
+                segments: [("zone".to_string(), "z1".to_string())].into(),
+            }],
+            preferred: vec![],
+        };
+        assert_eq!(choose(Some(&other), &nodes, 1), None);
+        assert!(!allowed(Some(&other), "a"));
+        assert!(allowed(Some(&req(&["a"], &[])), "a"));
+        assert!(!allowed(Some(&req(&["a"], &["b"])), "c"));
+        assert!(allowed(None, "c"));
+    }
+
+    proptest::proptest! {
+        /// The chosen node is known, has room and is allowed; and when
+        /// none is chosen, no known node is both.
+        #[test]
+        fn the_choice_is_allowed_and_has_room(
+            frees in proptest::collection::vec(0u64..100, 1..6),
+            requisite in proptest::collection::vec(0usize..8, 0..4),
+            preferred in proptest::collection::vec(0usize..8, 0..3),
+            size in 0u64..120,
+        ) {
+            let nodes: Vec<Candidate> =
+                frees.iter().enumerate().map(|(i, f)| c(&format!("n{i}"), *f)).collect();
+            let names = |v: &[usize]| v.iter().map(|i| format!("n{i}")).collect::<Vec<_>>();
+            let (rq, pf) = (names(&requisite), names(&preferred));
+            let r = TopologyRequirement {
+                requisite: rq.iter().map(|n| topology_of(n)).collect(),
+                preferred: pf.iter().map(|n| topology_of(n)).collect(),
+            };
+            let ok = |x: &Candidate| x.free >= size && allowed(Some(&r), &x.name);
+            match choose(Some(&r), &nodes, size) {
+                Some(n) => {
+                    let x = nodes.iter().find(|x| x.name == n).unwrap();
+                    proptest::prop_assert!(ok(x));
+                    if let Some(first) = pf.iter().find(|p| nodes.iter().any(|x| &x.name == *p && ok(x))) {
+                        proptest::prop_assert_eq!(&n, first);
+                    }
+                }
+                None => proptest::prop_assert!(!nodes.iter().any(ok)),
+            }
+        }
+    }
+}
