@@ -198,12 +198,19 @@ fn volumes_land_on_the_node_the_requirements_name_and_rpcs_follow_their_ids() {
     // Nothing asked: the node with the most room (b holds 64 MiB at most).
     let vfree = c.create("pvc-free", 128 * MIB, None, None).unwrap();
     assert_eq!(node_of(&vfree), "a");
-    // Only b allowed, and b has no room for it.
-    let full = c
+    // Only b allowed, and b has no room for all of it: volumes are thin,
+    // so it goes there all the same.
+    let big = c
         .create("pvc-big", 128 * MIB, req(&["b"], &[]), None)
-        .unwrap_err();
-    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
-    assert!(!c.has(&c.a, "pvc-big") && !c.has(&c.b, "pvc-big"));
+        .unwrap();
+    assert_eq!(node_of(&big), "b");
+    assert!(!c.has(&c.a, "pvc-big") && c.has(&c.b, "pvc-big"));
+    c.call(c.ctl().delete_volume(DeleteVolumeRequest {
+        volume_id: big.volume_id.clone(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert!(!c.has(&c.b, "pvc-big"));
     // A node that is not in the set takes nothing.
     let none = c
         .create("pvc-x", MIB, req(&["nowhere"], &[]), None)

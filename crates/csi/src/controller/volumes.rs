@@ -245,7 +245,7 @@ impl ControllerService {
         }
         let chosen = choose(req, &cands, size).ok_or_else(|| {
             Status::resource_exhausted(format!(
-                "no storage node allowed by the topology requirements has room for {size} bytes; nodes: {}",
+                "no known storage node is allowed by the topology requirements (a volume of {size} bytes); nodes: {}",
                 seen.join(", ")
             ))
         })?;
