@@ -8,8 +8,6 @@ use lamina_engine::{CopyProgress, Pool, PoolOptions};
 use lamina_transfer::{pull_into, Reason};
 use std::sync::Arc;
 
-const MIB: u64 = 1 << 20;
-
 /// 48 MiB of data in 1 MiB extents 2 MiB apart: more than every queue and
 /// socket buffer between the two sides holds, so the source is still
 /// reading when the target applies its first frame.

@@ -4,9 +4,7 @@ mod common;
 
 use common::*;
 use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, VERSION};
-use lamina_transfer::{describe, pull_into, Reason, Remote};
-
-const MIB: u64 = 1 << 20;
+use lamina_transfer::{describe, Reason, Remote};
 
 #[test]
 fn a_client_from_another_ca_is_refused_and_logged() {
@@ -159,19 +157,7 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_into(
-        &dst,
-        "copy",
-        &dst_id,
-        &remote,
-        "src",
-        "s",
-        7,
-        0,
-        MIB,
-        &mut Nothing,
-    )
-    .unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 7, 0, &mut Nothing).unwrap_err();
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Checksum, "{e}");
     assert!(e.to_string().contains("at offset 4096"), "{e}");
@@ -213,19 +199,7 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_into(
-        &dst,
-        "copy",
-        &dst_id,
-        &remote,
-        "src",
-        "s",
-        0,
-        0,
-        MIB,
-        &mut Nothing,
-    )
-    .unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing).unwrap_err();
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Protocol, "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);

@@ -6,8 +6,6 @@ use common::*;
 use lamina_engine::{CopyEnd, SnapshotInfo};
 use lamina_transfer::{describe, pull_into, Reason};
 
-const MIB: u64 = 1 << 20;
-
 /// 40 extents of 256 KiB 1 MiB apart, plus two unaligned 4 KiB pieces.
 fn scattered() -> Vec<(u64, usize, u8)> {
     let mut w: Vec<(u64, usize, u8)> = (0..40u64)
@@ -117,16 +115,12 @@ fn a_resumed_pull_sends_only_the_rest() {
         // Progress starts from what the first run made durable.
         done.get_or_insert(p.done_bytes);
     });
-    let end = pull_into(
+    let end = pull_copy(
         &dst,
-        "copy",
         &dst_id,
         &remote,
-        "src",
-        "s",
         info.id,
         first.resume_offset,
-        MIB,
         &mut ctl,
     )
     .unwrap();
@@ -198,19 +192,7 @@ fn a_snapshot_made_again_under_the_same_name_is_refused() {
         .write(0, &[2; 4096])
         .unwrap();
     src.create_snapshot("src", "s", &[]).unwrap();
-    let e = pull_into(
-        &dst,
-        "copy",
-        &dst_id,
-        &remote,
-        "src",
-        "s",
-        old.id,
-        0,
-        MIB,
-        &mut Nothing,
-    )
-    .unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, old.id, 0, &mut Nothing).unwrap_err();
     assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
     assert!(e.to_string().contains("deleted and made again"), "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
@@ -229,19 +211,7 @@ fn an_unreachable_source_is_reported() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_into(
-        &dst,
-        "copy",
-        &dst_id,
-        &remote,
-        "src",
-        "s",
-        0,
-        0,
-        MIB,
-        &mut Nothing,
-    )
-    .unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing).unwrap_err();
     assert_eq!(e.reason(), Reason::SourceUnreachable, "{e}");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }

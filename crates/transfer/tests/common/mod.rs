@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
+pub const MIB: u64 = 1 << 20;
+
 /// Everything logged by the test binary (all threads).
 static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
 
@@ -54,6 +56,21 @@ pub fn eventually(what: &str, f: impl Fn() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Pull the source's `src/s` into the local volume `copy`, with 1 MiB
+/// checkpoints: the call most tests make.
+pub fn pull_copy(
+    dst: &Pool,
+    id: &Identity,
+    remote: &Remote,
+    expect_id: u64,
+    from: u64,
+    ctl: &mut dyn CopyControl,
+) -> Result<lamina_transfer::PullEnd, lamina_transfer::TransferError> {
+    lamina_transfer::pull_into(
+        dst, "copy", id, remote, "src", "s", expect_id, from, MIB, ctl,
+    )
 }
 
 pub struct Ca(pub TempDir);
