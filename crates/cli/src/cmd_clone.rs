@@ -11,6 +11,7 @@ pub enum CloneCmd {
     /// Create a volume from a snapshot or from a volume as it is now:
     /// linked (instant, shares blocks) unless --full.
     #[command(group(ArgGroup::new("source").required(true).args(["from_snapshot", "from_volume"])))]
+    #[command(group(ArgGroup::new("copy").multiple(true).args(["full", "from_node"])))]
     Create {
         /// Name of the new volume.
         name: String,
@@ -30,8 +31,8 @@ pub enum CloneCmd {
         /// The other node's transfer address, HOST:PORT (its `lamina serve --transfer-listen`).
         #[arg(long, value_name = "HOST:PORT", requires = "from_node")]
         from_address: Option<String>,
-        /// Return as soon as a full clone has started, without waiting for the copy.
-        #[arg(long)]
+        /// Return as soon as a copy (--full or --from-node) has started, without waiting for it.
+        #[arg(long, requires = "copy")]
         no_wait: bool,
     },
 }
@@ -46,12 +47,6 @@ pub async fn run(ctx: &Ctx, cmd: CloneCmd) -> Result<()> {
         from_address,
         no_wait,
     } = cmd;
-    if no_wait && !full && from_node.is_none() {
-        anyhow::bail!(crate::failure::Failure::new(
-            "--no-wait is for copies: a linked clone is made at once".to_string(),
-            Some("add --full, or --from-node for a snapshot on another node".into()),
-        ));
-    }
     let source = match (&from_snapshot, &from_volume) {
         (Some(s), _) if from_node.is_some() => {
             format!("{}:{s}", from_node.as_deref().unwrap_or_default())
