@@ -119,6 +119,44 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
     .await
 }
 
+/// Asked again for a full clone (local or from another node) that exists,
+/// from the same source: answer it as it is; a volume of that name made
+/// otherwise is a conflict. None: there is no such volume yet.
+pub(crate) async fn asked_again(
+    st: &Arc<State>,
+    rec: &OpRec,
+    name: &str,
+    source: &CloneSource,
+) -> Result<Option<Outcome>, Failure> {
+    let (st2, n2, s2, me) = (st.clone(), name.to_string(), source.clone(), rec.id.clone());
+    blocking(move || {
+        let Ok(info) = st2.pool.volume_info_by_name(&n2) else {
+            return Ok(None);
+        };
+        let ops = st2.operations(&lamina_api::OperationFilter {
+            volume: Some(n2.clone()),
+            ..Default::default()
+        })?;
+        let earlier = ops.into_iter().find(|o| {
+            o.id != me
+                && o.state != OperationState::Failed
+                && matches!(&o.op, Op::Clone { name, source, full: true } if *name == n2 && *source == s2)
+        });
+        match earlier {
+            Some(op) => Ok(Some(Outcome::Started {
+                info,
+                created: false,
+                running: (op.state == OperationState::Running).then_some(op.id),
+            })),
+            None => Err(Failure::exists(
+                format!("volume {n2:?} already exists and is not a full clone of {s2}"),
+                "pick another name for the clone",
+            )),
+        }
+    })
+    .await
+}
+
 /// A full clone: decide what to copy from (taking a system snapshot for a
 /// clone of a volume), record it, make the new volume, and start the copy.
 /// The order makes every crash recoverable: a system snapshot taken but not
@@ -130,39 +168,8 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
     };
     let mut rec = rec.clone();
     if !recovering {
-        // Asked again for a full clone that exists, from the same source:
-        // answer it as it is.
-        let (st2, n2, s2, me) = (st.clone(), name.clone(), source.clone(), rec.id.clone());
-        let earlier = blocking(move || {
-            let ops = st2.operations(&lamina_api::OperationFilter {
-                volume: Some(n2.clone()),
-                ..Default::default()
-            })?;
-            Ok(ops.into_iter().find(|o| {
-                o.id != me
-                    && o.state != OperationState::Failed
-                    && matches!(&o.op, Op::Clone { name, source, full: true } if *name == n2 && *source == s2)
-            }))
-        })
-        .await?;
-        let (p, n2) = (st.pool.clone(), name.clone());
-        let existing = blocking(move || Ok(p.volume_info_by_name(&n2).ok())).await?;
-        match (existing, earlier) {
-            (Some(info), Some(op)) => {
-                let running = (op.state == OperationState::Running).then_some(op.id);
-                return Ok(Outcome::Started {
-                    info,
-                    created: false,
-                    running,
-                });
-            }
-            (Some(_), None) => {
-                return Err(Failure::exists(
-                    format!("volume {name:?} already exists and is not a full clone of {source}"),
-                    "pick another name for the clone",
-                ))
-            }
-            (None, _) => {}
+        if let Some(answer) = asked_again(st, &rec, &name, &source).await? {
+            return Ok(answer);
         }
     }
     let p = st.pool.clone();

@@ -185,7 +185,7 @@ pub async fn remote_clone(
     };
     let mut rec = rec.clone();
     if !recovering {
-        if let Some(answer) = asked_again(st, &rec, &name, &source).await? {
+        if let Some(answer) = crate::jobs::asked_again(st, &rec, &name, &source).await? {
             return Ok(answer);
         }
     }
@@ -243,43 +243,6 @@ pub async fn remote_clone(
         created: !recovering,
         running: Some(rec.id.clone()),
     })
-}
-
-/// Asked again for a remote clone that exists, from the same source: answer
-/// it as it is; a volume of that name made otherwise is a conflict.
-async fn asked_again(
-    st: &Arc<State>,
-    rec: &OpRec,
-    name: &str,
-    source: &CloneSource,
-) -> Result<Option<Outcome>, Failure> {
-    let (st2, n2, s2, me) = (st.clone(), name.to_string(), source.clone(), rec.id.clone());
-    blocking(move || {
-        let Ok(info) = st2.pool.volume_info_by_name(&n2) else {
-            return Ok(None);
-        };
-        let ops = st2.operations(&lamina_api::OperationFilter {
-            volume: Some(n2.clone()),
-            ..Default::default()
-        })?;
-        let earlier = ops.into_iter().find(|o| {
-            o.id != me
-                && o.state != OperationState::Failed
-                && matches!(&o.op, Op::Clone { name, source, .. } if *name == n2 && *source == s2)
-        });
-        match earlier {
-            Some(op) => Ok(Some(Outcome::Started {
-                info,
-                created: false,
-                running: (op.state == OperationState::Running).then_some(op.id),
-            })),
-            None => Err(Failure::exists(
-                format!("volume {n2:?} already exists and is not a clone of {s2}"),
-                "pick another name for the clone",
-            )),
-        }
-    })
-    .await
 }
 
 /// What the pull hears while it runs, and what it records.
