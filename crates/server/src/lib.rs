@@ -5,6 +5,7 @@
 //! implement storage (the engine's) or the NBD wire protocol (lamina-nbd's).
 
 mod apply;
+mod background;
 mod changes;
 mod device;
 mod error;
@@ -149,15 +150,10 @@ pub async fn run(
 
     // Peers pulling this node's snapshots.
     if let (Some(addr), Some(source)) = (config.transfer.listen, state.transfer_source.clone()) {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
+        let l = std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|_| l))
             .map_err(|e| ServerError::io("bind transfer", addr.to_string(), e))?;
-        let stop = stopped(&stop_rx);
-        tasks.spawn(async move {
-            if let Err(e) = source.serve(l, stop).await {
-                tracing::error!(error = %e, "the transfer listener stopped");
-            }
-        });
+        tasks.spawn(background::serve_transfer(source, l, stopped(&stop_rx)));
     }
 
     // The management API.

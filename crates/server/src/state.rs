@@ -503,9 +503,14 @@ impl State {
         Ok(ids.len())
     }
 
-    /// Start a background job, joined at shutdown.
+    /// Start a background job, joined at shutdown, at background priority
+    /// (crate::background).
     pub fn spawn_job(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-        let h = std::thread::Builder::new().name(name.into()).spawn(f)?;
+        // Jobs move data in the background: they yield to volume I/O.
+        let h = std::thread::Builder::new().name(name.into()).spawn(move || {
+            crate::background::lower_priority();
+            f()
+        })?;
         let mut jobs = self.jobs.lock().unwrap();
         jobs.retain(|j| !j.is_finished());
         jobs.push(h);

@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use tracing::{info, info_span};
 
 /// Frames verified and waiting to be applied (each at most 1 MiB).
-const QUEUE: usize = 8;
+const QUEUE: usize = 32;
 
 /// A snapshot on a source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

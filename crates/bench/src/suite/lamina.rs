@@ -188,6 +188,25 @@ impl Lamina {
         Ok(self.call(self.client.health())?.pool_used_bytes)
     }
 
+    /// Wait until the pool's used bytes stop falling (2 s without change,
+    /// or at most 5 min): the daemon has reclaimed what was deleted. The
+    /// time of the last fall, measured from `t`.
+    pub fn reclaimed(&self, t: Instant) -> Result<Duration> {
+        let mut last = self.used()?;
+        let mut last_fall = t.elapsed();
+        while t.elapsed() - last_fall < Duration::from_secs(2)
+            && t.elapsed() < Duration::from_secs(300)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+            let u = self.used()?;
+            if u < last {
+                last_fall = t.elapsed();
+            }
+            last = u;
+        }
+        Ok(last_fall)
+    }
+
     pub fn rss_mib(&self) -> f64 {
         proc::rss_mib(self.pid())
     }

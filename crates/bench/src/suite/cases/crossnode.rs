@@ -373,9 +373,22 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                         Ok(())
                     },
                 )?;
+                let t = Instant::now();
                 for name in names.iter().chain([&format!("c{round}")]) {
                     n.b.delete_volume(name, false)?;
                 }
+                // B reclaims the deleted clones' space in the background
+                // (punching it out of the pool file); the next round's
+                // copy starts once that is done, not while it runs.
+                let reclaim = n.b.reclaimed(t)?;
+                ctx.rec.add(
+                    CASE,
+                    LAMINA,
+                    "target's reclaim of the round's deleted clones",
+                    "s",
+                    Better::Lower,
+                    reclaim.as_secs_f64(),
+                );
                 record_writes(ctx, LAMINA, &alone, &loaded.reads);
                 eprintln!(
                     "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB); writes {:.0} IOPS alone, {:.0} during {} copies",
@@ -476,7 +489,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         format!(
             "Source writes: fio 4k randwrite QD32 for {} s over the source's first {} MiB (all allocated), \
              alone, then with copies back to back until fio ends (Lamina: clones into new volumes on B, \
-             deleted after; anchor: nbdcopy again onto the new file). Lamina's fio writes the live volume \
+             deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file). Lamina's fio writes the live volume \
              through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
             ctx.p.seconds,

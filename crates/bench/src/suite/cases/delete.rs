@@ -8,7 +8,6 @@
 
 use crate::suite::anchors::{data_file, nbdcopy, Chain};
 use crate::suite::fio::{self, Job, Target};
-use crate::suite::lamina::Lamina;
 use crate::suite::proc;
 use crate::suite::qmp::Qsd;
 use crate::suite::record::Better;
@@ -44,23 +43,6 @@ fn quiet() {
     unsafe { libc::sync() };
 }
 
-/// Wait until the pool's used bytes stop falling (2 s without change, or
-/// at most 5 min); the time of the last fall, measured from `t`.
-fn reclaimed(l: &Lamina, t: Instant) -> Result<Duration> {
-    let mut last = l.used()?;
-    let mut last_fall = t.elapsed();
-    while t.elapsed() - last_fall < Duration::from_secs(2) && t.elapsed() < Duration::from_secs(300)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-        let u = l.used()?;
-        if u < last {
-            last_fall = t.elapsed();
-        }
-        last = u;
-    }
-    Ok(last_fall)
-}
-
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let size = ctx.p.delete_bytes;
     let chain_len = ctx.p.delete_chain;
@@ -84,7 +66,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let (w0, u0) = (l.written(), l.used()?);
     let t = Instant::now();
     let answer = l.delete_snapshot("v", &format!("s{a}"))?;
-    let back = reclaimed(&l, t)?;
+    let back = l.reclaimed(t)?;
     let (w1, u1) = (l.written(), l.used()?);
     let freed = u0.saturating_sub(u1);
     let written = w1 - w0;
@@ -148,7 +130,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let t = Instant::now();
     let loaded_answer = l.delete_snapshot("v", &format!("s{b}"))?;
     let with = run.wait()?;
-    let loaded_back = reclaimed(&l, t)?;
+    let loaded_back = l.reclaimed(t)?;
     record_load(ctx, "lamina", &base, &with);
     ctx.rec.add(
         CASE,
