@@ -3,7 +3,8 @@
 //! carries them into another volume. Remote clone, replica rebuild and
 //! backup build on exactly this.
 
-use crate::error::{Error, Result};
+use crate::copy::{CopyControl, CopyProgress};
+use crate::error::Result;
 use crate::format::*;
 use crate::io::Volume;
 use crate::ops::VolumeInfo;
@@ -178,104 +179,6 @@ impl Pool {
         self.copy_into(&src, new_name, 0, u64::MAX, &mut Report(progress))?;
         self.volume_info_by_name(new_name)
     }
-
-    /// Copy the data of `from` into the existing volume `into` (at least as
-    /// large), from `resume_offset` on (0 for a new copy; after a restart,
-    /// the last durable offset reported). Only allocated data moves. Every
-    /// `checkpoint_bytes` of data the destination is flushed and
-    /// [`CopyControl::durable`] is told how far the copy is durable; a
-    /// caller that records that offset resumes from it after a crash
-    /// instead of from zero. The source must not change meanwhile (a
-    /// snapshot), or a resumed copy could mix two points in time.
-    pub fn copy_into(
-        &self,
-        from: &Target,
-        into: &str,
-        resume_offset: u64,
-        checkpoint_bytes: u64,
-        ctl: &mut dyn CopyControl,
-    ) -> Result<CopyEnd> {
-        let mut export = self.export(None, from)?;
-        let dst = self.open_volume(into)?;
-        let need = export.source.size()?;
-        if dst.size()? < need {
-            return Err(Error::InvalidArgument(format!(
-                "volume {into:?} is smaller than the {need} bytes to copy into it"
-            )));
-        }
-        let total_bytes = export.data_bytes();
-        // Below resume_offset an earlier run copied and made it durable:
-        // skip it without reading it.
-        let done_bytes = export.skip_to(resume_offset);
-        let mut p = CopyProgress {
-            done_bytes,
-            total_bytes,
-            resume_offset,
-        };
-        let mut since = 0;
-        for chunk in export {
-            if ctl.stop() {
-                dst.flush()?;
-                return Ok(CopyEnd::Stopped(p));
-            }
-            let chunk = chunk?;
-            let (end, data) = match &chunk {
-                Chunk::Data { offset, bytes } => (offset + bytes.len() as u64, bytes.len() as u64),
-                Chunk::Zero { offset, len } => (offset + len, 0),
-            };
-            p.done_bytes += data;
-            dst.apply(&chunk)?;
-            since += data;
-            ctl.progress(&p);
-            if since >= checkpoint_bytes {
-                dst.flush()?;
-                since = 0;
-                p.resume_offset = end;
-                if !ctl.durable(&p) {
-                    return Ok(CopyEnd::Stopped(p));
-                }
-            }
-        }
-        dst.flush()?;
-        p.resume_offset = need;
-        ctl.progress(&p);
-        Ok(CopyEnd::Done(p))
-    }
-}
-
-/// How far a copy ([`Pool::copy_into`]) has come, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CopyProgress {
-    /// Data copied so far, counting what earlier runs copied.
-    pub done_bytes: u64,
-    /// Data to copy in all.
-    pub total_bytes: u64,
-    /// Everything below this offset is durable in the destination.
-    pub resume_offset: u64,
-}
-
-/// How a copy ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CopyEnd {
-    /// Everything is copied and durable.
-    Done(CopyProgress),
-    /// Stopped on request; start again from its `resume_offset`.
-    Stopped(CopyProgress),
-}
-
-/// What the caller of a copy hears and says while it runs.
-pub trait CopyControl {
-    /// Live progress (not necessarily durable yet).
-    fn progress(&mut self, _p: &CopyProgress) {}
-    /// The destination is durable up to `p.resume_offset`: record it.
-    /// Return false to stop the copy here.
-    fn durable(&mut self, _p: &CopyProgress) -> bool {
-        true
-    }
-    /// Polled before each piece: true stops the copy (after a flush).
-    fn stop(&self) -> bool {
-        false
-    }
 }
 
 /// One piece of an export stream.
@@ -287,7 +190,7 @@ pub enum Chunk {
 
 /// Changes from one point of a lineage to another, as chunks.
 pub struct Export {
-    source: Volume,
+    pub(crate) source: Volume,
     extents: Vec<Extent>,
     next: usize,
     within: u64,

@@ -15,6 +15,7 @@
 mod cache;
 mod catalog;
 mod check;
+mod copy;
 pub mod error;
 mod extents;
 mod flatten;
@@ -31,8 +32,9 @@ mod tree;
 mod wal;
 
 pub use check::CheckReport;
+pub use copy::{Applier, CopyControl, CopyEnd, CopyProgress};
 pub use error::{Error, IoFailure, Result};
-pub use extents::{Chunk, CopyControl, CopyEnd, CopyProgress, Export, Extent, ExtentKind, Target};
+pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
 pub use format::{check_name, BLOCK, NAME_RULE};
 pub use group::GROUP_LABEL;
 pub use io::Volume;

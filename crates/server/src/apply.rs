@@ -396,7 +396,21 @@ impl State {
             .instrument(span)
             .await?;
         }
-        Ok(())
+        // The received counts of pulls that are not running any more (one
+        // that failed just now, or before the last stop) go.
+        let st = self.clone();
+        blocking(move || {
+            let ops = st.store.ops()?;
+            let running: Vec<&str> = ops
+                .iter()
+                .filter(|o| o.state == api::OperationState::Running)
+                .map(|o| o.id.as_str())
+                .collect();
+            crate::remote::sweep_received(&st, &running);
+            Ok(())
+        })
+        .await
+        .map_err(|f| crate::ServerError::Store(f.1.message))
     }
 }
 
@@ -550,6 +564,43 @@ mod tests {
         assert!(crate::groups::members(&st.pool, "g").unwrap().is_empty());
         let rec = st.store.op(&delete.id).unwrap().unwrap();
         assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
+        st.close().await.unwrap();
+    }
+
+    /// The received count a pull keeps beside the store goes with its
+    /// operation: one that failed at recovery, or one left by an
+    /// operation that is gone, is removed; a running pull's stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn received_counts_of_pulls_not_running_are_removed_at_recovery() {
+        let (_d, st) = state().await;
+        let dir = st.layout.root.join("transfers");
+        std::fs::create_dir_all(&dir).unwrap();
+        let count = |id: &str| dir.join(format!("{id}.received"));
+        // This node has no transfer identity: the pull fails at recovery.
+        let pull = new_running(Op::Clone {
+            name: "x".into(),
+            source: CloneSource::Remote {
+                node: "n2".into(),
+                address: "127.0.0.1:1".into(),
+                volume: "src".into(),
+                snapshot: "s".into(),
+            },
+            full: true,
+        });
+        st.record(&pull).unwrap();
+        std::fs::write(count(&pull.id), 7u64.to_le_bytes()).unwrap();
+        std::fs::write(count("op-gone"), 7u64.to_le_bytes()).unwrap();
+        std::fs::write(dir.join("unrelated"), b"x").unwrap();
+        st.recover().await.unwrap();
+        let rec = st.store.op(&pull.id).unwrap().unwrap();
+        assert_eq!(rec.state, api::OperationState::Failed);
+        assert!(!count(&pull.id).exists());
+        assert!(!count("op-gone").exists());
+        assert!(dir.join("unrelated").exists(), "only received counts go");
+        // A running operation keeps its count.
+        std::fs::write(count("op-running"), 7u64.to_le_bytes()).unwrap();
+        crate::remote::sweep_received(&st, &["op-running"]);
+        assert!(count("op-running").exists());
         st.close().await.unwrap();
     }
 

@@ -16,7 +16,7 @@ use crate::state::{blocking, Live, State};
 use crate::store::{CloneSource, CopyRec, Op, OpRec};
 use lamina_api::{FailureReason, OperationState, PeerNode};
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
-use lamina_transfer::{Reason, Remote, TransferError};
+use lamina_transfer::{Pull, Pulled, Reason, Remote, TransferError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,30 @@ impl ReceivedFile {
     fn remove(self) {
         drop(self.file);
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Remove the received counts of operations that are not running (one
+/// that failed while the daemon recovered it, before a job could remove
+/// it). Called at the end of recovery: a pull that runs has its operation
+/// recorded as running, so its count stays.
+pub fn sweep_received(st: &State, running: &[&str]) {
+    let dir = st.layout.root.join("transfers");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(op) = name.to_str().and_then(|n| n.strip_suffix(".received")) else {
+            continue;
+        };
+        if !running.contains(&op) {
+            tracing::info!(
+                op,
+                "removing the received count of an operation that is not running"
+            );
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -369,37 +393,33 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             received: &received,
         };
         ctl.publish();
-        let end = lamina_transfer::pull_into(
-            &st.pool,
-            name,
-            &identity,
-            &remote,
-            &rvol,
-            &rsnap,
-            copy.snapshot_id,
-            copy.resume_offset,
-            CHECKPOINT_BYTES,
-            &mut ctl,
-        );
+        let pull = Pull {
+            into: name,
+            remote: &remote,
+            volume: &rvol,
+            snapshot: &rsnap,
+            expect_id: copy.snapshot_id,
+            resume_offset: copy.resume_offset,
+            checkpoint_bytes: CHECKPOINT_BYTES,
+        };
+        let Pulled { end, wire_bytes } =
+            lamina_transfer::pull_into(&st.pool, &identity, &pull, &mut ctl);
         ctl.count_received();
         if ctl.moved {
             outage = None;
             backoff = Duration::from_millis(200);
         }
         let failed = ctl.failed.take();
-        let wire = match &end {
-            Ok(e) => e.wire_bytes,
-            Err(_) => 0,
-        };
+        // Every attempt's bytes count, a cut-off one's too.
         if let Some(c) = rec.copy.as_mut() {
-            c.wire_bytes += wire;
+            c.wire_bytes += wire_bytes;
         }
         match (end, failed) {
             (_, Some(e)) => {
                 received.remove();
                 return fail(st, &mut rec, name, FailureReason::Io, e);
             }
-            (Ok(e), None) => match e.end {
+            (Ok(e), None) => match e {
                 CopyEnd::Done(p) => {
                     rec.done_bytes = p.done_bytes;
                     rec.total_bytes = p.total_bytes;

@@ -507,10 +507,12 @@ impl State {
     /// (crate::background).
     pub fn spawn_job(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
         // Jobs move data in the background: they yield to volume I/O.
-        let h = std::thread::Builder::new().name(name.into()).spawn(move || {
-            crate::background::lower_priority();
-            f()
-        })?;
+        let h = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                crate::background::lower_priority();
+                f()
+            })?;
         let mut jobs = self.jobs.lock().unwrap();
         jobs.retain(|j| !j.is_finished());
         jobs.push(h);

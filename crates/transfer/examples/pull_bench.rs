@@ -8,7 +8,7 @@
 //! the same data, the bound a pull cannot beat.
 
 use lamina_engine::{CopyControl, CopyEnd, Pool, PoolOptions};
-use lamina_transfer::{certs, pull_into, Identity, Remote, Source};
+use lamina_transfer::{certs, pull_into, Identity, Pull, Remote, Source};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,21 +79,18 @@ fn main() {
         node: "source".into(),
     };
     let t = Instant::now();
-    let end = pull_into(
-        &dst,
-        "copy",
-        &t_id,
-        &remote,
-        "v",
-        "s",
-        0,
-        0,
-        256 * mib,
-        &mut Quiet,
-    )
-    .unwrap();
+    let pull = Pull {
+        into: "copy",
+        remote: &remote,
+        volume: "v",
+        snapshot: "s",
+        expect_id: 0,
+        resume_offset: 0,
+        checkpoint_bytes: 256 * mib,
+    };
+    let end = pull_into(&dst, &t_id, &pull, &mut Quiet);
     let secs = t.elapsed().as_secs_f64();
-    assert!(matches!(end.end, CopyEnd::Done(_)));
+    assert!(matches!(end.end, Ok(CopyEnd::Done(_))), "{end:?}");
     println!(
         "pulled {} MiB allocated (of {} MiB) in {secs:.2} s: {:.0} MB/s; wire bytes / allocated = {:.4}",
         allocated / mib,

@@ -74,6 +74,16 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connect, authenticate both ways, and exchange Hellos.
     pub(crate) fn open(identity: &Identity, remote: &Remote) -> Result<Conn, TransferError> {
+        Conn::open_counted(identity, remote, Arc::default())
+    }
+
+    /// As [`Conn::open`], counting the bytes received on the socket (the
+    /// handshake's included) into `received`.
+    pub(crate) fn open_counted(
+        identity: &Identity,
+        remote: &Remote,
+        received: Arc<AtomicU64>,
+    ) -> Result<Conn, TransferError> {
         let unreachable = |source| TransferError::Unreachable {
             address: remote.address.clone(),
             source,
@@ -111,7 +121,7 @@ impl Conn {
         })?;
         let counted = Counted {
             tcp,
-            received: Arc::default(),
+            received,
             buf: vec![0; READ_AHEAD].into_boxed_slice(),
             pos: 0,
             end: 0,
@@ -141,11 +151,6 @@ impl Conn {
             Frame::Answer(a) => Ok(a),
             f => Err(self.unexpected("Answer", f, &r.volume, &r.snapshot)),
         }
-    }
-
-    /// Bytes received on the socket so far.
-    pub(crate) fn received(&self) -> Arc<AtomicU64> {
-        self.stream.sock.received.clone()
     }
 
     /// A handle on the socket that can cut it from another thread.

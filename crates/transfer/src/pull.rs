@@ -6,9 +6,10 @@ use crate::conn::{Conn, Remote};
 use crate::error::TransferError;
 use crate::tls::Identity;
 use crate::wire::{Answer, Code, Frame, Mode, Request};
-use lamina_engine::{CopyControl, CopyEnd, CopyProgress, Pool, Volume};
-use std::sync::atomic::Ordering;
+use lamina_engine::{Applier, Chunk, CopyControl, CopyEnd, CopyProgress, Pool, Volume};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use tracing::{info, info_span};
 
 /// Frames verified and waiting to be applied (each at most 1 MiB).
@@ -24,12 +25,31 @@ pub struct RemoteSnapshot {
     pub data_bytes: u64,
 }
 
-/// How a pull ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PullEnd {
-    /// As [`lamina_engine::Pool::copy_into`] reports it.
-    pub end: CopyEnd,
-    /// Bytes received on the socket (TLS records and frames included).
+/// What to pull, from where, into what.
+#[derive(Clone, Copy, Debug)]
+pub struct Pull<'a> {
+    /// The local volume written (it exists, and is at least as large).
+    pub into: &'a str,
+    pub remote: &'a Remote,
+    /// The snapshot on the source.
+    pub volume: &'a str,
+    pub snapshot: &'a str,
+    /// The snapshot id the copy started from (0: any): if the source's
+    /// snapshot of that name is another one, the pull fails.
+    pub expect_id: u64,
+    /// Where this attempt starts (the last durable offset).
+    pub resume_offset: u64,
+    /// Data applied between two flushes and `ctl.durable` calls.
+    pub checkpoint_bytes: u64,
+}
+
+/// How a pull ended, and what it cost on the wire.
+#[derive(Debug)]
+pub struct Pulled {
+    /// As [`lamina_engine::Pool::copy_into`] reports it, or why it failed.
+    pub end: Result<CopyEnd, TransferError>,
+    /// Bytes received on the socket (TLS records and frames included),
+    /// also when the attempt failed partway.
     pub wire_bytes: u64,
 }
 
@@ -55,27 +75,40 @@ pub fn describe(
     })
 }
 
-/// Pull remote `volume`/`snapshot` into the local existing volume `into`
-/// (at least as large), from `resume_offset` on, applying chunks, flushing
-/// every `checkpoint_bytes` of data and calling `ctl.durable` (exactly as
+/// Pull the remote snapshot into the local volume `pull.into`, from
+/// `pull.resume_offset` on, applying chunks, flushing every
+/// `pull.checkpoint_bytes` of data and calling `ctl.durable` (exactly as
 /// [`Pool::copy_into`] does locally); `ctl.stop()` is polled between
-/// chunks. `expect_id` is the snapshot id the copy started from (0: any):
-/// if the source's snapshot of that name is another one, the pull fails.
-#[allow(clippy::too_many_arguments)]
+/// chunks.
 pub fn pull_into(
     pool: &Pool,
-    into: &str,
     identity: &Identity,
-    remote: &Remote,
-    volume: &str,
-    snapshot: &str,
-    expect_id: u64,
-    resume_offset: u64,
-    checkpoint_bytes: u64,
+    pull: &Pull<'_>,
     ctl: &mut dyn CopyControl,
-) -> Result<PullEnd, TransferError> {
-    let span = info_span!("transfer_pull", source = %remote.node, volume, snapshot, into);
+) -> Pulled {
+    let span = info_span!(
+        "transfer_pull",
+        source = %pull.remote.node,
+        volume = pull.volume,
+        snapshot = pull.snapshot,
+        into = pull.into
+    );
     let _e = span.enter();
+    let received = Arc::new(AtomicU64::new(0));
+    let end = pull_counted(pool, identity, pull, ctl, &received);
+    let wire_bytes = received.load(Ordering::Relaxed);
+    info!(?end, wire_bytes, "pull ended");
+    Pulled { end, wire_bytes }
+}
+
+fn pull_counted(
+    pool: &Pool,
+    identity: &Identity,
+    pull: &Pull<'_>,
+    ctl: &mut dyn CopyControl,
+    received: &Arc<AtomicU64>,
+) -> Result<CopyEnd, TransferError> {
+    let into = pull.into;
     let ctx = |what: &str| format!("{what} volume {into:?}");
     let dst = pool
         .open_volume(into)
@@ -83,42 +116,44 @@ pub fn pull_into(
     let room = dst
         .size()
         .map_err(|e| TransferError::engine(ctx("size of"), e))?;
-    let mut c = Conn::open(identity, remote)?;
+    let mut c = Conn::open_counted(identity, pull.remote, received.clone())?;
     let req = Request {
         mode: Mode::Pull,
-        expect_id,
-        from_offset: resume_offset,
-        volume: volume.to_string(),
-        snapshot: snapshot.to_string(),
+        expect_id: pull.expect_id,
+        from_offset: pull.resume_offset,
+        volume: pull.volume.to_string(),
+        snapshot: pull.snapshot.to_string(),
     };
     let a = c.request(&req)?;
-    if expect_id != 0 && a.id != expect_id {
+    if pull.expect_id != 0 && a.id != pull.expect_id {
         return Err(TransferError::Remote {
             peer: c.peer.clone(),
-            volume: volume.into(),
-            snapshot: snapshot.into(),
+            volume: pull.volume.into(),
+            snapshot: pull.snapshot.into(),
             code: Code::SnapshotReplaced,
-            message: format!("the source's snapshot is id {}, not {expect_id}", a.id),
+            message: format!(
+                "the source's snapshot is id {}, not {}",
+                a.id, pull.expect_id
+            ),
         });
     }
     if room < a.size {
         return Err(TransferError::Invalid(format!(
             "volume {into:?} ({room} bytes) is smaller than the {} bytes of {}/{} on {}",
-            a.size, volume, snapshot, c.peer
+            a.size, pull.volume, pull.snapshot, c.peer
         )));
     }
     info!(
         id = a.id,
         size = a.size,
         data = a.data_bytes,
-        from = resume_offset,
+        from = pull.resume_offset,
         "pulling"
     );
-    let received = c.received();
     let cutter = c.cutter();
     let peer = c.peer.clone();
     let (tx, rx) = sync_channel(QUEUE);
-    let end = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         s.spawn(move || loop {
             let r = c.read();
             let more = matches!(r, Ok(Frame::Data { .. } | Frame::Zero { .. }));
@@ -131,20 +166,17 @@ pub fn pull_into(
             peer: &peer,
             answer: a,
             req: &req,
-            next: resume_offset,
+            next: pull.resume_offset,
             frames: 0,
             data: 0,
         };
-        let end = apply.run(rx, checkpoint_bytes, ctl);
+        let end = apply.run(rx, pull.checkpoint_bytes, ctl);
         // Unblock the receiver if it still waits on the socket.
         if let Some(t) = &cutter {
             let _ = t.shutdown(std::net::Shutdown::Both);
         }
         end
-    })?;
-    let wire_bytes = received.load(Ordering::Relaxed);
-    info!(?end, wire_bytes, "pull ended");
-    Ok(PullEnd { end, wire_bytes })
+    })
 }
 
 struct Apply<'a> {
@@ -166,14 +198,8 @@ impl Apply<'_> {
         }
     }
 
-    fn flush(&self) -> Result<(), TransferError> {
-        self.dst
-            .flush()
-            .map_err(|e| TransferError::engine(format!("flush volume {:?}", self.dst.name()), e))
-    }
-
     /// Check a range against the order and the snapshot's size.
-    fn range(&mut self, offset: u64, len: u64) -> Result<u64, TransferError> {
+    fn range(&mut self, offset: u64, len: u64) -> Result<(), TransferError> {
         let end = offset.saturating_add(len);
         if offset < self.next || end > self.answer.size {
             return Err(self.protocol(format!(
@@ -183,7 +209,7 @@ impl Apply<'_> {
         }
         self.next = end;
         self.frames += 1;
-        Ok(end)
+        Ok(())
     }
 
     fn run(
@@ -192,37 +218,38 @@ impl Apply<'_> {
         checkpoint_bytes: u64,
         ctl: &mut dyn CopyControl,
     ) -> Result<CopyEnd, TransferError> {
-        let mut p = CopyProgress {
+        let start = CopyProgress {
             done_bytes: self.answer.skipped_bytes,
             total_bytes: self.answer.data_bytes,
             resume_offset: self.req.from_offset,
         };
-        let mut since = 0;
-        let write = |e, offset| {
-            TransferError::engine(format!("write volume {:?} at {offset}", self.dst.name()), e)
+        let dst = self.dst;
+        let mut a = Applier::new(dst, start, checkpoint_bytes);
+        let engine = |e, what: &str, at: u64| {
+            TransferError::engine(format!("{what} volume {:?} at {at}", dst.name()), e)
         };
         loop {
-            if ctl.stop() {
-                self.flush()?;
-                return Ok(CopyEnd::Stopped(p));
+            if let Some(end) = a
+                .stop_asked(ctl)
+                .map_err(|e| engine(e, "flush", self.next))?
+            {
+                return Ok(end);
             }
             let frame = rx
                 .recv()
                 .map_err(|_| self.protocol("the stream ended without End".into()))??;
-            let (end, n) = match frame {
+            let chunk = match frame {
                 Frame::Data { offset, payload } => {
-                    let end = self.range(offset, payload.len() as u64)?;
-                    self.dst
-                        .write(offset, &payload)
-                        .map_err(|e| write(e, offset))?;
-                    (end, payload.len() as u64)
+                    self.range(offset, payload.len() as u64)?;
+                    self.data += payload.len() as u64;
+                    Chunk::Data {
+                        offset,
+                        bytes: payload,
+                    }
                 }
                 Frame::Zero { offset, len } => {
-                    let end = self.range(offset, len)?;
-                    self.dst
-                        .write_zeroes(offset, len)
-                        .map_err(|e| write(e, offset))?;
-                    (end, 0)
+                    self.range(offset, len)?;
+                    Chunk::Zero { offset, len }
                 }
                 Frame::End { frames, data_bytes } => {
                     if (frames, data_bytes) != (self.frames, self.data)
@@ -233,10 +260,9 @@ impl Apply<'_> {
                             self.frames, self.data, self.answer.skipped_bytes, self.answer.data_bytes
                         )));
                     }
-                    self.flush()?;
-                    p.resume_offset = self.answer.size.max(self.req.from_offset);
-                    ctl.progress(&p);
-                    return Ok(CopyEnd::Done(p));
+                    return a
+                        .finish(self.answer.size, ctl)
+                        .map_err(|e| engine(e, "flush", self.answer.size));
                 }
                 Frame::Error { code, message } => {
                     return Err(TransferError::Remote {
@@ -249,17 +275,11 @@ impl Apply<'_> {
                 }
                 f => return Err(self.protocol(format!("unexpected frame in the stream: {f:?}"))),
             };
-            self.data += n;
-            p.done_bytes += n;
-            since += n;
-            ctl.progress(&p);
-            if since >= checkpoint_bytes {
-                self.flush()?;
-                since = 0;
-                p.resume_offset = end;
-                if !ctl.durable(&p) {
-                    return Ok(CopyEnd::Stopped(p));
-                }
+            let at = match &chunk {
+                Chunk::Data { offset, .. } | Chunk::Zero { offset, .. } => *offset,
+            };
+            if let Some(end) = a.apply(&chunk, ctl).map_err(|e| engine(e, "write", at))? {
+                return Ok(end);
             }
         }
     }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use lamina_engine::{CopyProgress, Pool, PoolOptions};
-use lamina_transfer::{pull_into, Reason};
+use lamina_transfer::{pull_into, Pull, Reason};
 use std::sync::Arc;
 
 /// 48 MiB of data in 1 MiB extents 2 MiB apart: more than every queue and
@@ -34,16 +34,19 @@ fn a_full_target_pool_fails_with_no_space() {
     dst.create_volume("copy", 96 * MIB).unwrap();
     let e = pull_into(
         &dst,
-        "copy",
         &dst_id,
-        &served.remote("source"),
-        "src",
-        "s",
-        0,
-        0,
-        8 * MIB,
+        &Pull {
+            into: "copy",
+            remote: &served.remote("source"),
+            volume: "src",
+            snapshot: "s",
+            expect_id: 0,
+            resume_offset: 0,
+            checkpoint_bytes: 8 * MIB,
+        },
         &mut Nothing,
     )
+    .end
     .unwrap_err();
     assert_eq!(e.reason(), Reason::NoSpace, "{e}");
 }
@@ -64,21 +67,30 @@ fn a_source_that_stops_midway_is_unreachable() {
         served.take();
         last = *p;
     });
-    let e = pull_into(
+    let pulled = pull_into(
         &dst,
-        "copy",
         &dst_id,
-        &remote,
-        "src",
-        "s",
-        0,
-        0,
-        8 * MIB,
+        &Pull {
+            into: "copy",
+            remote: &remote,
+            volume: "src",
+            snapshot: "s",
+            expect_id: 0,
+            resume_offset: 0,
+            checkpoint_bytes: 8 * MIB,
+        },
         &mut ctl,
-    )
-    .unwrap_err();
+    );
+    let e = pulled.end.unwrap_err();
     assert_eq!(e.reason(), Reason::SourceUnreachable, "{e}");
-    assert!(last.done_bytes < 48 * MIB);
+    assert!(last.done_bytes > 0 && last.done_bytes < 48 * MIB);
+    // What came before the cut is counted on the wire all the same.
+    assert!(
+        pulled.wire_bytes >= last.done_bytes,
+        "{} wire bytes, {} bytes of data applied",
+        pulled.wire_bytes,
+        last.done_bytes
+    );
 }
 
 #[test]
@@ -100,16 +112,19 @@ fn a_snapshot_deleted_midway_fails_the_pull() {
     });
     let e = pull_into(
         &dst,
-        "copy",
         &dst_id,
-        &served.remote("source"),
-        "src",
-        "s",
-        0,
-        0,
-        8 * MIB,
+        &Pull {
+            into: "copy",
+            remote: &served.remote("source"),
+            volume: "src",
+            snapshot: "s",
+            expect_id: 0,
+            resume_offset: 0,
+            checkpoint_bytes: 8 * MIB,
+        },
         &mut ctl,
     )
+    .end
     .unwrap_err();
     assert!(deleted);
     assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");

@@ -157,7 +157,9 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_copy(&dst, &dst_id, &remote, 7, 0, &mut Nothing).unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 7, 0, &mut Nothing)
+        .end
+        .unwrap_err();
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Checksum, "{e}");
     assert!(e.to_string().contains("at offset 4096"), "{e}");
@@ -199,7 +201,9 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing).unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing)
+        .end
+        .unwrap_err();
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Protocol, "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);

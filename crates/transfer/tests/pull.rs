@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use lamina_engine::{CopyEnd, SnapshotInfo};
-use lamina_transfer::{describe, pull_into, Reason};
+use lamina_transfer::{describe, pull_into, Pull, Reason};
 
 /// 40 extents of 256 KiB 1 MiB apart, plus two unaligned 4 KiB pieces.
 fn scattered() -> Vec<(u64, usize, u8)> {
@@ -46,21 +46,18 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
             seen = served.source.readers("src", "s");
         }
     });
-    let end = pull_into(
-        &dst,
-        "copy",
-        &dst_id,
-        &remote,
-        "src",
-        "s",
-        info.id,
-        0,
-        8 * MIB,
-        &mut ctl,
-    )
-    .unwrap();
+    let pull = Pull {
+        into: "copy",
+        remote: &remote,
+        volume: "src",
+        snapshot: "s",
+        expect_id: info.id,
+        resume_offset: 0,
+        checkpoint_bytes: 8 * MIB,
+    };
+    let end = pull_into(&dst, &dst_id, &pull, &mut ctl);
     assert_eq!(seen, vec!["target".to_string()]);
-    let CopyEnd::Done(p) = end.end else {
+    let Ok(CopyEnd::Done(p)) = end.end else {
         panic!("not done: {end:?}")
     };
     assert_eq!(
@@ -98,12 +95,9 @@ fn a_resumed_pull_sends_only_the_rest() {
     let remote = served.remote("source");
 
     let mut ctl = StopAtFirstCheckpoint::default();
-    let end = pull_into(
-        &dst, "copy", &dst_id, &remote, "src", "s", info.id, 0, MIB, &mut ctl,
-    )
-    .unwrap();
+    let end = pull_copy(&dst, &dst_id, &remote, info.id, 0, &mut ctl);
     let first = ctl.0.expect("a durable checkpoint");
-    assert_eq!(end.end, CopyEnd::Stopped(first));
+    assert_eq!(end.end.unwrap(), CopyEnd::Stopped(first));
     assert!(first.resume_offset > 0 && first.done_bytes < first.total_bytes);
     eventually("the first session ended", || {
         served.source.readers("src", "s").is_empty()
@@ -122,9 +116,8 @@ fn a_resumed_pull_sends_only_the_rest() {
         info.id,
         first.resume_offset,
         &mut ctl,
-    )
-    .unwrap();
-    assert!(matches!(end.end, CopyEnd::Done(p) if p.done_bytes == p.total_bytes));
+    );
+    assert!(matches!(end.end, Ok(CopyEnd::Done(p)) if p.done_bytes == p.total_bytes));
     assert!(done.unwrap() > first.done_bytes);
     let rest = info.allocated_bytes - first.done_bytes;
     assert!(
@@ -156,16 +149,19 @@ fn a_missing_snapshot_is_reported() {
     for (v, s) in [("src", "nope"), ("nope", "s")] {
         let e = pull_into(
             &dst,
-            "copy",
             &dst_id,
-            &remote,
-            v,
-            s,
-            0,
-            0,
-            MIB,
+            &Pull {
+                into: "copy",
+                remote: &remote,
+                volume: v,
+                snapshot: s,
+                expect_id: 0,
+                resume_offset: 0,
+                checkpoint_bytes: MIB,
+            },
             &mut Nothing,
         )
+        .end
         .unwrap_err();
         assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
         assert!(e.to_string().contains("not found"), "{e}");
@@ -192,7 +188,9 @@ fn a_snapshot_made_again_under_the_same_name_is_refused() {
         .write(0, &[2; 4096])
         .unwrap();
     src.create_snapshot("src", "s", &[]).unwrap();
-    let e = pull_copy(&dst, &dst_id, &remote, old.id, 0, &mut Nothing).unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, old.id, 0, &mut Nothing)
+        .end
+        .unwrap_err();
     assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
     assert!(e.to_string().contains("deleted and made again"), "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
@@ -211,7 +209,9 @@ fn an_unreachable_source_is_reported() {
         address: addr.to_string(),
         node: "source".into(),
     };
-    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing).unwrap_err();
+    let e = pull_copy(&dst, &dst_id, &remote, 0, 0, &mut Nothing)
+        .end
+        .unwrap_err();
     assert_eq!(e.reason(), Reason::SourceUnreachable, "{e}");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
@@ -227,32 +227,38 @@ fn a_target_volume_too_small_is_refused_before_any_write() {
     dst.create_volume("small", 4 * MIB).unwrap();
     let e = pull_into(
         &dst,
-        "small",
         &dst_id,
-        &served.remote("source"),
-        "src",
-        "s",
-        0,
-        0,
-        MIB,
+        &Pull {
+            into: "small",
+            remote: &served.remote("source"),
+            volume: "src",
+            snapshot: "s",
+            expect_id: 0,
+            resume_offset: 0,
+            checkpoint_bytes: MIB,
+        },
         &mut Nothing,
     )
+    .end
     .unwrap_err();
     assert!(e.to_string().contains("smaller than"), "{e}");
     assert_eq!(dst.volume_info_by_name("small").unwrap().allocated_bytes, 0);
     // And a target volume that does not exist.
     let e = pull_into(
         &dst,
-        "none",
         &dst_id,
-        &served.remote("source"),
-        "src",
-        "s",
-        0,
-        0,
-        MIB,
+        &Pull {
+            into: "none",
+            remote: &served.remote("source"),
+            volume: "src",
+            snapshot: "s",
+            expect_id: 0,
+            resume_offset: 0,
+            checkpoint_bytes: MIB,
+        },
         &mut Nothing,
     )
+    .end
     .unwrap_err();
     assert!(e.to_string().contains("none"), "{e}");
 }

@@ -4,7 +4,7 @@
 
 use lamina_engine::{CopyControl, CopyProgress, Pool, PoolOptions};
 use lamina_transfer::wire::{self, Frame, HEADER};
-use lamina_transfer::{certs, Identity, Remote, Source};
+use lamina_transfer::{certs, Identity, Pull, Remote, Source};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -67,10 +67,17 @@ pub fn pull_copy(
     expect_id: u64,
     from: u64,
     ctl: &mut dyn CopyControl,
-) -> Result<lamina_transfer::PullEnd, lamina_transfer::TransferError> {
-    lamina_transfer::pull_into(
-        dst, "copy", id, remote, "src", "s", expect_id, from, MIB, ctl,
-    )
+) -> lamina_transfer::Pulled {
+    let pull = Pull {
+        into: "copy",
+        remote,
+        volume: "src",
+        snapshot: "s",
+        expect_id,
+        resume_offset: from,
+        checkpoint_bytes: MIB,
+    };
+    lamina_transfer::pull_into(dst, id, &pull, ctl)
 }
 
 pub struct Ca(pub TempDir);
