@@ -188,23 +188,37 @@ impl Lamina {
         Ok(self.call(self.client.health())?.pool_used_bytes)
     }
 
-    /// Wait until the pool's used bytes stop falling (2 s without change,
-    /// or at most 5 min): the daemon has reclaimed what was deleted. The
+    /// Wait until the pool's used bytes and the pool files' blocks on disk
+    /// stop falling (2 s without change, or at most 5 min): the daemon has
+    /// reclaimed what was deleted, and punched it out of its files. The
     /// time of the last fall, measured from `t`.
     pub fn reclaimed(&self, t: Instant) -> Result<Duration> {
-        let mut last = self.used()?;
+        let mut last = (self.used()?, self.disk_bytes());
         let mut last_fall = t.elapsed();
         while t.elapsed() - last_fall < Duration::from_secs(2)
             && t.elapsed() < Duration::from_secs(300)
         {
             std::thread::sleep(Duration::from_millis(20));
-            let u = self.used()?;
-            if u < last {
+            let now = (self.used()?, self.disk_bytes());
+            if now.0 < last.0 || now.1 < last.1 {
                 last_fall = t.elapsed();
             }
-            last = u;
+            last = now;
         }
         Ok(last_fall)
+    }
+
+    /// Bytes the pool's files hold on disk (their allocated blocks).
+    fn disk_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = std::fs::read_dir(self.data.join("pool")) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum()
     }
 
     pub fn rss_mib(&self) -> f64 {

@@ -266,7 +266,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "A {} MiB volume and {chain_len} snapshots; snapshots {a} and {b} each hold the whole volume's data alone (it was \
              rewritten before and after each), the others 1 MiB of 4 KiB writes. Snapshot {a} is deleted idle: \"bytes written\" is \
              what the daemon (or qemu-storage-daemon) made the disk write, from /proc/PID/io write_bytes, until the pool's used \
-             bytes stopped falling; for qcow2 it is block-commit of that layer into the one below. Snapshot {b} is deleted 1 s into \
+             bytes and its files' blocks on disk stopped falling (\"time until the space is free\" is that moment); for qcow2 it is block-commit of that layer into the one below. Snapshot {b} is deleted 1 s into \
              a {secs} s fio randwrite QD32 load, compared with the same load run just before. One round: each delete consumes its \
              snapshot.",
             size >> 20
