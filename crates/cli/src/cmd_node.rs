@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// is found as kubectl finds it (KUBECONFIG, ~/.kube/config, or the pod's
 /// service account).
 #[derive(Parser, Debug)]
-#[command(name = "lamina node", version)]
+#[command(name = "lamina node", bin_name = "lamina node", version)]
 pub struct NodeCli {
     #[command(subcommand)]
     cmd: NodeCmd,
@@ -82,9 +82,10 @@ async fn run(cmd: NodeCmd) -> Result<()> {
             // Checked before connecting: a bad name is refused whether or
             // not the API server answers.
             lamina_node_secrets::check(&node, &spec)?;
+            // kube's error says its causes itself: not chained again.
             let client = kube::Client::try_default()
                 .await
-                .context("connecting to the API server")?;
+                .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
             let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
             let api = kube::Api::namespaced(client, &ns);
             lamina_node_secrets::register(&api, &node, &spec, owner.as_ref()).await?;
