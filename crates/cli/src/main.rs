@@ -8,6 +8,7 @@ mod cmd_certs;
 mod cmd_clone;
 mod cmd_controller;
 mod cmd_csi;
+mod cmd_node;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_snapshot;
@@ -160,6 +161,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Register this storage node with Lamina's controllers (its own flags: `lamina node register --help`).
+    Node {
+        /// The command and its flags, e.g. register --node NAME --endpoint URL --token-file PATH.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the CustomResourceDefinitions of Lamina's Kubernetes resources (YAML).
     Crds,
     /// Manage a pool directory directly (the daemon must not be running on it).
@@ -190,6 +197,14 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "controller") {
         init_tracing("info");
         if let Err(e) = cmd_controller::main(args) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.get(1).is_some_and(|a| a == "node") {
+        init_tracing("warn");
+        if let Err(e) = cmd_node::main(args) {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
@@ -239,6 +254,10 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             Some("run it as `lamina csi --mode ... --endpoint unix:///...` (see `lamina csi --help`)".into()),
         )),
         Cmd::Crds => cmd_controller::crds(),
+        Cmd::Node { .. } => anyhow::bail!(Failure::new(
+            "`lamina node` takes its own options after the word node".to_string(),
+            Some("run it as `lamina node register --node NAME ...` (see `lamina node --help`)".into()),
+        )),
         Cmd::Controller { .. } => anyhow::bail!(Failure::new(
             "`lamina controller` takes its own options after the word controller".to_string(),
             Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
@@ -285,6 +304,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     | Cmd::Certs { .. }
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }
+                    | Cmd::Node { .. }
                     | Cmd::Crds => {
                         unreachable!("handled above")
                     }

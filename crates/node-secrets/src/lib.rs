@@ -2,10 +2,17 @@
 //! labelled `lamina.io/node=NODE`, with keys `endpoint` (http://host:port),
 //! `token` and, optionally, `transfer-address` (HOST:PORT of the node's
 //! transfer listener, which other nodes pull snapshots from). This crate
-//! owns reading one such Secret and watching the whole set; both the
-//! Kubernetes controllers and the CSI controller use it, so the format is
-//! written once. It must not make daemon clients or act on a node: what a
-//! node set means is its users' business.
+//! owns the format: a node writing its own Secret (`register`, for `lamina
+//! node register` in the node pods), reading one, and watching the whole
+//! set (the Kubernetes controllers and the CSI controller), so it is written
+//! once. It must not make daemon clients or act on a node: what a node set
+//! means is its users' business.
+
+mod register;
+pub use register::{
+    check, check_node_name, node_secret, register, secret_name, OwnerPod, RegisterError,
+    FIELD_MANAGER, SECRET_PREFIX,
+};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;

@@ -46,3 +46,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "lamina.nodeSelector" -}}
 {{- toYaml (merge (dict "kubernetes.io/os" "linux") .Values.nodeSelector) -}}
 {{- end -}}
+
+{{/* "true" when the CSI controller drives every node of the node Secrets: controller.nodesFromSecrets, or multiNode.enabled (whose nodes register themselves). */}}
+{{- define "lamina.nodesFromSecrets" -}}
+{{- if or .Values.controller.nodesFromSecrets .Values.multiNode.enabled -}}true{{- end -}}
+{{- end -}}

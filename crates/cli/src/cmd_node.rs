@@ -1,0 +1,141 @@
+//! `lamina node register`: a storage node announces its daemon to Lamina's
+//! controllers by writing its node Secret (crates/node-secrets owns the
+//! format). It talks to the Kubernetes API, not to a daemon, so it has its
+//! own flags, parsed apart from the API commands' (whose global --endpoint
+//! would clash with the endpoint it registers).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// A storage node's registration with Lamina's controllers. The kubeconfig
+/// is found as kubectl finds it (KUBECONFIG, ~/.kube/config, or the pod's
+/// service account).
+#[derive(Parser, Debug)]
+#[command(name = "lamina node", bin_name = "lamina node", version)]
+pub struct NodeCli {
+    #[command(subcommand)]
+    cmd: NodeCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// Write (or update) this node's Secret lamina-node-NAME, labelled
+    /// lamina.io/node=NAME, so the controllers and the CSI controller reach its daemon.
+    Register {
+        /// The node's name (its Kubernetes node name): a DNS subdomain of at most 63 characters.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// Where the daemon's API answers, e.g. http://10.0.0.7:7480.
+        #[arg(long, value_name = "URL")]
+        endpoint: String,
+        /// A file holding the daemon's bearer token.
+        #[arg(long, value_name = "PATH")]
+        token_file: PathBuf,
+        /// Where the node's transfer listener answers other nodes, e.g. 10.0.0.7:7481.
+        #[arg(long, value_name = "HOST:PORT")]
+        transfer_address: Option<String>,
+        /// Lamina's namespace [default: POD_NAMESPACE, else the kubeconfig's namespace].
+        #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+        namespace: Option<String>,
+        /// The pod that owns the Secret: Kubernetes deletes the Secret with it.
+        #[arg(long, value_name = "NAME", requires = "owner_uid")]
+        owner_pod: Option<String>,
+        /// That pod's uid (metadata.uid).
+        #[arg(long, value_name = "UID", requires = "owner_pod")]
+        owner_uid: Option<String>,
+    },
+}
+
+/// `lamina node ARGS...`; `args` starts with the program name.
+pub fn main(mut args: Vec<std::ffi::OsString>) -> Result<()> {
+    args.remove(1);
+    let cli = NodeCli::parse_from(args);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(run(cli.cmd))
+}
+
+async fn run(cmd: NodeCmd) -> Result<()> {
+    match cmd {
+        NodeCmd::Register {
+            node,
+            endpoint,
+            token_file,
+            transfer_address,
+            namespace,
+            owner_pod,
+            owner_uid,
+        } => {
+            let token = std::fs::read_to_string(&token_file)
+                .with_context(|| format!("reading the token from {}", token_file.display()))?;
+            let spec = lamina_node_secrets::NodeSpec {
+                endpoint,
+                token,
+                transfer_address,
+            };
+            let owner = owner_pod
+                .zip(owner_uid)
+                .map(|(name, uid)| lamina_node_secrets::OwnerPod { name, uid });
+            // Checked before connecting: a bad name is refused whether or
+            // not the API server answers.
+            lamina_node_secrets::check(&node, &spec)?;
+            // kube's error says its causes itself: not chained again.
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
+            let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+            let api = kube::Api::namespaced(client, &ns);
+            lamina_node_secrets::register(&api, &node, &spec, owner.as_ref()).await?;
+            let owned = match &owner {
+                Some(o) => format!(", owned by pod {}", o.name),
+                None => String::new(),
+            };
+            println!(
+                "registered node {node} in Secret {ns}/{} (endpoint {}{}{owned})",
+                lamina_node_secrets::secret_name(&node),
+                spec.endpoint.trim(),
+                spec.transfer_address
+                    .as_deref()
+                    .map(|a| format!(", transfer {a}"))
+                    .unwrap_or_default(),
+            );
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_node_command_line_is_consistent() {
+        NodeCli::command().debug_assert();
+        let base = [
+            "lamina node",
+            "register",
+            "--node",
+            "n1",
+            "--endpoint",
+            "http://10.0.0.7:7480",
+            "--token-file",
+            "/t",
+        ];
+        let c = NodeCli::try_parse_from(base).unwrap();
+        let NodeCmd::Register {
+            node, owner_pod, ..
+        } = c.cmd;
+        assert_eq!((node.as_str(), owner_pod), ("n1", None));
+        // an owner needs both its name and its uid
+        let mut half = base.to_vec();
+        half.extend(["--owner-pod", "p"]);
+        assert!(NodeCli::try_parse_from(half).is_err());
+        let mut both = base.to_vec();
+        both.extend(["--owner-pod", "p", "--owner-uid", "u"]);
+        assert!(NodeCli::try_parse_from(both).is_ok());
+    }
+}
