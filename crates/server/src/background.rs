@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 /// The nice value of background work (19 is the lowest priority; 10
 /// leaves it about a tenth of a core the volumes want).
-pub const BACKGROUND_NICE: i32 = 10;
+pub const BACKGROUND_NICE: i32 = 19;
 
 /// Lower the calling thread's CPU priority to [`BACKGROUND_NICE`]. A failure
 /// is logged and the work goes on at normal priority.

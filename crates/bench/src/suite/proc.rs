@@ -133,3 +133,10 @@ pub fn have(tool: &str) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+/// Write back every dirty page of the machine (sync(2)), so that what runs
+/// next does not pay for the writeback of what ran before.
+pub fn sync_disks() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}

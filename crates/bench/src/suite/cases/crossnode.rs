@@ -344,6 +344,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         for k in 0..2 {
             if (round + k) % 2 == 0 {
                 let Some(n) = &nodes else { continue };
+                // Each measured copy starts with nothing left to write back
+                // from the rounds before (fio's writes above all).
+                proc::sync_disks();
                 let (c, op) = n.copy(&format!("c{round}"))?;
                 record_copy(ctx, LAMINA, &c);
                 let num = |key: &str| op[key].as_f64().unwrap_or(f64::NAN);
@@ -400,6 +403,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     loaded.copies
                 );
             } else {
+                proc::sync_disks();
                 let c = anchor.copy()?;
                 record_copy(ctx, NBDCOPY, &c);
                 let target = anchor.fio_target();
@@ -480,7 +484,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
              --no-wait` on B then `lamina operation wait` (wall time of both). Anchor: qemu-nbd in A serving \
              the raw file on A's address over TCP, `nbdcopy {}` run in B onto a new sparse raw file. Bytes on \
              the link: A's veth tx counter around the copy (TCP/IP, TLS and protocol included). Rate = {al} \
-             MiB allocated / time, for both.",
+             MiB allocated / time, for both; each measured copy starts after a sync(2), with nothing left to write back.",
             NBDCOPY_OPTS.join(" ")
         ),
     );

@@ -38,11 +38,6 @@ fn load(seconds: f64) -> Job {
     j
 }
 
-fn quiet() {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-}
-
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let size = ctx.p.delete_bytes;
     let chain_len = ctx.p.delete_chain;
@@ -62,7 +57,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         rewrite(&uri, size, heavy(i), 1000 + i as u64)?;
         l.snapshot("v", &format!("s{i}"))?;
     }
-    quiet();
+    proc::sync_disks();
     let (w0, u0) = (l.written(), l.used()?);
     let t = Instant::now();
     let answer = l.delete_snapshot("v", &format!("s{a}"))?;
@@ -174,7 +169,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // Snapshot s_i's own writes are in layer i+1; committing it into
     // layer i removes it from the chain.
     let (top_a, base_a) = (node_of(&mut q, a + 1, &chain)?, node_of(&mut q, a, &chain)?);
-    quiet();
+    proc::sync_disks();
     let w0 = proc::written(q.server.pid());
     let took = q.commit(&top_a, &base_a)?;
     let written = proc::written(q.server.pid()) - w0;

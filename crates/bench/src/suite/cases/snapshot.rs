@@ -60,8 +60,7 @@ fn take(sys: &mut Sys, uri: &str, n: usize, loaded: bool, cap: Duration) -> Resu
     let gap = Duration::from_millis(50);
     if !loaded {
         // Idle means idle: nothing left to write back from an earlier load.
-        // SAFETY: sync(2) takes no arguments and cannot fail.
-        unsafe { libc::sync() };
+        crate::suite::proc::sync_disks();
     }
     let _load = if loaded {
         let run = fio::spawn(
