@@ -158,3 +158,127 @@ impl Pool {
         a.finish(need, ctl)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolOptions;
+
+    const PIECE: usize = 64 << 10;
+
+    fn piece(i: usize) -> Vec<u8> {
+        (0..PIECE).map(|k| (i * 31 + k % 251) as u8 | 1).collect()
+    }
+
+    /// Every offset reported durable covers only data already written.
+    struct Check<'a> {
+        dst: &'a Volume,
+        durable: Vec<u64>,
+        stop_after: Option<usize>,
+    }
+
+    impl CopyControl for Check<'_> {
+        fn durable(&mut self, p: &CopyProgress) -> bool {
+            let mut buf = vec![0u8; p.resume_offset as usize];
+            self.dst.read(0, &mut buf).unwrap();
+            for (i, c) in buf.chunks(PIECE).enumerate() {
+                assert!(
+                    c == &piece(i)[..c.len()],
+                    "piece {i} below {} not written",
+                    p.resume_offset
+                );
+            }
+            self.durable.push(p.resume_offset);
+            self.stop_after.is_none_or(|n| self.durable.len() < n)
+        }
+    }
+
+    fn setup() -> (tempfile::TempDir, Pool, Volume) {
+        let d = tempfile::tempdir().unwrap();
+        let p = Pool::create_dir(d.path(), PoolOptions::default()).unwrap();
+        p.create_volume("v", 8 << 20).unwrap();
+        let v = p.open_volume("v").unwrap();
+        (d, p, v)
+    }
+
+    /// Drive an Applier over a stream, as copy_into does.
+    fn run(
+        v: &Volume,
+        chunks: impl Iterator<Item = Result<Chunk>>,
+        ctl: &mut dyn CopyControl,
+    ) -> Result<CopyEnd> {
+        let mut a = Applier::new(v, CopyProgress::default(), 1 << 20);
+        for c in chunks {
+            if let Some(end) = a.stop_asked(ctl)? {
+                return Ok(end);
+            }
+            if let Some(end) = a.apply(&c?, ctl)? {
+                return Ok(end);
+            }
+        }
+        a.finish(8 << 20, ctl)
+    }
+
+    fn stream(n: usize) -> impl Iterator<Item = Result<Chunk>> {
+        (0..n).map(|i| {
+            Ok(Chunk::Data {
+                offset: (i * PIECE) as u64,
+                bytes: piece(i),
+            })
+        })
+    }
+
+    #[test]
+    fn durable_offsets_cover_only_written_data() {
+        let (_d, _p, v) = setup();
+        let mut ctl = Check {
+            dst: &v,
+            durable: Vec::new(),
+            stop_after: None,
+        };
+        let end = run(&v, stream(96), &mut ctl).unwrap();
+        let want = (96 * PIECE) as u64;
+        assert_eq!(ctl.durable, (1..=6).map(|k| k << 20).collect::<Vec<u64>>());
+        let CopyEnd::Done(p) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!((p.done_bytes, p.resume_offset), (want, 8 << 20));
+        let mut buf = vec![0u8; want as usize];
+        v.read(0, &mut buf).unwrap();
+        assert!(buf.chunks(PIECE).enumerate().all(|(i, c)| c == piece(i)));
+    }
+
+    #[test]
+    fn a_stop_at_a_checkpoint_reports_it() {
+        let (_d, _p, v) = setup();
+        let mut ctl = Check {
+            dst: &v,
+            durable: Vec::new(),
+            stop_after: Some(2),
+        };
+        let end = run(&v, stream(96), &mut ctl).unwrap();
+        let CopyEnd::Stopped(p) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!(p.resume_offset, 2 << 20);
+        assert_eq!(p.done_bytes, 2 << 20);
+    }
+
+    #[test]
+    fn a_broken_stream_ends_the_copy_with_its_error() {
+        let (_d, _p, v) = setup();
+        let mut ctl = Check {
+            dst: &v,
+            durable: Vec::new(),
+            stop_after: None,
+        };
+        let broken = stream(40).chain(std::iter::once(Err(Error::InvalidArgument("cut".into()))));
+        let e = run(&v, broken.chain(stream(96).skip(41)), &mut ctl).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m == "cut"),
+            "{e}"
+        );
+        // 40 pieces of 64 KiB: two checkpoints passed, none after the break.
+        assert_eq!(ctl.durable, vec![1 << 20, 2 << 20]);
+    }
+}
