@@ -177,6 +177,16 @@ mod tests {
         stop_after: Option<usize>,
     }
 
+    impl<'a> Check<'a> {
+        fn new(dst: &'a Volume, stop_after: Option<usize>) -> Check<'a> {
+            Check {
+                dst,
+                durable: Vec::new(),
+                stop_after,
+            }
+        }
+    }
+
     impl CopyControl for Check<'_> {
         fn durable(&mut self, p: &CopyProgress) -> bool {
             let mut buf = vec![0u8; p.resume_offset as usize];
@@ -231,11 +241,7 @@ mod tests {
     #[test]
     fn durable_offsets_cover_only_written_data() {
         let (_d, _p, v) = setup();
-        let mut ctl = Check {
-            dst: &v,
-            durable: Vec::new(),
-            stop_after: None,
-        };
+        let mut ctl = Check::new(&v, None);
         let end = run(&v, stream(96), &mut ctl).unwrap();
         let want = (96 * PIECE) as u64;
         assert_eq!(ctl.durable, (1..=6).map(|k| k << 20).collect::<Vec<u64>>());
@@ -251,11 +257,7 @@ mod tests {
     #[test]
     fn a_stop_at_a_checkpoint_reports_it() {
         let (_d, _p, v) = setup();
-        let mut ctl = Check {
-            dst: &v,
-            durable: Vec::new(),
-            stop_after: Some(2),
-        };
+        let mut ctl = Check::new(&v, Some(2));
         let end = run(&v, stream(96), &mut ctl).unwrap();
         let CopyEnd::Stopped(p) = end else {
             panic!("{end:?}")
@@ -267,11 +269,7 @@ mod tests {
     #[test]
     fn a_broken_stream_ends_the_copy_with_its_error() {
         let (_d, _p, v) = setup();
-        let mut ctl = Check {
-            dst: &v,
-            durable: Vec::new(),
-            stop_after: None,
-        };
+        let mut ctl = Check::new(&v, None);
         let broken = stream(40).chain(std::iter::once(Err(Error::InvalidArgument("cut".into()))));
         let e = run(&v, broken.chain(stream(96).skip(41)), &mut ctl).unwrap_err();
         assert!(

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use lamina_engine::{CopyProgress, Pool, PoolOptions};
-use lamina_transfer::{pull_into, Pull, Reason};
+use lamina_transfer::{pull_into, Reason};
 use std::sync::Arc;
 
 /// 48 MiB of data in 1 MiB extents 2 MiB apart: more than every queue and
@@ -35,15 +35,7 @@ fn a_full_target_pool_fails_with_no_space() {
     let e = pull_into(
         &dst,
         &dst_id,
-        &Pull {
-            into: "copy",
-            remote: &served.remote("source"),
-            volume: "src",
-            snapshot: "s",
-            expect_id: 0,
-            resume_offset: 0,
-            checkpoint_bytes: 8 * MIB,
-        },
+        &fresh("copy", &served.remote("source"), "src", "s", 8 * MIB),
         &mut Nothing,
     )
     .end
@@ -70,15 +62,7 @@ fn a_source_that_stops_midway_is_unreachable() {
     let pulled = pull_into(
         &dst,
         &dst_id,
-        &Pull {
-            into: "copy",
-            remote: &remote,
-            volume: "src",
-            snapshot: "s",
-            expect_id: 0,
-            resume_offset: 0,
-            checkpoint_bytes: 8 * MIB,
-        },
+        &fresh("copy", &remote, "src", "s", 8 * MIB),
         &mut ctl,
     );
     let e = pulled.end.unwrap_err();
@@ -113,15 +97,7 @@ fn a_snapshot_deleted_midway_fails_the_pull() {
     let e = pull_into(
         &dst,
         &dst_id,
-        &Pull {
-            into: "copy",
-            remote: &served.remote("source"),
-            volume: "src",
-            snapshot: "s",
-            expect_id: 0,
-            resume_offset: 0,
-            checkpoint_bytes: 8 * MIB,
-        },
+        &fresh("copy", &served.remote("source"), "src", "s", 8 * MIB),
         &mut ctl,
     )
     .end

@@ -150,15 +150,7 @@ fn a_missing_snapshot_is_reported() {
         let e = pull_into(
             &dst,
             &dst_id,
-            &Pull {
-                into: "copy",
-                remote: &remote,
-                volume: v,
-                snapshot: s,
-                expect_id: 0,
-                resume_offset: 0,
-                checkpoint_bytes: MIB,
-            },
+            &fresh("copy", &remote, v, s, MIB),
             &mut Nothing,
         )
         .end
@@ -228,15 +220,7 @@ fn a_target_volume_too_small_is_refused_before_any_write() {
     let e = pull_into(
         &dst,
         &dst_id,
-        &Pull {
-            into: "small",
-            remote: &served.remote("source"),
-            volume: "src",
-            snapshot: "s",
-            expect_id: 0,
-            resume_offset: 0,
-            checkpoint_bytes: MIB,
-        },
+        &fresh("small", &served.remote("source"), "src", "s", MIB),
         &mut Nothing,
     )
     .end
@@ -247,15 +231,7 @@ fn a_target_volume_too_small_is_refused_before_any_write() {
     let e = pull_into(
         &dst,
         &dst_id,
-        &Pull {
-            into: "none",
-            remote: &served.remote("source"),
-            volume: "src",
-            snapshot: "s",
-            expect_id: 0,
-            resume_offset: 0,
-            checkpoint_bytes: MIB,
-        },
+        &fresh("none", &served.remote("source"), "src", "s", MIB),
         &mut Nothing,
     )
     .end

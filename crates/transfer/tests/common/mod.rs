@@ -58,6 +58,26 @@ pub fn eventually(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// A new pull (any snapshot id, from offset 0) of `volume`/`snapshot`
+/// into `into`.
+pub fn fresh<'a>(
+    into: &'a str,
+    remote: &'a Remote,
+    volume: &'a str,
+    snapshot: &'a str,
+    checkpoint_bytes: u64,
+) -> Pull<'a> {
+    Pull {
+        into,
+        remote,
+        volume,
+        snapshot,
+        expect_id: 0,
+        resume_offset: 0,
+        checkpoint_bytes,
+    }
+}
+
 /// Pull the source's `src/s` into the local volume `copy`, with 1 MiB
 /// checkpoints: the call most tests make.
 pub fn pull_copy(
@@ -69,13 +89,9 @@ pub fn pull_copy(
     ctl: &mut dyn CopyControl,
 ) -> lamina_transfer::Pulled {
     let pull = Pull {
-        into: "copy",
-        remote,
-        volume: "src",
-        snapshot: "s",
         expect_id,
         resume_offset: from,
-        checkpoint_bytes: MIB,
+        ..fresh("copy", remote, "src", "s", MIB)
     };
     lamina_transfer::pull_into(dst, id, &pull, ctl)
 }
