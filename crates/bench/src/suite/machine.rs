@@ -30,6 +30,22 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Bytes free to an unprivileged writer on the filesystem holding `path`,
+/// or None if statvfs fails.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is a C struct of integers, for which all zeroes is a
+    // valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs
+    // that the call fills in; both outlive the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 pub fn describe(work: &Path) -> Value {
     let fs = first_line(
         Command::new("findmnt")
@@ -42,6 +58,7 @@ pub fn describe(work: &Path) -> Value {
         "memory_gib": (meminfo_gib() * 10.0).round() / 10.0,
         "filesystem": fs,
         "work_dir": work.display().to_string(),
+        "free_gib_at_start": free_bytes(work).map(|b| (b as f64 / (1u64 << 30) as f64 * 10.0).round() / 10.0),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "date": first_line(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])),
         "lamina_commit": first_line(Command::new("git").args(["rev-parse", "--short", "HEAD"])),

@@ -292,7 +292,17 @@ pub fn run(a: SuiteArgs) -> Result<()> {
         eprintln!("== {title}");
         let t = Instant::now();
         if let Err(e) = f(&mut ctx) {
-            let msg = format!("{e:#}");
+            let mut msg = format!("{e:#}");
+            // A full disk fails a case far from its cause (qemu's ENOSPC in
+            // the middle of a snapshot loop): say how much was left.
+            if let Some(free) = machine::free_bytes(&ctx.work) {
+                if free < 2 << 30 {
+                    msg.push_str(&format!(
+                        " (the work directory's disk has only {} MiB free)",
+                        free >> 20
+                    ));
+                }
+            }
             eprintln!("  case {name} failed: {msg}");
             ctx.rec.note(name, format!("the case failed: {msg}"));
             failed.push(*name);
