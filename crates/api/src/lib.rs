@@ -3,7 +3,9 @@
 //! resources. It owns the wire shapes and the size syntax only; it must not
 //! depend on the engine or do I/O.
 
+mod selector;
 mod size;
+pub use selector::{LabelSelector, SelectorError};
 pub use size::{format_size, parse_size};
 
 use serde::{Deserialize, Serialize};
@@ -153,6 +155,11 @@ pub struct SnapshotFilter {
 /// Label every snapshot of a group snapshot carries; its value is the
 /// group's name, which is also each member snapshot's name.
 pub const GROUP_LABEL: &str = "lamina.io/group";
+
+/// Label every snapshot a schedule made carries; its value is the
+/// schedule's id (never its name, so a renamed schedule keeps its
+/// snapshots). Like [`GROUP_LABEL`], no user may set it.
+pub const SCHEDULE_LABEL: &str = "lamina.io/schedule";
 
 /// Snapshots of several volumes taken at one instant (one engine
 /// transaction): crash-consistent across the volumes.
