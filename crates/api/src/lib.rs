@@ -3,8 +3,13 @@
 //! resources. It owns the wire shapes and the size syntax only; it must not
 //! depend on the engine or do I/O.
 
+mod schedule;
 mod selector;
 mod size;
+pub use schedule::{
+    DeleteScheduleQuery, KeptSnapshot, RunOutcome, Schedule, ScheduleDeleted, ScheduleRun,
+    ScheduleSpec, ScheduleVolume, SnapshotsAction,
+};
 pub use selector::{LabelSelector, SelectorError};
 pub use size::{format_size, parse_size};
 
@@ -150,6 +155,9 @@ pub struct SnapshotFilter {
     pub name: Option<String>,
     /// Only the snapshot with this id.
     pub id: Option<u64>,
+    /// Only the snapshots made by this schedule (its name now; they are
+    /// found by its id, so a rename keeps them).
+    pub schedule: Option<String>,
 }
 
 /// Label every snapshot of a group snapshot carries; its value is the

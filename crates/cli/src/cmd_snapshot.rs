@@ -25,6 +25,9 @@ pub enum SnapshotCmd {
     List {
         /// Only this volume's snapshots.
         volume: Option<String>,
+        /// Only the snapshots this schedule made (found by its id, so a renamed schedule's too).
+        #[arg(long, value_name = "NAME")]
+        schedule: Option<String>,
     },
     /// Show a snapshot, with the clones made from it.
     Get {
@@ -92,7 +95,7 @@ pub enum SnapshotCmd {
     },
 }
 
-fn label_arg(s: &str) -> Result<(String, String), String> {
+pub fn label_arg(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("{s:?} is not KEY=VALUE")),
@@ -127,10 +130,20 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
                 }
             })
         }
-        SnapshotCmd::List { volume } => {
-            let snaps = match &volume {
-                Some(v) => c.list_snapshots(v).await?,
-                None => c.list_all_snapshots().await?,
+        SnapshotCmd::List { volume, schedule } => {
+            let snaps = match (&volume, schedule) {
+                (v, Some(schedule)) => {
+                    let filter = lamina_api::SnapshotFilter {
+                        schedule: Some(schedule),
+                        ..Default::default()
+                    };
+                    let all = c.find_snapshots(&filter).await?;
+                    all.into_iter()
+                        .filter(|s| v.as_ref().is_none_or(|v| *v == s.volume))
+                        .collect()
+                }
+                (Some(v), None) => c.list_snapshots(v).await?,
+                (None, None) => c.list_all_snapshots().await?,
             };
             output::show(ctx.fmt, &snaps, |s| list_table(s))
         }

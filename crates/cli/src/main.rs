@@ -11,6 +11,7 @@ mod cmd_csi;
 mod cmd_node;
 mod cmd_operation;
 mod cmd_pool;
+mod cmd_schedule;
 mod cmd_snapshot;
 mod cmd_volume;
 mod failure;
@@ -119,6 +120,12 @@ enum Cmd {
         /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
         #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "60")]
         transfer_retry_window: std::time::Duration,
+        /// Tests only: read the schedules' clock (Unix seconds) from FILE.
+        #[arg(long, value_name = "FILE", hide = true)]
+        test_clock: Option<PathBuf>,
+        /// Tests only: abort, as kill -9 would, at this named point.
+        #[arg(long, value_name = "POINT", hide = true)]
+        test_crash_at: Option<String>,
         #[command(flatten)]
         _not: NotForServe,
     },
@@ -138,6 +145,11 @@ enum Cmd {
     Snapshot {
         #[command(subcommand)]
         cmd: cmd_snapshot::SnapshotCmd,
+    },
+    /// Schedules: snapshots of volumes on a cron expression, with retention.
+    Schedule {
+        #[command(subcommand)]
+        cmd: cmd_schedule::ScheduleCmd,
     },
     /// Clones: new volumes from snapshots or volumes.
     Clone {
@@ -269,6 +281,8 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             transfer_listen,
             transfer_tls,
             transfer_retry_window,
+            test_clock,
+            test_crash_at,
             ..
         } => serve(lamina_server::Config {
             data_dir: data_dir.to_path_buf(),
@@ -279,6 +293,10 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                 listen: transfer_listen,
                 tls_dir: transfer_tls,
                 retry_window: transfer_retry_window,
+            },
+            testing: lamina_server::Testing {
+                clock_file: test_clock,
+                crash_at: test_crash_at,
             },
         }),
         Cmd::Certs { cmd } => cmd_certs::run(cmd),
@@ -298,6 +316,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     Cmd::Volume { cmd } => cmd_volume::run(&ctx, cmd).await,
                     Cmd::Snapshot { cmd } => cmd_snapshot::run(&ctx, cmd).await,
                     Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
+                    Cmd::Schedule { cmd } => cmd_schedule::run(&ctx, cmd).await,
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
                     Cmd::Pool { .. }
                     | Cmd::Serve { .. }

@@ -164,6 +164,7 @@ impl Client {
             &[
                 ("name", filter.name.clone()),
                 ("id", filter.id.map(|n| n.to_string())),
+                ("schedule", filter.schedule.clone()),
             ],
         );
         self.get(&p).await
@@ -305,6 +306,59 @@ impl Client {
             ],
         );
         self.get(&p).await
+    }
+
+    // --- schedules ---
+
+    /// Every schedule, by name.
+    pub async fn list_schedules(&self) -> Result<Vec<api::Schedule>> {
+        self.get(&path::api("/schedules", &[])).await
+    }
+
+    /// Create a schedule; the same spec again succeeds (`created` false).
+    pub async fn create_schedule(
+        &self,
+        spec: &api::ScheduleSpec,
+    ) -> Result<Created<api::Schedule>> {
+        self.create(&path::api("/schedules", &[]), spec).await
+    }
+
+    pub async fn get_schedule(&self, name: &str) -> Result<api::Schedule> {
+        self.get(&path::api("/schedules/{}", &[name])).await
+    }
+
+    /// Replace schedule `name`'s spec (another `spec.name` renames it; its
+    /// snapshots stay its own).
+    pub async fn update_schedule(
+        &self,
+        name: &str,
+        spec: &api::ScheduleSpec,
+    ) -> Result<api::Schedule> {
+        Ok(self
+            .send(
+                Method::PUT,
+                &path::api("/schedules/{}", &[name]),
+                Some(spec),
+            )
+            .await?
+            .1)
+    }
+
+    /// Delete a schedule, keeping or deleting its snapshots.
+    pub async fn delete_schedule(
+        &self,
+        name: &str,
+        snapshots: api::SnapshotsAction,
+    ) -> Result<api::ScheduleDeleted> {
+        let action = match snapshots {
+            api::SnapshotsAction::Keep => "keep",
+            api::SnapshotsAction::Delete => "delete",
+        };
+        let p = path::with_query(
+            path::api("/schedules/{}", &[name]),
+            &[("snapshots", Some(action.to_string()))],
+        );
+        Ok(self.send::<(), _>(Method::DELETE, &p, None).await?.1)
     }
 
     // --- the exchange ---

@@ -279,6 +279,7 @@ async fn snapshot_clone_and_operation_routes() {
     let filter = api::SnapshotFilter {
         name: Some("s".into()),
         id: Some(7),
+        ..Default::default()
     };
     f.answer(200, json(&vec![snapshot("a", "s")]));
     c.find_snapshots(&filter).await.unwrap();
@@ -399,6 +400,80 @@ async fn group_snapshot_routes() {
     f.answer(204, serde_json::Value::Null);
     let r = c.delete_snapshot_group("g").await.unwrap();
     assert_eq!((r.what.as_str(), r.existed), ("snapshot group g", true));
+}
+
+#[tokio::test]
+async fn schedule_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+    let spec = api::ScheduleSpec {
+        name: "hourly".into(),
+        cron: "0 * * * *".into(),
+        time_zone: "Europe/Paris".into(),
+        keep_last: Some(24),
+        keep_for_seconds: None,
+        labels: [("k".to_string(), "v".to_string())].into(),
+        volumes: vec!["a".into()],
+        selector: Some(api::LabelSelector::parse("tier=gold").unwrap()),
+        retry_window_seconds: None,
+    };
+    let sched = api::Schedule {
+        id: "sch-1".into(),
+        spec: spec.clone(),
+        created: "2030-01-01T00:00:00Z".into(),
+        next_runs: vec!["2030-01-01T01:00:00+01:00".into()],
+        volumes: vec![],
+        runs: vec![],
+    };
+    f.answer(201, json(&sched));
+    let r = c.create_schedule(&spec).await.unwrap();
+    assert!(r.created);
+    assert_eq!(r.value, sched);
+    assert_eq!(f.last(), seen("POST", "/v1/schedules", Some(json(&spec))));
+    // The selector travels as a map of labels.
+    assert_eq!(json(&spec)["selector"], serde_json::json!({"tier": "gold"}));
+    f.answer(200, json(&vec![sched.clone()]));
+    assert_eq!(c.list_schedules().await.unwrap(), vec![sched.clone()]);
+    assert_eq!(f.last(), seen("GET", "/v1/schedules", None));
+    f.answer(200, json(&sched));
+    c.get_schedule("h 1").await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/schedules/h%201", None));
+    f.answer(200, json(&sched));
+    c.update_schedule("old", &spec).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("PUT", "/v1/schedules/old", Some(json(&spec)))
+    );
+    let gone = api::ScheduleDeleted {
+        existed: true,
+        deleted: vec!["a/hourly-20300101-0100".into()],
+        kept: vec![],
+    };
+    f.answer(200, json(&gone));
+    let r = c
+        .delete_schedule("hourly", api::SnapshotsAction::Delete)
+        .await
+        .unwrap();
+    assert_eq!(r, gone);
+    assert_eq!(
+        f.last(),
+        seen("DELETE", "/v1/schedules/hourly?snapshots=delete", None)
+    );
+    f.answer(200, json(&gone));
+    c.delete_schedule("hourly", api::SnapshotsAction::Keep)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.last(),
+        seen("DELETE", "/v1/schedules/hourly?snapshots=keep", None)
+    );
+    let filter = api::SnapshotFilter {
+        schedule: Some("hourly".into()),
+        ..Default::default()
+    };
+    f.answer(200, json(&Vec::<api::Snapshot>::new()));
+    c.find_snapshots(&filter).await.unwrap();
+    assert_eq!(f.last(), seen("GET", "/v1/snapshots?schedule=hourly", None));
 }
 
 #[tokio::test]

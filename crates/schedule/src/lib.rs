@@ -17,7 +17,7 @@ mod retention;
 mod timing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use due::{step, RetryPolicy, Step, Track, TrackState};
+pub use due::{step, GiveUpWhy, RetryPolicy, Step, Track, TrackState};
 pub use retention::{plan, Candidate, Kept, Plan, Retention};
 pub use timing::Timing;
 

@@ -467,6 +467,7 @@ mod tests {
             nbd_listen: None,
             operation_retention: crate::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
+            testing: Default::default(),
         };
         let st = Arc::new(State::open(&layout, &config).await.unwrap());
         (d, st)

@@ -38,6 +38,7 @@ pub fn check_create(
     labels: &BTreeMap<String, String>,
 ) -> Result<(), Failure> {
     lamina_engine::check_name(name)?;
+    crate::handlers::refuse_schedule_labels(labels)?;
     if volumes.is_empty() {
         return Err(Failure::invalid(
             "a group snapshot needs at least one volume",

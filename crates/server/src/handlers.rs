@@ -64,6 +64,16 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
             "/v1/snapshot-groups/{name}",
             get(crate::groups::get_snapshot_group).delete(crate::groups::delete_snapshot_group),
         )
+        .route(
+            "/v1/schedules",
+            get(crate::schedules::api::list_schedules).post(crate::schedules::api::create_schedule),
+        )
+        .route(
+            "/v1/schedules/{name}",
+            get(crate::schedules::api::get_schedule)
+                .put(crate::schedules::api::update_schedule)
+                .delete(crate::schedules::api::delete_schedule),
+        )
         .route("/v1/clones", post(create_clone))
         .route("/v1/operations", get(list_operations))
         .route("/v1/changes", get(crate::changes::changes))
@@ -417,10 +427,21 @@ pub async fn list_all_snapshots(
 ) -> R<Json<Vec<api::Snapshot>>> {
     let s = st.clone();
     blocking(move || {
+        let schedule = match &f.schedule {
+            Some(name) => Some(crate::schedules::api::id_of(&s, name)?),
+            None => None,
+        };
         Ok(Json(
             s.pool
                 .find_snapshots(f.name.as_deref(), f.id)?
                 .into_iter()
+                .filter(|x| {
+                    schedule.as_ref().is_none_or(|id| {
+                        x.labels
+                            .iter()
+                            .any(|(k, v)| k == api::SCHEDULE_LABEL && v == id)
+                    })
+                })
                 .map(|x| s.snapshot(x))
                 .collect(),
         ))
@@ -442,6 +463,7 @@ pub async fn create_snapshot(
     b: Result<Json<api::CreateSnapshot>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::Snapshot>)> {
     let req = body(b)?;
+    refuse_schedule_labels(&req.labels)?;
     let op = Op::CreateSnapshot {
         volume: name,
         name: req.name,
@@ -451,6 +473,19 @@ pub async fn create_snapshot(
         Outcome::Snapshot { info, created: c } => Ok((created(c), Json(st.snapshot(info)))),
         _ => Err(Failure::internal("create-snapshot yielded no snapshot")),
     }
+}
+
+/// The labels a schedule puts on its snapshots are the schedule's: a
+/// user's snapshot carrying them would fall under its retention.
+pub(crate) fn refuse_schedule_labels(labels: &std::collections::BTreeMap<String, String>) -> R<()> {
+    for k in [api::SCHEDULE_LABEL, crate::schedules::SLOT_LABEL] {
+        if labels.contains_key(k) {
+            return Err(Failure::invalid(format!(
+                "the label {k:?} is reserved for scheduled snapshots (lamina schedule create)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[utoipa::path(get, path = "/v1/volumes/{name}/snapshots/{snap}",

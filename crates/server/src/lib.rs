@@ -16,6 +16,7 @@ mod migrate;
 mod openapi;
 mod paths;
 mod remote;
+mod schedules;
 mod state;
 mod store;
 
@@ -39,6 +40,19 @@ pub struct Config {
     pub operation_retention: std::time::Duration,
     /// Copies between nodes.
     pub transfer: TransferConfig,
+    /// Knobs for tests only.
+    pub testing: Testing,
+}
+
+/// Knobs for tests only (hidden flags of `lamina serve`).
+#[derive(Clone, Debug, Default)]
+pub struct Testing {
+    /// Read the schedules' clock from this file (Unix seconds) instead of
+    /// the machine's clock, so tests move time instead of waiting for it.
+    pub clock_file: Option<PathBuf>,
+    /// Abort the process, as kill -9 would, at this named point
+    /// (`schedule-after-claim`, `schedule-after-snapshot`).
+    pub crash_at: Option<String>,
 }
 
 /// How this node takes part in copies between nodes.
@@ -86,6 +100,7 @@ pub async fn run(
     let state = state::State::open(&layout, &config).await?;
     let state = Arc::new(state);
     state.recover().await?;
+    schedules::api::recover(&state).await?;
     let retention = config.operation_retention;
     {
         let st = state.clone();
@@ -147,6 +162,9 @@ pub async fn run(
             }
         });
     }
+
+    // Scheduled snapshots and their retention.
+    tasks.spawn(schedules::runner::run(state.clone(), stopped(&stop_rx)));
 
     // Peers pulling this node's snapshots.
     if let (Some(addr), Some(source)) = (config.transfer.listen, state.transfer_source.clone()) {

@@ -4,6 +4,7 @@
 use crate::changes::*;
 use crate::groups::*;
 use crate::handlers::*;
+use crate::schedules::api::*;
 use lamina_api as api;
 use utoipa::OpenApi;
 
@@ -37,7 +38,12 @@ use utoipa::OpenApi;
         delete_snapshot_group,
         list_operations,
         get_operation,
-        changes
+        changes,
+        list_schedules,
+        create_schedule,
+        get_schedule,
+        update_schedule,
+        delete_schedule
     ),
     components(schemas(
         api::Volume,
@@ -60,7 +66,16 @@ use utoipa::OpenApi;
         api::Health,
         api::Changes,
         api::PeerNode,
-        api::FailureReason
+        api::FailureReason,
+        api::ScheduleSpec,
+        api::Schedule,
+        api::ScheduleVolume,
+        api::ScheduleRun,
+        api::RunOutcome,
+        api::KeptSnapshot,
+        api::SnapshotsAction,
+        api::ScheduleDeleted,
+        api::LabelSelector
     ))
 )]
 struct Doc;

@@ -40,6 +40,8 @@ pub struct State {
     pub transfer_source: Option<Arc<lamina_transfer::Source>>,
     /// See [`crate::TransferConfig::retry_window`].
     pub transfer_retry_window: std::time::Duration,
+    /// The schedules' clock, wake-up and lock.
+    pub schedules: crate::schedules::Runtime,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -173,6 +175,7 @@ impl State {
             identity,
             transfer_source,
             transfer_retry_window: config.transfer.retry_window,
+            schedules: crate::schedules::Runtime::new(&config.testing),
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {

@@ -248,7 +248,7 @@ impl OpRec {
 }
 
 pub struct Store {
-    db: Database,
+    pub(crate) db: Database,
     path: PathBuf,
 }
 

@@ -240,6 +240,19 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("lamina serve did not start again: {e}"));
     }
 
+    /// The `serve` arguments the next start uses (after [`Daemon::kill9`]:
+    /// e.g. a daemon started with a crash point comes back without it).
+    pub fn set_extra(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Wait for the daemon to exit by itself (e.g. at a crash point): its
+    /// status, or None if it still runs after `limit`.
+    pub fn wait_exit(&mut self, limit: std::time::Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut()?;
+        crate::poll_until(limit, || c.try_wait().ok().flatten())
+    }
+
     /// The daemon's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -103,6 +103,7 @@ impl ControllerService {
         let filter = api::SnapshotFilter {
             name: Some(sid.name.clone()),
             id: Some(sid.id),
+            ..Default::default()
         };
         let found = self
             .node(sid.node.as_deref())?

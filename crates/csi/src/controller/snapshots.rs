@@ -70,7 +70,7 @@ impl ControllerService {
         let q = self.nodes.qualifier(&node.name);
         let filter = api::SnapshotFilter {
             name: Some(name.clone()),
-            id: None,
+            ..Default::default()
         };
         let same = node
             .client

@@ -420,6 +420,7 @@ pub fn spawn_daemon(
         nbd_listen: None,
         operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
         transfer: Default::default(),
+        testing: Default::default(),
     };
     let daemon = rt.spawn(lamina_server::run(config, async {
         let _ = rx.await;

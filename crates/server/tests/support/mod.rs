@@ -42,6 +42,7 @@ impl Daemon {
             nbd_listen: None,
             operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
+            testing: Default::default(),
         };
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;

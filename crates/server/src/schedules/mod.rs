@@ -1,0 +1,106 @@
+//! Schedules in the daemon: records in the store (`records`), the loop that
+//! takes their snapshots and applies their retention (`runner`), and their
+//! API (`api`). When a slot is due and what retention removes are the
+//! `lamina-schedule` crate's rules; this module schedules, records and
+//! reports, and takes and deletes snapshots through the one operation path
+//! (`apply::run`), like any client.
+
+pub mod api;
+mod records;
+pub mod runner;
+
+pub use records::ScheduleRec;
+
+use lamina_schedule::{Clock, SystemClock};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+/// Label a scheduled snapshot carries with its slot (Unix seconds): how a
+/// run resumed after a crash finds the snapshot it may have taken, and the
+/// time retention counts from.
+pub const SLOT_LABEL: &str = "lamina.io/slot";
+
+/// What the daemon's schedules share: the clock, the loop's wake-up, the
+/// lock that serialises schedule changes, and the test-only crash points.
+pub struct Runtime {
+    pub clock: Arc<dyn Clock>,
+    /// A test clock: the loop polls it instead of sleeping until the next
+    /// slot.
+    pub polling: bool,
+    pub wake: tokio::sync::Notify,
+    pub changes: tokio::sync::Mutex<()>,
+    crash_at: Option<String>,
+}
+
+impl Runtime {
+    pub fn new(testing: &crate::Testing) -> Runtime {
+        let clock: Arc<dyn Clock> = match &testing.clock_file {
+            Some(p) => Arc::new(FileClock::new(p.clone())),
+            None => Arc::new(SystemClock),
+        };
+        Runtime {
+            clock,
+            polling: testing.clock_file.is_some(),
+            wake: tokio::sync::Notify::new(),
+            changes: tokio::sync::Mutex::new(()),
+            crash_at: testing.crash_at.clone(),
+        }
+    }
+
+    /// At a named point, die as kill -9 would (tests of crash recovery).
+    pub fn crash_point(&self, name: &str) {
+        if self.crash_at.as_deref() == Some(name) {
+            eprintln!("lamina: crashing at {name}, as asked (--test-crash-at)");
+            std::process::abort();
+        }
+    }
+}
+
+/// A clock read from a file holding Unix seconds: the tests move it. An
+/// unreadable file leaves the time where it was last read.
+struct FileClock {
+    path: PathBuf,
+    last: AtomicI64,
+}
+
+impl FileClock {
+    fn new(path: PathBuf) -> FileClock {
+        FileClock {
+            path,
+            last: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Clock for FileClock {
+    fn now(&self) -> i64 {
+        match std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+        {
+            Some(t) => {
+                self.last.store(t, Ordering::SeqCst);
+                t
+            }
+            None => self.last.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// A slot as RFC 3339 (UTC).
+pub fn rfc3339(secs: i64) -> String {
+    match jiff::Timestamp::from_second(secs) {
+        Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        Err(_) => secs.to_string(),
+    }
+}
+
+/// The snapshot a schedule takes for `slot`: `NAME-YYYYMMDD-HHMM` (UTC).
+pub fn snapshot_name(schedule: &str, slot: i64) -> String {
+    let stamp = match jiff::Timestamp::from_second(slot) {
+        Ok(t) => t.strftime("%Y%m%d-%H%M").to_string(),
+        Err(_) => slot.to_string(),
+    };
+    format!("{schedule}-{stamp}")
+}

@@ -1,0 +1,200 @@
+//! Schedules as the store keeps them (redb, beside the operation records):
+//!
+//! - `schedules`: id → [`ScheduleRec`] (JSON). Names are unique among
+//!   schedules; the id never changes and is never reused (a counter in
+//!   `meta`).
+//! - `schedule_tracks`: `ID/VOLUME_ID` → [`lamina_schedule::Track`] (JSON):
+//!   where the schedule stands on that volume. Keyed by the volume's pool
+//!   id, which is never reused, so a volume deleted and made again under
+//!   the same name starts a track of its own.
+//! - `schedule_runs`: `ID/TIME/SEQ` → [`lamina_api::ScheduleRun`] (JSON),
+//!   the last [`RUNS_KEPT`] per schedule.
+//!
+//! A claim is written (its own transaction, durable when it returns)
+//! before the slot's snapshot is taken: that is what makes a crash mid-run
+//! resume the slot rather than take it twice. docs/schedules.md has the
+//! whole story.
+
+use crate::error::ServerError;
+use crate::store::Store;
+use lamina_api as api;
+use lamina_schedule::Track;
+use redb::{ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules");
+const TRACKS: TableDefinition<&str, &str> = TableDefinition::new("schedule_tracks");
+const RUNS: TableDefinition<&str, &str> = TableDefinition::new("schedule_runs");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const NEXT_ID: &str = "next_schedule_id";
+
+/// Runs kept per schedule.
+pub const RUNS_KEPT: usize = 200;
+
+/// A schedule as stored.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScheduleRec {
+    pub id: String,
+    pub spec: api::ScheduleSpec,
+    /// Unix seconds.
+    pub created: i64,
+    /// Set while a delete with `snapshots=delete` removes its snapshots:
+    /// it no longer runs, and a restart finishes the delete.
+    #[serde(default)]
+    pub deleting: bool,
+}
+
+fn track_key(id: &str, volume_id: u64) -> String {
+    format!("{id}/{volume_id:020}")
+}
+
+impl Store {
+    pub fn schedules(&self) -> Result<Vec<ScheduleRec>, ServerError> {
+        let r = self.db.begin_read()?;
+        let t = match r.open_table(SCHEDULES) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for e in t.iter()? {
+            let (k, v) = e?;
+            let rec: ScheduleRec = serde_json::from_str(v.value()).map_err(|e| {
+                ServerError::Store(format!(
+                    "schedule record {} does not decode: {e}",
+                    k.value()
+                ))
+            })?;
+            out.push(rec);
+        }
+        out.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        Ok(out)
+    }
+
+    pub fn schedule_by_name(&self, name: &str) -> Result<Option<ScheduleRec>, ServerError> {
+        Ok(self.schedules()?.into_iter().find(|s| s.spec.name == name))
+    }
+
+    /// A new schedule's id.
+    pub fn new_schedule_id(&self) -> Result<String, ServerError> {
+        let w = self.db.begin_write()?;
+        let n = {
+            let mut m = w.open_table(META)?;
+            let n = m.get(NEXT_ID)?.map(|v| v.value()).unwrap_or(1);
+            m.insert(NEXT_ID, n + 1)?;
+            n
+        };
+        w.commit()?;
+        Ok(format!("sch-{n}"))
+    }
+
+    pub fn put_schedule(&self, rec: &ScheduleRec) -> Result<(), ServerError> {
+        let json = serde_json::to_string(rec)?;
+        let w = self.db.begin_write()?;
+        w.open_table(SCHEDULES)?
+            .insert(rec.id.as_str(), json.as_str())?;
+        w.commit()?;
+        Ok(())
+    }
+
+    /// Remove a schedule with its tracks and runs.
+    pub fn remove_schedule(&self, id: &str) -> Result<(), ServerError> {
+        let w = self.db.begin_write()?;
+        {
+            w.open_table(SCHEDULES)?.remove(id)?;
+            let prefix = format!("{id}/");
+            for table in [TRACKS, RUNS] {
+                let mut t = w.open_table(table)?;
+                let keys: Vec<String> = t
+                    .range(prefix.as_str()..)?
+                    .map_while(|e| {
+                        let k = e.ok()?.0.value().to_string();
+                        k.starts_with(&prefix).then_some(k)
+                    })
+                    .collect();
+                for k in keys {
+                    t.remove(k.as_str())?;
+                }
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    pub fn track(&self, id: &str, volume_id: u64) -> Result<Option<Track>, ServerError> {
+        let r = self.db.begin_read()?;
+        let t = match r.open_table(TRACKS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let key = track_key(id, volume_id);
+        match t.get(key.as_str())? {
+            None => Ok(None),
+            Some(v) => Ok(Some(serde_json::from_str(v.value()).map_err(|e| {
+                ServerError::Store(format!("schedule track {key} does not decode: {e}"))
+            })?)),
+        }
+    }
+
+    /// Record where a schedule stands on a volume: durable when it returns.
+    pub fn put_track(&self, id: &str, volume_id: u64, track: &Track) -> Result<(), ServerError> {
+        let json = serde_json::to_string(track)?;
+        let key = track_key(id, volume_id);
+        let w = self.db.begin_write()?;
+        w.open_table(TRACKS)?.insert(key.as_str(), json.as_str())?;
+        w.commit()?;
+        Ok(())
+    }
+
+    /// Record a run, dropping the oldest beyond [`RUNS_KEPT`].
+    pub fn add_run(&self, id: &str, run: &api::ScheduleRun) -> Result<(), ServerError> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("{id}/{}/{seq:020}", run.time);
+        let json = serde_json::to_string(run)?;
+        let prefix = format!("{id}/");
+        let w = self.db.begin_write()?;
+        {
+            let mut t = w.open_table(RUNS)?;
+            t.insert(key.as_str(), json.as_str())?;
+            let keys: Vec<String> = t
+                .range(prefix.as_str()..)?
+                .map_while(|e| {
+                    let k = e.ok()?.0.value().to_string();
+                    k.starts_with(&prefix).then_some(k)
+                })
+                .collect();
+            if keys.len() > RUNS_KEPT {
+                for k in &keys[..keys.len() - RUNS_KEPT] {
+                    t.remove(k.as_str())?;
+                }
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    /// A schedule's runs, newest first.
+    pub fn runs(&self, id: &str) -> Result<Vec<api::ScheduleRun>, ServerError> {
+        let r = self.db.begin_read()?;
+        let t = match r.open_table(RUNS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let prefix = format!("{id}/");
+        let mut out = Vec::new();
+        for e in t.range(prefix.as_str()..)? {
+            let (k, v) = e?;
+            if !k.value().starts_with(&prefix) {
+                break;
+            }
+            out.push(serde_json::from_str(v.value()).map_err(|e| {
+                ServerError::Store(format!("schedule run {} does not decode: {e}", k.value()))
+            })?);
+        }
+        out.reverse();
+        Ok(out)
+    }
+}
