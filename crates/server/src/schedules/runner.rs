@@ -95,6 +95,18 @@ async fn pass(st: &Arc<State>) -> Result<Option<i64>, Failure> {
         blocking(move || Ok((s.store.schedules()?, s.pool.list_volumes()))).await?;
     let mut next: Option<i64> = None;
     for rec in schedules.iter().filter(|r| !r.deleting) {
+        // Schedule changes wait for this schedule's turn to end, and the
+        // turn runs on the record as it is now: a schedule deleted or
+        // changed since the list above is seen as it is.
+        let _turn = st.schedules.changes.lock().await;
+        let Some(rec) = st
+            .store
+            .schedule_by_name(&rec.spec.name)?
+            .filter(|r| r.id == rec.id && !r.deleting)
+        else {
+            continue;
+        };
+        let rec = &rec;
         let timing = match timing(&rec.spec) {
             Ok(t) => t,
             Err(f) => {
