@@ -12,6 +12,7 @@ mod cmd_node;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_schedule;
+mod cmd_schedule_controller;
 mod cmd_snapshot;
 mod cmd_volume;
 mod failure;
@@ -181,6 +182,12 @@ enum Cmd {
     },
     /// Print the CustomResourceDefinitions of Lamina's Kubernetes resources (YAML).
     Crds,
+    /// Run SnapshotSchedules (recurring VolumeSnapshots with retention) in a Kubernetes cluster.
+    ScheduleController {
+        /// Its flags, e.g. --interval 10s.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Manage a pool directory directly (the daemon must not be running on it).
     Pool {
         #[command(subcommand)]
@@ -201,6 +208,14 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "csi") {
         init_tracing("info");
         if let Err(e) = cmd_csi::main(args) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.get(1).is_some_and(|a| a == "schedule-controller") {
+        init_tracing("info");
+        if let Err(e) = cmd_schedule_controller::main(args) {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
@@ -270,6 +285,10 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             "`lamina node` takes its own options after the word node".to_string(),
             Some("run it as `lamina node register --node NAME ...` (see `lamina node --help`)".into()),
         )),
+        Cmd::ScheduleController { .. } => anyhow::bail!(Failure::new(
+            "`lamina schedule-controller` takes its own options after its name".to_string(),
+            Some("see `lamina schedule-controller --help`".into()),
+        )),
         Cmd::Controller { .. } => anyhow::bail!(Failure::new(
             "`lamina controller` takes its own options after the word controller".to_string(),
             Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
@@ -323,6 +342,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     | Cmd::Certs { .. }
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }
+                    | Cmd::ScheduleController { .. }
                     | Cmd::Node { .. }
                     | Cmd::Crds => {
                         unreachable!("handled above")

@@ -259,16 +259,20 @@ impl Volume {
 
 /// The CRDs.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Volume::crd(), Snapshot::crd()]
-        .into_iter()
-        .map(|c| {
-            // schemars writes Rust's unsigned formats, which the API server
-            // does not know (kubectl warns of them): OpenAPI's instead.
-            let mut v = serde_json::to_value(&c).unwrap_or_default();
-            openapi_formats(&mut v);
-            serde_json::from_value(v).unwrap_or(c)
-        })
-        .collect()
+    vec![
+        Volume::crd(),
+        Snapshot::crd(),
+        lamina_snapshot_schedules::SnapshotSchedule::crd(),
+    ]
+    .into_iter()
+    .map(|c| {
+        // schemars writes Rust's unsigned formats, which the API server
+        // does not know (kubectl warns of them): OpenAPI's instead.
+        let mut v = serde_json::to_value(&c).unwrap_or_default();
+        openapi_formats(&mut v);
+        serde_json::from_value(v).unwrap_or(c)
+    })
+    .collect()
 }
 
 fn openapi_formats(v: &mut serde_json::Value) {

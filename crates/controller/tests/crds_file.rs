@@ -21,5 +21,6 @@ fn the_charts_crds_are_the_ones_the_types_generate() {
     assert!(
         generated.contains("name: volumes.lamina.io")
             && generated.contains("name: snapshots.lamina.io")
+            && generated.contains("name: snapshotschedules.lamina.io")
     );
 }

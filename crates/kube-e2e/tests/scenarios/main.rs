@@ -17,6 +17,7 @@ mod groups;
 mod namespaces;
 mod node;
 mod scale;
+mod schedules;
 mod snapshots;
 
 use anyhow::{bail, Context, Result};
@@ -49,6 +50,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
     ("node-stage-publish", node::stage_and_publish),
     ("cross-node-restore", cross_node::cross_node_restore),
+    ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
 ];
 
