@@ -116,7 +116,8 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
         Command::new(&env.lamina)
             .args(["schedule-controller", "--interval", "200ms", "--test-clock"])
             .arg(&clock)
-            .env("KUBECONFIG", &env.kubeconfig)
+            // as the chart runs it: its ServiceAccount, its ClusterRole
+            .env("KUBECONFIG", env.dir.join("schedules.kubeconfig"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -129,7 +130,9 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
     ))?;
     // The controller has seen the schedule cover both PVCs from T0 on.
     wait("the schedule to cover db and web", T, |last| {
-        let s = env.get(ns, "snapshotschedule", "hourly")?.context("the schedule")?;
+        let s = env
+            .get(ns, "snapshotschedule", "hourly")?
+            .context("the schedule")?;
         *last = s["status"].to_string();
         Ok(["db", "web"]
             .iter()
