@@ -20,9 +20,13 @@ pub enum ScheduleCmd {
     /// List schedules with their next run and retention.
     List,
     /// Show a schedule: next runs, each volume's state and last run, recent runs.
-    Get { name: String },
+    Get {
+        /// The schedule.
+        name: String,
+    },
     /// Change a schedule: the options given replace what they name (its snapshots stay its own, also when renamed).
     Update {
+        /// The schedule.
         name: String,
         /// Rename it.
         #[arg(long = "rename", value_name = "NEW")]
@@ -38,6 +42,7 @@ pub enum ScheduleCmd {
     },
     /// Delete a schedule, saying what happens to its snapshots.
     Delete {
+        /// The schedule.
         name: String,
         /// Keep its snapshots (as manual ones: no retention applies to them any more).
         #[arg(long, conflicts_with = "delete_snapshots")]
