@@ -22,6 +22,9 @@ pub struct ScheduleControllerCli {
     /// Tests only: read the clock (Unix seconds) from FILE.
     #[arg(long, value_name = "FILE", hide = true)]
     test_clock: Option<PathBuf>,
+    /// Tests only: abort, as kill -9 would, at this named point.
+    #[arg(long, value_name = "POINT", hide = true)]
+    test_crash_at: Option<String>,
 }
 
 /// Time from a file the tests move; the last good reading if unreadable.
@@ -53,6 +56,7 @@ pub fn main(mut args: Vec<std::ffi::OsString>) -> Result<()> {
     let opts = lamina_snapshot_schedules::Options {
         clock,
         interval: cli.interval.into(),
+        crash_at: cli.test_crash_at,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -25,6 +25,18 @@ pub struct Options {
     pub clock: Arc<dyn Clock>,
     /// Time between passes.
     pub interval: Duration,
+    /// Tests only: abort, as kill -9 would, at this named point
+    /// (`schedule-after-claim`, `schedule-after-snapshot`).
+    pub crash_at: Option<String>,
+}
+
+impl Options {
+    fn crash_point(&self, name: &str) {
+        if self.crash_at.as_deref() == Some(name) {
+            eprintln!("lamina schedule-controller: crashing at {name}, as asked (--test-crash-at)");
+            std::process::abort();
+        }
+    }
 }
 
 fn volume_snapshots() -> ApiResource {
@@ -249,7 +261,9 @@ async fn reconcile(client: &Client, opts: &Options, s: SnapshotSchedule) -> Resu
             let claimed = track.claim(slot);
             store(&mut status.pvcs[i], &claimed);
             cx.write_status(&status).await?;
+            opts.crash_point("schedule-after-claim");
             let made = take(&cx, &s, &pname, &puid, slot).await;
+            opts.crash_point("schedule-after-snapshot");
             let now = opts.clock.now();
             let p = &mut status.pvcs[i];
             match made {

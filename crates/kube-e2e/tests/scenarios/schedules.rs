@@ -111,18 +111,28 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
         Ok(())
     };
     set(T0)?;
-    let log = std::fs::File::create(env.log_file("schedule-controller"))?;
-    let _ctl = Controller(
-        Command::new(&env.lamina)
-            .args(["schedule-controller", "--interval", "200ms", "--test-clock"])
+    let start = |crash_at: Option<&str>| -> Result<Controller> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(env.log_file("schedule-controller"))?;
+        let mut c = Command::new(&env.lamina);
+        c.args(["schedule-controller", "--interval", "200ms", "--test-clock"])
             .arg(&clock)
             // as the chart runs it: its ServiceAccount, its ClusterRole
             .env("KUBECONFIG", env.dir.join("schedules.kubeconfig"))
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting lamina schedule-controller")?,
-    );
+            .stderr(log);
+        if let Some(p) = crash_at {
+            c.args(["--test-crash-at", p]);
+        }
+        Ok(Controller(
+            c.spawn().context("starting lamina schedule-controller")?,
+        ))
+    };
+    // The first one dies right after claiming slot 1 (before its
+    // VolumeSnapshots exist), as kill -9 would.
+    let mut ctl = start(Some("schedule-after-claim"))?;
     env.apply(&format!(
         "apiVersion: lamina.io/v1alpha1\nkind: SnapshotSchedule\nmetadata: {{name: hourly, namespace: {ns}}}\n\
          spec:\n  cron: '0 * * * *'\n  keepLast: 2\n  volumeSnapshotClassName: lamina\n  deletionPolicy: Delete\n  \
@@ -141,6 +151,14 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
     })?;
     for h in 1..=3 {
         set(slot(h) + 5)?;
+        if h == 1 {
+            let status = wait("the controller to crash after its claim", T, |_| {
+                Ok(ctl.0.try_wait()?)
+            })?;
+            ensure!(!status.success(), "the controller exited cleanly");
+            // Restarted, it resumes slot 1: one VolumeSnapshot per PVC, not two.
+            ctl = start(None)?;
+        }
         wait(&format!("slot {h} done on db and web"), T, |last| {
             let s = env
                 .get(ns, "snapshotschedule", "hourly")?
@@ -161,6 +179,10 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
             );
         }
         if h == 1 {
+            for p in ["db", "web"] {
+                let have = snapshots_of(env, ns, p)?;
+                ensure!(have.len() == 1, "{p} after the resumed slot 1: {have:?}");
+            }
             // What db holds from now on is not what slot 1's snapshot holds.
             env.write_pattern(&vols[0], 0xd2, "1M")?;
         }
