@@ -264,6 +264,10 @@ pub struct VolumeRec {
     pub origin: Option<Origin>,
     /// A flatten was started and has not finished.
     pub flattening: bool,
+    /// The volume's labels (sorted by key). A volume without labels is
+    /// written as record version 1, byte for byte as before labels
+    /// existed; one with labels as version 2 (labels appended).
+    pub labels: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -301,6 +305,8 @@ impl Record {
 const KIND_VOLUME: u8 = 1;
 const KIND_SNAPSHOT: u8 = 2;
 const RECORD_VERSION: u8 = 1;
+/// A volume record with labels after its origin.
+const RECORD_VERSION_LABELS: u8 = 2;
 
 struct W<'a> {
     p: &'a mut [u8],
@@ -369,6 +375,29 @@ impl<'a> R<'a> {
     }
 }
 
+/// Labels: a u16 count, then each key and value as strings.
+fn write_labels(w: &mut W<'_>, labels: &[(String, String)]) -> Result<()> {
+    let n = u16::try_from(labels.len())
+        .map_err(|_| Error::InvalidArgument("too many labels".into()))?;
+    w.bytes(&n.to_le_bytes())?;
+    for (k, v) in labels {
+        w.str(k)?;
+        w.str(v)?;
+    }
+    Ok(())
+}
+
+fn read_labels(r: &mut R<'_>) -> Result<Vec<(String, String)>> {
+    let n = u16::from_le_bytes(r.bytes(2)?.try_into().unwrap());
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let k = r.str()?;
+        let v = r.str()?;
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
 impl Record {
     /// Encode into a record page body; fails if it does not fit.
     pub fn encode(&self, p: &mut Page) -> Result<()> {
@@ -381,7 +410,11 @@ impl Record {
         match self {
             Record::Volume(v) => {
                 w.u8(KIND_VOLUME)?;
-                w.u8(RECORD_VERSION)?;
+                w.u8(if v.labels.is_empty() {
+                    RECORD_VERSION
+                } else {
+                    RECORD_VERSION_LABELS
+                })?;
                 w.u64(v.id)?;
                 w.str(&v.name)?;
                 w.u64(v.size)?;
@@ -401,6 +434,9 @@ impl Record {
                         w.u8(o.levels)?;
                     }
                 }
+                if !v.labels.is_empty() {
+                    write_labels(&mut w, &v.labels)?;
+                }
             }
             Record::Snapshot(s) => {
                 w.u8(KIND_SNAPSHOT)?;
@@ -415,13 +451,7 @@ impl Record {
                 w.u64(s.parent)?;
                 w.u8(s.system as u8)?;
                 w.u64(s.mapped)?;
-                let n = u16::try_from(s.labels.len())
-                    .map_err(|_| Error::InvalidArgument("too many labels".into()))?;
-                w.bytes(&n.to_le_bytes())?;
-                for (k, v) in &s.labels {
-                    w.str(k)?;
-                    w.str(v)?;
-                }
+                write_labels(&mut w, &s.labels)?;
             }
         }
         Ok(())
@@ -440,7 +470,8 @@ impl Record {
         };
         let kind = r.u8()?;
         let version = r.u8()?;
-        if version != RECORD_VERSION {
+        let volume_v2 = kind == KIND_VOLUME && version == RECORD_VERSION_LABELS;
+        if version != RECORD_VERSION && !volume_v2 {
             return Err(Error::corrupt(
                 block,
                 format!("record version {version} unknown"),
@@ -459,6 +490,7 @@ impl Record {
                     mapped: r.u64()?,
                     flattening: r.u8()? != 0,
                     origin: None,
+                    labels: Vec::new(),
                 };
                 if r.u8()? == 1 {
                     v.origin = Some(Origin {
@@ -467,6 +499,9 @@ impl Record {
                         root: r.u64()?,
                         levels: r.levels()?,
                     });
+                }
+                if volume_v2 {
+                    v.labels = read_labels(&mut r)?;
                 }
                 Record::Volume(v)
             }
@@ -484,12 +519,7 @@ impl Record {
                     mapped: r.u64()?,
                     labels: Vec::new(),
                 };
-                let n = u16::from_le_bytes(r.bytes(2)?.try_into().unwrap());
-                for _ in 0..n {
-                    let k = r.str()?;
-                    let v = r.str()?;
-                    s.labels.push((k, v));
-                }
+                s.labels = read_labels(&mut r)?;
                 Record::Snapshot(s)
             }
             k => return Err(Error::corrupt(block, format!("unknown record kind {k}"))),
@@ -597,6 +627,20 @@ mod tests {
                     levels: 1,
                 }),
                 flattening: true,
+                labels: vec![],
+            }),
+            Record::Volume(VolumeRec {
+                id: 5,
+                name: "v".into(),
+                size: 4096,
+                root: 0,
+                levels: 1,
+                created: 1,
+                parent: 0,
+                mapped: 0,
+                origin: None,
+                flattening: false,
+                labels: vec![("app".into(), "db".into()), ("tier".into(), "gold".into())],
             }),
             Record::Snapshot(SnapshotRec {
                 id: 4,
@@ -618,6 +662,33 @@ mod tests {
             seal(&mut p, 10, 1);
             assert_eq!(Record::decode(&p, 10).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn a_volume_without_labels_is_written_as_before_labels() {
+        let mut v = VolumeRec {
+            id: 5,
+            name: "v".into(),
+            size: 4096,
+            root: 0,
+            levels: 1,
+            created: 1,
+            parent: 0,
+            mapped: 0,
+            origin: None,
+            flattening: false,
+            labels: vec![],
+        };
+        let mut p = new_page();
+        Record::Volume(v.clone()).encode(&mut p).unwrap();
+        assert_eq!(p[HEADER + 1], RECORD_VERSION);
+        v.labels.push(("k".into(), "v".into()));
+        Record::Volume(v).encode(&mut p).unwrap();
+        assert_eq!(p[HEADER + 1], RECORD_VERSION_LABELS);
+        // A snapshot record never claims version 2.
+        p[HEADER] = KIND_SNAPSHOT;
+        seal(&mut p, 10, 1);
+        assert!(Record::decode(&p, 10).is_err());
     }
 
     #[test]

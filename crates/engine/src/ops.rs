@@ -77,6 +77,8 @@ pub struct VolumeInfo {
     pub allocated_bytes: u64,
     pub origin: Option<OriginInfo>,
     pub clone_state: CloneState,
+    /// The volume's labels, sorted by key.
+    pub labels: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +190,7 @@ impl Pool {
             allocated_bytes: v.mapped * BLOCK as u64,
             origin,
             clone_state,
+            labels: v.labels.clone(),
         }
     }
 
@@ -250,8 +253,21 @@ impl Pool {
 
     /// Create an empty thin volume.
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_volume_labelled(name, size, &[])
+    }
+
+    /// [`Pool::create_volume`] with labels (checked like a snapshot's).
+    pub fn create_volume_labelled(
+        &self,
+        name: &str,
+        size: u64,
+        labels: &[(String, String)],
+    ) -> Result<VolumeInfo> {
         check_name(name)?;
         check_size(size)?;
+        check_labels(labels)?;
+        let mut labels = labels.to_vec();
+        labels.sort();
         let info = self.with_meta(|m| {
             if m.catalog.volume_id(name).is_ok() {
                 return Err(Error::VolumeExists(name.to_string()));
@@ -268,6 +284,7 @@ impl Pool {
                 mapped: 0,
                 origin: None,
                 flattening: false,
+                labels,
             };
             m.create_record(Record::Volume(rec.clone()))?;
             m.sb.next_id += 1;
@@ -319,6 +336,22 @@ impl Pool {
             Ok(self.volume_info(m, m.catalog.volume(id)))
         })?;
         self.commit()?;
+        Ok(info)
+    }
+
+    /// Replace a volume's labels (checked like a snapshot's); durable when
+    /// it returns.
+    pub fn set_volume_labels(&self, name: &str, labels: &[(String, String)]) -> Result<VolumeInfo> {
+        check_labels(labels)?;
+        let mut labels = labels.to_vec();
+        labels.sort();
+        let info = self.with_meta(|m| {
+            let id = m.catalog.volume_id(name)?;
+            m.catalog.volume_mut(id).labels = labels;
+            Ok(self.volume_info(m, m.catalog.volume(id)))
+        })?;
+        self.commit()?;
+        tracing::info!(volume = name, "volume labels set");
         Ok(info)
     }
 
@@ -750,6 +783,7 @@ impl Pool {
                 levels: s.levels,
             }),
             flattening: false,
+            labels: Vec::new(),
         };
         m.create_record(Record::Volume(rec.clone()))?;
         m.sb.next_id += 1;

@@ -337,3 +337,39 @@ fn a_pool_is_opened_by_one_owner_at_a_time() {
     p.close().unwrap();
     Pool::open_dir(dir.path(), opts).unwrap().close().unwrap();
 }
+
+#[test]
+fn volume_labels_are_kept_replaced_and_survive_a_crash() {
+    let (d, p) = pool();
+    let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let v = p
+        .create_volume_labelled("db", 1 << 20, &l(&[("tier", "gold"), ("app", "shop")]))
+        .unwrap();
+    assert_eq!(v.labels, l(&[("app", "shop"), ("tier", "gold")]), "sorted");
+    p.create_volume("plain", 1 << 20).unwrap();
+    // Bad labels change nothing.
+    let too_long = "x".repeat(3000);
+    assert!(p.set_volume_labels("db", &l(&[("k", &too_long)])).is_err());
+    assert!(p
+        .create_volume_labelled("other", 1 << 20, &l(&[("", "v")]))
+        .is_err());
+    assert!(p.volume_info_by_name("other").is_err());
+    assert_eq!(p.volume_info_by_name("db").unwrap().labels, v.labels);
+    p.set_volume_labels("db", &l(&[("tier", "silver")])).unwrap();
+    // Not closed: the reopened pool replays what was committed.
+    drop(p);
+    let p = Pool::open_dir(d.path(), PoolOptions::default()).unwrap();
+    assert_eq!(
+        p.volume_info_by_name("db").unwrap().labels,
+        l(&[("tier", "silver")])
+    );
+    assert!(p.volume_info_by_name("plain").unwrap().labels.is_empty());
+    p.set_volume_labels("db", &[]).unwrap();
+    assert!(p.volume_info_by_name("db").unwrap().labels.is_empty());
+    assert!(matches!(
+        p.set_volume_labels("nope", &[]),
+        Err(Error::VolumeNotFound(_))
+    ));
+}
