@@ -93,6 +93,9 @@ pub struct Volume {
     pub export: Option<Export>,
     /// Operation still running on the volume (a full clone or a flatten).
     pub operation: Option<String>,
+    /// The volume's labels (schedules select volumes by them).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -125,11 +128,31 @@ pub struct Snapshot {
     pub export: Option<Export>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreateVolume {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Labels; the `lamina.io/` prefix is the system's.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A volume's new labels (`PUT /v1/volumes/{name}/labels`): they replace
+/// the old ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SetLabels {
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Filters of `GET /v1/volumes` (query parameters).
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams,
+)]
+#[into_params(parameter_in = Query)]
+pub struct VolumeFilter {
+    /// Only volumes whose labels match: `key=value[,key=value...]`.
+    pub selector: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -289,6 +312,8 @@ pub enum OperationKind {
     CreateSnapshotGroup,
     /// The deletion of every member of a group snapshot.
     DeleteSnapshotGroup,
+    /// A volume's labels replaced.
+    SetVolumeLabels,
 }
 
 impl OperationKind {
@@ -307,6 +332,7 @@ impl OperationKind {
             OperationKind::RemoteClone => "remote-clone",
             OperationKind::CreateSnapshotGroup => "create-snapshot-group",
             OperationKind::DeleteSnapshotGroup => "delete-snapshot-group",
+            OperationKind::SetVolumeLabels => "set-volume-labels",
         }
     }
 }

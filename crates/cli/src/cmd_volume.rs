@@ -15,9 +15,24 @@ pub enum VolumeCmd {
         /// Size: bytes, or a number with K, M, G, T, P or E; every unit is a power of 1024, in any case, with an optional i and B (10G = 10g = 10GiB = 10gb).
         #[arg(long, value_parser = volume_size, allow_negative_numbers = true)]
         size: u64,
+        /// A label KEY=VALUE (repeat for more); schedules select volumes by them.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cmd_snapshot::label_arg)]
+        labels: Vec<(String, String)>,
     },
     /// List the volumes.
-    List,
+    List {
+        /// Only those whose labels match KEY=VALUE[,KEY=VALUE...] (all must hold).
+        #[arg(long, value_name = "SELECTOR")]
+        selector: Option<lamina_api::LabelSelector>,
+    },
+    /// Set or remove a volume's labels: KEY=VALUE sets, KEY- removes; the others stay.
+    Label {
+        /// The volume.
+        name: String,
+        /// KEY=VALUE to set, KEY- to remove.
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        changes: Vec<String>,
+    },
     /// Show a volume: size, space, clone origin and state, NBD clients.
     Get {
         /// The volume.
@@ -86,8 +101,14 @@ pub fn volume_size(s: &str) -> Result<u64, String> {
 pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
     let c = &ctx.client;
     match cmd {
-        VolumeCmd::Create { name, size } => {
-            let r = c.create_volume(&CreateVolume { name, size }).await?;
+        VolumeCmd::Create { name, size, labels } => {
+            let r = c
+                .create_volume(&CreateVolume {
+                    name,
+                    size,
+                    labels: labels.into_iter().collect(),
+                })
+                .await?;
             output::show(ctx.fmt, &r.value, |v| {
                 if r.created {
                     format!("created volume {} ({})", v.name, format_size(v.size))
@@ -100,9 +121,32 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
                 }
             })
         }
-        VolumeCmd::List => {
-            let vols = c.list_volumes().await?;
+        VolumeCmd::List { selector } => {
+            let vols = match selector {
+                Some(s) => {
+                    let filter = lamina_api::VolumeFilter {
+                        selector: Some(s.to_string()),
+                    };
+                    c.find_volumes(&filter).await?
+                }
+                None => c.list_volumes().await?,
+            };
             output::show(ctx.fmt, &vols, |v| list_table(v))
+        }
+        VolumeCmd::Label { name, changes } => {
+            let mut labels = c.get_volume(&name).await?.labels;
+            for ch in &changes {
+                if let Some(k) = ch.strip_suffix('-').filter(|k| !k.contains('=')) {
+                    labels.remove(k);
+                } else {
+                    let (k, v) = crate::cmd_snapshot::label_arg(ch).map_err(anyhow::Error::msg)?;
+                    labels.insert(k, v);
+                }
+            }
+            let v = c.set_volume_labels(&name, &labels).await?;
+            output::show(ctx.fmt, &v, |v| {
+                format!("volume {} labels: {}", v.name, label_list(v))
+            })
         }
         VolumeCmd::Get { name } => {
             let v = c.get_volume(&name).await?;
@@ -241,6 +285,7 @@ fn list_table(vols: &[Volume]) -> String {
         "CLONE",
         "ORIGIN",
         "ATTACHED",
+        "LABELS",
     ]);
     for v in vols {
         t.row(vec![
@@ -251,9 +296,21 @@ fn list_table(vols: &[Volume]) -> String {
             state_name(&v.clone_state).into(),
             origin(v),
             or_dash(v.export.as_ref().map(|e| e.uri.as_str())),
+            label_list(v),
         ]);
     }
     t.render()
+}
+
+fn label_list(v: &Volume) -> String {
+    if v.labels.is_empty() {
+        return "-".into();
+    }
+    v.labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn details(v: &Volume) -> String {
@@ -279,6 +336,7 @@ fn details(v: &Volume) -> String {
             ),
         ),
         ("Created", v.created.clone()),
+        ("Labels", label_list(v)),
         ("Parent snapshot", or_dash(v.parent_snapshot.as_deref())),
         ("Clone state", state_name(&v.clone_state).into()),
         ("Origin", origin(v)),

@@ -169,6 +169,7 @@ mod tests {
             clone_state: CloneState::None,
             export: None,
             operation: None,
+            labels: Default::default(),
         }
     }
 

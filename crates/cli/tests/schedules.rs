@@ -634,3 +634,56 @@ fn bad_schedules_and_reserved_labels_are_refused_and_change_nothing() {
     let e = d.err(&["snapshot", "list", "--schedule", "nope"]);
     assert!(e.contains("no schedule"), "{e}");
 }
+
+#[test]
+fn a_schedule_covers_the_volumes_its_selector_picks_from_when_they_match() {
+    let clock = Clock::new();
+    let d = start(&clock, &[]);
+    d.ok(&[
+        "volume",
+        "create",
+        "db",
+        "--size",
+        "16M",
+        "--label",
+        "tier=gold",
+    ]);
+    d.ok(&[
+        "volume",
+        "create",
+        "web",
+        "--size",
+        "16M",
+        "--label",
+        "tier=gold",
+    ]);
+    d.ok(&["volume", "create", "tmp", "--size", "16M"]);
+    d.ok(&[
+        "schedule",
+        "create",
+        "gold",
+        "--cron",
+        "0 * * * *",
+        "--keep",
+        "24",
+        "--selector",
+        "tier=gold",
+    ]);
+    clock.set(slot(1));
+    wait_for(&d, "gold", &["db", "web"], slot(1), "done");
+    // tmp gets the label at 1:30: covered from then on, so its first slot is 2:00.
+    clock.set(slot(1) + 1800);
+    d.ok(&["volume", "label", "tmp", "tier=gold"]);
+    // web loses it: no longer covered, its snapshots stay.
+    d.ok(&["volume", "label", "web", "tier-"]);
+    wait_until("tmp covered", LIMIT, || {
+        volume_state(&schedule(&d, "gold"), "tmp").map(|_| ())
+    });
+    clock.set(slot(2));
+    wait_for(&d, "gold", &["db", "tmp"], slot(2), "done");
+    let mine = made_by(&d, "gold");
+    assert_eq!(names_on(&mine, "db").len(), 2);
+    assert_eq!(names_on(&mine, "tmp"), vec![snap_name("gold", slot(2))]);
+    assert_eq!(names_on(&mine, "web"), vec![snap_name("gold", slot(1))]);
+    assert!(volume_state(&schedule(&d, "gold"), "web").is_none());
+}

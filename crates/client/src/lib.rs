@@ -100,6 +100,34 @@ impl Client {
         self.create(&path::api("/volumes", &[]), req).await
     }
 
+    /// Volumes that match the filter (a label selector).
+    pub async fn find_volumes(&self, filter: &api::VolumeFilter) -> Result<Vec<api::Volume>> {
+        let p = path::with_query(
+            path::api("/volumes", &[]),
+            &[("selector", filter.selector.clone())],
+        );
+        self.get(&p).await
+    }
+
+    /// Replace a volume's labels; the volume afterwards.
+    pub async fn set_volume_labels(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<api::Volume> {
+        let body = api::SetLabels {
+            labels: labels.clone(),
+        };
+        Ok(self
+            .send(
+                Method::PUT,
+                &path::api("/volumes/{}/labels", &[name]),
+                Some(&body),
+            )
+            .await?
+            .1)
+    }
+
     pub async fn get_volume(&self, name: &str) -> Result<api::Volume> {
         self.get(&path::api("/volumes/{}", &[name])).await
     }

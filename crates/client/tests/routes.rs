@@ -119,6 +119,7 @@ fn volume(name: &str) -> api::Volume {
         clone_state: api::CloneState::None,
         export: None,
         operation: None,
+        labels: Default::default(),
     }
 }
 
@@ -190,6 +191,7 @@ async fn volume_routes() {
     let req = api::CreateVolume {
         name: "a b".into(),
         size: 1 << 20,
+        labels: [("tier".to_string(), "gold".to_string())].into(),
     };
     let r = c.create_volume(&req).await.unwrap();
     assert!(r.created);
@@ -474,6 +476,27 @@ async fn schedule_routes() {
     f.answer(200, json(&Vec::<api::Snapshot>::new()));
     c.find_snapshots(&filter).await.unwrap();
     assert_eq!(f.last(), seen("GET", "/v1/snapshots?schedule=hourly", None));
+    f.answer(200, json(&vec![volume("a")]));
+    let filter = api::VolumeFilter {
+        selector: Some("tier=gold,app=db".into()),
+    };
+    c.find_volumes(&filter).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("GET", "/v1/volumes?selector=tier%3Dgold%2Capp%3Ddb", None)
+    );
+    let labels: std::collections::BTreeMap<String, String> =
+        [("tier".to_string(), "gold".to_string())].into();
+    f.answer(200, json(&volume("a")));
+    c.set_volume_labels("a", &labels).await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen(
+            "PUT",
+            "/v1/volumes/a/labels",
+            Some(serde_json::json!({"labels": {"tier": "gold"}}))
+        )
+    );
 }
 
 #[tokio::test]

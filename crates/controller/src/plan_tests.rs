@@ -23,6 +23,7 @@ fn vol(name: &str) -> api::Volume {
         clone_state: api::CloneState::None,
         export: None,
         operation: None,
+        labels: Default::default(),
     }
 }
 

@@ -101,6 +101,7 @@ async fn ensure(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
             let req = api::CreateVolume {
                 name: name.into(),
                 size,
+                ..Default::default()
             };
             engine.create_volume(&req).await.map(|_| ())
         }

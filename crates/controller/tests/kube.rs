@@ -51,6 +51,7 @@ fn the_controllers_against_a_real_api_server() {
     rt.block_on(c.create_volume(&api::CreateVolume {
         name: "v1".into(),
         size: 16 << 20,
+        ..Default::default()
     }))
     .unwrap();
     let v1 = eventually("a Volume resource for engine volume v1", LIMIT, || {
@@ -332,6 +333,7 @@ fn killing_the_active_controller_mid_snapshot_leaves_one(
     rt.block_on(c.create_volume(&api::CreateVolume {
         name: "ha".into(),
         size: 4 << 20,
+        ..Default::default()
     }))
     .unwrap();
     env.start_controller("c2", free_port());

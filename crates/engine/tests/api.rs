@@ -342,7 +342,10 @@ fn a_pool_is_opened_by_one_owner_at_a_time() {
 fn volume_labels_are_kept_replaced_and_survive_a_crash() {
     let (d, p) = pool();
     let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     };
     let v = p
         .create_volume_labelled("db", 1 << 20, &l(&[("tier", "gold"), ("app", "shop")]))
@@ -357,7 +360,8 @@ fn volume_labels_are_kept_replaced_and_survive_a_crash() {
         .is_err());
     assert!(p.volume_info_by_name("other").is_err());
     assert_eq!(p.volume_info_by_name("db").unwrap().labels, v.labels);
-    p.set_volume_labels("db", &l(&[("tier", "silver")])).unwrap();
+    p.set_volume_labels("db", &l(&[("tier", "silver")]))
+        .unwrap();
     // Not closed: the reopened pool replays what was committed.
     drop(p);
     let p = Pool::open_dir(d.path(), PoolOptions::default()).unwrap();

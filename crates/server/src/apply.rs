@@ -92,7 +92,12 @@ fn new_running(op: Op) -> OpRec {
 /// the group label to groups.
 fn check_request(op: &Op) -> Result<(), Failure> {
     match op {
-        Op::CreateVolume { name, .. } | Op::Clone { name, .. } => lamina_engine::check_name(name)?,
+        Op::CreateVolume { name, labels, .. } => {
+            lamina_engine::check_name(name)?;
+            check_volume_labels(labels)?;
+        }
+        Op::SetVolumeLabels { labels, .. } => check_volume_labels(labels)?,
+        Op::Clone { name, .. } => lamina_engine::check_name(name)?,
         Op::CreateSnapshot { name, labels, .. } => {
             lamina_engine::check_name(name)?;
             crate::groups::refuse_group_label(labels)?;
@@ -205,6 +210,18 @@ fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A volume's labels: the engine's limits, and the `lamina.io/` prefix left
+/// to the system.
+fn check_volume_labels(labels: &BTreeMap<String, String>) -> Result<(), Failure> {
+    if let Some(k) = labels.keys().find(|k| k.starts_with("lamina.io/")) {
+        return Err(Failure::invalid(format!(
+            "volume label {k:?}: the lamina.io/ prefix is the system's"
+        )));
+    }
+    lamina_engine::check_labels(&labels_vec(labels))?;
+    Ok(())
+}
+
 pub(crate) fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {
     labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
@@ -214,20 +231,39 @@ pub(crate) fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, Stri
 pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome, Failure> {
     let p = st.pool.clone();
     match rec.op.clone() {
-        Op::CreateVolume { name, size } => {
+        Op::CreateVolume { name, size, labels } => {
+            let labels = labels_vec(&labels);
             blocking(move || match p.volume_info_by_name(&name) {
-                Ok(v) if v.size == size && v.origin.is_none() => Ok(Outcome::Volume {
-                    info: v,
-                    created: false,
-                }),
+                Ok(v) if v.size == size && v.origin.is_none() && v.labels == labels => {
+                    Ok(Outcome::Volume {
+                        info: v,
+                        created: false,
+                    })
+                }
+                Ok(v) if v.size == size && v.origin.is_none() => Err(Failure::exists(
+                    format!("volume {name:?} already exists with other labels"),
+                    &format!(
+                        "change its labels with `lamina volume label {name}`, or pick another name"
+                    ),
+                )),
                 Ok(v) => Err(Failure::exists(
                     format!("volume {name:?} already exists with size {}", v.size),
                     &format!("pick another name, or delete it first: lamina volume delete {name}"),
                 )),
                 Err(_) => Ok(Outcome::Volume {
-                    info: p.create_volume(&name, size)?,
+                    info: p.create_volume_labelled(&name, size, &labels)?,
                     created: true,
                 }),
+            })
+            .await
+        }
+        Op::SetVolumeLabels { name, labels } => {
+            let labels = labels_vec(&labels);
+            blocking(move || {
+                Ok(Outcome::Volume {
+                    info: p.set_volume_labels(&name, &labels)?,
+                    created: false,
+                })
             })
             .await
         }
@@ -480,6 +516,7 @@ mod tests {
             Op::CreateVolume {
                 name: "src".into(),
                 size: 1 << 20,
+                labels: Default::default(),
             },
         )
         .await

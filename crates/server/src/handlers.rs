@@ -35,6 +35,10 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/expand", post(expand_volume))
+        .route(
+            "/v1/volumes/{name}/labels",
+            axum::routing::put(set_volume_labels),
+        )
         .route("/v1/volumes/{name}/attach", post(attach_volume))
         .route("/v1/volumes/{name}/detach", post(detach_volume))
         .route("/v1/volumes/{name}/flatten", post(flatten_volume))
@@ -204,20 +208,44 @@ fn fs_available(dir: &std::path::Path) -> Option<u64> {
     (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-#[utoipa::path(get, path = "/v1/volumes",
-    responses((status = 200, body = Vec<api::Volume>), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
-pub async fn list_volumes(st: St) -> R<Json<Vec<api::Volume>>> {
+#[utoipa::path(get, path = "/v1/volumes", params(api::VolumeFilter),
+    responses((status = 200, body = Vec<api::Volume>), (status = 400, description = "a malformed selector", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn list_volumes(st: St, Query(f): Query<api::VolumeFilter>) -> R<Json<Vec<api::Volume>>> {
+    let selector = match &f.selector {
+        Some(s) => api::LabelSelector::parse(s).map_err(|e| Failure::invalid(e.to_string()))?,
+        None => api::LabelSelector::default(),
+    };
     let s = st.clone();
     blocking(move || {
         Ok(Json(
             s.pool
                 .list_volumes()
                 .into_iter()
+                .filter(|v| selector.matches(&v.labels.iter().cloned().collect()))
                 .map(|v| s.volume(v))
                 .collect(),
         ))
     })
     .await
+}
+
+#[utoipa::path(put, path = "/v1/volumes/{name}/labels", params(("name" = String, Path, description = "volume name")),
+    request_body = api::SetLabels,
+    responses((status = 200, description = "its labels replaced", body = api::Volume),
+        (status = 400, description = "bad labels (or the reserved lamina.io/ prefix)", body = api::ApiError),
+        (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn set_volume_labels(
+    st: St,
+    Path(name): Path<String>,
+    b: Result<Json<api::SetLabels>, JsonRejection>,
+) -> R<Json<api::Volume>> {
+    let req = body(b)?;
+    let op = Op::SetVolumeLabels {
+        name,
+        labels: req.labels,
+    };
+    volume_out(&st, apply::run(&st, op).await?).await
 }
 
 pub(crate) fn created(c: bool) -> StatusCode {
@@ -243,6 +271,7 @@ pub async fn create_volume(
     let op = Op::CreateVolume {
         name: req.name,
         size: req.size,
+        labels: req.labels,
     };
     match apply::run(&st, op).await? {
         Outcome::Volume { info, created: c } => Ok((created(c), Json(describe(&st, info).await?))),

@@ -51,6 +51,7 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
         "create-volume" => Op::CreateVolume {
             name: s(a, "name")?,
             size: n(a, "size")?,
+            labels: Default::default(),
         },
         "expand-volume" => Op::ExpandVolume {
             name: s(a, "name")?,

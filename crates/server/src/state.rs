@@ -276,6 +276,7 @@ impl State {
             }),
             clone_state,
             operation,
+            labels: v.labels.into_iter().collect(),
         }
     }
 

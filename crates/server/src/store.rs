@@ -27,8 +27,10 @@ const VERSION_KEY: &str = "record_version";
 /// only the version is rewritten, so that an older daemon refuses the store
 /// by its version rather than by a record it cannot read); 4: remote clones
 /// (their source, and the copy's snapshot id and byte counts; a format-3
-/// store is read as it is, the same way).
-pub const RECORD_VERSION: u64 = 4;
+/// store is read as it is, the same way); 5: volume labels (a volume's
+/// create with labels, and `set-volume-labels`; a format-4 store is read as
+/// it is, the same way).
+pub const RECORD_VERSION: u64 = 5;
 
 /// An export to restore at start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -102,6 +104,13 @@ pub enum Op {
     CreateVolume {
         name: String,
         size: u64,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        labels: BTreeMap<String, String>,
+    },
+    /// Replace a volume's labels.
+    SetVolumeLabels {
+        name: String,
+        labels: BTreeMap<String, String>,
     },
     ExpandVolume {
         name: String,
@@ -157,6 +166,7 @@ impl Op {
                 volumes.first().map(String::as_str).unwrap_or(name)
             }
             Op::CreateVolume { name, .. }
+            | Op::SetVolumeLabels { name, .. }
             | Op::ExpandVolume { name, .. }
             | Op::DeleteVolume { name, .. }
             | Op::Flatten { name }
@@ -182,6 +192,7 @@ impl Op {
             Op::CreateSnapshotGroup { .. } => OperationKind::CreateSnapshotGroup,
             Op::DeleteSnapshotGroup { .. } => OperationKind::DeleteSnapshotGroup,
             Op::CreateVolume { .. } => OperationKind::CreateVolume,
+            Op::SetVolumeLabels { .. } => OperationKind::SetVolumeLabels,
             Op::ExpandVolume { .. } => OperationKind::ExpandVolume,
             Op::DeleteVolume { .. } => OperationKind::DeleteVolume,
             Op::CreateSnapshot { .. } => OperationKind::CreateSnapshot,
@@ -280,7 +291,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
-            2 | 3 => store.set_version(version)?,
+            2..=4 => store.set_version(version)?,
             newer => {
                 return Err(ServerError::Store(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",
@@ -498,7 +509,8 @@ mod tests {
             ops[0].op,
             Op::CreateVolume {
                 name: "v".into(),
-                size: 4096
+                size: 4096,
+                labels: Default::default(),
             }
         );
         assert_eq!(ops[0].state, OperationState::Succeeded);

@@ -84,6 +84,7 @@ impl Lamina {
         let req = CreateVolume {
             name: name.into(),
             size,
+            ..Default::default()
         };
         self.call(self.client.create_volume(&req))?;
         Ok(())

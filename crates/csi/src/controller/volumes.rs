@@ -138,6 +138,7 @@ impl ControllerService {
                 let r = api::CreateVolume {
                     name: name.clone(),
                     size,
+                    ..Default::default()
                 };
                 node.client
                     .create_volume(&r)

@@ -60,10 +60,7 @@ pub fn covers(spec: &api::ScheduleSpec, v: &VolumeInfo) -> bool {
 }
 
 fn volume_labels(v: &VolumeInfo) -> std::collections::BTreeMap<String, String> {
-    // Volume labels land with the volume-labels change; until then no
-    // volume carries any.
-    let _ = v;
-    std::collections::BTreeMap::new()
+    v.labels.iter().cloned().collect()
 }
 
 pub fn timing(spec: &api::ScheduleSpec) -> Result<Timing, Failure> {
