@@ -443,6 +443,10 @@ pub struct Health {
     /// filesystem can still give, up to the pool's cap if it has one.
     #[serde(default)]
     pub capacity_bytes: u64,
+    /// What needs an operator's attention (a pool past its high-water
+    /// mark).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Where the daemon's change sequence stands (`GET /v1/changes`). `seq`

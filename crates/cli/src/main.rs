@@ -121,6 +121,9 @@ enum Cmd {
         /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
         #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "60")]
         transfer_retry_window: std::time::Duration,
+        /// Past this the pool warns in `status` and scheduled snapshots pause: a share of what it can hold (90%) or used bytes (500G).
+        #[arg(long, value_name = "MARK", default_value = "90%")]
+        high_water: lamina_server::HighWater,
         /// Tests only: read the schedules' clock (Unix seconds) from FILE.
         #[arg(long, value_name = "FILE", hide = true)]
         test_clock: Option<PathBuf>,
@@ -302,6 +305,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
             transfer_retry_window,
             test_clock,
             test_crash_at,
+            high_water,
             ..
         } => serve(lamina_server::Config {
             data_dir: data_dir.to_path_buf(),
@@ -313,6 +317,7 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                 tls_dir: transfer_tls,
                 retry_window: transfer_retry_window,
             },
+            high_water,
             testing: lamina_server::Testing {
                 clock_file: test_clock,
                 crash_at: test_crash_at,
@@ -381,7 +386,18 @@ async fn status(ctx: &Ctx) -> Result<()> {
             ("Volumes", h.volumes.to_string()),
             ("Snapshots", h.snapshots.to_string()),
             ("Pool used", lamina_api::format_size(h.pool_used_bytes)),
-        ])
+            (
+                "Capacity",
+                format!(
+                    "{} more can be written",
+                    lamina_api::format_size(h.capacity_bytes)
+                ),
+            ),
+        ]) + &h
+            .warnings
+            .iter()
+            .map(|w| format!("warning: {w}\n"))
+            .collect::<String>()
     })
 }
 

@@ -687,3 +687,54 @@ fn a_schedule_covers_the_volumes_its_selector_picks_from_when_they_match() {
     assert_eq!(names_on(&mine, "web"), vec![snap_name("gold", slot(1))]);
     assert!(volume_state(&schedule(&d, "gold"), "web").is_none());
 }
+
+#[test]
+fn past_the_high_water_mark_scheduled_snapshots_pause_with_the_reason() {
+    need("qemu-io", "qemu-utils");
+    let clock = Clock::new();
+    let mut d = start(&clock, &["--high-water", "4M"]);
+    volumes(&d, &["a"]);
+    d.ok(&[
+        "schedule",
+        "create",
+        "hourly",
+        "--cron",
+        "0 * * * *",
+        "--keep",
+        "5",
+        "--volume",
+        "a",
+    ]);
+    clock.set(slot(1));
+    wait_for(&d, "hourly", &["a"], slot(1), "done");
+    assert!(d.json(&["status"])["warnings"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // 6 MiB of data: the pool is past its 4 MiB mark.
+    let uri = d.attach(&["volume", "attach", "a"]);
+    qemu_io(&uri, &["write -P 0x11 0 6M"]);
+    d.ok(&["volume", "detach", "a"]);
+    let status = d.ok(&["status"]);
+    assert!(
+        status.contains("warning:") && status.contains("high-water mark of 4.0 MiB"),
+        "{status}"
+    );
+    clock.set(slot(2));
+    let s = wait_for(&d, "hourly", &["a"], slot(2), "failed");
+    let last = &runs_for(&s, "a")[0];
+    assert_eq!(last["outcome"], "paused", "{last}");
+    assert!(
+        last["error"].as_str().unwrap().contains("high-water"),
+        "{last}"
+    );
+    assert_eq!(made_by(&d, "hourly").len(), 1);
+    // With room again (a higher mark), the retry within the window takes it.
+    d.stop();
+    d.set_extra(&["--test-clock", clock.arg(), "--high-water", "90%"]);
+    d.start_again();
+    clock.set(slot(2) + 20);
+    let s = wait_for(&d, "hourly", &["a"], slot(2), "done");
+    assert_eq!(runs_for(&s, "a")[0]["outcome"], "taken");
+    assert_eq!(made_by(&d, "hourly").len(), 2);
+}

@@ -511,6 +511,7 @@ async fn daemon_routes_and_errors() {
         snapshots: 2,
         pool_used_bytes: 3,
         capacity_bytes: 4,
+        warnings: vec!["the pool is 95% full".into()],
     };
     f.answer(200, json(&health));
     assert_eq!(c.health().await.unwrap(), health);

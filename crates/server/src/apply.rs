@@ -504,6 +504,7 @@ mod tests {
             operation_retention: crate::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
             testing: Default::default(),
+            high_water: Default::default(),
         };
         let st = Arc::new(State::open(&layout, &config).await.unwrap());
         (d, st)

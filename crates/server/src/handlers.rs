@@ -172,7 +172,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     responses((status = 200, body = api::Health), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn health(st: St) -> R<Json<api::Health>> {
     let s = st.clone();
-    let stats = blocking(move || Ok(s.pool.stats()?)).await?;
+    let (stats, warning) = blocking(move || Ok((s.pool.stats()?, s.space_warning()?))).await?;
     let capacity = capacity_bytes(&st.layout.root, &stats);
     Ok(Json(api::Health {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -182,12 +182,16 @@ pub async fn health(st: St) -> R<Json<api::Health>> {
         snapshots: stats.snapshots,
         pool_used_bytes: stats.used_bytes,
         capacity_bytes: capacity,
+        warnings: warning
+            .map(|w| format!("{w}: scheduled snapshots pause until it drops below"))
+            .into_iter()
+            .collect(),
     }))
 }
 
 /// What new data can still take: the pool's free blocks, plus the room its
 /// filesystem has to grow it, up to the pool's cap.
-fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
+pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
     let fs_free = fs_available(dir).unwrap_or(0);
     let grow = match stats.max_bytes {
         Some(max) => max.saturating_sub(stats.total_bytes).min(fs_free),

@@ -40,8 +40,49 @@ pub struct Config {
     pub operation_retention: std::time::Duration,
     /// Copies between nodes.
     pub transfer: TransferConfig,
+    /// Past this, `status` warns and scheduled snapshots pause.
+    pub high_water: HighWater,
     /// Knobs for tests only.
     pub testing: Testing,
+}
+
+/// A pool's high-water mark: a share of what it can hold (its used bytes
+/// plus what new data can still take), or a number of used bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HighWater {
+    Percent(u8),
+    Bytes(u64),
+}
+
+impl Default for HighWater {
+    fn default() -> Self {
+        HighWater::Percent(90)
+    }
+}
+
+impl std::str::FromStr for HighWater {
+    type Err = String;
+    /// `90%`, or a size (`500G`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().strip_suffix('%') {
+            Some(p) => match p.trim().parse::<u8>() {
+                Ok(n) if (1..=100).contains(&n) => Ok(HighWater::Percent(n)),
+                _ => Err(format!("{s:?}: a percentage from 1% to 100%")),
+            },
+            None => lamina_api::parse_size(s)
+                .map(HighWater::Bytes)
+                .map_err(|e| format!("{s:?}: a percentage (90%) or a size (500G): {e}")),
+        }
+    }
+}
+
+impl std::fmt::Display for HighWater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HighWater::Percent(p) => write!(f, "{p}%"),
+            HighWater::Bytes(b) => f.write_str(&lamina_api::format_size(*b)),
+        }
+    }
 }
 
 /// Knobs for tests only (hidden flags of `lamina serve`).

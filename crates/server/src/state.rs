@@ -42,6 +42,7 @@ pub struct State {
     pub transfer_retry_window: std::time::Duration,
     /// The schedules' clock, wake-up and lock.
     pub schedules: crate::schedules::Runtime,
+    pub high_water: crate::HighWater,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -176,6 +177,7 @@ impl State {
             transfer_source,
             transfer_retry_window: config.transfer.retry_window,
             schedules: crate::schedules::Runtime::new(&config.testing),
+            high_water: config.high_water,
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -278,6 +280,28 @@ impl State {
             operation,
             labels: v.labels.into_iter().collect(),
         }
+    }
+
+    /// Whether the pool is past its high-water mark, and by how much
+    /// (reads every refcount page: call it once per decision).
+    pub fn space_warning(&self) -> Result<Option<String>, Failure> {
+        let stats = self.pool.stats()?;
+        let used = stats.used_bytes;
+        let room = crate::handlers::capacity_bytes(&self.layout.root, &stats);
+        let total = used.saturating_add(room);
+        let past = match self.high_water {
+            crate::HighWater::Percent(p) => (used as u128) * 100 >= (p as u128) * (total as u128),
+            crate::HighWater::Bytes(b) => used >= b,
+        };
+        Ok(past.then(|| {
+            format!(
+                "the pool is {}% full ({} used of {}: its used bytes and what new data can still take), past its high-water mark of {}",
+                if total == 0 { 100 } else { (used as u128 * 100 / total as u128) as u64 },
+                api::format_size(used),
+                api::format_size(total),
+                self.high_water
+            )
+        }))
     }
 
     pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {

@@ -421,6 +421,7 @@ pub fn spawn_daemon(
         operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
         transfer: Default::default(),
         testing: Default::default(),
+        high_water: Default::default(),
     };
     let daemon = rt.spawn(lamina_server::run(config, async {
         let _ = rx.await;

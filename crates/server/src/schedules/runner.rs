@@ -91,6 +91,9 @@ async fn pass(st: &Arc<State>) -> Result<Option<i64>, Failure> {
     let (schedules, volumes) =
         blocking(move || Ok((s.store.schedules()?, s.pool.list_volumes()))).await?;
     let mut next: Option<i64> = None;
+    // Whether the pool is past its high-water mark: read once a pass, when
+    // a snapshot is first due.
+    let mut space: Option<Option<String>> = None;
     for rec in schedules.iter().filter(|r| !r.deleting) {
         // Schedule changes wait for this schedule's turn to end, and the
         // turn runs on the record as it is now: a schedule deleted or
@@ -117,7 +120,8 @@ async fn pass(st: &Arc<State>) -> Result<Option<i64>, Failure> {
             }
             let span = tracing::info_span!("schedule", schedule = %rec.spec.name, id = %rec.id, volume = %v.name);
             let until =
-                tracing::Instrument::instrument(run_volume(st, rec, &timing, v), span).await?;
+                tracing::Instrument::instrument(run_volume(st, rec, &timing, v, &mut space), span)
+                    .await?;
             next = match (next, until) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -133,6 +137,7 @@ async fn run_volume(
     rec: &ScheduleRec,
     timing: &Timing,
     v: &VolumeInfo,
+    space: &mut Option<Option<String>>,
 ) -> Result<Option<i64>, Failure> {
     let rt = &st.schedules;
     let policy = retry(&rec.spec);
@@ -170,6 +175,22 @@ async fn run_volume(
                 track = track.gave_up(now);
                 st.store.put_track(&rec.id, v.id, &track)?;
             }
+            Step::Take { slot, .. } | Step::Retry { slot, .. }
+                if paused(st, space).await?.is_some() =>
+            {
+                // Not taken: a full disk would fail every write of every
+                // volume. Retried within the window, like a failure.
+                let why = paused(st, space).await?.unwrap_or_default();
+                tracing::warn!(slot = %rfc3339(slot), "scheduled snapshot paused: {why}");
+                let claimed = track.claim(slot);
+                record(
+                    st,
+                    rec,
+                    run_rec(now, slot, v, api::RunOutcome::Paused, None, Some(why)),
+                )?;
+                track = claimed.failed(now);
+                st.store.put_track(&rec.id, v.id, &track)?;
+            }
             Step::Take { slot, skipped, .. } => {
                 track = take(st, rec, v, track, slot, skipped).await?;
             }
@@ -179,6 +200,18 @@ async fn run_volume(
         }
     }
     Ok(Some(rt.clock.now() + 1))
+}
+
+/// Why scheduled snapshots pause now, if they do (read once a pass).
+async fn paused(
+    st: &Arc<State>,
+    space: &mut Option<Option<String>>,
+) -> Result<Option<String>, Failure> {
+    if space.is_none() {
+        let s = st.clone();
+        *space = Some(blocking(move || s.space_warning()).await?);
+    }
+    Ok(space.clone().flatten())
 }
 
 fn run_rec(

@@ -43,6 +43,7 @@ impl Daemon {
             operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
             testing: Default::default(),
+            high_water: Default::default(),
         };
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;
