@@ -121,6 +121,10 @@ pub struct Snapshot {
     pub allocated_bytes: u64,
     /// Bytes only this snapshot holds: what deleting it frees.
     pub exclusive_bytes: u64,
+    /// Bytes it shares with its volume, other snapshots or clones:
+    /// `allocated_bytes - exclusive_bytes`.
+    #[serde(default)]
+    pub shared_bytes: u64,
     /// Linked clones made from this snapshot (volume names). They keep their
     /// data if the snapshot is deleted.
     #[serde(default)]

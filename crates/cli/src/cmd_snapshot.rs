@@ -285,6 +285,7 @@ fn list_table(snaps: &[Snapshot]) -> String {
         "PARENT",
         "RESTORE SIZE",
         "EXCLUSIVE",
+        "SHARED",
         "LABELS",
         "FLAGS",
     ]);
@@ -306,6 +307,7 @@ fn list_table(snaps: &[Snapshot]) -> String {
             or_dash(s.parent.as_deref()),
             format_size(s.restore_size),
             format_size(s.exclusive_bytes),
+            format_size(s.shared_bytes),
             labels(s),
             if flags.is_empty() {
                 "-".into()
@@ -329,7 +331,14 @@ fn details(s: &Snapshot) -> String {
         ("Labels", labels(s)),
         ("Restore size", format_size(s.restore_size)),
         ("Allocated", format_size(s.allocated_bytes)),
-        ("Exclusive", format_size(s.exclusive_bytes)),
+        (
+            "Exclusive",
+            format!(
+                "{} (what deleting it frees)",
+                format_size(s.exclusive_bytes)
+            ),
+        ),
+        ("Shared", format_size(s.shared_bytes)),
         (
             "Attached",
             or_dash(s.export.as_ref().map(|e| e.uri.as_str())),

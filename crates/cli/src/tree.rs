@@ -150,6 +150,7 @@ mod tests {
             restore_size: 1 << 30,
             allocated_bytes: 0,
             exclusive_bytes: 4096,
+            shared_bytes: 0,
             clones: vec![],
             export: None,
         }

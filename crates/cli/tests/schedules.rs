@@ -386,6 +386,12 @@ fn retention_keeps_what_clones_depend_on_converges_and_survives_a_rename() {
     }
     assert_eq!(made_by(&d, "hourly").len(), 8);
     let pinned = snap_name("hourly", slot(2));
+    // Each holds the 1 MiB written before, shared with the volume: none of
+    // it is its own, so deleting it alone would free nothing.
+    let snap = d.json(&["snapshot", "get", "a", &pinned]);
+    assert_eq!(snap["allocated_bytes"], 1 << 20, "{snap}");
+    assert_eq!(snap["shared_bytes"], 1 << 20, "{snap}");
+    assert_eq!(snap["exclusive_bytes"], 0, "{snap}");
     d.ok(&[
         "clone",
         "create",

@@ -137,6 +137,7 @@ fn snapshot(v: &str, name: &str) -> api::Snapshot {
         restore_size: 1 << 20,
         allocated_bytes: 0,
         exclusive_bytes: 0,
+        shared_bytes: 0,
         clones: vec!["c".into()],
         export: None,
     }

@@ -41,6 +41,7 @@ fn snap(v: &str, name: &str, system: bool) -> api::Snapshot {
         restore_size: 1 << 20,
         allocated_bytes: 4096,
         exclusive_bytes: 4096,
+        shared_bytes: 0,
         clones: vec![],
         export: None,
     }

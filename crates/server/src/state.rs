@@ -319,6 +319,7 @@ impl State {
             restore_size: s.restore_size,
             allocated_bytes: s.allocated_bytes,
             exclusive_bytes: s.exclusive_bytes,
+            shared_bytes: s.allocated_bytes.saturating_sub(s.exclusive_bytes),
             clones: s.clones,
         }
     }
