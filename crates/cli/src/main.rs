@@ -150,6 +150,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cmd_snapshot::SnapshotCmd,
     },
+    /// The daemon's Prometheus metrics (what GET /metrics serves), as text.
+    Metrics,
     /// Schedules: snapshots of volumes on a cron expression, with retention.
     Schedule {
         #[command(subcommand)]
@@ -341,6 +343,10 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                     Cmd::Snapshot { cmd } => cmd_snapshot::run(&ctx, cmd).await,
                     Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
                     Cmd::Schedule { cmd } => cmd_schedule::run(&ctx, cmd).await,
+                    Cmd::Metrics => {
+                        print!("{}", ctx.client.metrics().await?);
+                        Ok(())
+                    }
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
                     Cmd::Pool { .. }
                     | Cmd::Serve { .. }

@@ -744,3 +744,79 @@ fn past_the_high_water_mark_scheduled_snapshots_pause_with_the_reason() {
     assert_eq!(runs_for(&s, "a")[0]["outcome"], "taken");
     assert_eq!(made_by(&d, "hourly").len(), 2);
 }
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition.
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_count_operations_and_schedule_runs_exactly() {
+    let clock = Clock::new();
+    let d = start(&clock, &[]);
+    volumes(&d, &["a", "b"]);
+    d.ok(&["snapshot", "create", "a", "manual"]);
+    d.err(&["snapshot", "create", "nope", "s"]);
+    d.ok(&[
+        "schedule",
+        "create",
+        "hourly",
+        "--cron",
+        "0 * * * *",
+        "--keep",
+        "1",
+        "--volume",
+        "a",
+        "--volume",
+        "b",
+    ]);
+    for h in 1..=2 {
+        clock.set(slot(h));
+        wait_for(&d, "hourly", &["a", "b"], slot(h), "done");
+    }
+    let m = d.ok(&["metrics"]);
+    let ops = |kind: &str, outcome: &str| {
+        sample(
+            &m,
+            "lamina_operations_total",
+            &format!("kind=\"{kind}\",outcome=\"{outcome}\""),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(ops("create-volume", "succeeded"), 2.0, "{m}");
+    // manual, and 2 slots x 2 volumes; the one of a missing volume failed
+    assert_eq!(ops("create-snapshot", "succeeded"), 5.0, "{m}");
+    assert_eq!(ops("create-snapshot", "failed"), 1.0, "{m}");
+    // keep 1: slot 1's two snapshots deleted at slot 2
+    assert_eq!(ops("delete-snapshot", "succeeded"), 2.0, "{m}");
+    assert_eq!(
+        sample(
+            &m,
+            "lamina_schedule_runs_total",
+            "schedule=\"hourly\",outcome=\"taken\""
+        ),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "lamina_volumes", ""), Some(2.0), "{m}");
+    assert_eq!(sample(&m, "lamina_snapshots", ""), Some(3.0), "{m}");
+    assert!(
+        sample(&m, "lamina_pool_used_bytes", "").unwrap() > 0.0,
+        "{m}"
+    );
+    assert!(
+        sample(
+            &m,
+            "lamina_operation_duration_seconds_count",
+            "kind=\"create-snapshot\""
+        ) == Some(6.0),
+        "{m}"
+    );
+}

@@ -336,6 +336,12 @@ impl Client {
         self.get(&p).await
     }
 
+    /// The daemon's Prometheus metrics, in the text exposition format.
+    pub async fn metrics(&self) -> Result<String> {
+        let (_, bytes) = self.exchange::<()>(Method::GET, "/metrics", None).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     // --- schedules ---
 
     /// Every schedule, by name.

@@ -82,6 +82,7 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
         .route("/v1/operations", get(list_operations))
         .route("/v1/changes", get(crate::changes::changes))
         .route("/v1/operations/{id}", get(get_operation))
+        .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(|| async { Failure::not_found("no such API path (see /openapi.json)") });
     let r = if tcp {
@@ -191,6 +192,28 @@ pub async fn health(st: St) -> R<Json<api::Health>> {
 
 /// What new data can still take: the pool's free blocks, plus the room its
 /// filesystem has to grow it, up to the pool's cap.
+#[utoipa::path(get, path = "/metrics",
+    responses((status = 200, description = "Prometheus text exposition: operations, schedule runs, pool space", content_type = "text/plain", body = String),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn metrics(st: St) -> R<Response> {
+    let s = st.clone();
+    let stats = blocking(move || Ok(s.pool.stats()?)).await?;
+    let capacity = stats
+        .used_bytes
+        .saturating_add(capacity_bytes(&st.layout.root, &stats));
+    let text = st
+        .metrics
+        .encode(stats.used_bytes, capacity, stats.volumes, stats.snapshots);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
 pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
     let fs_free = fs_available(dir).unwrap_or(0);
     let grow = match stats.max_bytes {

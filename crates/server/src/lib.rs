@@ -12,6 +12,7 @@ mod error;
 mod groups;
 mod handlers;
 mod jobs;
+mod metrics;
 mod migrate;
 mod openapi;
 mod paths;

@@ -40,6 +40,7 @@ use utoipa::OpenApi;
         list_operations,
         get_operation,
         changes,
+        metrics,
         list_schedules,
         create_schedule,
         get_schedule,

@@ -43,6 +43,7 @@ pub struct State {
     /// The schedules' clock, wake-up and lock.
     pub schedules: crate::schedules::Runtime,
     pub high_water: crate::HighWater,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -178,6 +179,7 @@ impl State {
             transfer_retry_window: config.transfer.retry_window,
             schedules: crate::schedules::Runtime::new(&config.testing),
             high_water: config.high_water,
+            metrics: crate::metrics::Metrics::new(),
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -486,6 +488,17 @@ impl State {
             None => api::OperationState::Succeeded,
             Some(_) => api::OperationState::Failed,
         };
+        // The id starts with the start in nanoseconds (apply.rs, new_id):
+        // `started` has whole seconds only.
+        let seconds = op
+            .id
+            .get(3..19)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
+            .and_then(|t| t.elapsed().ok())
+            .map(|d| d.as_secs_f64());
+        self.metrics
+            .operation(op.op.kind().as_str(), error.is_none(), seconds);
         op.error = error;
         self.record_async(op).await
     }

@@ -237,6 +237,11 @@ fn run_rec(
 
 fn record(st: &State, rec: &ScheduleRec, run: api::ScheduleRun) -> Result<(), Failure> {
     st.store.add_run(&rec.id, &run)?;
+    let outcome = serde_json::to_value(run.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    st.metrics.schedule_run(&rec.spec.name, &outcome);
     Ok(())
 }
 
