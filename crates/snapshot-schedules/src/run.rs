@@ -158,6 +158,19 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Write the status only if it changed: a pass with nothing due writes
+    /// nothing.
+    async fn write_if_changed(
+        &self,
+        before: &SnapshotScheduleStatus,
+        st: &SnapshotScheduleStatus,
+    ) -> Result<(), Error> {
+        if before == st {
+            return Ok(());
+        }
+        self.write_status(st).await
+    }
+
     /// The VolumeSnapshots this schedule made, of one PVC or of all.
     async fn own(&self, pvc_uid: Option<&str>) -> Result<Vec<DynamicObject>, Error> {
         let mut sel = format!("{SCHEDULE_UID_LABEL}={}", self.uid);
@@ -202,14 +215,15 @@ async fn reconcile(client: &Client, opts: &Options, s: SnapshotSchedule) -> Resu
             .await
             .map_err(Error::kube("adding the finalizer"))?;
     }
-    let mut status = s.status.clone().unwrap_or_default();
+    let before = s.status.clone().unwrap_or_default();
+    let mut status = before.clone();
     let gen = s.metadata.generation;
     let (timing, retention, retry, selector) = match rules(&s) {
         Ok(r) => r,
         Err(why) => {
-            status.conditions = vec![condition(false, "InvalidSpec", &why, gen)];
+            status.conditions = settle(&before, condition(false, "InvalidSpec", &why, gen));
             status.next_run = None;
-            return cx.write_status(&status).await;
+            return cx.write_if_changed(&before, &status).await;
         }
     };
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &cx.ns);
@@ -292,8 +306,24 @@ async fn reconcile(client: &Client, opts: &Options, s: SnapshotSchedule) -> Resu
         }
     }
     status.next_run = timing.next_after(opts.clock.now()).map(|t| timing.local(t));
-    status.conditions = vec![condition(true, "Running", "", gen)];
-    cx.write_status(&status).await
+    status.conditions = settle(&before, condition(true, "Running", "", gen));
+    cx.write_if_changed(&before, &status).await
+}
+
+/// The condition to show: the one there already if it says the same (so
+/// its transition time stays, and a quiet pass writes nothing).
+fn settle(before: &SnapshotScheduleStatus, c: Condition) -> Vec<Condition> {
+    match before.conditions.first() {
+        Some(old)
+            if old.status == c.status
+                && old.reason == c.reason
+                && old.message == c.message
+                && old.observed_generation == c.observed_generation =>
+        {
+            vec![old.clone()]
+        }
+        _ => vec![c],
+    }
 }
 
 fn stamp(slot: i64) -> String {
