@@ -15,8 +15,13 @@ use std::collections::{HashMap, HashSet};
 #[derive(Debug, Default, Clone)]
 pub struct CheckReport {
     pub total_blocks: u64,
+    /// Index nodes reached, the catalog's included.
     pub tree_nodes: u64,
+    /// Data blocks reached, the catalog's record pages included.
     pub data_blocks: u64,
+    /// Of those, the catalog tree's nodes and its record pages.
+    pub catalog_nodes: u64,
+    pub catalog_pages: u64,
     pub volumes: u64,
     pub snapshots: u64,
     pub dead_nodes: u64,
@@ -113,6 +118,8 @@ impl Pool {
         if croot != 0 {
             w.node(croot, clevels - 1, "catalog");
         }
+        w.report.catalog_nodes = w.report.tree_nodes;
+        w.report.catalog_pages = w.report.data_blocks;
         let records: Vec<Record> = w.m.catalog_records();
         let ids: HashSet<u64> = records.iter().map(|r| r.id()).collect();
         for r in &records {

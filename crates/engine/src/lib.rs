@@ -39,7 +39,7 @@ pub use format::{check_labels, check_name, BLOCK, NAME_RULE};
 pub use group::GROUP_LABEL;
 pub use io::Volume;
 pub use ops::{
-    is_system_name, round_up_size, CloneState, OriginInfo, PoolStats, SnapshotInfo, Usage,
+    is_system_name, round_up_size, CloneState, Freed, OriginInfo, PoolStats, SnapshotInfo, Usage,
     VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
 };
 pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE, WAL_FILE};

@@ -114,6 +114,15 @@ pub struct Usage {
     pub exclusive_metadata_bytes: u64,
 }
 
+/// What deleting a set of trees would free, exactly.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Freed {
+    /// Bytes of data blocks.
+    pub data_bytes: u64,
+    /// Bytes of index nodes.
+    pub metadata_bytes: u64,
+}
+
 /// Space of the whole pool.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PoolStats {
@@ -835,6 +844,49 @@ impl Pool {
             allocated_bytes: mapped * BLOCK as u64,
             exclusive_bytes: data * BLOCK as u64,
             exclusive_metadata_bytes: nodes * BLOCK as u64,
+        })
+    }
+
+    /// What deleting these snapshots of `volume` together would free:
+    /// exact, from the refcounts (see `Meta::trees_freed`); blocks shared
+    /// only among them count, which the sum of their exclusive sizes misses.
+    /// A name given twice counts once.
+    pub fn freed_by_deleting(&self, volume: &str, snapshots: &[String]) -> Result<Freed> {
+        self.with_meta(|m| {
+            let vid = m.catalog.volume_id(volume)?;
+            let mut ids = Vec::with_capacity(snapshots.len());
+            for s in snapshots {
+                ids.push(m.catalog.snapshot_id(vid, s)?);
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            let roots: Vec<(u64, u8)> = ids
+                .iter()
+                .map(|&id| {
+                    let s = m.catalog.snapshot(id).expect("indexed");
+                    (s.root, s.levels)
+                })
+                .collect();
+            Self::freed(m, &roots)
+        })
+    }
+
+    /// Space only snapshots hold: what deleting every snapshot in the pool
+    /// (system snapshots of linked clones included) would free; blocks a
+    /// volume or clone still maps are not in it. Walks the snapshot-only part
+    /// of every snapshot's tree under the metadata lock.
+    pub fn snapshot_only(&self) -> Result<Freed> {
+        self.with_meta(|m| {
+            let roots: Vec<(u64, u8)> = m.catalog.snapshots().map(|s| (s.root, s.levels)).collect();
+            Self::freed(m, &roots)
+        })
+    }
+
+    fn freed(m: &mut crate::meta::Meta, roots: &[(u64, u8)]) -> Result<Freed> {
+        let (nodes, data) = m.trees_freed(roots)?;
+        Ok(Freed {
+            data_bytes: data * BLOCK as u64,
+            metadata_bytes: nodes * BLOCK as u64,
         })
     }
 

@@ -9,6 +9,7 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::meta::Meta;
+use std::collections::HashMap;
 
 /// Blocks covered by one entry of a node at `level`.
 pub fn span(level: u8) -> u64 {
@@ -401,6 +402,59 @@ impl Meta {
                 counts.1 += 1;
             } else {
                 self.exclusive_rec(e, level - 1, counts)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks that deleting all of these trees together would free, as
+    /// (nodes, data): each root loses one reference, and every block whose
+    /// references all come from blocks so freed is freed in turn. This runs
+    /// the deletion's refcount arithmetic without writing it, so it is exact
+    /// (a block shared only among the given trees counts once, which no sum
+    /// of per-tree exclusive sizes gives) and costs only the freed part and
+    /// its edge. Nodes already on the dead list are not counted.
+    pub fn trees_freed(&mut self, roots: &[(u64, u8)]) -> Result<(u64, u64)> {
+        let mut dropped: HashMap<u64, u32> = HashMap::new();
+        let mut counts = (0u64, 0u64);
+        for &(root, levels) in roots {
+            if root == 0 {
+                continue;
+            }
+            let d = dropped.entry(root).or_insert(0);
+            *d += 1;
+            let d = *d;
+            if self.rc(root)? == d {
+                self.freed_rec(root, levels - 1, &mut dropped, &mut counts)?;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Node `b` (at `level`) has lost its last reference: count it, and drop
+    /// one reference from each of its children.
+    fn freed_rec(
+        &mut self,
+        b: u64,
+        level: u8,
+        dropped: &mut HashMap<u64, u32>,
+        counts: &mut (u64, u64),
+    ) -> Result<()> {
+        counts.0 += 1;
+        let entries = self.node_entries(b, level)?;
+        let children: Vec<u64> = entries.iter().copied().filter(|&e| e != 0).collect();
+        let mut rcs = Vec::with_capacity(children.len());
+        self.rc_many(&children, &mut rcs)?;
+        for (&e, &rc) in children.iter().zip(&rcs) {
+            let d = dropped.entry(e).or_insert(0);
+            *d += 1;
+            if *d != rc {
+                continue;
+            }
+            if level == 0 {
+                counts.1 += 1;
+            } else {
+                self.freed_rec(e, level - 1, dropped, counts)?;
             }
         }
         Ok(())

@@ -255,6 +255,77 @@ fn background_flatten_finishes_while_the_clone_is_written() {
     p.close().unwrap();
 }
 
+/// Blocks two snapshots share with each other and nothing else belong to
+/// neither's exclusive size, yet deleting both frees them: the set's figure
+/// counts them, and so does the pool's "held only by snapshots".
+#[test]
+fn deleting_a_set_frees_what_only_the_set_holds() {
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 30).unwrap();
+    fill(&p, "v", 0..8, 1);
+    p.create_snapshot("v", "s1", &[]).unwrap();
+    fill(&p, "v", 100..103, 2); // in the volume and s2, not s1
+    p.create_snapshot("v", "s2", &[]).unwrap();
+    fill(&p, "v", 0..5, 3); // blocks 0-4 of s1 and s2 are now theirs alone
+    fill(&p, "v", 100..101, 4); // block 100 of s2 is s2's alone
+    let excl = |s: &str| p.usage("v", Some(s)).unwrap().exclusive_bytes;
+    assert_eq!(excl("s1"), 0, "s1 shares everything with s2");
+    assert_eq!(excl("s2"), BS, "block 100");
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let both = p.freed_by_deleting("v", &names(&["s1", "s2"])).unwrap();
+    assert_eq!(both.data_bytes, 6 * BS, "blocks 0-4 and 100");
+    assert_eq!(
+        p.freed_by_deleting("v", &names(&["s2", "s1", "s2"]))
+            .unwrap(),
+        both,
+        "order and repeats do not matter"
+    );
+    assert_eq!(
+        p.freed_by_deleting("v", &names(&["s2"]))
+            .unwrap()
+            .data_bytes,
+        BS
+    );
+    assert_eq!(p.snapshot_only().unwrap().data_bytes, 6 * BS);
+    assert!(matches!(
+        p.freed_by_deleting("v", &names(&["s1", "nope"])),
+        Err(Error::SnapshotNotFound { .. })
+    ));
+
+    // A linked clone of s2 maps its blocks: they are no longer snapshot-only.
+    p.clone_snapshot("v", "s2", "c").unwrap();
+    assert_eq!(p.snapshot_only().unwrap().data_bytes, 0);
+    assert_eq!(
+        p.freed_by_deleting("v", &names(&["s1", "s2"]))
+            .unwrap()
+            .data_bytes,
+        0
+    );
+    p.delete_volume("c", false).unwrap();
+
+    // What was predicted is what goes.
+    let predicted = p.freed_by_deleting("v", &names(&["s1", "s2"])).unwrap();
+    assert_eq!(predicted.data_bytes, 6 * BS);
+    p.reclaim_all().unwrap();
+    let volume_blocks = |r: lamina_engine::CheckReport| {
+        (
+            r.tree_nodes - r.catalog_nodes,
+            r.data_blocks - r.catalog_pages,
+        )
+    };
+    let before = volume_blocks(p.check().unwrap());
+    p.delete_snapshot("v", "s1").unwrap();
+    p.delete_snapshot("v", "s2").unwrap();
+    p.reclaim_all().unwrap();
+    let after = volume_blocks(p.check().unwrap());
+    assert_eq!(
+        ((before.0 - after.0) * BS, (before.1 - after.1) * BS),
+        (predicted.metadata_bytes, predicted.data_bytes)
+    );
+    assert_eq!(p.snapshot_only().unwrap(), lamina_engine::Freed::default());
+    p.close().unwrap();
+}
+
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let (_d, p) = pool();

@@ -29,6 +29,9 @@ enum Op {
     /// of the bits from the top when the flag is set).
     Group(u8, usize, bool),
     DelSnap(usize, usize),
+    /// Delete the snapshots whose bits are set, together, after asking
+    /// what that frees; the pool's check must count exactly that gone.
+    DelSnaps(usize, u8),
     Revert(usize, usize),
     Clone(usize, usize, usize),
     Flatten(usize),
@@ -52,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::Snap(a, b)),
         2 => (0..16u8, s.clone(), any::<bool>()).prop_map(|(a, b, c)| Op::Group(a, b, c)),
         2 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::DelSnap(a, b)),
+        2 => (v.clone(), 1..8u8).prop_map(|(a, b)| Op::DelSnaps(a, b)),
         2 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::Revert(a, b)),
         2 => (v.clone(), s.clone(), v.clone()).prop_map(|(a, b, c)| Op::Clone(a, b, c)),
         1 => v.clone().prop_map(Op::Flatten),
@@ -224,6 +228,46 @@ impl Run {
                 } else {
                     assert!(r.is_err());
                 }
+            }
+            Op::DelSnaps(v, mask) => {
+                let names: Vec<String> = (0..SNAPS.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| SNAPS[i].to_string())
+                    .filter(|s| {
+                        self.model
+                            .snaps
+                            .contains_key(&(VOLS[v].to_string(), s.clone()))
+                    })
+                    .collect();
+                if names.is_empty() {
+                    return;
+                }
+                p.reclaim_all().unwrap();
+                let before = p.check().unwrap();
+                let freed = p.freed_by_deleting(VOLS[v], &names).unwrap();
+                for n in &names {
+                    p.delete_snapshot(VOLS[v], n).unwrap();
+                    self.model.snaps.remove(&(VOLS[v].to_string(), n.clone()));
+                }
+                self.committed();
+                p.reclaim_all().unwrap();
+                let after = p.check().unwrap();
+                assert_eq!(
+                    ((before.data_blocks - before.catalog_pages)
+                        - (after.data_blocks - after.catalog_pages))
+                        * BS,
+                    freed.data_bytes,
+                    "data freed by deleting {names:?} of {}",
+                    VOLS[v]
+                );
+                assert_eq!(
+                    ((before.tree_nodes - before.catalog_nodes)
+                        - (after.tree_nodes - after.catalog_nodes))
+                        * BS,
+                    freed.metadata_bytes,
+                    "index nodes freed by deleting {names:?} of {}",
+                    VOLS[v]
+                );
             }
             Op::Revert(v, s) => {
                 let key = (VOLS[v].to_string(), SNAPS[s].to_string());
