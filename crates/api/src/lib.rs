@@ -6,12 +6,14 @@
 mod schedule;
 mod selector;
 mod size;
+mod space;
 pub use schedule::{
     DeleteScheduleQuery, KeptSnapshot, RunOutcome, Schedule, ScheduleDeleted, ScheduleRun,
     ScheduleSpec, ScheduleVolume, SnapshotsAction,
 };
 pub use selector::{LabelSelector, SelectorError};
 pub use size::{format_size, parse_size};
+pub use space::{PoolSpace, PruneResult, PruneSnapshots, PrunedSnapshot};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

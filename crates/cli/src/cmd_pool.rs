@@ -1,10 +1,12 @@
-//! `lamina pool ...`: pool tools that use the engine directly, offline
-//! (the daemon must not be running on the pool).
+//! `lamina pool ...`: the pool's space as the daemon reports it (`stats`),
+//! and tools that use the engine directly, offline, on a pool directory
+//! (`create`, `check`, `stats DIR`: the daemon must not be running on it).
 
 use crate::failure::Failure;
 use crate::output::{self, Format};
 use anyhow::{Context, Result};
 use clap::Subcommand;
+use lamina_api::format_size;
 use lamina_engine::{Pool, PoolOptions};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -27,10 +29,10 @@ pub enum PoolCmd {
         #[arg(long, hide = true)]
         json: bool,
     },
-    /// Space, volumes and snapshots of a pool.
+    /// The pool's space: capacity, used, free, and what only snapshots hold (what deleting them all would free). Asks the daemon; given a DIR, reads that pool offline instead.
     Stats {
-        /// The pool's directory (DATA_DIR/pool for a daemon's).
-        dir: PathBuf,
+        /// A pool directory to read offline (DATA_DIR/pool for a daemon's), with the daemon stopped.
+        dir: Option<PathBuf>,
     },
 }
 
@@ -63,6 +65,8 @@ struct Stats {
     free_bytes: u64,
     volume_count: u64,
     snapshot_count: u64,
+    /// What deleting every snapshot would free (data and index).
+    snapshot_only_bytes: u64,
     volumes: Vec<VolumeStats>,
 }
 
@@ -80,6 +84,63 @@ fn open(dir: &Path) -> Result<Pool> {
         ..PoolOptions::default()
     };
     Pool::open_dir(dir, opts).with_context(|| format!("opening {}", dir.display()))
+}
+
+/// Whether the command works on a pool directory offline (else it asks the
+/// daemon).
+pub fn offline(cmd: &PoolCmd) -> bool {
+    !matches!(cmd, PoolCmd::Stats { dir: None })
+}
+
+/// `lamina pool stats`: the daemon's `GET /v1/pool`.
+pub async fn daemon_stats(ctx: &crate::Ctx) -> Result<()> {
+    let s = ctx.client.pool_space().await?;
+    output::show(ctx.fmt, &s, |s| {
+        let pct = |n: u64| {
+            if s.capacity_bytes == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", n as f64 * 100.0 / s.capacity_bytes as f64)
+            }
+        };
+        let mut out = output::fields(&[
+            ("Capacity", format_size(s.capacity_bytes)),
+            (
+                "Used",
+                format!("{} ({})", format_size(s.used_bytes), pct(s.used_bytes)),
+            ),
+            ("Free", format_size(s.free_bytes)),
+            (
+                "Held only by snapshots",
+                format!(
+                    "{} (what deleting every snapshot would free; {} of it index)",
+                    format_size(s.snapshot_only_bytes),
+                    format_size(s.snapshot_only_metadata_bytes)
+                ),
+            ),
+            (
+                "Held by volumes",
+                format_size(s.used_bytes.saturating_sub(s.snapshot_only_bytes)),
+            ),
+            ("Volumes", s.volumes.to_string()),
+            ("Snapshots", s.snapshots.to_string()),
+            (
+                "High-water mark",
+                format!(
+                    "{} ({} used)",
+                    s.high_water,
+                    format_size(s.high_water_bytes)
+                ),
+            ),
+        ]);
+        if s.reclaim_pending {
+            out.push_str("Deleted index nodes are still being reclaimed: used space will drop a little more.\n");
+        }
+        for w in &s.warnings {
+            out.push_str(&format!("warning: {w}\n"));
+        }
+        out
+    })
 }
 
 pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
@@ -139,8 +200,10 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
             Ok(())
         }
         PoolCmd::Stats { dir } => {
+            let dir = dir.expect("offline stats have a directory");
             let pool = open(&dir)?;
             let s = pool.stats()?;
+            let only = pool.snapshot_only()?;
             let mut volumes = vec![];
             for v in pool.list_volumes() {
                 volumes.push(VolumeStats {
@@ -158,22 +221,27 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
                 free_bytes: s.free_bytes,
                 volume_count: s.volumes,
                 snapshot_count: s.snapshots,
+                snapshot_only_bytes: only.data_bytes + only.metadata_bytes,
                 volumes,
             };
             output::show(fmt, &doc, |d| {
                 let mut out = format!(
-                    "{}: {} bytes in the pool file, {} used, {} free; {} volumes, {} snapshots\n",
+                    "{}: {} in the pool file, {} used, {} free, {} held only by snapshots; {} volumes, {} snapshots\n",
                     d.pool,
-                    d.total_bytes,
-                    d.used_bytes,
-                    d.free_bytes,
+                    format_size(d.total_bytes),
+                    format_size(d.used_bytes),
+                    format_size(d.free_bytes),
+                    format_size(d.snapshot_only_bytes),
                     d.volume_count,
                     d.snapshot_count
                 );
                 for v in &d.volumes {
                     out.push_str(&format!(
                         "volume {} size {} allocated {} snapshots {}\n",
-                        v.name, v.size, v.allocated_bytes, v.snapshots
+                        v.name,
+                        format_size(v.size),
+                        format_size(v.allocated_bytes),
+                        v.snapshots
                     ));
                 }
                 out

@@ -5,7 +5,8 @@ use crate::Ctx;
 use anyhow::Result;
 use clap::Subcommand;
 use lamina_api::{
-    format_size, CreateSnapshot, CreateSnapshotGroup, Snapshot, SnapshotGroup, Volume,
+    format_size, CreateSnapshot, CreateSnapshotGroup, PruneResult, PruneSnapshots, Snapshot,
+    SnapshotGroup, Volume,
 };
 use serde::Serialize;
 
@@ -36,12 +37,25 @@ pub enum SnapshotCmd {
         /// The snapshot.
         name: String,
     },
-    /// Delete a snapshot (succeeds if it does not exist; its clones keep their data).
+    /// Delete a snapshot (succeeds if it does not exist; its clones keep their data), or, given filters instead of a name, every snapshot of the volume that matches them all, saying what goes, what stays and why, and exactly what it frees.
     Delete {
         /// The snapshot's volume.
         volume: String,
-        /// The snapshot.
-        name: String,
+        /// The snapshot (leave it out to delete by filters).
+        #[arg(required_unless_present_any = ["selector", "older_than", "schedule"])]
+        name: Option<String>,
+        /// Only snapshots with these labels, KEY=VALUE[,KEY=VALUE...].
+        #[arg(long, value_name = "SELECTOR", conflicts_with = "name")]
+        selector: Option<String>,
+        /// Only snapshots older than this (7d, 12h; a scheduled snapshot's age counts from its slot).
+        #[arg(long, value_name = "AGE", conflicts_with = "name")]
+        older_than: Option<humantime::Duration>,
+        /// Only snapshots this schedule made.
+        #[arg(long, value_name = "NAME", conflicts_with = "name")]
+        schedule: Option<String>,
+        /// Show what would be deleted and what it would free; delete nothing.
+        #[arg(long, conflicts_with = "name")]
+        dry_run: bool,
     },
     /// Roll a volume back to a snapshot.
     Revert {
@@ -151,7 +165,28 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             let s = c.get_snapshot(&volume, &name).await?;
             output::show(ctx.fmt, &s, details)
         }
-        SnapshotCmd::Delete { volume, name } => {
+        SnapshotCmd::Delete {
+            volume,
+            name: None,
+            selector,
+            older_than,
+            schedule,
+            dry_run,
+        } => {
+            let req = PruneSnapshots {
+                selector,
+                older_than_seconds: older_than.map(|d| d.as_secs()),
+                schedule,
+                dry_run,
+            };
+            let r = c.prune_snapshots(&volume, &req).await?;
+            output::show(ctx.fmt, &r, pruned)
+        }
+        SnapshotCmd::Delete {
+            volume,
+            name: Some(name),
+            ..
+        } => {
             // Which clones came from it, to say that they keep their data
             // (none known if it cannot be read: the delete says why).
             let clones = match c.get_snapshot(&volume, &name).await {
@@ -260,6 +295,43 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             })
         }
     }
+}
+
+/// What a prune did or would do.
+fn pruned(r: &PruneResult) -> String {
+    let n = r.deleted.len();
+    let mut out = match (r.dry_run, n) {
+        (true, 0) => format!("no snapshot of {} would be deleted\n", r.volume),
+        (false, 0) => format!("no snapshot of {} deleted\n", r.volume),
+        (true, _) => format!(
+            "would delete {n} snapshot(s) of {}, freeing {} (dry run: nothing deleted)\n",
+            r.volume,
+            format_size(r.freed_bytes)
+        ),
+        (false, _) => format!(
+            "deleted {n} snapshot(s) of {}, freeing {}\n",
+            r.volume,
+            format_size(r.freed_bytes)
+        ),
+    };
+    if n > 0 {
+        let mut t = Table::new(&["NAME", "CREATED", "EXCLUSIVE"]);
+        for s in &r.deleted {
+            t.row(vec![
+                s.name.clone(),
+                s.created.clone(),
+                format_size(s.exclusive_bytes),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    if !r.kept.is_empty() {
+        out.push_str(&format!("kept {} that matched:\n", r.kept.len()));
+        for k in &r.kept {
+            out.push_str(&format!("  {}: {}\n", k.snapshot, k.reason));
+        }
+    }
+    out
 }
 
 /// A group's volumes, comma-separated.

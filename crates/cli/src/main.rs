@@ -66,24 +66,6 @@ struct Global {
     output: Format,
 }
 
-/// Global options that do not apply to `lamina pool` (it works offline on
-/// the directory it is given): declared again here, hidden, so that they
-/// are not listed in its help (nor its subcommands'), and refused with a
-/// reason when given to it.
-#[derive(Args)]
-struct NotForPool {
-    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<PathBuf>)]
-    data_dir: Option<PathBuf>,
-    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<String>)]
-    endpoint: Option<String>,
-    #[arg(long, global = true, hide = true, value_parser = not_for_pool::<String>)]
-    token: Option<String>,
-}
-
-fn not_for_pool<T>(_: &str) -> Result<T, String> {
-    Err("pool commands work offline on the pool directory they are given: they take no --data-dir, --endpoint or --token".into())
-}
-
 /// The same for `lamina serve`, which talks to no daemon and prints nothing.
 #[derive(Args)]
 struct NotForServe {
@@ -193,12 +175,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Manage a pool directory directly (the daemon must not be running on it).
+    /// The pool's space from the daemon (`pool stats`), or a pool directory offline (`create`, `check`, `stats DIR`: the daemon must not be running on it).
     Pool {
         #[command(subcommand)]
         cmd: cmd_pool::PoolCmd,
-        #[command(flatten)]
-        _not: NotForPool,
     },
 }
 
@@ -242,12 +222,23 @@ fn main() {
         }
         return;
     }
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Options typed on the command line (not from the environment): the
+    // offline pool tools refuse them rather than ignore them.
+    let typed: Vec<&str> = ["data-dir", "endpoint", "token"]
+        .into_iter()
+        .filter(|id| {
+            matches.value_source(&id.replace('-', "_"))
+                == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .collect();
     let serving = matches!(cli.cmd, Cmd::Serve { .. });
     init_tracing(if serving { "info" } else { "warn" });
     let data_dir = data_dir(cli.global.data_dir.clone());
     let mut client = None;
-    if let Err(e) = run(cli, &data_dir, &mut client) {
+    if let Err(e) = run(cli, &data_dir, &typed, &mut client) {
         let f = failure::explain(&e, &data_dir, client.as_ref());
         eprintln!("error: {}", f.message);
         if let Some(h) = &f.hint {
@@ -276,10 +267,25 @@ fn data_dir(given: Option<PathBuf>) -> PathBuf {
 
 /// Run the command; `client` is left with the client it used, if any, for
 /// the error message.
-fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Result<()> {
+fn run(
+    cli: Cli,
+    data_dir: &std::path::Path,
+    typed: &[&str],
+    client: &mut Option<Client>,
+) -> Result<()> {
     let g = cli.global;
     match cli.cmd {
-        Cmd::Pool { cmd, .. } => cmd_pool::run(cmd, g.output),
+        Cmd::Pool { cmd } if cmd_pool::offline(&cmd) => {
+            if let Some(o) = typed.first() {
+                let mut f = Failure::new(
+                    format!("--{o}: `lamina pool create`, `check` and `stats DIR` work offline on the pool directory they are given: they take no --data-dir, --endpoint or --token"),
+                    Some("`lamina pool stats` without a directory asks the daemon".into()),
+                );
+                f.exit_code = 2; // a usage error, as clap's
+                anyhow::bail!(f);
+            }
+            cmd_pool::run(cmd, g.output)
+        }
         // Reached only with global options before `csi`, which it does not take.
         Cmd::Csi { .. } => anyhow::bail!(Failure::new(
             "`lamina csi` takes its own options after the word csi".to_string(),
@@ -348,8 +354,8 @@ fn run(cli: Cli, data_dir: &std::path::Path, client: &mut Option<Client>) -> Res
                         Ok(())
                     }
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
-                    Cmd::Pool { .. }
-                    | Cmd::Serve { .. }
+                    Cmd::Pool { .. } => cmd_pool::daemon_stats(&ctx).await,
+                    Cmd::Serve { .. }
                     | Cmd::Certs { .. }
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }

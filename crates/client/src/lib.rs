@@ -83,6 +83,12 @@ impl Client {
         self.get(&path::api("/health", &[])).await
     }
 
+    /// `GET /v1/pool`: the pool's space, exact (walks what only snapshots
+    /// hold, so it costs more than [`Client::health`]).
+    pub async fn pool_space(&self) -> Result<api::PoolSpace> {
+        self.get(&path::api("/pool", &[])).await
+    }
+
     /// `GET /openapi.json`: the API's description.
     pub async fn openapi(&self) -> Result<serde_json::Value> {
         self.get("/openapi.json").await
@@ -220,6 +226,23 @@ impl Client {
         let p = path::api("/volumes/{}/snapshots/{}", &[volume, name]);
         self.remove(Method::DELETE, &p, format!("snapshot {volume}/{name}"))
             .await
+    }
+
+    /// Delete the snapshots of `volume` that match every filter of `req`
+    /// (or, with `dry_run`, only say which and what that frees).
+    pub async fn prune_snapshots(
+        &self,
+        volume: &str,
+        req: &api::PruneSnapshots,
+    ) -> Result<api::PruneResult> {
+        Ok(self
+            .send(
+                Method::POST,
+                &path::api("/volumes/{}/prune-snapshots", &[volume]),
+                Some(req),
+            )
+            .await?
+            .1)
     }
 
     /// Roll a volume back to a snapshot; the volume afterwards.

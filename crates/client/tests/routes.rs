@@ -553,3 +553,55 @@ async fn daemon_routes_and_errors() {
     let e = c.get_volume("a").await.unwrap_err();
     assert!(matches!(e, Error::Protocol { .. }), "{e:?}");
 }
+
+#[tokio::test]
+async fn space_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+    let space = api::PoolSpace {
+        capacity_bytes: 100,
+        used_bytes: 40,
+        free_bytes: 60,
+        snapshot_only_bytes: 12,
+        snapshot_only_metadata_bytes: 4,
+        volumes: 1,
+        snapshots: 2,
+        high_water: "90%".into(),
+        high_water_bytes: 90,
+        reclaim_pending: false,
+        warnings: vec![],
+    };
+    f.answer(200, json(&space));
+    assert_eq!(c.pool_space().await.unwrap(), space);
+    assert_eq!(f.last(), seen("GET", "/v1/pool", None));
+    let req = api::PruneSnapshots {
+        selector: Some("tier=bronze".into()),
+        older_than_seconds: Some(7 * 86_400),
+        schedule: None,
+        dry_run: true,
+    };
+    let result = api::PruneResult {
+        volume: "v 1".into(),
+        dry_run: true,
+        deleted: vec![api::PrunedSnapshot {
+            name: "d1".into(),
+            created: "2030-01-01T00:00:00Z".into(),
+            exclusive_bytes: 4096,
+        }],
+        kept: vec![api::KeptSnapshot {
+            snapshot: "d4".into(),
+            reason: "linked clones depend on it: x".into(),
+        }],
+        freed_bytes: 8192,
+    };
+    f.answer(200, json(&result));
+    assert_eq!(c.prune_snapshots("v 1", &req).await.unwrap(), result);
+    assert_eq!(
+        f.last(),
+        seen(
+            "POST",
+            "/v1/volumes/v%201/prune-snapshots",
+            Some(json(&req))
+        )
+    );
+}

@@ -59,6 +59,11 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
             "/v1/volumes/{name}/snapshots/{snap}/detach",
             post(detach_snapshot),
         )
+        .route(
+            "/v1/volumes/{name}/prune-snapshots",
+            post(crate::space::prune_snapshots),
+        )
+        .route("/v1/pool", get(crate::space::pool_space))
         .route("/v1/snapshots", get(list_all_snapshots))
         .route(
             "/v1/snapshot-groups",

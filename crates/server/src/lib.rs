@@ -18,6 +18,7 @@ mod openapi;
 mod paths;
 mod remote;
 mod schedules;
+mod space;
 mod state;
 mod store;
 
@@ -73,6 +74,16 @@ impl std::str::FromStr for HighWater {
             None => lamina_api::parse_size(s)
                 .map(HighWater::Bytes)
                 .map_err(|e| format!("{s:?}: a percentage (90%) or a size (500G): {e}")),
+        }
+    }
+}
+
+impl HighWater {
+    /// The used bytes at which a pool that can hold `total` passes the mark.
+    pub fn threshold(&self, total: u64) -> u64 {
+        match *self {
+            HighWater::Percent(p) => ((total as u128) * (p as u128)).div_ceil(100) as u64,
+            HighWater::Bytes(b) => b,
         }
     }
 }

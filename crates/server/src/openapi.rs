@@ -5,6 +5,7 @@ use crate::changes::*;
 use crate::groups::*;
 use crate::handlers::*;
 use crate::schedules::api::*;
+use crate::space::*;
 use lamina_api as api;
 use utoipa::OpenApi;
 
@@ -16,6 +17,8 @@ use utoipa::OpenApi;
     ),
     paths(
         health,
+        pool_space,
+        prune_snapshots,
         list_volumes,
         create_volume,
         get_volume,
@@ -68,6 +71,10 @@ use utoipa::OpenApi;
         api::Origin,
         api::CloneState,
         api::Health,
+        api::PoolSpace,
+        api::PruneSnapshots,
+        api::PrunedSnapshot,
+        api::PruneResult,
         api::Changes,
         api::PeerNode,
         api::FailureReason,

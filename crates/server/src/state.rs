@@ -291,10 +291,7 @@ impl State {
         let used = stats.used_bytes;
         let room = crate::handlers::capacity_bytes(&self.layout.root, &stats);
         let total = used.saturating_add(room);
-        let past = match self.high_water {
-            crate::HighWater::Percent(p) => (used as u128) * 100 >= (p as u128) * (total as u128),
-            crate::HighWater::Bytes(b) => used >= b,
-        };
+        let past = used >= self.high_water.threshold(total);
         Ok(past.then(|| {
             format!(
                 "the pool is {}% full ({} used of {}: its used bytes and what new data can still take), past its high-water mark of {}",

@@ -421,7 +421,7 @@ pub async fn apply_retention(
 
 /// The slot a scheduled snapshot was taken for (its label), else its
 /// creation time: retention counts age from it, on the scheduler's clock.
-fn slot_of(s: &SnapshotInfo) -> i64 {
+pub(crate) fn slot_of(s: &SnapshotInfo) -> i64 {
     s.labels
         .iter()
         .find(|(k, _)| k == SLOT_LABEL)
