@@ -383,6 +383,115 @@ fn clone_cost(base: &Path) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
+/// A volume that does nothing: what is left of a submit is the caller's and
+/// the wrapper's own cost.
+struct Null;
+
+impl lamina_blockio::InlineIo for Null {
+    fn size(&self) -> Result<u64, lamina_blockio::IoError> {
+        Ok(GIB)
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, _o: u64, _b: &mut [u8]) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
+    fn write(&self, _o: u64, _d: &[u8], _f: bool) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
+    fn trim(&self, _o: u64, _l: u64) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _o: u64, _l: u64, _t: bool) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
+    fn block_status(
+        &self,
+        _o: u64,
+        _l: u64,
+    ) -> Result<Vec<lamina_blockio::Extent>, lamina_blockio::IoError> {
+        Ok(vec![])
+    }
+}
+
+/// Submit `n` 4 KiB writes from each of `threads` threads; ns per write.
+fn submit_ns(vol: &dyn lamina_blockio::BlockIo, n: u64, threads: usize) -> f64 {
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut data = vec![0u8; BLOCK];
+                for i in 0..n {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    vol.submit(
+                        lamina_blockio::IoOp::Write {
+                            offset: (i % 1024) * BS,
+                            data,
+                            fua: false,
+                        },
+                        Box::new(move |r| {
+                            let _ = tx.send(r);
+                        }),
+                    );
+                    data = match rx.recv() {
+                        Ok(Ok(lamina_blockio::IoDone::Write(d))) => d,
+                        _ => vec![0u8; BLOCK],
+                    };
+                }
+            });
+        }
+    });
+    t.elapsed().as_nanos() as f64 / (n * threads as u64) as f64
+}
+
+/// What per-volume I/O metrics cost a submit: the same writes on a volume
+/// that does nothing, bare and wrapped in the daemon's observer
+/// (`lamina_blockio::Observed` reporting to `lamina_server::metrics`), on
+/// one thread and on two sharing the volume's series; set against a 4 KiB
+/// write to an engine volume in process.
+fn io_metrics_cost(base: &Path, quick: bool) -> Result<Value> {
+    let n: u64 = if quick { 200_000 } else { 2_000_000 };
+    let metrics = lamina_server::metrics::Metrics::new();
+    let observed = lamina_blockio::Observed::new(Null, metrics.volume_io("v"));
+    let mut out = serde_json::Map::new();
+    for threads in [1usize, 2] {
+        let mut bare = Vec::new();
+        let mut wrapped = Vec::new();
+        for _ in 0..5 {
+            bare.push(submit_ns(&Null, n / 5, threads));
+            wrapped.push(submit_ns(&observed, n / 5, threads));
+        }
+        let (b, w) = (median(bare), median(wrapped));
+        out.insert(
+            format!("threads_{threads}"),
+            json!({"bare_ns": b, "observed_ns": w, "overhead_ns": w - b}),
+        );
+    }
+    let pool = fresh_pool(base, "io-metrics")?;
+    pool.create_volume("v", GIB)?;
+    let v = pool.open_volume("v")?;
+    let mut r = rng(9);
+    let buf = vec![7u8; BLOCK];
+    let writes = n / 10;
+    let t = Instant::now();
+    for _ in 0..writes {
+        v.write((r() % (GIB / BS)) * BS, &buf)?;
+    }
+    let write_ns = t.elapsed().as_nanos() as f64 / writes as f64;
+    pool.close()?;
+    let overhead = out["threads_1"]["overhead_ns"].as_f64().unwrap_or(0.0);
+    out.insert("engine_4k_write_ns".into(), json!(write_ns));
+    out.insert(
+        "overhead_share_of_engine_write".into(),
+        json!(overhead / write_ns),
+    );
+    Ok(Value::Object(out))
+}
+
 fn rss_mib() -> f64 {
     proc_field("/proc/self/status", "VmRSS:").unwrap_or(0) as f64 / 1024.0
 }
@@ -465,6 +574,10 @@ pub fn run(args: EngineArgs) -> Result<()> {
         ),
         ("clone", Box::new(|| clone_cost(&base))),
         ("memory_sparse_1tib", Box::new(|| memory(&base, args.quick))),
+        (
+            "io_metrics_cost",
+            Box::new(|| io_metrics_cost(&base, args.quick)),
+        ),
     ];
     for (name, f) in sections {
         let t = Instant::now();

@@ -47,8 +47,11 @@
 //!    zeros (Lamina's volumes have no backing chain, so a trimmed block is a
 //!    hole that reads as zeros).
 
+mod observed;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+pub use observed::{IoObserver, Observed, OpKind};
 
 /// One extent of an allocation map, in order from the asked offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

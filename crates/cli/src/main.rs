@@ -106,6 +106,9 @@ enum Cmd {
         /// Past this the pool warns in `status` and scheduled snapshots pause: a share of what it can hold (90%) or used bytes (500G).
         #[arg(long, value_name = "MARK", default_value = "90%")]
         high_water: lamina_server::HighWater,
+        /// Count each attached volume's and snapshot's I/O in /metrics (operations, errors, bytes, latency histograms).
+        #[arg(long, value_name = "ON|OFF", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+        volume_io_metrics: bool,
         /// Tests only: read the schedules' clock (Unix seconds) from FILE.
         #[arg(long, value_name = "FILE", hide = true)]
         test_clock: Option<PathBuf>,
@@ -259,6 +262,14 @@ fn init_tracing(default: &str) {
         .init();
 }
 
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: on or off")),
+    }
+}
+
 /// The data directory given, or the default, made absolute.
 fn data_dir(given: Option<PathBuf>) -> PathBuf {
     let d = given.unwrap_or_else(lamina_server::default_data_dir);
@@ -314,6 +325,7 @@ fn run(
             test_clock,
             test_crash_at,
             high_water,
+            volume_io_metrics,
             ..
         } => serve(lamina_server::Config {
             data_dir: data_dir.to_path_buf(),
@@ -326,6 +338,7 @@ fn run(
                 retry_window: transfer_retry_window,
             },
             high_water,
+            volume_io_metrics,
             testing: lamina_server::Testing {
                 clock_file: test_clock,
                 crash_at: test_crash_at,

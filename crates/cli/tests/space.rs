@@ -274,3 +274,70 @@ fn bulk_delete_says_what_goes_what_stays_and_frees_exactly_that() {
     assert_eq!(names(&r, "deleted"), [made], "{r}");
     assert_eq!(snapshots(&d, "a"), ["d4", "gold", "manual"]);
 }
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition.
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = format!("{name}{{{labels}}}");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn each_export_counts_its_io_operations_bytes_and_latency() {
+    need("qemu-io", "qemu-utils");
+    let d = LAMINA.start();
+    d.ok(&["volume", "create", "v", "--size", "16M"]);
+    let uri = d.attach(&["volume", "attach", "v"]);
+    qemu_io(
+        &uri,
+        &["write -P 1 0 64k", "write -P 2 64k 64k", "read -P 1 0 64k"],
+    );
+    let m = d.ok(&["metrics"]);
+    let io = |family: &str, op: &str| {
+        sample(&m, family, &format!("volume=\"v\",op=\"{op}\"")).unwrap_or(0.0)
+    };
+    assert_eq!(io("lamina_volume_io_total", "write"), 2.0, "{m}");
+    assert_eq!(io("lamina_volume_io_bytes_total", "write"), 131072.0, "{m}");
+    assert_eq!(io("lamina_volume_io_errors_total", "write"), 0.0, "{m}");
+    assert_eq!(
+        io("lamina_volume_io_duration_seconds_count", "write"),
+        2.0,
+        "{m}"
+    );
+    // qemu-io may read more than it is told (nothing it is told is lost).
+    assert!(io("lamina_volume_io_bytes_total", "read") >= 65536.0, "{m}");
+    assert_eq!(
+        io("lamina_volume_io_total", "read"),
+        io("lamina_volume_io_duration_seconds_count", "read"),
+        "{m}"
+    );
+    // A snapshot's export is counted apart; a detached export's series go.
+    d.ok(&["snapshot", "create", "v", "s"]);
+    let snap = d.attach(&["snapshot", "attach", "v", "s"]);
+    let out = run(std::process::Command::new("qemu-io").args([
+        "-r",
+        "-f",
+        "raw",
+        &snap,
+        "-c",
+        "read -P 2 64k 64k",
+    ]))
+    .ok();
+    assert!(!out.contains("fail"), "{out}");
+    let m = d.ok(&["metrics"]);
+    assert!(
+        sample(
+            &m,
+            "lamina_volume_io_bytes_total",
+            "volume=\"v@s\",op=\"read\""
+        )
+        .unwrap()
+            >= 65536.0,
+        "{m}"
+    );
+    d.ok(&["volume", "detach", "v"]);
+    let m = d.ok(&["metrics"]);
+    assert!(!m.contains("volume=\"v\""), "{m}");
+    assert!(m.contains("volume=\"v@s\""), "{m}");
+}

@@ -3,7 +3,9 @@
 //! an NBD runner thread that may block), and the registry of exports the NBD
 //! server looks names up in.
 
-use lamina_blockio::{BlockIo, Completion, InlineIo, IoError, IoErrorKind, IoOp};
+use lamina_blockio::{
+    BlockIo, Completion, InlineIo, IoError, IoErrorKind, IoObserver, IoOp, Observed,
+};
 use lamina_engine::{Error as E, ExtentKind, Volume};
 use lamina_nbd::{Exports, Extent};
 use std::collections::HashMap;
@@ -17,14 +19,17 @@ pub struct EngineDevice {
     attached: AtomicBool,
     /// NBD sessions open on it now (see [`Opened`]).
     connections: AtomicU32,
+    /// Where its sessions' I/O is counted, if it is.
+    io: Option<Arc<dyn IoObserver>>,
 }
 
 impl EngineDevice {
-    pub fn new(handle: Volume) -> Self {
+    pub fn new(handle: Volume, io: Option<Arc<dyn IoObserver>>) -> Self {
         EngineDevice {
             handle,
             attached: AtomicBool::new(true),
             connections: AtomicU32::new(0),
+            io,
         }
     }
 
@@ -186,11 +191,13 @@ impl Registry {
 
 impl Exports for Registry {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockIo>> {
-        self.map
-            .read()
-            .unwrap()
-            .get(name)
-            .map(|d| Arc::new(Opened::new(d.clone())) as Arc<dyn BlockIo>)
+        self.map.read().unwrap().get(name).map(|d| {
+            let opened = Opened::new(d.clone());
+            match &d.io {
+                Some(io) => Arc::new(Observed::new(opened, io.clone())) as Arc<dyn BlockIo>,
+                None => Arc::new(opened) as Arc<dyn BlockIo>,
+            }
+        })
     }
     fn list(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self

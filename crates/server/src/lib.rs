@@ -12,7 +12,7 @@ mod error;
 mod groups;
 mod handlers;
 mod jobs;
-mod metrics;
+pub mod metrics;
 mod migrate;
 mod openapi;
 mod paths;
@@ -44,6 +44,9 @@ pub struct Config {
     pub transfer: TransferConfig,
     /// Past this, `status` warns and scheduled snapshots pause.
     pub high_water: HighWater,
+    /// Count each export's I/O in `/metrics` (operations, errors, bytes,
+    /// latency); off saves that cost, measured by the bench's io case.
+    pub volume_io_metrics: bool,
     /// Knobs for tests only.
     pub testing: Testing,
 }

@@ -44,6 +44,8 @@ pub struct State {
     pub schedules: crate::schedules::Runtime,
     pub high_water: crate::HighWater,
     pub metrics: crate::metrics::Metrics,
+    /// Count each export's I/O (`--volume-io-metrics`).
+    volume_io_metrics: bool,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -180,6 +182,7 @@ impl State {
             schedules: crate::schedules::Runtime::new(&config.testing),
             high_water: config.high_water,
             metrics: crate::metrics::Metrics::new(),
+            volume_io_metrics: config.volume_io_metrics,
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -198,7 +201,10 @@ impl State {
                 Some(s) => state.pool.open_snapshot(&rec.volume, s),
             };
             match handle {
-                Ok(h) => state.exports.insert(&name, Arc::new(EngineDevice::new(h))),
+                Ok(h) => state.exports.insert(
+                    &name,
+                    Arc::new(EngineDevice::new(h, state.volume_io(&name))),
+                ),
                 Err(e) => {
                     tracing::warn!(export = %name, error = %e, "dropping export of a volume that is gone");
                     state.store.remove_export(&name)?;
@@ -395,7 +401,8 @@ impl State {
                     },
                 )
                 .map_err(Failure::from)?;
-            self.exports.insert(&name, Arc::new(EngineDevice::new(h)));
+            self.exports
+                .insert(&name, Arc::new(EngineDevice::new(h, self.volume_io(&name))));
             self.changes.bump();
         }
         self.export_of(&name).ok_or_else(|| {
@@ -440,9 +447,16 @@ impl State {
         self.store.remove_export(&name).map_err(Failure::from)?;
         let removed = self.exports.remove(&name)?;
         if removed {
+            self.metrics.forget_volume(&name);
             self.changes.bump();
         }
         Ok(removed)
+    }
+
+    /// Where an export's I/O is counted, unless that is turned off.
+    fn volume_io(&self, export: &str) -> Option<Arc<dyn lamina_blockio::IoObserver>> {
+        self.volume_io_metrics
+            .then(|| self.metrics.volume_io(export) as Arc<dyn lamina_blockio::IoObserver>)
     }
 
     pub fn is_attached(&self, export: &str) -> bool {

@@ -148,6 +148,13 @@ impl Ctx {
         let d = self.scratch(name)?;
         lamina::Lamina::start(&self.lamina_bin, &d, &self.logs)
     }
+
+    /// [`Ctx::lamina`] with extra `serve` arguments.
+    pub fn lamina_with(&self, name: &str, extra: &[&str]) -> Result<lamina::Lamina> {
+        let d = self.scratch(name)?;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        lamina::Lamina::start_in(&self.lamina_bin, &d, &self.logs, &[], &extra)
+    }
 }
 
 type CaseFn = fn(&mut Ctx) -> Result<()>;

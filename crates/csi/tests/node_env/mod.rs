@@ -422,6 +422,7 @@ pub fn spawn_daemon(
         transfer: Default::default(),
         testing: Default::default(),
         high_water: Default::default(),
+        volume_io_metrics: true,
     };
     let daemon = rt.spawn(lamina_server::run(config, async {
         let _ = rx.await;

@@ -44,6 +44,7 @@ impl Daemon {
             transfer: Default::default(),
             testing: Default::default(),
             high_water: Default::default(),
+            volume_io_metrics: true,
         };
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;

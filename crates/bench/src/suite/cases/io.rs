@@ -1,6 +1,8 @@
 //! The I/O path: fio through the nbd engine against a Lamina volume,
 //! qemu-nbd serving a raw file and a qcow2 file, and nbdkit's file plugin;
-//! and fio straight on a file with O_DIRECT, the disk's own limit. All hold
+//! and fio straight on a file with O_DIRECT, the disk's own limit; and a
+//! second Lamina daemon with per-volume I/O metrics off, which prices them
+//! (`--volume-io-metrics off`; the first has them on, the default). All hold
 //! the same data, every block written; each round runs every job against
 //! every target before the next round starts.
 
@@ -11,6 +13,7 @@ use crate::suite::{path_str, Ctx};
 use anyhow::Result;
 
 const CASE: &str = "io";
+const BARE: &str = "lamina, no I/O metrics";
 
 pub fn jobs(seconds: f64) -> Vec<(&'static str, Job)> {
     vec![
@@ -64,6 +67,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     lamina.create_volume("io", size)?;
     let lamina_uri = lamina.attach("io")?;
     nbdcopy(&path_str(&data), &lamina_uri)?;
+    let bare = ctx.lamina_with("io-lamina-bare", &["--volume-io-metrics", "off"])?;
+    bare.create_volume("io", size)?;
+    let bare_uri = bare.attach("io")?;
+    nbdcopy(&path_str(&data), &bare_uri)?;
     std::fs::remove_file(&data)?;
 
     let (_q1, raw_uri) = qemu_nbd("qemu-nbd-raw", &raw, "raw", &dir)?;
@@ -71,6 +78,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let (_k, kit_uri) = nbdkit_file("nbdkit-file", &kit, &dir)?;
     let targets = [
         ("lamina", Target::Nbd(lamina_uri)),
+        (BARE, Target::Nbd(bare_uri)),
         ("nbdkit file", Target::Nbd(kit_uri)),
         ("qemu-nbd raw", Target::Nbd(raw_uri)),
         ("qemu-nbd qcow2", Target::Nbd(qcow2_uri)),
@@ -124,6 +132,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             label,
             "lamina",
             "file O_DIRECT",
+            None,
+        );
+        ctx.rec.compare(
+            CASE,
+            &format!("{label}: I/O metrics on vs off (their cost)"),
+            label,
+            "lamina",
+            BARE,
             None,
         );
         let p99 = format!("{label} p99");
