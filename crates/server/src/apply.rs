@@ -505,6 +505,7 @@ mod tests {
             transfer: Default::default(),
             testing: Default::default(),
             high_water: Default::default(),
+            volume_io_metrics: true,
         };
         let st = Arc::new(State::open(&layout, &config).await.unwrap());
         (d, st)
