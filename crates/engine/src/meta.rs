@@ -34,6 +34,17 @@ pub struct Meta {
     cursor_index: u64,
     /// Groups known to have no allocatable block.
     full: Vec<bool>,
+    /// The sharing generation: moves on every refcount change to or from a
+    /// count of two or more (an incref, or a decref of a shared block), the
+    /// only changes that can alter what any tree holds exclusively.
+    /// Allocating (0 to 1) and freeing an unshared block (1 to 0) leave it:
+    /// such a block is reachable from one tree only, through nodes that tree
+    /// holds alone, and that tree is the one changing.
+    pub shared_gen: u64,
+    /// Snapshots' exclusive footprints (nodes, data) by snapshot id, with
+    /// the sharing generation each was computed at: true while the
+    /// generation has not moved, since a snapshot's tree never changes.
+    pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
 }
 
 /// One transaction's worth of changed pages, ready for the log.
@@ -66,6 +77,8 @@ impl Meta {
             cursor_group: 0,
             cursor_index: 0,
             full: vec![false; groups],
+            shared_gen: 0,
+            exclusive_cache: HashMap::new(),
         }
     }
 
@@ -139,6 +152,7 @@ impl Meta {
                 "block {block} is shared {RC_MAX} times, the limit"
             )));
         }
+        self.shared_gen += 1;
         self.set_rc(block, v + 1)
     }
 
@@ -161,6 +175,7 @@ impl Meta {
     /// One more reference on each of `blocks` (the children of a node being
     /// copied), a refcount page at a time.
     pub fn incref_many(&mut self, blocks: &[u64]) -> Result<()> {
+        self.shared_gen += 1;
         let mut i = 0;
         while i < blocks.len() {
             let page = rc_page_of(blocks[i]);
@@ -189,6 +204,9 @@ impl Meta {
                 block,
                 format!("decref of a block with refcount {v:#x}"),
             ));
+        }
+        if v >= 2 {
+            self.shared_gen += 1;
         }
         self.set_rc(block, v - 1)?;
         Ok(v - 1)

@@ -242,7 +242,7 @@ impl Pool {
         s: &SnapshotRec,
         links: &Links,
     ) -> Result<SnapshotInfo> {
-        let (_, exclusive) = m.tree_exclusive(s.root, s.levels)?;
+        let (_, exclusive) = m.snapshot_exclusive(s.id, s.root, s.levels)?;
         Ok(SnapshotInfo {
             id: s.id,
             volume: m.catalog.volume(s.volume).name.clone(),

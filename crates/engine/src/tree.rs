@@ -388,6 +388,29 @@ impl Meta {
         Ok(counts)
     }
 
+    /// [`Meta::tree_exclusive`] of snapshot `id`'s tree, from the cache
+    /// while the sharing generation has not moved (see `shared_gen`).
+    pub fn snapshot_exclusive(&mut self, id: u64, root: u64, levels: u8) -> Result<(u64, u64)> {
+        if let Some(&(gen, counts)) = self.exclusive_cache.get(&id) {
+            if gen == self.shared_gen {
+                return Ok(counts);
+            }
+        }
+        tracing::trace!(
+            snapshot = id,
+            shared_gen = self.shared_gen,
+            "exclusive size walked"
+        );
+        let counts = self.tree_exclusive(root, levels)?;
+        if self.exclusive_cache.len() > 2 * self.catalog.snapshots().count() + 64 {
+            let catalog = &self.catalog;
+            self.exclusive_cache
+                .retain(|id, _| catalog.snapshot(*id).is_some());
+        }
+        self.exclusive_cache.insert(id, (self.shared_gen, counts));
+        Ok(counts)
+    }
+
     fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
         counts.0 += 1;
         let entries = self.node_entries(b, level)?;

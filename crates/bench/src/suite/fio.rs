@@ -116,7 +116,11 @@ pub struct Running {
 }
 
 pub fn spawn(job: &Job, target: &Target) -> Result<Running> {
+    // Jobs as threads of the one fio process: by default fio runs each job
+    // in a forked process in a session of its own, which killing fio leaves
+    // running, so a load would outlive the measurement it was for.
     let child = command(job, target)
+        .arg("--thread")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

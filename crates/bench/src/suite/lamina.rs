@@ -180,6 +180,16 @@ impl Lamina {
         self.call(self.client.get_operation(id))
     }
 
+    /// One volume's snapshots, each with its exclusive bytes.
+    pub fn list_snapshots(&self, volume: &str) -> Result<Vec<Snapshot>> {
+        self.call(self.client.list_snapshots(volume))
+    }
+
+    /// The pool's space (`GET /v1/pool`: walks what only snapshots hold).
+    pub fn pool_space(&self) -> Result<lamina_api::PoolSpace> {
+        self.call(self.client.pool_space())
+    }
+
     pub fn list_all_snapshots(&self) -> Result<Vec<Snapshot>> {
         self.call(self.client.list_all_snapshots())
     }

@@ -10,7 +10,7 @@ use crate::suite::lamina::Lamina;
 use crate::suite::qmp::Qsd;
 use crate::suite::record::{percentile, Better};
 use crate::suite::{path_str, Ctx, GIB, MIB};
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::time::{Duration, Instant};
 
 const CASE: &str = "snapshot";
@@ -128,6 +128,45 @@ fn cadence(
         }
     }
     Ok((run.wait()?, taken))
+}
+
+const LIST: &str = "list the volume's snapshots, at the Nth (GET .../snapshots)";
+const POOL: &str = "pool space, at the Nth (GET /v1/pool)";
+
+/// The volume's snapshots listed, each with its exclusive and shared bytes
+/// (computed per call, no cache: docs/space.md), and the pool's space with
+/// what only snapshots hold; the list's goal is under a second.
+fn list_at_the_nth(ctx: &mut Ctx, target: &str, l: &Lamina, vol: &str, n: usize) -> Result<()> {
+    let mut lat = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let all = l.list_snapshots(vol)?;
+        lat.push(ms(t.elapsed()));
+        ensure!(
+            all.len() == n,
+            "listed {} snapshots of {vol}, not {n}",
+            all.len()
+        );
+    }
+    let t = Instant::now();
+    l.pool_space()?;
+    let pool = ms(t.elapsed());
+    eprintln!(
+        "    list of {n}: median {:.0} ms; pool space {pool:.0} ms",
+        percentile(&lat, 0.5)
+    );
+    for v in &lat {
+        ctx.rec.add(CASE, target, LIST, "ms", Better::Lower, *v);
+    }
+    ctx.rec.add(CASE, target, POOL, "ms", Better::Lower, pool);
+    ctx.rec.goal(
+        CASE,
+        &format!("{target}: list its {n} snapshots < 1 s (median of 5)"),
+        target,
+        LIST,
+        1000.0,
+    );
+    Ok(())
 }
 
 pub fn run(ctx: &mut Ctx) -> Result<()> {
@@ -310,6 +349,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 percentile(&idle, 0.99),
                 percentile(&loaded, 0.99)
             );
+            if let Sys::Lamina { l, vol, .. } = &sys {
+                list_at_the_nth(ctx, &target, l, vol, reached)?;
+            }
             if reached < nth {
                 ctx.rec.note(
                     CASE,
