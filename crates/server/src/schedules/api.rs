@@ -279,7 +279,8 @@ pub async fn delete_schedule(
     };
     if action == api::SnapshotsAction::Delete && !rec.deleting {
         rec.deleting = true;
-        st.store.put_schedule(&rec)?;
+        let (s, r) = (st.clone(), rec.clone());
+        blocking(move || Ok(s.store.put_schedule(&r)?)).await?;
     }
     let out = finish_delete(&st, &rec, action).await?;
     tracing::info!(schedule = %name, id = %rec.id, deleted = out.deleted.len(), kept = out.kept.len(), "schedule deleted");
@@ -352,7 +353,8 @@ pub async fn finish_delete(
             }),
         }
     }
-    st.store.remove_schedule(&rec.id)?;
+    let (s, id) = (st.clone(), rec.id.clone());
+    blocking(move || Ok(s.store.remove_schedule(&id)?)).await?;
     Ok(out)
 }
 

@@ -137,6 +137,43 @@ impl Store {
         }
     }
 
+    /// Drop a schedule's tracks of volumes that no longer exist (volume ids
+    /// are never reused, so such a track could never be read again); how
+    /// many went.
+    pub fn forget_tracks_except(
+        &self,
+        id: &str,
+        volumes: &std::collections::HashSet<u64>,
+    ) -> Result<usize, ServerError> {
+        let prefix = format!("{id}/");
+        let w = self.db.begin_write()?;
+        let gone = {
+            let mut t = w.open_table(TRACKS)?;
+            let keys: Vec<String> = t
+                .range(prefix.as_str()..)?
+                .map_while(|e| {
+                    let k = e.ok()?.0.value().to_string();
+                    k.starts_with(&prefix).then_some(k)
+                })
+                .filter(|k| {
+                    k[prefix.len()..]
+                        .parse::<u64>()
+                        .is_ok_and(|v| !volumes.contains(&v))
+                })
+                .collect();
+            for k in &keys {
+                t.remove(k.as_str())?;
+            }
+            keys.len()
+        };
+        if gone == 0 {
+            w.abort()?;
+        } else {
+            w.commit()?;
+        }
+        Ok(gone)
+    }
+
     /// Record where a schedule stands on a volume: durable when it returns.
     pub fn put_track(&self, id: &str, volume_id: u64, track: &Track) -> Result<(), ServerError> {
         let json = serde_json::to_string(track)?;
@@ -196,5 +233,28 @@ impl Store {
         }
         out.reverse();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::Store;
+    use lamina_schedule::Track;
+
+    #[test]
+    fn tracks_of_volumes_gone_are_forgotten_and_no_other() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(&d.path().join("store.redb")).unwrap();
+        for (id, vid) in [("sch-1", 1), ("sch-1", 2), ("sch-1", 30), ("sch-10", 2)] {
+            s.put_track(id, vid, &Track::new(100)).unwrap();
+        }
+        let live = [1u64, 30].into_iter().collect();
+        assert_eq!(s.forget_tracks_except("sch-1", &live).unwrap(), 1);
+        assert!(s.track("sch-1", 2).unwrap().is_none());
+        assert!(s.track("sch-1", 1).unwrap().is_some());
+        assert!(s.track("sch-1", 30).unwrap().is_some());
+        // "sch-10/..." shares the prefix text "sch-1" but not "sch-1/".
+        assert!(s.track("sch-10", 2).unwrap().is_some());
+        assert_eq!(s.forget_tracks_except("sch-1", &live).unwrap(), 0);
     }
 }

@@ -90,6 +90,7 @@ async fn pass(st: &Arc<State>) -> Result<Option<i64>, Failure> {
     let s = st.clone();
     let (schedules, volumes) =
         blocking(move || Ok((s.store.schedules()?, s.pool.list_volumes()))).await?;
+    let volume_ids: std::collections::HashSet<u64> = volumes.iter().map(|v| v.id).collect();
     let mut next: Option<i64> = None;
     // Whether the pool is past its high-water mark: read once a pass, when
     // a snapshot is first due.
@@ -99,11 +100,16 @@ async fn pass(st: &Arc<State>) -> Result<Option<i64>, Failure> {
         // turn runs on the record as it is now: a schedule deleted or
         // changed since the list above is seen as it is.
         let _turn = st.schedules.changes.lock().await;
-        let Some(rec) = st
-            .store
-            .schedule_by_name(&rec.spec.name)?
-            .filter(|r| r.id == rec.id && !r.deleting)
-        else {
+        let (s, name, ids) = (st.clone(), rec.spec.name.clone(), volume_ids.clone());
+        let current = blocking(move || {
+            let rec = s.store.schedule_by_name(&name)?;
+            if let Some(r) = &rec {
+                s.store.forget_tracks_except(&r.id, &ids)?;
+            }
+            Ok(rec)
+        })
+        .await?;
+        let Some(rec) = current.filter(|r| r.id == rec.id && !r.deleting) else {
             continue;
         };
         let rec = &rec;
@@ -141,14 +147,16 @@ async fn run_volume(
 ) -> Result<Option<i64>, Failure> {
     let rt = &st.schedules;
     let policy = retry(&rec.spec);
-    let mut track = match st.store.track(&rec.id, v.id)? {
-        Some(t) => t,
+    let (s, id, vid, now) = (st.clone(), rec.id.clone(), v.id, rt.clock.now());
+    let mut track = blocking(move || match s.store.track(&id, vid)? {
+        Some(t) => Ok(t),
         None => {
-            let t = Track::new(rt.clock.now());
-            st.store.put_track(&rec.id, v.id, &t)?;
-            t
+            let t = Track::new(now);
+            s.store.put_track(&id, vid, &t)?;
+            Ok(t)
         }
-    };
+    })
+    .await?;
     // Bounded: a give-up is followed by at most one take, a take by a wait.
     for _ in 0..8 {
         let now = rt.clock.now();
@@ -171,9 +179,10 @@ async fn run_volume(
                         None,
                         Some(why.into()),
                     ),
-                )?;
+                )
+                .await?;
                 track = track.gave_up(now);
-                st.store.put_track(&rec.id, v.id, &track)?;
+                put_track(st, rec, v, &track).await?;
             }
             Step::Take { slot, .. } | Step::Retry { slot, .. }
                 if paused(st, space).await?.is_some() =>
@@ -187,9 +196,10 @@ async fn run_volume(
                     st,
                     rec,
                     run_rec(now, slot, v, api::RunOutcome::Paused, None, Some(why)),
-                )?;
+                )
+                .await?;
                 track = claimed.failed(now);
-                st.store.put_track(&rec.id, v.id, &track)?;
+                put_track(st, rec, v, &track).await?;
             }
             Step::Take { slot, skipped, .. } => {
                 track = take(st, rec, v, track, slot, skipped).await?;
@@ -235,8 +245,21 @@ fn run_rec(
     }
 }
 
-fn record(st: &State, rec: &ScheduleRec, run: api::ScheduleRun) -> Result<(), Failure> {
-    st.store.add_run(&rec.id, &run)?;
+/// Where a schedule stands on a volume, durable when it returns (a redb
+/// commit: run off the async threads).
+async fn put_track(
+    st: &Arc<State>,
+    rec: &ScheduleRec,
+    v: &VolumeInfo,
+    track: &Track,
+) -> Result<(), Failure> {
+    let (s, id, vid, t) = (st.clone(), rec.id.clone(), v.id, track.clone());
+    blocking(move || Ok(s.store.put_track(&id, vid, &t)?)).await
+}
+
+async fn record(st: &Arc<State>, rec: &ScheduleRec, run: api::ScheduleRun) -> Result<(), Failure> {
+    let (s, id, r) = (st.clone(), rec.id.clone(), run.clone());
+    blocking(move || Ok(s.store.add_run(&id, &r)?)).await?;
     let outcome = serde_json::to_value(run.outcome)
         .ok()
         .and_then(|v| v.as_str().map(String::from))
@@ -275,7 +298,7 @@ async fn take(
 ) -> Result<Track, Failure> {
     let rt = &st.schedules;
     let track = track.claim(slot);
-    st.store.put_track(&rec.id, v.id, &track)?;
+    put_track(st, rec, v, &track).await?;
     rt.crash_point("schedule-after-claim");
     let slot_s = slot.to_string();
     let name = snapshot_name(&rec.spec.name, slot);
@@ -326,9 +349,9 @@ async fn take(
             r.deleted = deleted;
             r.kept = kept;
             tracing::info!(slot = %rfc3339(slot), outcome = ?r.outcome, deleted = r.deleted.len(), kept = r.kept.len(), "schedule ran");
-            record(st, rec, r)?;
+            record(st, rec, r).await?;
             let track = track.done(now);
-            st.store.put_track(&rec.id, v.id, &track)?;
+            put_track(st, rec, v, &track).await?;
             Ok(track)
         }
         Err(error) => {
@@ -344,9 +367,10 @@ async fn take(
                     Some(name),
                     Some(error),
                 ),
-            )?;
+            )
+            .await?;
             let track = track.failed(now);
-            st.store.put_track(&rec.id, v.id, &track)?;
+            put_track(st, rec, v, &track).await?;
             Ok(track)
         }
     }
