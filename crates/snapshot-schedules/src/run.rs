@@ -251,6 +251,24 @@ async fn reconcile(client: &Client, opts: &Options, s: SnapshotSchedule) -> Resu
                 status.pvcs.len() - 1
             }
         };
+        // A PVC not bound yet has no volume to snapshot: its slots wait
+        // (no claim, no VolumeSnapshot that could never become ready), and
+        // once bound it gets one catch-up snapshot like any late run.
+        let phase = pvc
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
+        if phase != "Bound" {
+            let why =
+                format!("the PVC is {phase}, not Bound: its snapshots start once it is bound");
+            let p = &mut status.pvcs[i];
+            if p.last_error.as_deref() != Some(why.as_str()) {
+                p.last_outcome = Some("waiting".into());
+                p.last_error = Some(why);
+            }
+            continue;
+        }
         for _ in 0..8 {
             let now = opts.clock.now();
             let track = to_track(&status.pvcs[i]);

@@ -103,6 +103,13 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
         env.write_pattern(&vol, pattern, "1M")?;
         vols.push(vol);
     }
+    // Selected, but never bound (its class does not exist): no slot is
+    // claimed for it and no VolumeSnapshot made; its track says why.
+    env.apply(&pvc(ns, "unbound", "no-such-class", "64Mi", None).replacen(
+        "metadata: {name: unbound, namespace: snapshot-schedule}",
+        "metadata: {name: unbound, namespace: snapshot-schedule, labels: {tier: gold}}",
+        1,
+    ))?;
     let clock = env.dir.join("schedule-clock");
     let set = |t: i64| -> Result<()> {
         let tmp = clock.with_extension("tmp");
@@ -218,6 +225,22 @@ pub fn snapshot_schedule(env: &Env) -> Result<()> {
     ensure!(
         snapshots_of(env, ns, "scratch")?.is_empty(),
         "the unlabelled PVC was snapshotted"
+    );
+    ensure!(
+        snapshots_of(env, ns, "unbound")?.is_empty(),
+        "the unbound PVC was snapshotted"
+    );
+    let s = env
+        .get(ns, "snapshotschedule", "hourly")?
+        .context("the schedule")?;
+    let t = track(&s, "unbound").context("no track for the unbound PVC")?;
+    ensure!(
+        t["lastOutcome"] == "waiting"
+            && t["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("not Bound"))
+            && t["slot"].is_null(),
+        "the unbound PVC's track: {t}"
     );
     // The restored volume keeps its data after its source snapshot went.
     env.check_pattern(&env.wait_bound(ns, "restored", T)?, 0xd1, "1M")?;
