@@ -119,7 +119,7 @@ pub async fn daemon_stats(ctx: &crate::Ctx) -> Result<()> {
                 ),
             ),
             (
-                "Held by volumes",
+                "Held by volumes and the catalog",
                 format_size(s.used_bytes.saturating_sub(s.snapshot_only_bytes)),
             ),
             ("Volumes", s.volumes.to_string()),
