@@ -149,6 +149,21 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SIGINT first: fio stops its jobs and closes its connections
+            // as at the end of a run (an NBD server sees a clean
+            // disconnect, not a connection cut mid-request); SIGKILL if it
+            // has not gone within 10 s.
+            // SAFETY: kill(2) on our own child's pid; it touches no memory.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGINT);
+            }
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
