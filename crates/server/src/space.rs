@@ -94,9 +94,10 @@ pub async fn prune_snapshots(
                     && schedule
                         .as_ref()
                         .is_none_or(|id| labels.get(api::SCHEDULE_LABEL) == Some(id))
-                    && req
-                        .older_than_seconds
-                        .is_none_or(|age| now.saturating_sub(slot_of(x)) > age as i64)
+                    && req.older_than_seconds.is_none_or(|age| {
+                        // An age past i64 is older than anything.
+                        now.saturating_sub(slot_of(x)) > i64::try_from(age).unwrap_or(i64::MAX)
+                    })
             })
             .map(|info| Matched {
                 pinned: pinned(&s, &vol, &info),
