@@ -7,7 +7,6 @@
 
 use lamina_test_support::*;
 use serde_json::Value;
-use std::path::PathBuf;
 use std::time::Duration;
 
 const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
@@ -16,32 +15,7 @@ const H: i64 = 3600;
 const T0: i64 = 1_893_456_600;
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// The schedules' clock, in a file the daemon reads.
-struct Clock {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl Clock {
-    fn new() -> Clock {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("clock");
-        let c = Clock { _dir: dir, path };
-        c.set(T0);
-        c
-    }
-    fn set(&self, t: i64) {
-        // Written whole then renamed: the daemon never reads half a number.
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, t.to_string()).unwrap();
-        std::fs::rename(&tmp, &self.path).unwrap();
-    }
-    fn arg(&self) -> &str {
-        self.path.to_str().unwrap()
-    }
-}
-
-fn start(clock: &Clock, more: &[&str]) -> Daemon {
+fn start(clock: &TestClock, more: &[&str]) -> Daemon {
     let mut args = vec!["--test-clock", clock.arg()];
     args.extend(more);
     LAMINA.start_with(&args).unwrap()
@@ -170,7 +144,7 @@ fn fill(d: &Daemon, volume: &str) {
 
 #[test]
 fn every_hour_keep_3_leaves_exactly_3_and_touches_nothing_else() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a", "b", "c"]);
     d.ok(&["snapshot", "create", "a", "manual"]);
@@ -283,7 +257,7 @@ fn every_hour_keep_3_leaves_exactly_3_and_touches_nothing_else() {
 
 #[test]
 fn a_daemon_down_over_five_slots_takes_one_catch_up() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let mut d = start(&clock, &[]);
     volumes(&d, &["a"]);
     d.ok(&[
@@ -324,7 +298,7 @@ fn killed_mid_run_the_slot_is_finished_at_restart_never_doubled() {
         ("schedule-after-claim", "taken"),
         ("schedule-after-snapshot", "existed"),
     ] {
-        let clock = Clock::new();
+        let clock = TestClock::new(T0);
         let mut d = start(&clock, &["--test-crash-at", point]);
         volumes(&d, &["a"]);
         d.ok(&[
@@ -365,7 +339,7 @@ fn killed_mid_run_the_slot_is_finished_at_restart_never_doubled() {
 
 #[test]
 fn retention_keeps_what_clones_depend_on_converges_and_survives_a_rename() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a"]);
     fill(&d, "a");
@@ -435,7 +409,7 @@ fn retention_keeps_what_clones_depend_on_converges_and_survives_a_rename() {
 
 #[test]
 fn a_failed_run_is_retried_then_given_up_and_every_attempt_recorded() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a"]);
     // A manual snapshot already has the name slot 1 would take.
@@ -486,7 +460,7 @@ fn a_failed_run_is_retried_then_given_up_and_every_attempt_recorded() {
 
 #[test]
 fn deleting_a_schedule_asks_what_to_do_with_its_snapshots() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a"]);
     fill(&d, "a");
@@ -558,7 +532,7 @@ fn deleting_a_schedule_asks_what_to_do_with_its_snapshots() {
 
 #[test]
 fn bad_schedules_and_reserved_labels_are_refused_and_change_nothing() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a"]);
     for (args, says) in [
@@ -643,7 +617,7 @@ fn bad_schedules_and_reserved_labels_are_refused_and_change_nothing() {
 
 #[test]
 fn a_schedule_covers_the_volumes_its_selector_picks_from_when_they_match() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     d.ok(&[
         "volume",
@@ -697,7 +671,7 @@ fn a_schedule_covers_the_volumes_its_selector_picks_from_when_they_match() {
 #[test]
 fn past_the_high_water_mark_scheduled_snapshots_pause_with_the_reason() {
     need("qemu-io", "qemu-utils");
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let mut d = start(&clock, &["--high-water", "4M"]);
     volumes(&d, &["a"]);
     d.ok(&[
@@ -745,21 +719,9 @@ fn past_the_high_water_mark_scheduled_snapshots_pause_with_the_reason() {
     assert_eq!(made_by(&d, "hourly").len(), 2);
 }
 
-/// The value of the sample `name{labels}` in a Prometheus text exposition.
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = if labels.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[test]
 fn metrics_count_operations_and_schedule_runs_exactly() {
-    let clock = Clock::new();
+    let clock = TestClock::new(T0);
     let d = start(&clock, &[]);
     volumes(&d, &["a", "b"]);
     d.ok(&["snapshot", "create", "a", "manual"]);
@@ -783,7 +745,7 @@ fn metrics_count_operations_and_schedule_runs_exactly() {
     }
     let m = d.ok(&["metrics"]);
     let ops = |kind: &str, outcome: &str| {
-        sample(
+        prometheus_sample(
             &m,
             "lamina_operations_total",
             &format!("kind=\"{kind}\",outcome=\"{outcome}\""),
@@ -797,7 +759,7 @@ fn metrics_count_operations_and_schedule_runs_exactly() {
     // keep 1: slot 1's two snapshots deleted at slot 2
     assert_eq!(ops("delete-snapshot", "succeeded"), 2.0, "{m}");
     assert_eq!(
-        sample(
+        prometheus_sample(
             &m,
             "lamina_schedule_runs_total",
             "schedule=\"hourly\",outcome=\"taken\""
@@ -805,14 +767,22 @@ fn metrics_count_operations_and_schedule_runs_exactly() {
         Some(4.0),
         "{m}"
     );
-    assert_eq!(sample(&m, "lamina_volumes", ""), Some(2.0), "{m}");
-    assert_eq!(sample(&m, "lamina_snapshots", ""), Some(3.0), "{m}");
-    assert!(
-        sample(&m, "lamina_pool_used_bytes", "").unwrap() > 0.0,
+    assert_eq!(
+        prometheus_sample(&m, "lamina_volumes", ""),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        prometheus_sample(&m, "lamina_snapshots", ""),
+        Some(3.0),
         "{m}"
     );
     assert!(
-        sample(
+        prometheus_sample(&m, "lamina_pool_used_bytes", "").unwrap() > 0.0,
+        "{m}"
+    );
+    assert!(
+        prometheus_sample(
             &m,
             "lamina_operation_duration_seconds_count",
             "kind=\"create-snapshot\""

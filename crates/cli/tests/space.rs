@@ -107,30 +107,6 @@ fn pool_stats_count_what_only_snapshots_hold() {
     assert_eq!(snapshot_only_data(&pool(&d)), 128 * K);
 }
 
-/// The age filter reads the schedules' clock: set eight days ahead, every
-/// snapshot taken now is older than a week.
-struct Clock {
-    _dir: tempfile::TempDir,
-    path: std::path::PathBuf,
-}
-
-impl Clock {
-    fn new(t: i64) -> Clock {
-        let dir = tempfile::tempdir().unwrap();
-        let c = Clock {
-            path: dir.path().join("clock"),
-            _dir: dir,
-        };
-        c.set(t);
-        c
-    }
-    fn set(&self, t: i64) {
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, t.to_string()).unwrap();
-        std::fs::rename(&tmp, &self.path).unwrap();
-    }
-}
-
 fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -141,10 +117,10 @@ fn now() -> i64 {
 #[test]
 fn bulk_delete_says_what_goes_what_stays_and_frees_exactly_that() {
     let t = now() + 8 * DAY;
-    let clock = Clock::new(t);
-    let d = LAMINA
-        .start_with(&["--test-clock", clock.path.to_str().unwrap()])
-        .unwrap();
+    // The age filter reads the schedules' clock: set eight days ahead,
+    // every snapshot taken now is older than a week.
+    let clock = TestClock::new(t);
+    let d = LAMINA.start_with(&["--test-clock", clock.arg()]).unwrap();
     d.ok(&["volume", "create", "a", "--size", "64M"]);
     write(&d, "a", &["write -P 1 0 1M"]);
     d.ok(&["snapshot", "create", "a", "gold", "--label", "tier=gold"]);
@@ -286,14 +262,6 @@ fn bulk_delete_says_what_goes_what_stays_and_frees_exactly_that() {
     assert_eq!(snapshots(&d, "a"), ["d4", "gold", "manual"]);
 }
 
-/// The value of the sample `name{labels}` in a Prometheus text exposition.
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = format!("{name}{{{labels}}}");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[test]
 fn each_export_counts_its_io_operations_bytes_and_latency() {
     need("qemu-io", "qemu-utils");
@@ -306,7 +274,7 @@ fn each_export_counts_its_io_operations_bytes_and_latency() {
     );
     let m = d.ok(&["metrics"]);
     let io = |family: &str, op: &str| {
-        sample(&m, family, &format!("volume=\"v\",op=\"{op}\"")).unwrap_or(0.0)
+        prometheus_sample(&m, family, &format!("volume=\"v\",op=\"{op}\"")).unwrap_or(0.0)
     };
     assert_eq!(io("lamina_volume_io_total", "write"), 2.0, "{m}");
     assert_eq!(io("lamina_volume_io_bytes_total", "write"), 131072.0, "{m}");
@@ -338,7 +306,7 @@ fn each_export_counts_its_io_operations_bytes_and_latency() {
     assert!(!out.contains("fail"), "{out}");
     let m = d.ok(&["metrics"]);
     assert!(
-        sample(
+        prometheus_sample(
             &m,
             "lamina_volume_io_bytes_total",
             "volume=\"v@s\",op=\"read\""

@@ -106,6 +106,11 @@ impl Catalog {
         })
     }
 
+    /// Volumes and snapshots, in O(1).
+    pub fn record_count(&self) -> usize {
+        self.records.len()
+    }
+
     pub fn snapshots(&self) -> impl Iterator<Item = &SnapshotRec> {
         self.records.values().filter_map(|r| match r {
             Record::Snapshot(s) => Some(s),

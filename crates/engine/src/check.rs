@@ -33,6 +33,15 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
+    /// Index nodes and data blocks of volumes, snapshots and dead trees,
+    /// the catalog's left out: what deleting snapshots can free.
+    pub fn tree_blocks(&self) -> (u64, u64) {
+        (
+            self.tree_nodes - self.catalog_nodes,
+            self.data_blocks - self.catalog_pages,
+        )
+    }
+
     pub fn is_ok(&self) -> bool {
         self.problem_count == 0
     }

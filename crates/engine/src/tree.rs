@@ -402,7 +402,9 @@ impl Meta {
             "exclusive size walked"
         );
         let counts = self.tree_exclusive(root, levels)?;
-        if self.exclusive_cache.len() > 2 * self.catalog.snapshots().count() + 64 {
+        // Entries of deleted snapshots are dropped once they could be half
+        // the cache (the bound is O(1): this runs for every snapshot listed).
+        if self.exclusive_cache.len() > 2 * self.catalog.record_count() + 64 {
             let catalog = &self.catalog;
             self.exclusive_cache
                 .retain(|id, _| catalog.snapshot(*id).is_some());
@@ -411,12 +413,18 @@ impl Meta {
         Ok(counts)
     }
 
-    fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
-        counts.0 += 1;
+    /// A node's non-empty entries, each with its refcount.
+    fn children_rc(&mut self, b: u64, level: u8) -> Result<(Vec<u64>, Vec<u32>)> {
         let entries = self.node_entries(b, level)?;
         let children: Vec<u64> = entries.iter().copied().filter(|&e| e != 0).collect();
         let mut rcs = Vec::with_capacity(children.len());
         self.rc_many(&children, &mut rcs)?;
+        Ok((children, rcs))
+    }
+
+    fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
+        counts.0 += 1;
+        let (children, rcs) = self.children_rc(b, level)?;
         for (&e, &rc) in children.iter().zip(&rcs) {
             if rc != 1 {
                 continue;
@@ -464,10 +472,7 @@ impl Meta {
         counts: &mut (u64, u64),
     ) -> Result<()> {
         counts.0 += 1;
-        let entries = self.node_entries(b, level)?;
-        let children: Vec<u64> = entries.iter().copied().filter(|&e| e != 0).collect();
-        let mut rcs = Vec::with_capacity(children.len());
-        self.rc_many(&children, &mut rcs)?;
+        let (children, rcs) = self.children_rc(b, level)?;
         for (&e, &rc) in children.iter().zip(&rcs) {
             let d = dropped.entry(e).or_insert(0);
             *d += 1;

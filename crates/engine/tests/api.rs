@@ -307,17 +307,11 @@ fn deleting_a_set_frees_what_only_the_set_holds() {
     let predicted = p.freed_by_deleting("v", &names(&["s1", "s2"])).unwrap();
     assert_eq!(predicted.data_bytes, 6 * BS);
     p.reclaim_all().unwrap();
-    let volume_blocks = |r: lamina_engine::CheckReport| {
-        (
-            r.tree_nodes - r.catalog_nodes,
-            r.data_blocks - r.catalog_pages,
-        )
-    };
-    let before = volume_blocks(p.check().unwrap());
+    let before = p.check().unwrap().tree_blocks();
     p.delete_snapshot("v", "s1").unwrap();
     p.delete_snapshot("v", "s2").unwrap();
     p.reclaim_all().unwrap();
-    let after = volume_blocks(p.check().unwrap());
+    let after = p.check().unwrap().tree_blocks();
     assert_eq!(
         ((before.0 - after.0) * BS, (before.1 - after.1) * BS),
         (predicted.metadata_bytes, predicted.data_bytes)

@@ -178,7 +178,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     responses((status = 200, body = api::Health), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn health(st: St) -> R<Json<api::Health>> {
     let s = st.clone();
-    let (stats, warning) = blocking(move || Ok((s.pool.stats()?, s.space_warning()?))).await?;
+    let stats = blocking(move || Ok(s.pool.stats()?)).await?;
+    let warning = st.space_warning_of(&stats);
     let capacity = capacity_bytes(&st.layout.root, &stats);
     Ok(Json(api::Health {
         version: env!("CARGO_PKG_VERSION").into(),

@@ -23,9 +23,8 @@ type R<T> = Result<T, Failure>;
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn pool_space(st: St) -> R<Json<api::PoolSpace>> {
     let s = st.clone();
-    let (stats, only, warning) =
-        blocking(move || Ok((s.pool.stats()?, s.pool.snapshot_only()?, s.space_warning()?)))
-            .await?;
+    let (stats, only) = blocking(move || Ok((s.pool.stats()?, s.pool.snapshot_only()?))).await?;
+    let warning = st.space_warning_of(&stats);
     let free = capacity_bytes(&st.layout.root, &stats);
     let capacity = stats.used_bytes.saturating_add(free);
     Ok(Json(api::PoolSpace {

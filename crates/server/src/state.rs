@@ -293,12 +293,16 @@ impl State {
     /// Whether the pool is past its high-water mark, and by how much
     /// (reads every refcount page: call it once per decision).
     pub fn space_warning(&self) -> Result<Option<String>, Failure> {
-        let stats = self.pool.stats()?;
+        Ok(self.space_warning_of(&self.pool.stats()?))
+    }
+
+    /// [`State::space_warning`] from stats already read.
+    pub fn space_warning_of(&self, stats: &lamina_engine::PoolStats) -> Option<String> {
         let used = stats.used_bytes;
-        let room = crate::handlers::capacity_bytes(&self.layout.root, &stats);
+        let room = crate::handlers::capacity_bytes(&self.layout.root, stats);
         let total = used.saturating_add(room);
         let past = used >= self.high_water.threshold(total);
-        Ok(past.then(|| {
+        past.then(|| {
             format!(
                 "the pool is {}% full ({} used of {}: its used bytes and what new data can still take), past its high-water mark of {}",
                 if total == 0 { 100 } else { (used as u128 * 100 / total as u128) as u64 },
@@ -306,7 +310,7 @@ impl State {
                 api::format_size(total),
                 self.high_water
             )
-        }))
+        })
     }
 
     pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {

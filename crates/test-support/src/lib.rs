@@ -34,6 +34,7 @@
 //! test. The one error type, [`StartError`], is for a start the caller may
 //! retry (a TCP port taken between choosing and binding it).
 
+mod clock;
 mod command;
 mod daemon;
 pub mod netns;
@@ -41,6 +42,7 @@ pub mod netns;
 mod tests;
 mod tools;
 
+pub use clock::{prometheus_sample, TestClock};
 pub use command::{run, try_run, Out, COMMAND_LIMIT};
 pub use daemon::{Daemon, Lamina, StartError, START_LIMIT, STOP_LIMIT};
 pub use tools::{need, qemu_img_compare, qemu_io};
