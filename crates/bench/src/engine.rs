@@ -12,6 +12,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod space;
+
 const BS: u64 = BLOCK as u64;
 const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
@@ -30,6 +32,9 @@ pub struct EngineArgs {
     /// Seconds per I/O measurement.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Run only these sections (by name, repeatable; default: all).
+    #[arg(long)]
+    only: Vec<String>,
 }
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -575,11 +580,18 @@ pub fn run(args: EngineArgs) -> Result<()> {
         ("clone", Box::new(|| clone_cost(&base))),
         ("memory_sparse_1tib", Box::new(|| memory(&base, args.quick))),
         (
+            "space_walks",
+            Box::new(|| space::space_walks(&base, args.quick)),
+        ),
+        (
             "io_metrics_cost",
             Box::new(|| io_metrics_cost(&base, args.quick)),
         ),
     ];
     for (name, f) in sections {
+        if !args.only.is_empty() && !args.only.iter().any(|o| o == name) {
+            continue;
+        }
         let t = Instant::now();
         let v = f().with_context(|| format!("bench {name}"))?;
         println!(

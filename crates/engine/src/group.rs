@@ -114,9 +114,11 @@ impl Pool {
             }
             made.sort_unstable_by_key(|(i, _)| *i);
             let links = crate::ops::Links::default();
-            made.iter()
-                .map(|(_, rec)| self.snapshot_info(m, rec, &links))
-                .collect::<Result<Vec<_>>>()
+            // Each shares its root with its volume: nothing is its own yet.
+            Ok(made
+                .iter()
+                .map(|(_, rec)| self.snapshot_info(m, rec, &links, 0))
+                .collect::<Vec<_>>())
         });
         // Every member shares its volume's root: writes from here on copy
         // first, so writers may go on while the commit makes them durable.

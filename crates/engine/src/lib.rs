@@ -27,6 +27,7 @@ mod meta;
 mod ops;
 mod pool;
 pub mod sim;
+mod space;
 pub mod storage;
 mod tree;
 mod wal;

@@ -233,17 +233,16 @@ impl Pool {
         links
     }
 
-    /// A snapshot's description. Its exclusive size walks only the part of
-    /// its tree no one else references (nothing, for a snapshot whose root
-    /// is still shared).
+    /// A snapshot's description, given the blocks only it holds (see
+    /// [`crate::meta::Meta::snapshot_exclusive`]).
     pub(crate) fn snapshot_info(
         &self,
-        m: &mut crate::meta::Meta,
+        m: &crate::meta::Meta,
         s: &SnapshotRec,
         links: &Links,
-    ) -> Result<SnapshotInfo> {
-        let (_, exclusive) = m.snapshot_exclusive(s.id, s.root, s.levels)?;
-        Ok(SnapshotInfo {
+        exclusive: u64,
+    ) -> SnapshotInfo {
+        SnapshotInfo {
             id: s.id,
             volume: m.catalog.volume(s.volume).name.clone(),
             volume_id: s.volume,
@@ -257,7 +256,7 @@ impl Pool {
             labels: s.labels.clone(),
             allocated_bytes: s.mapped * BLOCK as u64,
             exclusive_bytes: exclusive * BLOCK as u64,
-        })
+        }
     }
 
     /// Create an empty thin volume.
@@ -451,7 +450,8 @@ impl Pool {
         check_labels(labels)?;
         self.snapshot_then(volume, |m, vid| {
             let rec = Self::new_snapshot(m, vid, name.to_string(), labels, false, now_ns())?;
-            self.snapshot_info(m, &rec, &Links::default())
+            // It shares its root with the volume: nothing is its own yet.
+            Ok(self.snapshot_info(m, &rec, &Links::default(), 0))
         })
     }
 
@@ -465,7 +465,7 @@ impl Pool {
         self.snapshot_then(volume, |m, vid| {
             let name = system_snapshot_name(m.sb.next_id, target);
             let rec = Self::new_snapshot(m, vid, name, &[], true, now_ns())?;
-            self.snapshot_info(m, &rec, &Links::default())
+            Ok(self.snapshot_info(m, &rec, &Links::default(), 0))
         })
     }
 
@@ -559,33 +559,33 @@ impl Pool {
             let (vid, sid) = m.catalog.snapshot_ids(volume, name)?;
             let children = Self::children_of(m, Some(vid));
             let s = m.catalog.snapshot(sid).expect("indexed").clone();
-            self.snapshot_info(m, &s, &children)
+            let (root, levels) = (s.root, s.levels);
+            let (_, exclusive) = m.snapshot_exclusive(sid, root, levels)?;
+            Ok(self.snapshot_info(m, &s, &children, exclusive))
         })
     }
 
     /// A volume's snapshots, oldest first.
     pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
-        self.with_meta(|m| {
+        self.describe_snapshots(|m| {
             let vid = m.catalog.volume_id(volume)?;
-            let snaps: Vec<SnapshotRec> =
-                m.catalog.snapshots_of(vid).into_iter().cloned().collect();
-            self.snapshot_infos(m, Some(vid), snaps)
+            Ok((
+                Some(vid),
+                m.catalog.snapshots_of(vid).into_iter().cloned().collect(),
+            ))
         })
     }
 
     /// Every snapshot in the pool, oldest first.
     pub fn list_all_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.with_meta(|m| {
-            let snaps: Vec<SnapshotRec> = m.catalog.snapshots().cloned().collect();
-            self.snapshot_infos(m, None, snaps)
-        })
+        self.describe_snapshots(|m| Ok((None, m.catalog.snapshots().cloned().collect())))
     }
 
     /// The snapshots, of any volume, with this name and/or this id (both
     /// `None`: every snapshot), oldest first. Only the matching snapshots
     /// are described, so a lookup does not cost a full listing.
     pub fn find_snapshots(&self, name: Option<&str>, id: Option<u64>) -> Result<Vec<SnapshotInfo>> {
-        self.with_meta(|m| {
+        self.describe_snapshots(|m| {
             let snaps: Vec<SnapshotRec> = match id {
                 Some(id) => m.catalog.snapshot(id).cloned().into_iter().collect(),
                 None => m.catalog.snapshots().cloned().collect(),
@@ -594,23 +594,52 @@ impl Pool {
                 .into_iter()
                 .filter(|s| name.is_none_or(|n| s.name == n))
                 .collect();
-            self.snapshot_infos(m, None, snaps)
+            Ok((None, snaps))
         })
     }
 
-    fn snapshot_infos(
+    /// Describe the snapshots `pick` chooses (with the volume they all
+    /// belong to, if one). Names, links and sizes are read at one moment,
+    /// with every exclusive size the cache holds; the sizes it does not
+    /// hold are walked one snapshot per hold of the metadata lock, so I/O
+    /// waits for at most one snapshot's walk, never a whole listing's
+    /// (docs/space.md). A snapshot deleted in between is left out.
+    fn describe_snapshots(
         &self,
-        m: &mut crate::meta::Meta,
-        vol: Option<u64>,
-        snaps: Vec<SnapshotRec>,
+        pick: impl FnOnce(&mut crate::meta::Meta) -> Result<(Option<u64>, Vec<SnapshotRec>)>,
     ) -> Result<Vec<SnapshotInfo>> {
-        let children = Self::children_of(m, vol);
-        let mut v = snaps
-            .iter()
-            .map(|s| self.snapshot_info(m, s, &children))
-            .collect::<Result<Vec<_>>>()?;
-        v.sort_by_key(|s| s.id);
-        Ok(v)
+        let (mut infos, misses) = self.with_meta(|m| {
+            let (vol, snaps) = pick(m)?;
+            let links = Self::children_of(m, vol);
+            let mut misses = Vec::new();
+            let mut infos = Vec::with_capacity(snaps.len());
+            for s in &snaps {
+                let exclusive = m.cached_exclusive(s.id).map(|(_, data)| data);
+                if exclusive.is_none() {
+                    misses.push(infos.len());
+                }
+                infos.push(self.snapshot_info(m, s, &links, exclusive.unwrap_or(0)));
+            }
+            Ok((infos, misses))
+        })?;
+        let mut gone = Vec::new();
+        for i in misses {
+            let id = infos[i].id;
+            let walked = self.with_meta(|m| {
+                let Some(s) = m.catalog.snapshot(id) else {
+                    return Ok(None);
+                };
+                let (root, levels) = (s.root, s.levels);
+                Ok(Some(m.snapshot_exclusive(id, root, levels)?.1))
+            })?;
+            match walked {
+                Some(blocks) => infos[i].exclusive_bytes = blocks * BLOCK as u64,
+                None => gone.push(id),
+            }
+        }
+        infos.retain(|s| !gone.contains(&s.id));
+        infos.sort_by_key(|s| s.id);
+        Ok(infos)
     }
 
     /// Delete a snapshot. No data is copied: blocks nothing else references
@@ -844,49 +873,6 @@ impl Pool {
             allocated_bytes: mapped * BLOCK as u64,
             exclusive_bytes: data * BLOCK as u64,
             exclusive_metadata_bytes: nodes * BLOCK as u64,
-        })
-    }
-
-    /// What deleting these snapshots of `volume` together would free:
-    /// exact, from the refcounts (see `Meta::trees_freed`); blocks shared
-    /// only among them count, which the sum of their exclusive sizes misses.
-    /// A name given twice counts once.
-    pub fn freed_by_deleting(&self, volume: &str, snapshots: &[String]) -> Result<Freed> {
-        self.with_meta(|m| {
-            let vid = m.catalog.volume_id(volume)?;
-            let mut ids = Vec::with_capacity(snapshots.len());
-            for s in snapshots {
-                ids.push(m.catalog.snapshot_id(vid, s)?);
-            }
-            ids.sort_unstable();
-            ids.dedup();
-            let roots: Vec<(u64, u8)> = ids
-                .iter()
-                .map(|&id| {
-                    let s = m.catalog.snapshot(id).expect("indexed");
-                    (s.root, s.levels)
-                })
-                .collect();
-            Self::freed(m, &roots)
-        })
-    }
-
-    /// Space only snapshots hold: what deleting every snapshot in the pool
-    /// (system snapshots of linked clones included) would free; blocks a
-    /// volume or clone still maps are not in it. Walks the snapshot-only part
-    /// of every snapshot's tree under the metadata lock.
-    pub fn snapshot_only(&self) -> Result<Freed> {
-        self.with_meta(|m| {
-            let roots: Vec<(u64, u8)> = m.catalog.snapshots().map(|s| (s.root, s.levels)).collect();
-            Self::freed(m, &roots)
-        })
-    }
-
-    fn freed(m: &mut crate::meta::Meta, roots: &[(u64, u8)]) -> Result<Freed> {
-        let (nodes, data) = m.trees_freed(roots)?;
-        Ok(Freed {
-            data_bytes: data * BLOCK as u64,
-            metadata_bytes: nodes * BLOCK as u64,
         })
     }
 

@@ -9,7 +9,6 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::meta::Meta;
-use std::collections::HashMap;
 
 /// Blocks covered by one entry of a node at `level`.
 pub fn span(level: u8) -> u64 {
@@ -39,7 +38,7 @@ struct Sub {
 }
 
 impl Meta {
-    fn node_entries(&mut self, block: u64, level: u8) -> Result<Box<[u64; FANOUT]>> {
+    pub(crate) fn node_entries(&mut self, block: u64, level: u8) -> Result<Box<[u64; FANOUT]>> {
         let p = self.page(block, MAGIC_NODE)?;
         if node::level(p) != level {
             return Err(Error::corrupt(
@@ -371,118 +370,6 @@ impl Meta {
                 let ca = Self::child(a, level, va);
                 let cb = Self::child(b, level, vb);
                 self.compare_rec(ca, cb, level - 1, start, lo, hi, want_equal, f)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Blocks referenced by this tree and by nothing else (its exclusive
-    /// footprint), counting nodes and data separately. Shared subtrees are
-    /// not entered, so this costs only the exclusive part.
-    pub fn tree_exclusive(&mut self, root: u64, levels: u8) -> Result<(u64, u64)> {
-        if root == 0 || self.rc(root)? != 1 {
-            return Ok((0, 0));
-        }
-        let mut counts = (0u64, 0u64);
-        self.exclusive_rec(root, levels - 1, &mut counts)?;
-        Ok(counts)
-    }
-
-    /// [`Meta::tree_exclusive`] of snapshot `id`'s tree, from the cache
-    /// while the sharing generation has not moved (see `shared_gen`).
-    pub fn snapshot_exclusive(&mut self, id: u64, root: u64, levels: u8) -> Result<(u64, u64)> {
-        if let Some(&(gen, counts)) = self.exclusive_cache.get(&id) {
-            if gen == self.shared_gen {
-                return Ok(counts);
-            }
-        }
-        tracing::trace!(
-            snapshot = id,
-            shared_gen = self.shared_gen,
-            "exclusive size walked"
-        );
-        let counts = self.tree_exclusive(root, levels)?;
-        // Entries of deleted snapshots are dropped once they could be half
-        // the cache (the bound is O(1): this runs for every snapshot listed).
-        if self.exclusive_cache.len() > 2 * self.catalog.record_count() + 64 {
-            let catalog = &self.catalog;
-            self.exclusive_cache
-                .retain(|id, _| catalog.snapshot(*id).is_some());
-        }
-        self.exclusive_cache.insert(id, (self.shared_gen, counts));
-        Ok(counts)
-    }
-
-    /// A node's non-empty entries, each with its refcount.
-    fn children_rc(&mut self, b: u64, level: u8) -> Result<(Vec<u64>, Vec<u32>)> {
-        let entries = self.node_entries(b, level)?;
-        let children: Vec<u64> = entries.iter().copied().filter(|&e| e != 0).collect();
-        let mut rcs = Vec::with_capacity(children.len());
-        self.rc_many(&children, &mut rcs)?;
-        Ok((children, rcs))
-    }
-
-    fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
-        counts.0 += 1;
-        let (children, rcs) = self.children_rc(b, level)?;
-        for (&e, &rc) in children.iter().zip(&rcs) {
-            if rc != 1 {
-                continue;
-            }
-            if level == 0 {
-                counts.1 += 1;
-            } else {
-                self.exclusive_rec(e, level - 1, counts)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Blocks that deleting all of these trees together would free, as
-    /// (nodes, data): each root loses one reference, and every block whose
-    /// references all come from blocks so freed is freed in turn. This runs
-    /// the deletion's refcount arithmetic without writing it, so it is exact
-    /// (a block shared only among the given trees counts once, which no sum
-    /// of per-tree exclusive sizes gives) and costs only the freed part and
-    /// its edge. Nodes already on the dead list are not counted.
-    pub fn trees_freed(&mut self, roots: &[(u64, u8)]) -> Result<(u64, u64)> {
-        let mut dropped: HashMap<u64, u32> = HashMap::new();
-        let mut counts = (0u64, 0u64);
-        for &(root, levels) in roots {
-            if root == 0 {
-                continue;
-            }
-            let d = dropped.entry(root).or_insert(0);
-            *d += 1;
-            let d = *d;
-            if self.rc(root)? == d {
-                self.freed_rec(root, levels - 1, &mut dropped, &mut counts)?;
-            }
-        }
-        Ok(counts)
-    }
-
-    /// Node `b` (at `level`) has lost its last reference: count it, and drop
-    /// one reference from each of its children.
-    fn freed_rec(
-        &mut self,
-        b: u64,
-        level: u8,
-        dropped: &mut HashMap<u64, u32>,
-        counts: &mut (u64, u64),
-    ) -> Result<()> {
-        counts.0 += 1;
-        let (children, rcs) = self.children_rc(b, level)?;
-        for (&e, &rc) in children.iter().zip(&rcs) {
-            let d = dropped.entry(e).or_insert(0);
-            *d += 1;
-            if *d != rc {
-                continue;
-            }
-            if level == 0 {
-                counts.1 += 1;
-            } else {
-                self.freed_rec(e, level - 1, dropped, counts)?;
             }
         }
         Ok(())

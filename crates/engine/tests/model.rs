@@ -395,6 +395,17 @@ impl Run {
     }
 }
 
+/// The pool's snapshot-only space, counted by difference (referenced less
+/// what live trees reach), equals the simulated deletion of every snapshot,
+/// with reclaim pending or not.
+fn snapshot_only_by_difference_is_exact(p: &Pool) {
+    assert_eq!(
+        p.snapshot_only().unwrap(),
+        p.snapshot_only_simulated().unwrap(),
+        "snapshot-only space by difference and by simulated deletion"
+    );
+}
+
 /// Every snapshot's exclusive size as listed (from the engine's cache while
 /// its sharing generation holds) equals a fresh walk of its tree.
 fn cached_exclusive_sizes_are_exact(p: &Pool) {
@@ -436,6 +447,7 @@ fn run(ops: Vec<Op>) {
         r.step(op);
         r.model.verify(r.pool(), &BTreeSet::new());
         cached_exclusive_sizes_are_exact(r.pool());
+        snapshot_only_by_difference_is_exact(r.pool());
     }
     // Delete everything: every block must come back.
     let p = r.pool().clone();
