@@ -53,7 +53,49 @@ pub struct Ratio {
     pub min: f64,
     pub max: f64,
     pub verdict: &'static str,
-    pub meets_goal: Option<bool>,
+    pub meets_goal: Option<Judgement>,
+}
+
+/// Whether a measure meets its goal, judged on every round rather than the
+/// median alone: on these machines one comparison has moved from 0.65× to
+/// 1.74× between runs, so a median on the right side of a goal the rounds
+/// straddle proves nothing.
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum Judgement {
+    /// Every round meets it.
+    Met,
+    /// No round meets it.
+    Missed,
+    /// Some rounds do and some do not.
+    NotDecided,
+}
+
+impl Judgement {
+    /// Judge `values` (NaN left out) against `bound`: at least when higher
+    /// is better, at most when lower is.
+    pub fn of(values: &[f64], better: Better, bound: f64) -> Judgement {
+        let meets = |v: f64| match better {
+            Better::Higher => v >= bound,
+            Better::Lower => v <= bound,
+        };
+        let vals: Vec<f64> = values.iter().cloned().filter(|v| !v.is_nan()).collect();
+        if vals.iter().all(|&v| meets(v)) && !vals.is_empty() {
+            Judgement::Met
+        } else if vals.iter().all(|&v| !meets(v)) {
+            Judgement::Missed
+        } else {
+            Judgement::NotDecided
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            Judgement::Met => "met",
+            Judgement::Missed => "**missed**",
+            Judgement::NotDecided => "not decided (the rounds straddle it)",
+        }
+    }
 }
 
 /// An absolute bound from `targets.md` on one Lamina record's median, for
@@ -140,18 +182,14 @@ impl Records {
         });
     }
 
-    /// Every goal whose record exists, with its median and whether it is met.
-    pub fn goals_checked(&self) -> Vec<(Goal, &Record, bool)> {
+    /// Every goal whose record exists, with its record and whether every
+    /// value in it meets the goal.
+    pub fn goals_checked(&self) -> Vec<(Goal, &Record, Judgement)> {
         self.goals
             .iter()
             .filter_map(|g| {
                 let r = self.get(&g.case, &g.target, &g.metric)?;
-                let m = r.median();
-                let met = match r.better {
-                    Better::Higher => m >= g.bound,
-                    Better::Lower => m <= g.bound,
-                };
-                Some((g.clone(), r, met))
+                Some((g.clone(), r, Judgement::of(&r.values, r.better, g.bound)))
             })
             .collect()
     }
@@ -194,19 +232,25 @@ fn ratio(c: &Comparison, l: &Record, a: &Record) -> Ratio {
     let min = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
     let max = ratios.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let better = l.better;
-    // Within 5% either way is noise on these machines.
-    let verdict = match better {
-        _ if !med.is_finite() => "n/a",
-        Better::Higher if med >= 1.05 => "Lamina wins",
-        Better::Higher if med <= 0.95 => "**Lamina loses**",
-        Better::Lower if med <= 0.95 => "Lamina wins",
-        Better::Lower if med >= 1.05 => "**Lamina loses**",
-        _ => "even",
+    // Within 5% either way is noise on these machines. A win or a loss is
+    // declared only when every round says so; rounds on both sides of the
+    // band decide nothing.
+    let (win, lose) = match better {
+        Better::Higher => (min >= 1.05, max <= 0.95),
+        Better::Lower => (max <= 0.95, min >= 1.05),
     };
-    let meets_goal = c.goal.map(|g| match better {
-        Better::Higher => med >= g,
-        Better::Lower => med <= g,
-    });
+    let verdict = if !med.is_finite() {
+        "n/a"
+    } else if win {
+        "Lamina wins"
+    } else if lose {
+        "**Lamina loses**"
+    } else if min > 0.95 && max < 1.05 {
+        "even"
+    } else {
+        "not decided"
+    };
+    let meets_goal = c.goal.map(|g| Judgement::of(&ratios, better, g));
     Ratio {
         comparison: c.clone(),
         unit: l.unit.clone(),
@@ -275,16 +319,58 @@ mod tests {
         r.goal("lat", "absent", "lamina", "p50", 5.0);
         let g = r.goals_checked();
         assert_eq!(g.len(), 1);
-        assert!(g[0].2, "2 ms is within a 5 ms bound");
+        assert_eq!(g[0].2, Judgement::Met, "2 ms is within a 5 ms bound");
         let x = r.ratios();
         assert_eq!(x.len(), 2, "a comparison with a missing side is left out");
         assert_eq!(x[0].ratios, vec![0.9, 1.1, 0.8]);
         assert_eq!(x[0].median, 0.9);
         assert_eq!((x[0].min, x[0].max), (0.8, 1.1));
-        assert_eq!(x[0].verdict, "**Lamina loses**");
-        assert_eq!(x[0].meets_goal, Some(true));
+        assert_eq!(
+            x[0].verdict, "not decided",
+            "0.8-1.1 straddles the even band"
+        );
+        assert_eq!(x[0].meets_goal, Some(Judgement::Met));
         assert_eq!(x[1].median, 0.2);
         assert_eq!(x[1].verdict, "Lamina wins", "lower latency wins");
+    }
+
+    #[test]
+    fn a_verdict_needs_every_round() {
+        let mut r = Records::default();
+        let rounds = [
+            ("lose", [0.8, 0.9, 0.7]),
+            ("win", [1.2, 1.1, 1.3]),
+            ("even", [0.98, 1.02, 1.0]),
+            ("split", [0.7, 1.3, 0.9]),
+        ];
+        for (name, vals) in rounds {
+            for v in vals {
+                r.add(name, "lamina", "iops", "IOPS", Better::Higher, v);
+                r.add(name, "anchor", "iops", "IOPS", Better::Higher, 1.0);
+            }
+            r.compare(name, name, "iops", "lamina", "anchor", Some(0.85));
+        }
+        let x = r.ratios();
+        let got: Vec<(&str, Option<Judgement>)> =
+            x.iter().map(|r| (r.verdict, r.meets_goal)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("**Lamina loses**", Some(Judgement::NotDecided)),
+                ("Lamina wins", Some(Judgement::Met)),
+                ("even", Some(Judgement::Met)),
+                ("not decided", Some(Judgement::NotDecided)),
+            ]
+        );
+        assert_eq!(
+            Judgement::of(&[6.0, 7.0], Better::Lower, 5.0),
+            Judgement::Missed
+        );
+        assert_eq!(
+            Judgement::of(&[f64::NAN], Better::Lower, 5.0),
+            Judgement::Missed,
+            "no valid value meets nothing"
+        );
     }
 
     #[test]

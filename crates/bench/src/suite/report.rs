@@ -56,7 +56,7 @@ fn fmt(v: f64) -> String {
 
 fn ratio_row(r: &Ratio) -> String {
     let goal = match (r.comparison.goal, r.meets_goal) {
-        (Some(g), Some(m)) => format!(
+        (Some(g), Some(j)) => format!(
             "{} {}× — {}",
             if r.better == Better::Higher {
                 "≥"
@@ -64,7 +64,7 @@ fn ratio_row(r: &Ratio) -> String {
                 "≤"
             },
             fmt(g),
-            if m { "met" } else { "**missed**" }
+            j.text()
         ),
         _ => String::new(),
     };
@@ -142,9 +142,11 @@ fn markdown(
          metric, measured round by round with the two runs next to each other in time \
          ({} rounds of {} s per fio run); the table gives the median ratio and the \
          spread (lowest–highest round). Absolute numbers are for reference only: the \
-         machine is small and shared. Within 5% either way counts as even; \
-         otherwise the verdict says who wins, and says so when Lamina loses. Where \
-         `targets.md` sets a goal the last column says whether it is met. \
+         machine is small and shared. A verdict needs every round: all within 5% \
+         either way is even, all beyond it says who wins (and says so when Lamina \
+         loses), and rounds on both sides are **not decided**. Where `targets.md` \
+         sets a goal the last column judges it the same way: met when every round \
+         meets it, missed when none does, not decided otherwise. \
          Raw figures, per round, are in `bench-suite.json` beside this page.\n",
         ctx.p.rounds, ctx.p.seconds
     );
@@ -203,7 +205,7 @@ fn markdown(
                     },
                     fmt(g.bound),
                     r.unit,
-                    if met { "met" } else { "**missed**" }
+                    met.text()
                 );
             }
             m.push('\n');
