@@ -90,6 +90,11 @@ impl Lamina {
         Ok(())
     }
 
+    /// A volume's description (size, allocated, exclusive and shared bytes).
+    pub fn volume(&self, name: &str) -> Result<lamina_api::Volume> {
+        self.call(self.client.get_volume(name))
+    }
+
     /// Attach a volume; its NBD URI.
     pub fn attach(&self, volume: &str) -> Result<String> {
         Ok(self.call(self.client.attach_volume(volume))?.uri)

@@ -168,6 +168,7 @@ pub const CASES: &[(&str, &str, CaseFn)] = &[
     ("delete", "Snapshot delete", cases::delete::run),
     ("clone", "Clones", cases::clone::run),
     ("crossnode", "Cross-node clone", cases::crossnode::run),
+    ("index", "Index space", cases::index::run),
     ("scale", "Scale (control plane)", cases::scale::run),
 ];
 
@@ -249,7 +250,7 @@ pub fn run(a: SuiteArgs) -> Result<()> {
     for o in &a.only {
         if !CASES.iter().any(|(n, _, _)| n == o) {
             bail!(
-                "no case {o:?}; the cases are io, depth, snapshot, delete, clone, crossnode, scale"
+                "no case {o:?}; the cases are io, depth, snapshot, delete, clone, crossnode, index, scale"
             );
         }
     }

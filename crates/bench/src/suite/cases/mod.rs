@@ -5,6 +5,7 @@ pub mod clone;
 pub mod crossnode;
 pub mod delete;
 pub mod depth;
+pub mod index;
 pub mod io;
 pub mod scale;
 pub mod snapshot;

@@ -34,8 +34,11 @@ impl Sys {
             Sys::Internal(q, n) => {
                 *n += 1;
                 q.internal_snapshot(&format!("s{n}"))
+                    .with_context(|| format!("its log ends:\n{}", q.server.log_tail()))
             }
-            Sys::External(q) => q.external_snapshot(),
+            Sys::External(q) => q
+                .external_snapshot()
+                .with_context(|| format!("its log ends:\n{}", q.server.log_tail())),
         }
     }
 }
@@ -197,170 +200,185 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         for kind in ["lamina", "qsd internal", "qsd external"] {
             let target = format!("{kind} {label}");
             eprintln!("  {target}");
-            let (mut sys, uri) = match kind {
-                "lamina" => {
-                    let l = ctx.lamina(&format!("snap-{label}"))?;
-                    l.create_volume("v", size)?;
-                    let uri = l.attach("v")?;
-                    (
-                        Sys::Lamina {
-                            l,
-                            vol: "v".into(),
-                            n: 0,
-                        },
-                        uri,
-                    )
-                }
-                _ => {
-                    let img = dir.join(format!("{}-{label}.qcow2", kind.replace(' ', "-")));
-                    crate::suite::anchors::qemu_img(&[
-                        "create",
-                        "-q",
-                        "-f",
-                        "qcow2",
-                        &path_str(&img),
-                        &size.to_string(),
-                    ])?;
-                    let q = Qsd::start(
-                        &format!("qsd-{}-{label}", kind.replace(' ', "-")),
-                        &img,
-                        &dir,
-                    )?;
-                    let uri = q.uri.clone();
-                    if kind == "qsd internal" {
-                        (Sys::Internal(q, 0), uri)
-                    } else {
-                        (Sys::External(q), uri)
+            // An anchor that dies (qemu-storage-daemon has, deep into a
+            // run of external snapshots) ends its own figures, not the case.
+            let outcome = (|| -> Result<()> {
+                let (mut sys, uri) = match kind {
+                    "lamina" => {
+                        let l = ctx.lamina(&format!("snap-{label}"))?;
+                        l.create_volume("v", size)?;
+                        let uri = l.attach("v")?;
+                        (
+                            Sys::Lamina {
+                                l,
+                                vol: "v".into(),
+                                n: 0,
+                            },
+                            uri,
+                        )
                     }
+                    _ => {
+                        let img = dir.join(format!("{}-{label}.qcow2", kind.replace(' ', "-")));
+                        crate::suite::anchors::qemu_img(&[
+                            "create",
+                            "-q",
+                            "-f",
+                            "qcow2",
+                            &path_str(&img),
+                            &size.to_string(),
+                        ])?;
+                        let q = Qsd::start(
+                            &format!("qsd-{}-{label}", kind.replace(' ', "-")),
+                            &img,
+                            &dir,
+                        )?;
+                        let uri = q.uri.clone();
+                        if kind == "qsd internal" {
+                            (Sys::Internal(q, 0), uri)
+                        } else {
+                            (Sys::External(q), uri)
+                        }
+                    }
+                };
+                // The same data in each: `data` bytes of 4 KiB writes at random
+                // over the whole volume, same offsets everywhere.
+                let mut fill = Job::new("randwrite", "4k", 32, 0.0);
+                fill.number_ios = Some(data / 4096);
+                fill.seed = 5;
+                fio::run(&fill, &Target::Nbd(uri.clone()))
+                    .with_context(|| format!("filling {target}"))?;
+
+                let idle = take(&mut sys, &uri, samples, false, cap)?;
+                record_latencies(ctx, &target, "create, idle, first snapshots", &idle);
+                if idle.len() < samples {
+                    short.push(format!("{target} idle: {}", idle.len()));
                 }
-            };
-            // The same data in each: `data` bytes of 4 KiB writes at random
-            // over the whole volume, same offsets everywhere.
-            let mut fill = Job::new("randwrite", "4k", 32, 0.0);
-            fill.number_ios = Some(data / 4096);
-            fill.seed = 5;
-            fio::run(&fill, &Target::Nbd(uri.clone()))
-                .with_context(|| format!("filling {target}"))?;
+                let loaded = take(&mut sys, &uri, samples, true, cap)?;
+                record_latencies(
+                    ctx,
+                    &target,
+                    "create under write load, first snapshots",
+                    &loaded,
+                );
+                if loaded.len() < samples {
+                    short.push(format!("{target} under load: {}", loaded.len()));
+                }
 
-            let idle = take(&mut sys, &uri, samples, false, cap)?;
-            record_latencies(ctx, &target, "create, idle, first snapshots", &idle);
-            if idle.len() < samples {
-                short.push(format!("{target} idle: {}", idle.len()));
-            }
-            let loaded = take(&mut sys, &uri, samples, true, cap)?;
-            record_latencies(
-                ctx,
-                &target,
-                "create under write load, first snapshots",
-                &loaded,
-            );
-            if loaded.len() < samples {
-                short.push(format!("{target} under load: {}", loaded.len()));
-            }
-
-            for round in 0..ctx.p.rounds {
-                let secs = ctx.p.seconds.max(2.0);
-                let (base, _) = cadence(&mut sys, &uri, secs, false)?;
-                let (with, taken) = cadence(&mut sys, &uri, secs, true)?;
-                eprintln!(
+                for round in 0..ctx.p.rounds {
+                    let secs = ctx.p.seconds.max(2.0);
+                    let (base, _) = cadence(&mut sys, &uri, secs, false)?;
+                    let (with, taken) = cadence(&mut sys, &uri, secs, true)?;
+                    eprintln!(
                     "    round {round}: write IOPS {:.0} without, {:.0} with {taken} snapshots; p99 {:.0} / {:.0} µs",
                     base.iops, with.iops, base.p99_us, with.p99_us
                 );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write IOPS, no snapshots",
-                    "IOPS",
-                    Better::Higher,
-                    base.iops,
-                );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write IOPS, a snapshot every 0.5 s",
-                    "IOPS",
-                    Better::Higher,
-                    with.iops,
-                );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write IOPS with snapshots ÷ without",
-                    "×",
-                    Better::Higher,
-                    with.iops / base.iops,
-                );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write p99, no snapshots",
-                    "µs",
-                    Better::Lower,
-                    base.p99_us,
-                );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write p99, a snapshot every 0.5 s",
-                    "µs",
-                    Better::Lower,
-                    with.p99_us,
-                );
-                ctx.rec.add(
-                    CASE,
-                    &target,
-                    "write p99 with snapshots ÷ without",
-                    "×",
-                    Better::Lower,
-                    with.p99_us / base.p99_us,
-                );
-            }
-
-            // Up to the Nth: unmeasured, as fast as it goes (qemu within
-            // its budget), then measured again.
-            let have = match &sys {
-                Sys::Lamina { n, .. } | Sys::Internal(_, n) => *n,
-                Sys::External(q) => q.overlays(),
-            };
-            let goal = nth.saturating_sub(samples * 2);
-            let t = Instant::now();
-            let mut count = have;
-            while count < goal {
-                if !matches!(sys, Sys::Lamina { .. }) && t.elapsed() > qemu_budget {
-                    break;
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write IOPS, no snapshots",
+                        "IOPS",
+                        Better::Higher,
+                        base.iops,
+                    );
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write IOPS, a snapshot every 0.5 s",
+                        "IOPS",
+                        Better::Higher,
+                        with.iops,
+                    );
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write IOPS with snapshots ÷ without",
+                        "×",
+                        Better::Higher,
+                        with.iops / base.iops,
+                    );
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write p99, no snapshots",
+                        "µs",
+                        Better::Lower,
+                        base.p99_us,
+                    );
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write p99, a snapshot every 0.5 s",
+                        "µs",
+                        Better::Lower,
+                        with.p99_us,
+                    );
+                    ctx.rec.add(
+                        CASE,
+                        &target,
+                        "write p99 with snapshots ÷ without",
+                        "×",
+                        Better::Lower,
+                        with.p99_us / base.p99_us,
+                    );
                 }
-                sys.snapshot()?;
-                count += 1;
-            }
-            let idle = take(&mut sys, &uri, samples, false, cap)?;
-            let loaded = take(&mut sys, &uri, samples, true, cap)?;
-            let reached = count + idle.len() + loaded.len();
-            record_latencies(ctx, &target, "create, idle, at the Nth", &idle);
-            record_latencies(ctx, &target, "create under write load, at the Nth", &loaded);
-            ctx.rec.add(
-                CASE,
-                &target,
-                "N (snapshots by the end)",
-                "snapshots",
-                Better::Higher,
-                reached as f64,
-            );
-            eprintln!(
-                "    at the {reached}th: idle p99 {:.2} ms, loaded p99 {:.2} ms",
-                percentile(&idle, 0.99),
-                percentile(&loaded, 0.99)
-            );
-            if let Sys::Lamina { l, vol, .. } = &sys {
-                list_at_the_nth(ctx, &target, l, vol, reached)?;
-            }
-            if reached < nth {
-                ctx.rec.note(
+
+                // Up to the Nth: unmeasured, as fast as it goes (qemu within
+                // its budget), then measured again.
+                let have = match &sys {
+                    Sys::Lamina { n, .. } | Sys::Internal(_, n) => *n,
+                    Sys::External(q) => q.overlays(),
+                };
+                let goal = nth.saturating_sub(samples * 2);
+                let t = Instant::now();
+                let mut count = have;
+                while count < goal {
+                    if !matches!(sys, Sys::Lamina { .. }) && t.elapsed() > qemu_budget {
+                        break;
+                    }
+                    sys.snapshot()?;
+                    count += 1;
+                }
+                let idle = take(&mut sys, &uri, samples, false, cap)?;
+                let loaded = take(&mut sys, &uri, samples, true, cap)?;
+                let reached = count + idle.len() + loaded.len();
+                record_latencies(ctx, &target, "create, idle, at the Nth", &idle);
+                record_latencies(ctx, &target, "create under write load, at the Nth", &loaded);
+                ctx.rec.add(
+                    CASE,
+                    &target,
+                    "N (snapshots by the end)",
+                    "snapshots",
+                    Better::Higher,
+                    reached as f64,
+                );
+                eprintln!(
+                    "    at the {reached}th: idle p99 {:.2} ms, loaded p99 {:.2} ms",
+                    percentile(&idle, 0.99),
+                    percentile(&loaded, 0.99)
+                );
+                if let Sys::Lamina { l, vol, .. } = &sys {
+                    list_at_the_nth(ctx, &target, l, vol, reached)?;
+                }
+                if reached < nth {
+                    ctx.rec.note(
                     CASE,
                     format!(
                         "{target} reached only {reached} snapshots of the {nth} asked for in {} s of taking them: its \"at the Nth\" figures are at {reached}.",
                         qemu_budget.as_secs()
                     ),
                 );
+                }
+                Ok(())
+            })();
+            match outcome {
+                Ok(()) => {}
+                Err(e) if kind != "lamina" => {
+                    ctx.rec.note(
+                        CASE,
+                        format!("{target} failed, so its figures stop where it did: {e:#}"),
+                    );
+                }
+                Err(e) => return Err(e),
             }
         }
     }
