@@ -127,6 +127,12 @@ impl Catalog {
             .collect()
     }
 
+    /// The snapshot of volume `vol` taken next after snapshot `id`.
+    pub fn next_snapshot_of(&self, vol: u64, id: u64) -> Option<&SnapshotRec> {
+        let ids = self.snaps_by_vol.get(&vol)?;
+        ids.range(id + 1..).find_map(|n| self.snapshot(*n))
+    }
+
     pub fn get(&self, id: u64) -> Option<&Record> {
         self.records.get(&id)
     }

@@ -70,12 +70,46 @@ impl Meta {
     /// footprint), counting nodes and data separately. Shared subtrees are
     /// not entered, so this costs only the exclusive part.
     pub fn tree_exclusive(&mut self, root: u64, levels: u8) -> Result<(u64, u64)> {
+        self.tree_exclusive_beside(root, levels, None)
+    }
+
+    /// [`Meta::tree_exclusive`], walked beside another tree of the same
+    /// height (`beside`: its root). An entry equal to the other tree's at
+    /// the same place is shared without asking its refcount: every node the
+    /// walk enters has one parent, so the other tree's node there is a
+    /// different one, and a block two nodes point at has two references.
+    /// Only the entries that differ cost a refcount read. Beside a
+    /// neighbour in the same history (the next snapshot, or the volume after
+    /// its last one) that is the few blocks rewritten between the two, not
+    /// every entry of every leaf the two no longer share. The result is the
+    /// same whichever tree is beside, or none.
+    fn tree_exclusive_beside(
+        &mut self,
+        root: u64,
+        levels: u8,
+        beside: Option<u64>,
+    ) -> Result<(u64, u64)> {
         if root == 0 || self.rc(root)? != 1 {
             return Ok((0, 0));
         }
         let mut counts = (0u64, 0u64);
-        self.exclusive_rec(root, levels - 1, &mut counts)?;
+        self.exclusive_rec(root, beside.unwrap_or(0), levels - 1, &mut counts)?;
         Ok(counts)
+    }
+
+    /// The tree snapshot `id`'s exclusive walk goes beside: its volume's
+    /// next snapshot, or the live volume after the last one, if of the same
+    /// height (a volume grown since has a taller tree).
+    fn neighbour(&self, id: u64, levels: u8) -> Option<u64> {
+        let vol = self.catalog.snapshot(id)?.volume;
+        let (root, l) = match self.catalog.next_snapshot_of(vol, id) {
+            Some(n) => (n.root, n.levels),
+            None => match self.catalog.get(vol)? {
+                Record::Volume(v) => (v.root, v.levels),
+                Record::Snapshot(_) => return None,
+            },
+        };
+        (root != 0 && l == levels).then_some(root)
     }
 
     /// Snapshot `id`'s exclusive (nodes, data) if the cache holds it at the
@@ -98,7 +132,8 @@ impl Meta {
             shared_gen = self.shared_gen,
             "exclusive size walked"
         );
-        let counts = self.tree_exclusive(root, levels)?;
+        let beside = self.neighbour(id, levels);
+        let counts = self.tree_exclusive_beside(root, levels, beside)?;
         // Entries of deleted snapshots are dropped once they could be half
         // the cache (the bound is O(1): this runs for every snapshot listed).
         if self.exclusive_cache.len() > 2 * self.catalog.record_count() + 64 {
@@ -119,17 +154,42 @@ impl Meta {
         Ok((children, rcs))
     }
 
-    fn exclusive_rec(&mut self, b: u64, level: u8, counts: &mut (u64, u64)) -> Result<()> {
+    /// Count node `b` (at `level`, held by one parent alone) and what under
+    /// it only it holds; `other` is the node at the same place in the tree
+    /// walked beside (0: none).
+    fn exclusive_rec(
+        &mut self,
+        b: u64,
+        other: u64,
+        level: u8,
+        counts: &mut (u64, u64),
+    ) -> Result<()> {
+        debug_assert_ne!(b, other, "a node with one parent is in one tree");
         counts.0 += 1;
-        let (children, rcs) = self.children_rc(b, level)?;
-        for (&e, &rc) in children.iter().zip(&rcs) {
+        let entries = self.node_entries(b, level)?;
+        let beside = match other {
+            0 => None,
+            o => Some(self.node_entries(o, level)?),
+        };
+        let mut children = Vec::new();
+        let mut others = Vec::new();
+        for (i, &e) in entries.iter().enumerate() {
+            let o = beside.as_ref().map_or(0, |x| x[i]);
+            if e != 0 && e != o {
+                children.push(e);
+                others.push(o);
+            }
+        }
+        let mut rcs = Vec::with_capacity(children.len());
+        self.rc_many(&children, &mut rcs)?;
+        for ((&e, &o), &rc) in children.iter().zip(&others).zip(&rcs) {
             if rc != 1 {
                 continue;
             }
             if level == 0 {
                 counts.1 += 1;
             } else {
-                self.exclusive_rec(e, level - 1, counts)?;
+                self.exclusive_rec(e, o, level - 1, counts)?;
             }
         }
         Ok(())
