@@ -601,8 +601,8 @@ impl Pool {
     /// Describe the snapshots `pick` chooses (with the volume they all
     /// belong to, if one). Names, links and sizes are read at one moment,
     /// with every exclusive size the cache holds; the sizes it does not
-    /// hold are walked one snapshot per hold of the metadata lock, so I/O
-    /// waits for at most one snapshot's walk, never a whole listing's
+    /// hold are walked in slices of about a millisecond of the metadata
+    /// lock, so I/O waits for one slice, never a whole listing
     /// (docs/space.md). A snapshot deleted in between is left out.
     fn describe_snapshots(
         &self,
