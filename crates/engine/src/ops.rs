@@ -895,11 +895,7 @@ impl Pool {
     pub fn stats(&self) -> Result<PoolStats> {
         self.with_meta(|m| {
             let total = m.sb.total_blocks;
-            let mut used = 0;
-            for g in 0..total / GROUP {
-                let p = m.page(g * GROUP + 1, MAGIC_RC)?;
-                used += (0..GROUP as usize).filter(|&i| rc::get(p, i) != 0).count() as u64;
-            }
+            let used = m.count_refcounts(|rc| rc != 0)?;
             Ok(PoolStats {
                 total_bytes: total * BLOCK as u64,
                 used_bytes: used * BLOCK as u64,

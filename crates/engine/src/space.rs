@@ -18,7 +18,7 @@ const SET_PAGE: u64 = 1 << 15;
 
 /// A set of block numbers, one bit each, in pages of 32,768 blocks made on
 /// first use: a set over the regions live trees touch costs an eighth of a
-/// byte per block of those regions (4 MiB for a TiB) plus a pointer per
+/// byte per block of those regions (32 MiB for a TiB) plus a pointer per
 /// page of the pool, and each lookup is an index, not a hash.
 struct BlockSet {
     pages: Vec<Option<Box<[u64; (SET_PAGE / 64) as usize]>>>,
@@ -287,15 +287,13 @@ impl Meta {
         Ok(n)
     }
 
-    /// Blocks whose refcount holds a reference (system blocks and dead
-    /// nodes left out): one read of every refcount page.
-    fn referenced_blocks(&mut self) -> Result<u64> {
+    /// Blocks whose refcount `keep` accepts: one read of every refcount
+    /// page (the pool's used blocks, and the difference's referenced ones).
+    pub(crate) fn count_refcounts(&mut self, keep: impl Fn(u32) -> bool) -> Result<u64> {
         let mut n = 0;
         for g in 0..self.sb.total_blocks / GROUP {
             let p = self.page(g * GROUP + 1, MAGIC_RC)?;
-            n += (0..GROUP as usize)
-                .filter(|&i| (1..=RC_MAX).contains(&rc::get(p, i)))
-                .count() as u64;
+            n += (0..GROUP as usize).filter(|&i| keep(rc::get(p, i))).count() as u64;
         }
         Ok(n)
     }
@@ -341,7 +339,8 @@ impl Meta {
         for (root, levels) in snapshots {
             nodes += self.count_unreached_nodes(root, levels - 1, &live, &mut seen)?;
         }
-        let referenced = self.referenced_blocks()?;
+        // System blocks and dead nodes have refcounts of their own, above RC_MAX.
+        let referenced = self.count_refcounts(|rc| (1..=RC_MAX).contains(&rc))?;
         referenced
             .checked_sub(live.len + nodes)
             .map(|data| (nodes, data))
