@@ -17,6 +17,34 @@ pub fn qemu_nbd(name: &str, file: &Path, format: &str, dir: &Path) -> Result<(Se
     Ok((s, qemu_nbd_uri(&sock)))
 }
 
+/// qemu-nbd serving a qcow2 `file` with extra driver options (`--image-opts`)
+/// and flushes ignored (`--cache=unsafe`): for a case that measures what the
+/// format stores, not how fast or how safely it stores it.
+pub fn qemu_nbd_qcow2_opts(
+    name: &str,
+    file: &Path,
+    opts: &str,
+    dir: &Path,
+) -> Result<(Server, String)> {
+    let sock = dir.join(format!("{name}.sock"));
+    let mut c = Command::new("qemu-nbd");
+    c.args([
+        "--persistent",
+        "--shared=8",
+        "--export-name=disk",
+        "--cache=unsafe",
+        "--image-opts",
+        "-k",
+    ])
+    .arg(&sock)
+    .arg(format!(
+        "driver=qcow2,file.filename={},{opts}",
+        file.display()
+    ));
+    let s = Server::start(name, c, dir, &sock)?;
+    Ok((s, qemu_nbd_uri(&sock)))
+}
+
 /// The command `qemu_nbd` runs, for a case that starts it itself (to time
 /// how soon it serves).
 pub fn qemu_nbd_command(file: &Path, format: &str, sock: &Path) -> Command {
