@@ -241,12 +241,16 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
         format!("operation {id}"),
         format!("lamina operation wait {id}"),
     )?;
+    let mut seen = w
+        .until(ctx.client.changes(None, None, Duration::ZERO))
+        .await?
+        .ok();
     loop {
         let op = w.until(ctx.client.get_operation(id)).await??;
         w.what = format!("{} of {} (operation {id})", doing(op.kind), op.volume);
         progress.update(&op);
         match op.state {
-            OperationState::Running => w.until(tokio::time::sleep(POLL)).await?,
+            OperationState::Running => seen = next_change(ctx, &mut w, seen).await?,
             OperationState::Succeeded => {
                 progress.pb.finish_and_clear();
                 return Ok(op);
@@ -280,6 +284,10 @@ pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
         format!("flatten of {name}"),
         format!("lamina volume get {name}"),
     )?;
+    let mut seen = w
+        .until(ctx.client.changes(None, None, Duration::ZERO))
+        .await?
+        .ok();
     loop {
         let vol = w.until(ctx.client.get_volume(name)).await??;
         if vol.clone_state != CloneState::Flattening {
@@ -290,8 +298,29 @@ pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
             w.follow = format!("lamina operation wait {op}");
         }
         pb.tick();
-        w.until(tokio::time::sleep(POLL)).await?;
+        seen = next_change(ctx, &mut w, seen).await?;
     }
+}
+
+/// Wait for the daemon's next change after `seen` (every operation record,
+/// its end included, is one), or `POLL` at most: a waiter wakes as soon as
+/// the operation ends rather than up to a poll later. The sequence is read
+/// before the state it guards, so no change falls between the two. Without
+/// a sequence (the feed failed) it sleeps `POLL`.
+async fn next_change(
+    ctx: &Ctx,
+    w: &mut Waiting,
+    seen: Option<lamina_api::Changes>,
+) -> Result<Option<lamina_api::Changes>> {
+    let Some(c) = seen else {
+        w.until(tokio::time::sleep(POLL)).await?;
+        return Ok(w
+            .until(ctx.client.changes(None, None, Duration::ZERO))
+            .await?
+            .ok());
+    };
+    let next = ctx.client.changes(Some(c.seq), Some(&c.epoch), POLL);
+    Ok(w.until(next).await?.ok())
 }
 
 #[cfg(test)]
