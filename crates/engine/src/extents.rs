@@ -244,43 +244,69 @@ impl Export {
     }
 }
 
-impl Iterator for Export {
-    type Item = Result<Chunk>;
+/// One piece of an export stream, its data not yet read: what
+/// [`Export::next_piece`] gives a caller that reads data into a buffer of
+/// its own ([`Export::read_piece`]) instead of a new one per chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Data { offset: u64, len: u64 },
+    Zero { offset: u64, len: u64 },
+}
 
-    fn next(&mut self) -> Option<Result<Chunk>> {
+impl Export {
+    /// Step past the next piece (data in pieces of at most 1 MiB) without
+    /// reading it; `None` at the end of the stream.
+    pub fn next_piece(&mut self) -> Option<Piece> {
         let e = *self.extents.get(self.next)?;
         match e.kind {
             ExtentKind::Data => {
-                let n = (e.len - self.within).min(PIECE);
+                let len = (e.len - self.within).min(PIECE);
                 let offset = e.offset + self.within;
-                let mut bytes = vec![0u8; n as usize];
-                self.within += n;
+                self.within += len;
                 if self.within == e.len {
                     self.next += 1;
                     self.within = 0;
                 }
-                Some(
-                    self.source
-                        .read(offset, &mut bytes)
-                        .map(|_| Chunk::Data { offset, bytes }),
-                )
+                Some(Piece::Data { offset, len })
             }
             _ => {
                 self.next += 1;
-                Some(Ok(Chunk::Zero {
+                Some(Piece::Zero {
                     offset: e.offset,
                     len: e.len,
-                }))
+                })
             }
         }
+    }
+
+    /// Read a data piece [`Export::next_piece`] gave into `buf` (its
+    /// length).
+    pub fn read_piece(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.source.read(offset, buf)
+    }
+}
+
+impl Iterator for Export {
+    type Item = Result<Chunk>;
+
+    fn next(&mut self) -> Option<Result<Chunk>> {
+        Some(match self.next_piece()? {
+            Piece::Data { offset, len } => {
+                let mut bytes = vec![0u8; len as usize];
+                self.read_piece(offset, &mut bytes)
+                    .map(|_| Chunk::Data { offset, bytes })
+            }
+            Piece::Zero { offset, len } => Ok(Chunk::Zero { offset, len }),
+        })
     }
 }
 
 impl Volume {
-    /// Apply one chunk of an export stream.
+    /// Apply one chunk of an export stream (its data as bulk: see
+    /// [`Volume::write_bulk`]).
     pub fn apply(&self, chunk: &Chunk) -> Result<()> {
         match chunk {
-            Chunk::Data { offset, bytes } => self.write(*offset, bytes),
+            Chunk::Data { offset, bytes } => self.write_bulk(*offset, bytes),
             Chunk::Zero { offset, len } => self.write_zeroes(*offset, *len),
         }
     }

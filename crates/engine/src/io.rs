@@ -112,8 +112,9 @@ impl Pool {
     /// not all zeros): one index pass and one write per physically
     /// contiguous stretch instead of one of each per block. `Ok(false)`
     /// (nothing done) for a mixed run, which the caller writes block by
-    /// block.
-    pub(crate) fn write_run(&self, id: u64, first: u64, data: &[u8]) -> Result<bool> {
+    /// block. With `bulk`, new blocks are written around the page cache
+    /// ([`crate::storage::BlockFile::write_direct`]).
+    pub(crate) fn write_run(&self, id: u64, first: u64, data: &[u8], bulk: bool) -> Result<bool> {
         let n = data.len() / BLOCK;
         let _s = self.stripes(id, first, n as u64);
         let plan = self.with_meta(|m| {
@@ -159,7 +160,13 @@ impl Pool {
             while j < n && blocks[j] == blocks[j - 1] + 1 {
                 j += 1;
             }
-            if let Err(e) = self.data_write(&data[i * BLOCK..j * BLOCK], blocks[i] * BLOCK as u64) {
+            let (buf, at) = (&data[i * BLOCK..j * BLOCK], blocks[i] * BLOCK as u64);
+            let wrote = if bulk && fresh {
+                self.data_write_direct(buf, at)
+            } else {
+                self.data_write(buf, at)
+            };
+            if let Err(e) = wrote {
                 if fresh {
                     let mut m = self.lock_meta();
                     blocks.iter().for_each(|&b| m.unreserve(b));
@@ -301,6 +308,16 @@ impl Pool {
         latch.data_io("write data", f.path(), at, f.write_at(buf, at))
     }
 
+    /// [`Pool::data_write`] around the page cache: nothing is left for
+    /// writeback to start, but a commit's sync is still what makes it
+    /// durable (the device's cache).
+    fn data_write_direct(&self, buf: &[u8], at: u64) -> Result<()> {
+        let latch = &self.inner.latch;
+        latch.check()?;
+        let f = &self.inner.file;
+        latch.data_io("write data", f.path(), at, f.write_direct(buf, at))
+    }
+
     /// Read data blocks, unless the latch is set (see `latch.rs` on why
     /// reads are refused too). A failed read changes nothing: no latch.
     fn data_read(&self, buf: &mut [u8], at: u64) -> Result<()> {
@@ -413,6 +430,17 @@ impl Volume {
 
     /// Write `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_with(offset, data, false)
+    }
+
+    /// [`Volume::write`] for bulk data nobody is about to read (a copy's
+    /// or a restore's stream): runs of new blocks go around the page cache.
+    /// What is written, and when it is durable, is the same.
+    pub fn write_bulk(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_with(offset, data, true)
+    }
+
+    fn write_with(&self, offset: u64, data: &[u8], bulk: bool) -> Result<()> {
         self.writable()?;
         let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         {
@@ -429,7 +457,7 @@ impl Volume {
                 let n = whole.min(RUN);
                 let part = &data[done..done + n * BLOCK];
                 let first = at / BLOCK as u64;
-                if !self.pool.write_run(self.id, first, part)? {
+                if !self.pool.write_run(self.id, first, part, bulk)? {
                     for (k, b) in part.chunks(BLOCK).enumerate() {
                         self.pool.write_block(self.id, first + k as u64, b, 0)?;
                     }

@@ -35,7 +35,7 @@ mod wal;
 pub use check::CheckReport;
 pub use copy::{Applier, CopyControl, CopyEnd, CopyProgress};
 pub use error::{Error, IoFailure, Result};
-pub use extents::{Chunk, Export, Extent, ExtentKind, Target};
+pub use extents::{Chunk, Export, Extent, ExtentKind, Piece, Target};
 pub use format::{check_labels, check_name, BLOCK, NAME_RULE};
 pub use group::GROUP_LABEL;
 pub use io::Volume;

@@ -5,10 +5,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One file of a pool.
 #[allow(clippy::len_without_is_empty)]
@@ -19,6 +19,15 @@ pub trait BlockFile: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`, growing the file if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Write all of `buf` at `offset` like [`BlockFile::write_at`], but
+    /// around the page cache where the file system allows it (`O_DIRECT`):
+    /// for bulk data nobody is about to read (a clone's or a restore's
+    /// copy), which would otherwise push the volumes' hot pages out and
+    /// leave the next `sync` gigabytes to write. The same contract as
+    /// `write_at`: readable at once, durable only after `sync`.
+    fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)
+    }
     /// Durability barrier for everything written before the call.
     fn sync(&self) -> io::Result<()>;
     /// Start writing dirty data back without waiting for it, so that the
@@ -83,7 +92,11 @@ impl Backend for DirBackend {
             // Make the new directory entry itself durable.
             File::open(&self.dir)?.sync_all()?;
         }
-        Ok(Arc::new(OsFile { file, path }))
+        Ok(Arc::new(OsFile {
+            file,
+            path,
+            direct: OnceLock::new(),
+        }))
     }
 }
 
@@ -91,6 +104,78 @@ impl Backend for DirBackend {
 pub struct OsFile {
     file: File,
     path: PathBuf,
+    /// A second descriptor opened with `O_DIRECT` on first use; `None` when
+    /// the file system refuses it (tmpfs), and `write_direct` then writes
+    /// through the page cache.
+    direct: OnceLock<Option<File>>,
+}
+
+/// `O_DIRECT` needs the buffer, the offset and the length aligned to the
+/// device's logical block; 4 KiB covers every device Lamina runs on (and is
+/// the engine's block). Anything else goes through the page cache.
+const DIRECT_ALIGN: usize = 4096;
+
+/// Largest write handed to `O_DIRECT` at once (the bounce buffer's size).
+const DIRECT_MAX: usize = 1 << 20;
+
+thread_local! {
+    /// The aligned bounce buffer of this thread's direct writes: callers'
+    /// buffers (a network frame, an NBD request) are not aligned, and a
+    /// copy into memory already mapped costs far less than the page cache
+    /// copy it replaces.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl OsFile {
+    fn direct_fd(&self) -> Option<&File> {
+        self.direct
+            .get_or_init(|| {
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.path)
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// One aligned piece (`buf.len()` a multiple of `DIRECT_ALIGN`, at most
+    /// `DIRECT_MAX`) through `fd`: how many of its bytes went. Fewer than
+    /// all when the kernel refused the alignment (`EINVAL`) or a short
+    /// write left the rest unaligned; the caller writes the rest through
+    /// the page cache.
+    fn direct_piece(fd: &File, buf: &[u8], offset: u64) -> io::Result<usize> {
+        BOUNCE.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < DIRECT_MAX + DIRECT_ALIGN {
+                b.resize(DIRECT_MAX + DIRECT_ALIGN, 0);
+            }
+            let at = b.as_ptr().align_offset(DIRECT_ALIGN);
+            let aligned = &mut b[at..at + buf.len()];
+            // In 4 KiB pieces: one memcpy of a whole MiB is glibc's `rep
+            // movsb`, which ran at a fraction of its vector loop's rate on
+            // this project's AMD machines (the bench's cross-node clone).
+            for (d, s) in aligned.chunks_mut(4096).zip(buf.chunks(4096)) {
+                d.copy_from_slice(s);
+            }
+            let mut done = 0;
+            while done < aligned.len() {
+                match fd.write_at(&aligned[done..], offset + done as u64) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        done += n;
+                        if !n.is_multiple_of(DIRECT_ALIGN) {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(done)
+        })
+    }
 }
 
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
@@ -134,6 +219,27 @@ impl BlockFile for OsFile {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(buf, offset)
+    }
+
+    fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let fd = match self.direct_fd() {
+            Some(fd)
+                if offset.is_multiple_of(DIRECT_ALIGN as u64)
+                    && buf.len().is_multiple_of(DIRECT_ALIGN) =>
+            {
+                fd
+            }
+            _ => return self.write_at(buf, offset),
+        };
+        let mut at = offset;
+        for piece in buf.chunks(DIRECT_MAX) {
+            let n = OsFile::direct_piece(fd, piece, at)?;
+            if n < piece.len() {
+                self.file.write_all_at(&piece[n..], at + n as u64)?;
+            }
+            at += piece.len() as u64;
+        }
+        Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -200,5 +306,49 @@ impl BlockFile for OsFile {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// Direct writes read back through the page cache at once, whether
+    /// aligned (around the cache), unaligned (through it) or over pages the
+    /// cache holds dirty; what lies beside them is untouched.
+    #[test]
+    fn direct_writes_read_back_like_buffered_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let f = DirBackend::new(d.path()).open("data", true).unwrap();
+        let mut model = vec![0u8; 6 << 20];
+        let mut write = |f: &Arc<dyn BlockFile>, direct: bool, at: usize, data: Vec<u8>| {
+            if direct {
+                f.write_direct(&data, at as u64).unwrap();
+            } else {
+                f.write_at(&data, at as u64).unwrap();
+            }
+            model[at..at + data.len()].copy_from_slice(&data);
+            let mut back = vec![0u8; model.len()];
+            f.read_at(&mut back, 0).unwrap();
+            assert!(back == model, "after a write of {} at {at}", data.len());
+        };
+        // Buffered pages first, left dirty, then direct writes over them.
+        write(&f, false, 0, pattern(3 << 20, 1));
+        write(&f, true, 4096, pattern(2 << 20, 2));
+        // More than one bounce buffer's worth, past the end of the file.
+        write(&f, true, 3 << 20, pattern((2 << 20) + 8192, 3));
+        // Unaligned offset and length: through the page cache.
+        write(&f, true, 1000, pattern(5000, 4));
+        write(&f, true, 8192, pattern(4095, 5));
+        // A buffered write over direct data, then direct again.
+        write(&f, false, 4096 + 17, pattern(100, 6));
+        write(&f, true, 4096, pattern(4096, 7));
+        f.sync().unwrap();
     }
 }
