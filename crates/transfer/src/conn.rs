@@ -3,7 +3,7 @@
 //! thread).
 
 use crate::error::TransferError;
-use crate::frames::{read_sync, write_sync, ReadError};
+use crate::frames::{read_sync_reusing, write_sync, ReadError};
 use crate::tls::Identity;
 use crate::wire::{Answer, Frame, Request, VERSION};
 use rustls::pki_types::ServerName;
@@ -163,7 +163,12 @@ impl Conn {
     }
 
     pub(crate) fn read(&mut self) -> Result<Frame, TransferError> {
-        match read_sync(&mut self.stream) {
+        self.read_reusing(&mut Vec::new())
+    }
+
+    /// [`Conn::read`], a Data payload read into `spare`'s allocation.
+    pub(crate) fn read_reusing(&mut self, spare: &mut Vec<u8>) -> Result<Frame, TransferError> {
+        match read_sync_reusing(&mut self.stream, spare) {
             Ok((f, _)) => Ok(f),
             Err(ReadError::Io(e)) => Err(self.io_error(e)),
             Err(ReadError::Wire(e @ crate::wire::WireError::Checksum { .. })) => {

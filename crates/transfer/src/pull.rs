@@ -153,9 +153,13 @@ fn pull_counted(
     let cutter = c.cutter();
     let peer = c.peer.clone();
     let (tx, rx) = sync_channel(QUEUE);
+    // Applied payloads come back to the receiver, which reads the next
+    // ones into them: a few warm buffers for the whole stream.
+    let (give_back, spare) = std::sync::mpsc::channel::<Vec<u8>>();
     std::thread::scope(|s| {
         s.spawn(move || loop {
-            let r = c.read();
+            let mut buf = spare.try_recv().unwrap_or_default();
+            let r = c.read_reusing(&mut buf);
             let more = matches!(r, Ok(Frame::Data { .. } | Frame::Zero { .. }));
             if tx.send(r).is_err() || !more {
                 break;
@@ -170,7 +174,7 @@ fn pull_counted(
             frames: 0,
             data: 0,
         };
-        let end = apply.run(rx, pull.checkpoint_bytes, ctl);
+        let end = apply.run(rx, &give_back, pull.checkpoint_bytes, ctl);
         // Unblock the receiver if it still waits on the socket.
         if let Some(t) = &cutter {
             let _ = t.shutdown(std::net::Shutdown::Both);
@@ -215,6 +219,7 @@ impl Apply<'_> {
     fn run(
         &mut self,
         rx: Receiver<Result<Frame, TransferError>>,
+        give_back: &std::sync::mpsc::Sender<Vec<u8>>,
         checkpoint_bytes: u64,
         ctl: &mut dyn CopyControl,
     ) -> Result<CopyEnd, TransferError> {
@@ -278,7 +283,11 @@ impl Apply<'_> {
             let at = match &chunk {
                 Chunk::Data { offset, .. } | Chunk::Zero { offset, .. } => *offset,
             };
-            if let Some(end) = a.apply(&chunk, ctl).map_err(|e| engine(e, "write", at))? {
+            let applied = a.apply(&chunk, ctl).map_err(|e| engine(e, "write", at))?;
+            if let Chunk::Data { bytes, .. } = chunk {
+                let _ = give_back.send(bytes);
+            }
+            if let Some(end) = applied {
                 return Ok(end);
             }
         }

@@ -7,7 +7,7 @@ use crate::error::TransferError;
 use crate::frames::{read_async, write_async, ReadError};
 use crate::tls::{cert_node, Identity};
 use crate::wire::{self, Answer, Code, Frame, Mode, Request, VERSION};
-use lamina_engine::{Chunk, Pool, Target};
+use lamina_engine::{Piece, Pool, Target};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -315,7 +315,8 @@ impl Source {
         node: &str,
     ) {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUE);
-        let reader = tokio::task::spawn_blocking(move || read_frames(export, tx));
+        let (give_back, spare) = std::sync::mpsc::channel();
+        let reader = tokio::task::spawn_blocking(move || read_frames(export, tx, spare));
         let mut failed = None;
         while let Some(buf) = rx.recv().await {
             // A target that takes nothing for this long (its link cut, its
@@ -332,6 +333,7 @@ impl Source {
                 break;
             }
             let n = buf.len() as u64;
+            let _ = give_back.send(buf);
             self.sent_total.fetch_add(n, Ordering::Relaxed);
             let mut s = self.sent.lock().unwrap_or_else(|p| p.into_inner());
             *s.entry(node.to_string()).or_default() += n;
@@ -367,30 +369,39 @@ fn short(f: &Frame) -> String {
     }
 }
 
-/// The blocking half: read chunks, encode them, queue them. Stops when the
-/// channel closes (the peer is gone).
-fn read_frames(export: lamina_engine::Export, tx: mpsc::Sender<Vec<u8>>) {
+/// The blocking half: read pieces straight into frame buffers, queue them.
+/// Buffers come back on `spare` once written, so a stream reuses a few
+/// warm ones rather than allocating (and copying into) a new one per MiB.
+/// Stops when the channel closes (the peer is gone).
+fn read_frames(
+    mut export: lamina_engine::Export,
+    tx: mpsc::Sender<Vec<u8>>,
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+) {
     let (mut frames, mut data_bytes) = (0u64, 0u64);
-    for chunk in export {
-        let mut buf = Vec::new();
-        match chunk {
-            Ok(Chunk::Data { offset, bytes }) => {
-                wire::encode_data(offset, &bytes, &mut buf);
-                data_bytes += bytes.len() as u64;
+    while let Some(piece) = export.next_piece() {
+        let mut buf = spare.try_recv().unwrap_or_default();
+        match piece {
+            Piece::Data { offset, len } => {
+                let payload = wire::data_frame_start(&mut buf, offset, len as usize);
+                if let Err(e) = export.read_piece(offset, payload) {
+                    warn!(error = %e, "transfer: reading the snapshot failed");
+                    let r = engine_refusal(e);
+                    let f = Frame::Error {
+                        code: r.code,
+                        message: r.message,
+                    };
+                    buf.clear();
+                    wire::encode(&f, &mut buf);
+                    let _ = tx.blocking_send(buf);
+                    return;
+                }
+                wire::seal_data(&mut buf);
+                data_bytes += len;
             }
-            Ok(Chunk::Zero { offset, len }) => {
+            Piece::Zero { offset, len } => {
+                buf.clear();
                 wire::encode(&Frame::Zero { offset, len }, &mut buf);
-            }
-            Err(e) => {
-                warn!(error = %e, "transfer: reading the snapshot failed");
-                let r = engine_refusal(e);
-                let f = Frame::Error {
-                    code: r.code,
-                    message: r.message,
-                };
-                wire::encode(&f, &mut buf);
-                let _ = tx.blocking_send(buf);
-                return;
             }
         }
         frames += 1;
