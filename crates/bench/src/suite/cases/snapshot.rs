@@ -155,9 +155,11 @@ fn list_at_the_nth(ctx: &mut Ctx, target: &str, l: &Lamina, vol: &str, n: usize)
     let t = Instant::now();
     l.pool_space()?;
     let pool = ms(t.elapsed());
+    let calls: Vec<String> = lat.iter().map(|v| format!("{v:.0}")).collect();
     eprintln!(
-        "    list of {n}: median {:.0} ms; pool space {pool:.0} ms",
-        percentile(&lat, 0.5)
+        "    list of {n}: median {:.0} ms (calls in order: {} ms); pool space {pool:.0} ms",
+        percentile(&lat, 0.5),
+        calls.join(", ")
     );
     for v in &lat {
         ctx.rec.add(CASE, target, LIST, "ms", Better::Lower, *v);
