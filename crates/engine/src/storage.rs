@@ -105,8 +105,8 @@ pub struct OsFile {
     file: File,
     path: PathBuf,
     /// A second descriptor opened with `O_DIRECT` on first use; `None` when
-    /// the file system refuses it (tmpfs), and `write_direct` then writes
-    /// through the page cache.
+    /// the file system refuses it (tmpfs) or `/proc` is missing, and
+    /// `write_direct` then writes through the page cache.
     direct: OnceLock<Option<File>>,
 }
 
@@ -127,13 +127,15 @@ thread_local! {
 }
 
 impl OsFile {
+    /// The `O_DIRECT` descriptor, opened through `/proc/self/fd` so that it
+    /// is the same file as `self.file` even if its path changed since.
     fn direct_fd(&self) -> Option<&File> {
         self.direct
             .get_or_init(|| {
                 OpenOptions::new()
                     .write(true)
                     .custom_flags(libc::O_DIRECT)
-                    .open(&self.path)
+                    .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
                     .ok()
             })
             .as_ref()
@@ -325,7 +327,27 @@ mod tests {
     #[test]
     fn direct_writes_read_back_like_buffered_ones() {
         let d = tempfile::tempdir().unwrap();
-        let f = DirBackend::new(d.path()).open("data", true).unwrap();
+        let path = d.path().join("data");
+        let os = OsFile {
+            file: OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .unwrap(),
+            path: path.clone(),
+            direct: OnceLock::new(),
+        };
+        // Where this file system takes O_DIRECT, the direct path must be
+        // the one taken (not a silent fall back to the page cache).
+        let takes_direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .is_ok();
+        assert_eq!(os.direct_fd().is_some(), takes_direct);
+        let f: Arc<dyn BlockFile> = Arc::new(os);
         let mut model = vec![0u8; 6 << 20];
         let mut write = |f: &Arc<dyn BlockFile>, direct: bool, at: usize, data: Vec<u8>| {
             if direct {
