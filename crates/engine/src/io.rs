@@ -161,12 +161,7 @@ impl Pool {
                 j += 1;
             }
             let (buf, at) = (&data[i * BLOCK..j * BLOCK], blocks[i] * BLOCK as u64);
-            let wrote = if bulk && fresh {
-                self.data_write_direct(buf, at)
-            } else {
-                self.data_write(buf, at)
-            };
-            if let Err(e) = wrote {
+            if let Err(e) = self.data_write_to(buf, at, bulk && fresh) {
                 if fresh {
                     let mut m = self.lock_meta();
                     blocks.iter().for_each(|&b| m.unreserve(b));
@@ -299,23 +294,26 @@ impl Pool {
     /// Write data blocks. A failure sets the latch, except a full disk:
     /// the caller then releases the block it reserved, and nothing changed.
     fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
-        let latch = &self.inner.latch;
-        latch.check()?;
-        let f = &self.inner.file;
-        self.inner
-            .unwritten
-            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        latch.data_io("write data", f.path(), at, f.write_at(buf, at))
+        self.data_write_to(buf, at, false)
     }
 
-    /// [`Pool::data_write`] around the page cache: nothing is left for
-    /// writeback to start, but a commit's sync is still what makes it
+    /// [`Pool::data_write`], with `direct` around the page cache
+    /// ([`crate::storage::BlockFile::write_direct`]): nothing is then left
+    /// for writeback to start, but a commit's sync is still what makes it
     /// durable (the device's cache).
-    fn data_write_direct(&self, buf: &[u8], at: u64) -> Result<()> {
+    fn data_write_to(&self, buf: &[u8], at: u64, direct: bool) -> Result<()> {
         let latch = &self.inner.latch;
         latch.check()?;
         let f = &self.inner.file;
-        latch.data_io("write data", f.path(), at, f.write_direct(buf, at))
+        let wrote = if direct {
+            f.write_direct(buf, at)
+        } else {
+            self.inner
+                .unwritten
+                .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            f.write_at(buf, at)
+        };
+        latch.data_io("write data", f.path(), at, wrote)
     }
 
     /// Read data blocks, unless the latch is set (see `latch.rs` on why

@@ -130,11 +130,7 @@ mod tests {
             cut in proptest::option::of(any::<usize>()),
             spare in proptest::collection::vec(any::<u8>(), 0..2000),
         ) {
-            let mut buf = vec![kind, 0, 0, 0];
-            buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            buf.extend_from_slice(&body);
-            let sum = crc32c::crc32c(&buf);
-            buf.extend_from_slice(&sum.to_be_bytes());
+            let mut buf = wire::framed(kind, &body);
             if let Some(bit) = flip {
                 let bit = bit % (buf.len() * 8);
                 buf[bit / 8] ^= 1 << (bit % 8);

@@ -303,17 +303,7 @@ fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
         }),
         Kind::Data => {
             let offset = b.u64("offset")?;
-            let payload = std::mem::take(&mut b.rest);
-            if payload.is_empty() {
-                return Err(b.bad("no payload"));
-            }
-            if offset.checked_add(payload.len() as u64).is_none() {
-                return Err(b.bad(format!("offset {offset} + length overflows")));
-            }
-            Frame::Data {
-                offset,
-                payload: payload.to_vec(),
-            }
+            data_frame(offset, std::mem::take(&mut b.rest).to_vec())?
         }
         Kind::Zero => {
             let (offset, len) = (b.u64("offset")?, b.u64("len")?);
@@ -450,6 +440,12 @@ pub fn data_from_parts(
             offset: Some(offset),
         });
     }
+    data_frame(offset, payload)
+}
+
+/// A Data frame's body checks, once its checksum holds: for [`decode`] and
+/// [`data_from_parts`] alike.
+fn data_frame(offset: u64, payload: Vec<u8>) -> Result<Frame, WireError> {
     let bad = |detail: String| WireError::Malformed {
         kind: Kind::Data,
         detail,
@@ -461,6 +457,18 @@ pub fn data_from_parts(
         return Err(bad(format!("offset {offset} + length overflows")));
     }
     Ok(Frame::Data { offset, payload })
+}
+
+/// A frame of `kind` around `body` with a valid header and checksum, for
+/// tests that reach the body parsers with random bytes.
+#[cfg(test)]
+pub(crate) fn framed(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut buf = vec![kind, 0, 0, 0];
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(body);
+    let sum = crc32c::crc32c(&buf);
+    buf.extend_from_slice(&sum.to_be_bytes());
+    buf
 }
 
 #[cfg(test)]

@@ -70,11 +70,7 @@ proptest! {
     ) {
         // A valid header and checksum around random bytes: the body parsers
         // see it all.
-        let mut buf = vec![kind, 0, 0, 0];
-        buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        buf.extend_from_slice(&body);
-        let sum = crc32c::crc32c(&buf);
-        buf.extend_from_slice(&sum.to_be_bytes());
+        let buf = super::framed(kind, &body);
         if let Ok(Some((f, n))) = decode(&buf) {
             prop_assert_eq!(n, buf.len());
             let mut again = Vec::new();
