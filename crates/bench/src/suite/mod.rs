@@ -324,17 +324,24 @@ pub fn run(a: SuiteArgs) -> Result<()> {
         }
         timings.push((name.to_string(), t.elapsed().as_secs_f64()));
         eprintln!("  ({:.0} s)", t.elapsed().as_secs_f64());
+        // The report is rewritten after every case, so a run that dies
+        // later (one did, silently, half an hour in) keeps what it measured;
+        // the page says which cases it has not reached.
+        let pending: Vec<&str> = CASES
+            .iter()
+            .map(|(n, _, _)| *n)
+            .skip_while(|n| n != name)
+            .skip(1)
+            .filter(|n| a.only.is_empty() || a.only.iter().any(|o| o == n))
+            .collect();
+        let so_far = report::RunSoFar {
+            command: command_line(&a),
+            timings: &timings,
+            secs: started.elapsed().as_secs_f64(),
+            pending,
+        };
+        report::write(&out, &ctx, &machine, &so_far).context("writing the report")?;
     }
-    let command = command_line(&a);
-    report::write(
-        &out,
-        &ctx,
-        &machine,
-        &command,
-        &timings,
-        started.elapsed().as_secs_f64(),
-    )
-    .context("writing the report")?;
     eprintln!(
         "report in {} ({:.0} s in all)",
         out.display(),

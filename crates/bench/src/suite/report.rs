@@ -8,14 +8,26 @@ use serde_json::{json, Value};
 use std::fmt::Write;
 use std::path::Path;
 
-pub fn write(
-    out: &Path,
-    ctx: &Ctx,
-    machine: &Value,
-    command: &str,
-    timings: &[(String, f64)],
-    secs: f64,
-) -> Result<()> {
+/// Where the run stands when its report is written.
+pub struct RunSoFar<'a> {
+    /// The command line that started it.
+    pub command: String,
+    /// Seconds per case run so far.
+    pub timings: &'a [(String, f64)],
+    /// Seconds since the run started.
+    pub secs: f64,
+    /// Cases asked for and not yet run: empty once the run is over.
+    pub pending: Vec<&'a str>,
+}
+
+pub fn write(out: &Path, ctx: &Ctx, machine: &Value, run: &RunSoFar) -> Result<()> {
+    let RunSoFar {
+        command,
+        timings,
+        secs,
+        pending,
+    } = run;
+    let (command, timings, secs) = (command.as_str(), *timings, *secs);
     let ratios = ctx.rec.ratios();
     let doc = json!({
         "command": command,
@@ -27,6 +39,7 @@ pub fn write(
         "ratios": ratios,
         "goals": ctx.rec.goals_checked().iter().map(|(g, r, met)| json!({"goal": g, "median": r.median(), "met": met})).collect::<Vec<_>>(),
         "notes": ctx.rec.notes,
+        "cases_not_yet_run": pending,
     });
     std::fs::write(
         out.join("bench-suite.json"),
@@ -35,7 +48,7 @@ pub fn write(
     let plotted = super::plot::depth(&ctx.rec, &out.join("bench-depth.png"))?;
     std::fs::write(
         out.join("benchmarks.md"),
-        markdown(ctx, machine, command, timings, secs, &ratios, plotted),
+        markdown(ctx, machine, run, &ratios, plotted),
     )?;
     Ok(())
 }
@@ -99,17 +112,17 @@ fn raw_row(r: &Record) -> String {
     )
 }
 
-fn markdown(
-    ctx: &Ctx,
-    machine: &Value,
-    command: &str,
-    timings: &[(String, f64)],
-    secs: f64,
-    ratios: &[Ratio],
-    plotted: bool,
-) -> String {
+fn markdown(ctx: &Ctx, machine: &Value, run: &RunSoFar, ratios: &[Ratio], plotted: bool) -> String {
+    let (command, timings, secs, pending) = (&run.command, run.timings, run.secs, &run.pending);
     let mut m = String::new();
     let _ = writeln!(m, "# Benchmarks\n");
+    if !pending.is_empty() {
+        let _ = writeln!(
+            m,
+            "**Partial: the run has not finished (or did not finish). Cases not reached: {}.**\n",
+            pending.join(", ")
+        );
+    }
     let _ = writeln!(
         m,
         "Written by the suite itself: `{command}` ({} profile, {:.0} min, {}). \

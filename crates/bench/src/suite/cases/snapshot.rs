@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 
 const CASE: &str = "snapshot";
 const TIB: u64 = 1 << 40;
+/// qemu-storage-daemon's external chains stop here. Its walk down the
+/// backing chain recurses, and on this suite's machines it overflowed its
+/// stack (a segfault, in dmesg) at 1,350 to 1,410 overlays.
+const QSD_EXTERNAL_MAX: usize = 1_200;
 
 /// One system under test: something that takes snapshots of a volume that
 /// fio can write to.
@@ -330,7 +334,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     Sys::Lamina { n, .. } | Sys::Internal(_, n) => *n,
                     Sys::External(q) => q.overlays(),
                 };
-                let goal = nth.saturating_sub(samples * 2);
+                let mut goal = nth.saturating_sub(samples * 2);
+                let capped = matches!(sys, Sys::External(_)) && nth > QSD_EXTERNAL_MAX;
+                if capped {
+                    goal = goal.min(QSD_EXTERNAL_MAX.saturating_sub(samples * 2));
+                    ctx.rec.note(
+                        CASE,
+                        format!(
+                            "{target} stops at {QSD_EXTERNAL_MAX} overlays: deeper, qemu-storage-daemon overflows its stack walking the backing chain (it crashed at 1,350 to 1,410 in earlier runs)."
+                        ),
+                    );
+                }
                 let t = Instant::now();
                 let mut count = have;
                 while count < goal {
@@ -361,7 +375,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 if let Sys::Lamina { l, vol, .. } = &sys {
                     list_at_the_nth(ctx, &target, l, vol, reached)?;
                 }
-                if reached < nth {
+                if reached < nth && !(capped && count >= goal) {
                     ctx.rec.note(
                     CASE,
                     format!(
