@@ -173,6 +173,7 @@ fn pull_counted(
             next: pull.resume_offset,
             frames: 0,
             data: 0,
+            starved: std::time::Duration::ZERO,
         };
         let end = apply.run(rx, &give_back, pull.checkpoint_bytes, ctl);
         // Unblock the receiver if it still waits on the socket.
@@ -192,6 +193,8 @@ struct Apply<'a> {
     next: u64,
     frames: u64,
     data: u64,
+    /// Time spent waiting for the next frame.
+    starved: std::time::Duration,
 }
 
 impl Apply<'_> {
@@ -230,6 +233,7 @@ impl Apply<'_> {
         };
         let dst = self.dst;
         let mut a = Applier::new(dst, start, checkpoint_bytes);
+        let began = std::time::Instant::now();
         let engine = |e, what: &str, at: u64| {
             TransferError::engine(format!("{what} volume {:?} at {at}", dst.name()), e)
         };
@@ -240,9 +244,11 @@ impl Apply<'_> {
             {
                 return Ok(end);
             }
+            let t = std::time::Instant::now();
             let frame = rx
                 .recv()
                 .map_err(|_| self.protocol("the stream ended without End".into()))??;
+            self.starved += t.elapsed();
             let chunk = match frame {
                 Frame::Data { offset, payload } => {
                     self.range(offset, payload.len() as u64)?;
@@ -265,9 +271,21 @@ impl Apply<'_> {
                             self.frames, self.data, self.answer.skipped_bytes, self.answer.data_bytes
                         )));
                     }
-                    return a
+                    let t = std::time::Instant::now();
+                    let end = a
                         .finish(self.answer.size, ctl)
                         .map_err(|e| engine(e, "flush", self.answer.size));
+                    // Which side the copy waited on: frames not yet
+                    // received, or the writes.
+                    tracing::debug!(
+                        frames,
+                        data_bytes,
+                        took_ms = began.elapsed().as_millis() as u64,
+                        waited_for_frames_ms = self.starved.as_millis() as u64,
+                        final_flush_ms = t.elapsed().as_millis() as u64,
+                        "stream applied"
+                    );
+                    return end;
                 }
                 Frame::Error { code, message } => {
                     return Err(TransferError::Remote {
