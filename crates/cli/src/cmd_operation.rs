@@ -277,6 +277,14 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
 /// Poll a volume until it is no longer flattening, with a spinner; Ctrl-C
 /// stops waiting as for [`wait`].
 pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
+    // The volume turns independent a moment before the daemon records its
+    // flatten operation as ended: wait for the record, so that what
+    // `--wait` returns and `lamina operation list` agree.
+    let vol = ctx.client.get_volume(name).await?;
+    if let (CloneState::Flattening, Some(op)) = (vol.clone_state, &vol.operation) {
+        wait(ctx, op).await?;
+        return Ok(ctx.client.get_volume(name).await?);
+    }
     let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     pb.set_message(format!("flattening {name}"));
     let mut w = Waiting::new(
