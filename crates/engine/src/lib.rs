@@ -21,6 +21,7 @@ mod extents;
 mod flatten;
 pub mod format;
 mod group;
+mod home;
 mod io;
 mod latch;
 mod meta;

@@ -87,6 +87,16 @@ pub(crate) struct Inner {
     /// Blocks freed but kept back until the next checkpoint, because the log
     /// still holds an image of them that a replay would write home.
     awaiting_checkpoint: Mutex<Vec<u64>>,
+    /// The log file, for copying images home ahead (see `home.rs`).
+    pub log: Arc<dyn BlockFile>,
+    /// Bytes of the log in use (its append position), for the writeback
+    /// thread's decision to copy images home ahead.
+    pub log_used: AtomicU64,
+    /// Log images already copied home: block -> log offset (`home.rs`).
+    pub homed: Mutex<HashMap<u64, u64>>,
+    /// Held shared while images are copied home ahead, exclusively by a
+    /// checkpoint (`home.rs`).
+    pub homing: RwLock<()>,
 }
 
 /// Progress of a background flatten, in blocks.
@@ -229,7 +239,7 @@ impl Pool {
         let latch = Arc::new(Latch::default());
         let (mut wal, replay) = Wal::open(walf.clone(), latch.clone(), opts.wal_bytes)?;
         tracing::info!(pool = %loc.display(), transactions = replay.transactions, pages = replay.index.len(), "replaying log");
-        wal.checkpoint(&replay.index, file.as_ref())?;
+        wal.checkpoint(&replay.index, &HashMap::new(), file.as_ref())?;
         let mut p = new_page();
         file.read_at(&mut p[..], 0)
             .map_err(|e| Error::io("read superblock", file.path(), 0, e))?;
@@ -240,12 +250,13 @@ impl Pool {
                 detail: "the log belongs to another pool".into(),
             });
         }
+        let log_used = AtomicU64::new(wal.pos);
         let mut meta = Meta::new(
             sb,
             opts.cache_bytes / BLOCK,
             HashMap::new(),
             file.clone(),
-            walf,
+            walf.clone(),
         );
         meta.load_catalog()?;
         let flattening: Vec<u64> = meta
@@ -270,6 +281,10 @@ impl Pool {
             threads: Mutex::new(Vec::new()),
             flatten: Mutex::new(HashMap::new()),
             awaiting_checkpoint: Mutex::new(Vec::new()),
+            log: walf,
+            log_used,
+            homed: Mutex::new(HashMap::new()),
+            homing: RwLock::new(()),
         });
         let pool = Pool { inner };
         if opts.background {
@@ -368,6 +383,7 @@ impl Pool {
         let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
         let txn = wal.next_txn;
         let c = self.with_meta(|m| m.collect(txn))?;
+        let collected = started.elapsed();
         if let Err(e) = self.sync_data("sync pool") {
             self.lock_meta().uncommitted(c);
             return Err(e);
@@ -388,6 +404,7 @@ impl Pool {
                 return Err(e);
             }
         }
+        let appending = Instant::now();
         let offsets = match wal.append(&c.pages) {
             Ok(o) => o,
             Err(e) => {
@@ -395,7 +412,9 @@ impl Pool {
                 return Err(e);
             }
         };
+        let appended = appending.elapsed();
         self.lock_meta().committed(&c, &offsets);
+        self.inner.log_used.store(wal.pos, Ordering::Relaxed);
         drop(wal);
         let (pages, freed) = (c.pages.len(), c.freed.len());
         self.release_freed(c.freed);
@@ -404,7 +423,9 @@ impl Pool {
             pages,
             log_bytes = bytes,
             freed,
-            sync_us = synced.as_micros() as u64,
+            collect_us = collected.as_micros() as u64,
+            sync_us = (synced - collected).as_micros() as u64,
+            append_us = appended.as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
             "commit"
         );
@@ -464,9 +485,14 @@ impl Pool {
         let span = tracing::debug_span!("checkpoint");
         let _span = span.enter();
         let started = Instant::now();
+        // No copy ahead reads the log while it is reset (`home.rs`).
+        let _homing = self.inner.homing.write().unwrap_or_else(|p| p.into_inner());
         let index = self.lock_meta().wal_index.clone();
-        wal.checkpoint(&index, self.inner.file.as_ref())?;
+        let homed =
+            std::mem::take(&mut *self.inner.homed.lock().unwrap_or_else(|p| p.into_inner()));
+        let written = wal.checkpoint(&index, &homed, self.inner.file.as_ref())?;
         self.lock_meta().wal_index.clear();
+        self.inner.log_used.store(wal.pos, Ordering::Relaxed);
         let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
         // The checkpoint itself is done: a failed punch only sets the latch.
         if self.punch(&held).is_ok() {
@@ -479,7 +505,8 @@ impl Pool {
         }
         tracing::debug!(
             pages = index.len(),
-            bytes = (index.len() * BLOCK) as u64,
+            written,
+            bytes = (written * BLOCK) as u64,
             released = held.len(),
             total_us = started.elapsed().as_micros() as u64,
             "checkpoint"
@@ -539,7 +566,10 @@ impl Pool {
         let f = &self.inner.file;
         while !self.inner.stop.load(Ordering::SeqCst) {
             std::thread::sleep(WRITEBACK_EVERY);
-            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0
+            // A failure set the latch (checked below); the next request
+            // reports it.
+            let homed = self.home_while_filling().unwrap_or(0);
+            if (self.inner.unwritten.swap(0, Ordering::Relaxed) == 0 && homed == 0)
                 || self.inner.latch.check().is_err()
             {
                 continue;

@@ -234,13 +234,25 @@ impl Wal {
     }
 
     /// Copy every image named by `index` to its home in `pool`, make that
-    /// durable, then start the log afresh. Any failure sets the latch, even
-    /// a failed read of the log: a checkpoint stopped half-way has written
-    /// some pages home, and only a replay of the log repairs that.
-    pub fn checkpoint(&mut self, index: &HashMap<u64, u64>, pool: &dyn BlockFile) -> Result<()> {
+    /// durable, then start the log afresh; returns how many were copied.
+    /// Images `homed` names (block -> the offset of the image already
+    /// copied home, see `home.rs`) are not copied again. Any failure sets
+    /// the latch, even a failed read of the log: a checkpoint stopped
+    /// half-way has written some pages home, and only a replay of the log
+    /// repairs that.
+    pub fn checkpoint(
+        &mut self,
+        index: &HashMap<u64, u64>,
+        homed: &HashMap<u64, u64>,
+        pool: &dyn BlockFile,
+    ) -> Result<usize> {
         let mut page = crate::format::new_page();
-        let mut entries: Vec<(&u64, &u64)> = index.iter().collect();
+        let mut entries: Vec<(&u64, &u64)> = index
+            .iter()
+            .filter(|(b, off)| homed.get(b) != Some(off))
+            .collect();
         entries.sort();
+        let written = entries.len();
         for (&block, &off) in entries {
             let r = self.file.read_at(&mut page[..], off);
             self.latch
@@ -254,6 +266,6 @@ impl Wal {
             .io("sync pool at a checkpoint", pool.path(), 0, r)?;
         self.write_header()?;
         self.pos = WAL_START;
-        Ok(())
+        Ok(written)
     }
 }

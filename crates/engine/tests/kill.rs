@@ -55,9 +55,18 @@ fn state_at(g: u64) -> HashMap<u64, u64> {
     s
 }
 
+/// A small log, so that checkpoints run all through the window a kill
+/// lands in.
+fn opts() -> PoolOptions {
+    PoolOptions {
+        wal_bytes: 1 << 20,
+        ..PoolOptions::default()
+    }
+}
+
 /// The child's half: runs until it is killed.
 fn child_workload(dir: &str) -> ! {
-    let pool = Pool::open_dir(dir, PoolOptions::default()).unwrap();
+    let pool = Pool::open_dir(dir, opts()).unwrap();
     let vol = pool.open_volume("v").unwrap();
     let mut out = std::io::stdout().lock();
     for g in 1.. {
@@ -101,7 +110,7 @@ fn verify(pool: &Pool, target: lamina_engine::Volume, g: u64, in_flight: Option<
 
 fn round(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create_dir(dir.path(), PoolOptions::default()).unwrap();
+    let pool = Pool::create_dir(dir.path(), opts()).unwrap();
     pool.create_volume("v", BLOCKS * BLOCK as u64).unwrap();
     pool.close().unwrap();
 
@@ -150,7 +159,7 @@ fn round(seed: u64) {
             snaps.remove(&g.parse::<u64>().unwrap());
         }
     }
-    let pool = Pool::open_dir(dir.path(), PoolOptions::default()).unwrap();
+    let pool = Pool::open_dir(dir.path(), opts()).unwrap();
     verify(
         &pool,
         pool.open_volume("v").unwrap(),

@@ -38,6 +38,9 @@ enum Op {
     DelVol(usize, bool),
     Expand(usize),
     Reclaim,
+    /// Copy up to this many committed log images home ahead of the
+    /// checkpoint (what the writeback thread does as the log fills).
+    Home(usize),
     Reopen,
     Crash(Option<u64>),
     Check,
@@ -62,6 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (v.clone(), any::<bool>()).prop_map(|(a, b)| Op::DelVol(a, b)),
         1 => v.clone().prop_map(Op::Expand),
         1 => Just(Op::Reclaim),
+        2 => (1..200usize).prop_map(Op::Home),
         1 => Just(Op::Reopen),
         1 => prop::option::of(any::<u64>()).prop_map(Op::Crash),
         1 => Just(Op::Check),
@@ -346,6 +350,9 @@ impl Run {
             }
             Op::Reclaim => {
                 p.reclaim_all().unwrap();
+            }
+            Op::Home(n) => {
+                p.home_ahead(n).unwrap();
             }
             Op::Reopen => {
                 self.pool.take().unwrap().close().unwrap();

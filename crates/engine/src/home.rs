@@ -1,0 +1,98 @@
+//! Copying committed log images home ahead of the checkpoint.
+//!
+//! A checkpoint copies every page image in the log to its home in the pool
+//! file, syncs, and starts the log afresh; it runs inside the commit that
+//! finds the log full, so under a write load one commit in a dozen or so
+//! (a snapshot's, a client's flush) waited for tens of megabytes of page
+//! writes (docs/design.md, "Where a snapshot's commit spends its time under
+//! load"). Here the writeback thread copies committed images home while the
+//! log fills, so the checkpoint writes only the images logged since.
+//!
+//! Why this is safe without changing the log: a committed image written
+//! home early is exactly what a replay (or the checkpoint) would write
+//! there later, and until the checkpoint the log keeps it, so a crash that
+//! tears the early write is repaired by the replay at the next open, as a
+//! crash in the middle of a checkpoint is. No block whose image is in the
+//! log is reused before the checkpoint (`release_freed` holds them back),
+//! so an early write never lands on data. What must not happen is reading
+//! an image from a log that a checkpoint has meanwhile reset and a later
+//! commit overwritten: copies hold `homing` shared for the whole batch and
+//! a checkpoint takes it exclusively.
+//!
+//! Invariant: `homed[b] == off` only if the image at log offset `off`, the
+//! committed image of block `b` when it was copied, is at `b`'s home (not
+//! necessarily durable: the checkpoint's sync covers it). The checkpoint
+//! skips exactly those blocks whose latest image is still that one.
+
+use crate::error::Result;
+use crate::format::{new_page, BLOCK};
+use crate::pool::Pool;
+use std::sync::atomic::Ordering;
+
+/// Images copied home per batch: a checkpoint waits for at most one batch.
+pub(crate) const HOME_BATCH: usize = 512;
+
+impl Pool {
+    /// Copy up to `max` committed log images home that are not there yet;
+    /// how many were copied. The writeback thread calls this once the log
+    /// is a quarter full; tests call it by hand.
+    #[doc(hidden)]
+    pub fn home_ahead(&self, max: usize) -> Result<usize> {
+        let _batch = self.inner.homing.read().unwrap_or_else(|p| p.into_inner());
+        let mut batch: Vec<(u64, u64)> = {
+            let m = self.lock_meta();
+            let homed = self.inner.homed.lock().unwrap_or_else(|p| p.into_inner());
+            m.wal_index
+                .iter()
+                .filter(|(b, off)| homed.get(b) != Some(off))
+                .map(|(&b, &off)| (b, off))
+                .take(max)
+                .collect()
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        self.inner.latch.check()?;
+        batch.sort_unstable();
+        let (log, pool) = (&self.inner.log, &self.inner.file);
+        let mut page = new_page();
+        for &(block, off) in &batch {
+            let r = log.read_at(&mut page[..], off);
+            self.inner
+                .latch
+                .io("read log to copy home", log.path(), off, r)?;
+            let at = block * BLOCK as u64;
+            let r = pool.write_at(&page[..], at);
+            self.inner.latch.io("copy page home", pool.path(), at, r)?;
+        }
+        let n = batch.len();
+        self.inner
+            .homed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(batch);
+        Ok(n)
+    }
+
+    /// The writeback thread's share: copy images home while the log is
+    /// more than a quarter full, a batch at a time; how many were copied
+    /// (the caller then starts their writeback).
+    pub(crate) fn home_while_filling(&self) -> Result<usize> {
+        let capacity = self.inner.opts.wal_bytes;
+        let mut total = 0;
+        while self.inner.log_used.load(Ordering::Relaxed) > capacity / 4 && !self.stopping() {
+            let n = self.home_ahead(HOME_BATCH)?;
+            total += n;
+            if n < HOME_BATCH {
+                break;
+            }
+        }
+        if total > 0 {
+            tracing::debug!(
+                pages = total,
+                "copied log images home ahead of the checkpoint"
+            );
+        }
+        Ok(total)
+    }
+}
