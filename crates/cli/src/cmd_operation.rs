@@ -276,12 +276,14 @@ pub async fn wait(ctx: &Ctx, id: &str) -> Result<Operation> {
 
 /// Poll a volume until it is no longer flattening, with a spinner; Ctrl-C
 /// stops waiting as for [`wait`].
-pub async fn wait_flatten(ctx: &Ctx, name: &str) -> Result<Volume> {
-    // The volume turns independent a moment before the daemon records its
-    // flatten operation as ended: wait for the record, so that what
-    // `--wait` returns and `lamina operation list` agree.
-    let vol = ctx.client.get_volume(name).await?;
-    if let (CloneState::Flattening, Some(op)) = (vol.clone_state, &vol.operation) {
+///
+/// `op` is the flatten's operation, as the flatten request answered it.
+/// The volume turns independent a moment before the daemon records that
+/// operation as ended (a small flatten may be over before the answer
+/// arrives): with it, this waits for the record, so that what `--wait`
+/// returns and `lamina operation list` agree.
+pub async fn wait_flatten(ctx: &Ctx, name: &str, op: Option<&str>) -> Result<Volume> {
+    if let Some(op) = op {
         wait(ctx, op).await?;
         return Ok(ctx.client.get_volume(name).await?);
     }

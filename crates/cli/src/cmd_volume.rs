@@ -207,7 +207,7 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Flatten { name, wait } => {
             let mut v = c.flatten_volume(&name).await?;
             if wait {
-                v = crate::cmd_operation::wait_flatten(ctx, &name).await?;
+                v = crate::cmd_operation::wait_flatten(ctx, &name, v.operation.as_deref()).await?;
             }
             output::show(ctx.fmt, &v, |v| {
                 match v.clone_state {
