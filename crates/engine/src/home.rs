@@ -33,20 +33,30 @@ use std::sync::atomic::Ordering;
 pub(crate) const HOME_BATCH: usize = 512;
 
 impl Pool {
-    /// Copy up to `max` committed log images home that are not there yet;
-    /// how many were copied. The writeback thread calls this once the log
-    /// is a quarter full; tests call it by hand.
+    /// Copy home the next `max` committed log images not looked at yet
+    /// (fewer if some were replaced since); how many were copied. The
+    /// writeback thread calls this once the log is a quarter full; tests
+    /// call it by hand.
     #[doc(hidden)]
     pub fn home_ahead(&self, max: usize) -> Result<usize> {
         let _batch = self.inner.homing.read().unwrap_or_else(|p| p.into_inner());
+        // The next images in log order (commits queue them), not a walk of
+        // the whole log index: this runs beside the I/O path, which takes
+        // the metadata mutex too.
+        let next: Vec<(u64, u64)> = {
+            let mut q = self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner());
+            let n = q.len().min(max);
+            q.drain(..n).collect()
+        };
+        if next.is_empty() {
+            return Ok(0);
+        }
+        // An image a later commit replaced is skipped: its replacement is
+        // further on in the queue.
         let mut batch: Vec<(u64, u64)> = {
             let m = self.lock_meta();
-            let homed = self.inner.homed.lock().unwrap_or_else(|p| p.into_inner());
-            m.wal_index
-                .iter()
-                .filter(|(b, off)| homed.get(b) != Some(off))
-                .map(|(&b, &off)| (b, off))
-                .take(max)
+            next.into_iter()
+                .filter(|(b, off)| m.wal_index.get(b) == Some(off))
                 .collect()
         };
         if batch.is_empty() {
@@ -81,9 +91,14 @@ impl Pool {
         let capacity = self.inner.opts.wal_bytes;
         let mut total = 0;
         while self.inner.log_used.load(Ordering::Relaxed) > capacity / 4 && !self.stopping() {
-            let n = self.home_ahead(HOME_BATCH)?;
-            total += n;
-            if n < HOME_BATCH {
+            total += self.home_ahead(HOME_BATCH)?;
+            if self
+                .inner
+                .to_home
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
                 break;
             }
         }

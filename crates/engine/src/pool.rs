@@ -94,6 +94,9 @@ pub(crate) struct Inner {
     pub log_used: AtomicU64,
     /// Log images already copied home: block -> log offset (`home.rs`).
     pub homed: Mutex<HashMap<u64, u64>>,
+    /// Log images committed since the checkpoint and not yet looked at by
+    /// the copy home, in log order: (block, log offset) (`home.rs`).
+    pub to_home: Mutex<std::collections::VecDeque<(u64, u64)>>,
     /// Held shared while images are copied home ahead, exclusively by a
     /// checkpoint (`home.rs`).
     pub homing: RwLock<()>,
@@ -284,6 +287,7 @@ impl Pool {
             log: walf,
             log_used,
             homed: Mutex::new(HashMap::new()),
+            to_home: Mutex::new(std::collections::VecDeque::new()),
             homing: RwLock::new(()),
         });
         let pool = Pool { inner };
@@ -415,6 +419,11 @@ impl Pool {
         let appended = appending.elapsed();
         self.lock_meta().committed(&c, &offsets);
         self.inner.log_used.store(wal.pos, Ordering::Relaxed);
+        self.inner
+            .to_home
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(c.pages.iter().map(|(b, _)| *b).zip(offsets.iter().copied()));
         drop(wal);
         let (pages, freed) = (c.pages.len(), c.freed.len());
         self.release_freed(c.freed);
@@ -490,6 +499,11 @@ impl Pool {
         let index = self.lock_meta().wal_index.clone();
         let homed =
             std::mem::take(&mut *self.inner.homed.lock().unwrap_or_else(|p| p.into_inner()));
+        self.inner
+            .to_home
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         let written = wal.checkpoint(&index, &homed, self.inner.file.as_ref())?;
         self.lock_meta().wal_index.clear();
         self.inner.log_used.store(wal.pos, Ordering::Relaxed);

@@ -21,25 +21,18 @@ pub struct RunSoFar<'a> {
 }
 
 pub fn write(out: &Path, ctx: &Ctx, machine: &Value, run: &RunSoFar) -> Result<()> {
-    let RunSoFar {
-        command,
-        timings,
-        secs,
-        pending,
-    } = run;
-    let (command, timings, secs) = (command.as_str(), *timings, *secs);
     let ratios = ctx.rec.ratios();
     let doc = json!({
-        "command": command,
+        "command": run.command,
         "machine": machine,
         "profile": ctx.p,
-        "seconds": secs,
-        "case_seconds": timings,
+        "seconds": run.secs,
+        "case_seconds": run.timings,
         "records": ctx.rec.records,
         "ratios": ratios,
         "goals": ctx.rec.goals_checked().iter().map(|(g, r, met)| json!({"goal": g, "median": r.median(), "met": met})).collect::<Vec<_>>(),
         "notes": ctx.rec.notes,
-        "cases_not_yet_run": pending,
+        "cases_not_yet_run": run.pending,
     });
     std::fs::write(
         out.join("bench-suite.json"),
