@@ -311,7 +311,7 @@ impl Pool {
             self.inner
                 .unwritten
                 .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            f.write_at(buf, at)
+            f.write_cached(buf, at)
         };
         latch.data_io("write data", f.path(), at, wrote)
     }
