@@ -65,15 +65,26 @@ fn lamina_processes_see_no_lamina_variable() {
     d.stop_cleanly();
 }
 
+/// The stand-in answers before its shell has set its SIGTERM trap; a
+/// SIGTERM sent before the trap kills it by signal (CI caught that on a
+/// busy machine). Its log line comes after the trap.
+fn wait_up(d: &Daemon) {
+    wait_until("the stand-in's log", Duration::from_secs(30), || {
+        d.log().contains("fake daemon up").then_some(())
+    });
+}
+
 #[test]
 fn a_daemon_stops_on_sigterm_and_runs_the_cli_on_its_directory() {
     let d = STOPS.start();
     let o = run(d.cmd().arg("volume").arg("list"));
     assert!(o.what.contains(d.data().to_str().unwrap()), "{}", o.what);
     assert_eq!(d.ok(&["volume", "list"]), "");
+    wait_up(&d);
     d.stop_cleanly();
     // Stopping twice is harmless; dropping a stopped daemon too.
     let mut d = STOPS.start();
+    wait_up(&d);
     assert!(d.stop().is_some_and(|s| s.success()));
     assert_eq!(d.stop(), None);
 }
