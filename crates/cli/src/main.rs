@@ -103,6 +103,9 @@ enum Cmd {
         /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
         #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "60")]
         transfer_retry_window: std::time::Duration,
+        /// While this node's volumes have I/O, its transfers to other nodes send at most this many bytes a second, together (e.g. 192M); off: always full speed.
+        #[arg(long, value_name = "RATE|off", value_parser = rate_or_off, default_value = "192M")]
+        transfer_busy_rate: RateOrOff,
         /// Past this the pool warns in `status` and scheduled snapshots pause: a share of what it can hold (90%) or used bytes (500G).
         #[arg(long, value_name = "MARK", default_value = "90%")]
         high_water: lamina_server::HighWater,
@@ -322,6 +325,7 @@ fn run(
             transfer_listen,
             transfer_tls,
             transfer_retry_window,
+            transfer_busy_rate,
             test_clock,
             test_crash_at,
             high_water,
@@ -336,6 +340,7 @@ fn run(
                 listen: transfer_listen,
                 tls_dir: transfer_tls,
                 retry_window: transfer_retry_window,
+                busy_rate: transfer_busy_rate.0,
             },
             high_water,
             volume_io_metrics,
@@ -441,6 +446,21 @@ pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>>
 }
 
 /// A duration as plain seconds (`30`) or with a unit (`2min`).
+/// A rate in bytes a second, or none (`off`).
+#[derive(Clone, Copy, Debug)]
+struct RateOrOff(Option<u64>);
+
+/// A rate in bytes a second (a size: 192M), or `off`.
+fn rate_or_off(s: &str) -> Result<RateOrOff, String> {
+    if s == "off" {
+        return Ok(RateOrOff(None));
+    }
+    match lamina_api::parse_size(s)? {
+        0 => Err(format!("{s:?}: a rate must be more than 0 (or off)")),
+        n => Ok(RateOrOff(Some(n))),
+    }
+}
+
 fn seconds_or_duration(s: &str) -> Result<std::time::Duration, String> {
     if let Ok(n) = s.parse::<u64>() {
         return Ok(std::time::Duration::from_secs(n));

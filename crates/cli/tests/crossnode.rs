@@ -79,22 +79,32 @@ impl<'a> Node<'a> {
 
     /// The same with the credentials in `tls`.
     fn start_with(host: &'a Host, name: &str, tls: PathBuf, window: u32) -> Node<'a> {
+        Node::start_args(host, name, tls, window, &[])
+    }
+
+    /// The same with more arguments for `lamina serve`.
+    fn start_args(
+        host: &'a Host,
+        name: &str,
+        tls: PathBuf,
+        window: u32,
+        extra: &[&str],
+    ) -> Node<'a> {
         let api = format!("{}:{API_PORT}", host.addr());
         let transfer = format!("{}:{TRANSFER_PORT}", host.addr());
         let window = window.to_string();
-        let d = host.serve(
-            &LAMINA,
-            &[
-                "--listen",
-                &api,
-                "--transfer-listen",
-                &transfer,
-                "--transfer-tls",
-                tls.to_str().unwrap(),
-                "--transfer-retry-window",
-                &window,
-            ],
-        );
+        let mut args = vec![
+            "--listen",
+            &api,
+            "--transfer-listen",
+            &transfer,
+            "--transfer-tls",
+            tls.to_str().unwrap(),
+            "--transfer-retry-window",
+            &window,
+        ];
+        args.extend_from_slice(extra);
+        let d = host.serve(&LAMINA, &args);
         Node {
             name: name.into(),
             host,
@@ -290,6 +300,88 @@ fn a_clone_crosses_nodes_sparse_and_unusable_until_done() {
     let id = third.pull("c2", &src);
     third.succeeded(&id);
     same_data(&src, &third, "c2");
+}
+
+/// The source's `lamina_transfer_paced_seconds_total`.
+fn paced_seconds(n: &Node) -> f64 {
+    let m = n.d.ok(&["metrics"]);
+    prometheus_sample(&m, "lamina_transfer_paced_seconds_total", "")
+        .unwrap_or_else(|| panic!("no lamina_transfer_paced_seconds_total in\n{m}"))
+}
+
+#[test]
+fn a_source_with_volume_io_paces_its_transfers_and_an_idle_one_does_not() {
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let src = Node::start_args(
+        net.host(0),
+        "n0",
+        certs.issue("n0"),
+        60,
+        &["--transfer-busy-rate", "16M"],
+    );
+    let dst = Node::start(net.host(1), "n1", &certs, 60);
+    // ~59 MiB allocated: far more than the frames queued and the socket's
+    // buffers hold, so the stream keeps asking the pace to the end.
+    let allocated = source(&src, 192 * MIB);
+    // The link is shaped so that no copy ends within the pace's first
+    // windows however fast the machine (at 64 MB/s: over a second).
+    src.host.shape(64_000_000);
+
+    // The fill's writes are behind a quiet spell longer than the pace's
+    // (200 ms): they do not count, and the copy is not held back.
+    std::thread::sleep(Duration::from_millis(500));
+    let id = dst.pull("idle", &src);
+    dst.succeeded(&id);
+    assert_eq!(paced_seconds(&src), 0.0, "{}", src.d.log());
+
+    // 4 KiB writes into the live volume, one after another, all through the
+    // next copy: seen at the pace's next look, it holds the stream to 16 MiB/s.
+    // (Attached already by `source`: attaching again gives its export.)
+    let uri = src.d.attach(&["volume", "attach", "src"]);
+    let mut writer = Command::new("qemu-img")
+        .args([
+            "bench",
+            "-w",
+            "-f",
+            "raw",
+            "-c",
+            "100000000",
+            "-d",
+            "1",
+            "-s",
+            "4096",
+            "-S",
+            "4096",
+            "-o",
+            "0",
+        ])
+        .arg(&uri)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("qemu-img bench");
+    let writes = || {
+        let m = src.d.ok(&["metrics"]);
+        prometheus_sample(&m, "lamina_volume_io_total", "volume=\"src\",op=\"write\"")
+            .unwrap_or(0.0)
+    };
+    let before = writes();
+    wait_until("the writer's first writes", COPY_LIMIT, || {
+        (writes() > before).then_some(())
+    });
+    let id = dst.pull("busy", &src);
+    let op = dst.succeeded(&id);
+    let _ = writer.kill();
+    let _ = writer.wait();
+    let paced = paced_seconds(&src);
+    assert!(
+        paced > 0.0,
+        "a copy of {allocated} bytes under writes was never held back: {op}"
+    );
+    same_data(&src, &dst, "busy");
+    same_data(&src, &dst, "idle");
 }
 
 #[test]

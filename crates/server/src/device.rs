@@ -3,6 +3,7 @@
 //! an NBD runner thread that may block), and the registry of exports the NBD
 //! server looks names up in.
 
+use crate::pacing::Activity;
 use lamina_blockio::{
     BlockIo, Completion, InlineIo, IoError, IoErrorKind, IoObserver, IoOp, Observed,
 };
@@ -21,15 +22,18 @@ pub struct EngineDevice {
     connections: AtomicU32,
     /// Where its sessions' I/O is counted, if it is.
     io: Option<Arc<dyn IoObserver>>,
+    /// The node's count of client I/O, which paces transfers (`pacing.rs`).
+    activity: Arc<Activity>,
 }
 
 impl EngineDevice {
-    pub fn new(handle: Volume, io: Option<Arc<dyn IoObserver>>) -> Self {
+    pub fn new(handle: Volume, io: Option<Arc<dyn IoObserver>>, activity: Arc<Activity>) -> Self {
         EngineDevice {
             handle,
             attached: AtomicBool::new(true),
             connections: AtomicU32::new(0),
             io,
+            activity,
         }
     }
 
@@ -38,7 +42,9 @@ impl EngineDevice {
         self.handle.flush()
     }
 
+    /// Check that it is still attached, and count one client operation.
     fn check(&self) -> Result<(), IoError> {
+        self.activity.bump();
         if self.attached.load(Ordering::SeqCst) {
             Ok(())
         } else {

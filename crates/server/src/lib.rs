@@ -15,6 +15,7 @@ mod jobs;
 pub mod metrics;
 mod migrate;
 mod openapi;
+pub mod pacing;
 mod paths;
 mod remote;
 mod schedules;
@@ -124,7 +125,13 @@ pub struct TransferConfig {
     /// source silent for 30 s counts as lost); data arriving again ends
     /// the outage.
     pub retry_window: std::time::Duration,
+    /// Bytes a second this node's transfer streams may send together while
+    /// its volumes have I/O (`pacing.rs`); `None`: always full speed.
+    pub busy_rate: Option<u64>,
 }
+
+/// Default of [`TransferConfig::busy_rate`]: see `pacing.rs`.
+pub const DEFAULT_TRANSFER_BUSY_RATE: u64 = 192 << 20;
 
 /// Default of [`TransferConfig::retry_window`]: one minute.
 pub const DEFAULT_TRANSFER_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
@@ -135,6 +142,7 @@ impl Default for TransferConfig {
             listen: None,
             tls_dir: None,
             retry_window: DEFAULT_TRANSFER_RETRY_WINDOW,
+            busy_rate: Some(DEFAULT_TRANSFER_BUSY_RATE),
         }
     }
 }

@@ -78,6 +78,8 @@ pub struct Metrics {
     io_errors: Family<VolumeOp, Counter>,
     io_bytes: Family<VolumeOp, Counter>,
     io_latency: Family<VolumeOp, Histogram>,
+    /// Handed to the transfer's pace (`pacing.rs`).
+    pub transfer_paced: Counter<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -157,7 +159,14 @@ impl Metrics {
             "Time from an I/O's submission to its completion, by export and operation",
             io_latency.clone(),
         );
+        let transfer_paced = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "transfer_paced_seconds",
+            "Time this node's transfer streams were held back because its volumes had I/O (--transfer-busy-rate)",
+            transfer_paced.clone(),
+        );
         Metrics {
+            transfer_paced,
             io_ops,
             io_errors,
             io_bytes,

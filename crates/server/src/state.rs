@@ -46,6 +46,8 @@ pub struct State {
     pub metrics: crate::metrics::Metrics,
     /// Count each export's I/O (`--volume-io-metrics`).
     volume_io_metrics: bool,
+    /// Every export's client I/O, counted for the transfer's pace.
+    activity: Arc<crate::pacing::Activity>,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -156,11 +158,23 @@ impl State {
             }
             None => None,
         };
+        let activity = Arc::new(crate::pacing::Activity::default());
+        let metrics = crate::metrics::Metrics::new();
         let transfer_source = match (&identity, config.transfer.listen) {
-            (Some(id), Some(_)) => Some(lamina_transfer::Source::new(
-                Arc::new(pool.clone()),
-                id.clone(),
-            )),
+            (Some(id), Some(_)) => {
+                let pace = config.transfer.busy_rate.map(|rate| {
+                    Arc::new(crate::pacing::BusyPace::new(
+                        activity.clone(),
+                        rate,
+                        metrics.transfer_paced.clone(),
+                    )) as Arc<dyn lamina_transfer::Pace>
+                });
+                Some(lamina_transfer::Source::paced(
+                    Arc::new(pool.clone()),
+                    id.clone(),
+                    pace,
+                ))
+            }
             _ => None,
         };
         let state = State {
@@ -181,8 +195,9 @@ impl State {
             transfer_retry_window: config.transfer.retry_window,
             schedules: crate::schedules::Runtime::new(&config.testing),
             high_water: config.high_water,
-            metrics: crate::metrics::Metrics::new(),
+            metrics,
             volume_io_metrics: config.volume_io_metrics,
+            activity,
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -203,7 +218,11 @@ impl State {
             match handle {
                 Ok(h) => state.exports.insert(
                     &name,
-                    Arc::new(EngineDevice::new(h, state.volume_io(&name))),
+                    Arc::new(EngineDevice::new(
+                        h,
+                        state.volume_io(&name),
+                        state.activity.clone(),
+                    )),
                 ),
                 Err(e) => {
                     tracing::warn!(export = %name, error = %e, "dropping export of a volume that is gone");
@@ -405,8 +424,14 @@ impl State {
                     },
                 )
                 .map_err(Failure::from)?;
-            self.exports
-                .insert(&name, Arc::new(EngineDevice::new(h, self.volume_io(&name))));
+            self.exports.insert(
+                &name,
+                Arc::new(EngineDevice::new(
+                    h,
+                    self.volume_io(&name),
+                    self.activity.clone(),
+                )),
+            );
             self.changes.bump();
         }
         self.export_of(&name).ok_or_else(|| {

@@ -28,10 +28,21 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Encoded frames waiting for the socket (each at most 1 MiB of data).
 const QUEUE: usize = 8;
 
+/// Asked by a source before it reads each piece it streams (at most 1 MiB):
+/// how long to hold back first. How the daemon keeps a transfer from
+/// crowding out its own volumes' I/O; this crate only obeys it.
+pub trait Pace: Send + Sync + 'static {
+    /// The wait before reading and sending `bytes` more (data, or a few
+    /// bytes for a zero range). Called from a blocking thread, by every
+    /// session of a source: one pace is shared by all its peers.
+    fn wait(&self, bytes: u64) -> Duration;
+}
+
 /// Serves snapshots of a pool to authenticated peers.
 pub struct Source {
     pool: Arc<Pool>,
     identity: Arc<Identity>,
+    pace: Option<Arc<dyn Pace>>,
     readers: Mutex<HashMap<(String, String), Vec<String>>>,
     sent: Mutex<HashMap<String, u64>>,
     sent_total: AtomicU64,
@@ -87,9 +98,19 @@ fn engine_refusal(e: lamina_engine::Error) -> Refusal {
 
 impl Source {
     pub fn new(pool: Arc<Pool>, identity: Arc<Identity>) -> Arc<Source> {
+        Source::paced(pool, identity, None)
+    }
+
+    /// A source whose streams wait as `pace` says before each piece.
+    pub fn paced(
+        pool: Arc<Pool>,
+        identity: Arc<Identity>,
+        pace: Option<Arc<dyn Pace>>,
+    ) -> Arc<Source> {
         Arc::new(Source {
             pool,
             identity,
+            pace,
             readers: Mutex::default(),
             sent: Mutex::default(),
             sent_total: AtomicU64::new(0),
@@ -316,7 +337,8 @@ impl Source {
     ) {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUE);
         let (give_back, spare) = std::sync::mpsc::channel();
-        let reader = tokio::task::spawn_blocking(move || read_frames(export, tx, spare));
+        let pace = self.pace.clone();
+        let reader = tokio::task::spawn_blocking(move || read_frames(export, tx, spare, pace));
         let mut failed = None;
         while let Some(buf) = rx.recv().await {
             // A target that takes nothing for this long (its link cut, its
@@ -377,9 +399,20 @@ fn read_frames(
     mut export: lamina_engine::Export,
     tx: mpsc::Sender<Vec<u8>>,
     spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    pace: Option<Arc<dyn Pace>>,
 ) {
     let (mut frames, mut data_bytes) = (0u64, 0u64);
     while let Some(piece) = export.next_piece() {
+        if let Some(p) = &pace {
+            let bytes = match piece {
+                Piece::Data { len, .. } => len,
+                Piece::Zero { .. } => 0,
+            };
+            let wait = p.wait(bytes);
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
         let mut buf = spare.try_recv().unwrap_or_default();
         match piece {
             Piece::Data { offset, len } => {

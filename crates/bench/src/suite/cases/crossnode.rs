@@ -10,8 +10,11 @@
 //!
 //! `LAMINA_BENCH_CROSSNODE=anchor` runs the nbdcopy half alone (for a
 //! build without the transfer protocol); the report says so.
+//! `LAMINA_BENCH_BUSY_RATE=RATE` starts the source node with
+//! `--transfer-busy-rate RATE` (`off`, `64M`...) instead of its default,
+//! to measure what the pace trades; the report says so.
 
-use crate::suite::cases::clone::under_reads;
+use crate::suite::cases::clone::{under_reads, Loaded};
 use crate::suite::cases::io;
 use crate::suite::fio::{self, Job, Target};
 use crate::suite::lamina::Lamina;
@@ -31,6 +34,8 @@ const LAMINA: &str = "lamina remote clone";
 const NBDCOPY: &str = "nbdcopy qemu-nbd raw → raw";
 /// Set to `anchor` to run only the nbdcopy half.
 pub const ONLY_ENV: &str = "LAMINA_BENCH_CROSSNODE";
+/// Set to a `--transfer-busy-rate` for the source node.
+pub const BUSY_RATE_ENV: &str = "LAMINA_BENCH_BUSY_RATE";
 
 const TIME: &str = "cross-node copy: time";
 const RATE: &str = "cross-node copy: rate (allocated bytes / time)";
@@ -39,6 +44,7 @@ const LINK_AMP: &str = "cross-node copy: bytes on the link ÷ allocated";
 const WRITE_ALONE: &str = "4k randwrite QD32 on the source, alone";
 const WRITE_DURING: &str = "4k randwrite QD32 on the source, during copies";
 const WRITE_KEPT: &str = "source write IOPS during copies ÷ alone";
+const LINK_DURING: &str = "link rate during the source's writes (A's tx)";
 
 const NBD_PORT: u16 = 10809;
 const API_PORT: u16 = 7400;
@@ -104,9 +110,18 @@ fn record_copy(ctx: &mut Ctx, target: &str, c: &Copy) {
     r.add(CASE, target, LINK_AMP, "×", Better::Lower, link / alloc);
 }
 
-fn record_writes(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, during: &fio::Outcome) {
+fn record_writes(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, loaded: &Loaded) {
+    let during = &loaded.reads;
     io::record(ctx, CASE, target, WRITE_ALONE, "4k", alone);
     io::record(ctx, CASE, target, WRITE_DURING, "4k", during);
+    ctx.rec.add(
+        CASE,
+        target,
+        LINK_DURING,
+        "MB/s",
+        Better::Higher,
+        loaded.written as f64 / loaded.window.as_secs_f64() / 1e6,
+    );
     ctx.rec.add(
         CASE,
         target,
@@ -235,7 +250,7 @@ impl<'a> Nodes<'a> {
                     .args(["--node", name])
                     .arg(&tls),
             )?;
-            let extra = [
+            let mut extra = vec![
                 "--listen".to_string(),
                 format!("{}:{API_PORT}", h.addr),
                 "--transfer-listen".to_string(),
@@ -243,6 +258,9 @@ impl<'a> Nodes<'a> {
                 "--transfer-tls".to_string(),
                 path_str(&tls),
             ];
+            if let Ok(rate) = std::env::var(BUSY_RATE_ENV) {
+                extra.extend(["--transfer-busy-rate".to_string(), rate]);
+            }
             let data = ctx.scratch(&format!("crossnode-{name}"))?;
             Lamina::start_in(&bin, &data, &ctx.logs, &h.prefix(), &extra)
         };
@@ -392,15 +410,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     Better::Lower,
                     reclaim.as_secs_f64(),
                 );
-                record_writes(ctx, LAMINA, &alone, &loaded.reads);
+                record_writes(ctx, LAMINA, &alone, &loaded);
                 eprintln!(
-                    "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB); writes {:.0} IOPS alone, {:.0} during {} copies",
+                    "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB); writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
                     c.took.as_secs_f64(),
                     c.link >> 20,
                     wire as u64 >> 20,
                     alone.iops,
                     loaded.reads.iops,
-                    loaded.copies
+                    loaded.copies,
+                    loaded.written >> 20,
+                    loaded.window.as_secs_f64()
                 );
             } else {
                 proc::sync_disks();
@@ -414,7 +434,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     || link.a.tx_bytes().unwrap_or(0),
                     |_| anchor.copy().map(drop),
                 )?;
-                record_writes(ctx, NBDCOPY, &alone, &loaded.reads);
+                record_writes(ctx, NBDCOPY, &alone, &loaded);
                 eprintln!(
                     "  round {round} nbdcopy: {:.2} s, {} MiB on the link; writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
                     c.took.as_secs_f64(),
@@ -498,6 +518,15 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
             ctx.p.seconds,
             al / 2
+        ),
+    );
+    let rate = std::env::var(BUSY_RATE_ENV).unwrap_or_else(|_| "its default".into());
+    r.note(
+        CASE,
+        format!(
+            "The source node runs with `--transfer-busy-rate` at {rate}: while its volumes have I/O its \
+             transfers send at most that many bytes a second (`{BUSY_RATE_ENV}` sets it for a run). \
+             \"Link rate during the source's writes\" is A's veth tx over fio's window, for both sides."
         ),
     );
     if anchor_only {
