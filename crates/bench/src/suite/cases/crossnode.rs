@@ -6,7 +6,8 @@
 //! nbdcopy run in B from a qemu-nbd raw export on A over TCP to a sparse
 //! raw file. Per side: time, rate, bytes on the link (A's tx), and what the
 //! copies cost writes on the source (fio 4k randwrite alone, then with
-//! copies back to back).
+//! copies back to back, then alone again: the ratio is to the mean of the
+//! two runs alone).
 //!
 //! `LAMINA_BENCH_CROSSNODE=anchor` runs the nbdcopy half alone (for a
 //! build without the transfer protocol); the report says so.
@@ -110,9 +111,16 @@ fn record_copy(ctx: &mut Ctx, target: &str, c: &Copy) {
     r.add(CASE, target, LINK_AMP, "×", Better::Lower, link / alloc);
 }
 
-fn record_writes(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, loaded: &Loaded) {
+fn record_writes(
+    ctx: &mut Ctx,
+    target: &str,
+    before: &fio::Outcome,
+    loaded: &Loaded,
+    after: &fio::Outcome,
+) {
     let during = &loaded.reads;
-    io::record(ctx, CASE, target, WRITE_ALONE, "4k", alone);
+    io::record(ctx, CASE, target, WRITE_ALONE, "4k", before);
+    io::record(ctx, CASE, target, WRITE_ALONE, "4k", after);
     io::record(ctx, CASE, target, WRITE_DURING, "4k", during);
     ctx.rec.add(
         CASE,
@@ -128,8 +136,14 @@ fn record_writes(ctx: &mut Ctx, target: &str, alone: &fio::Outcome, loaded: &Loa
         WRITE_KEPT,
         "×",
         Better::Higher,
-        during.iops / alone.iops,
+        during.iops / alone(before, after),
     );
+}
+
+/// The writes alone: the mean of the runs just before and just after the
+/// loaded one (alone, the same job moved by up to 1.8× between rounds).
+fn alone(before: &fio::Outcome, after: &fio::Outcome) -> f64 {
+    (before.iops + after.iops) / 2.0
 }
 
 /// A child process killed and reaped when dropped.
@@ -381,7 +395,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     wire / MIB as f64,
                 );
                 let target = Target::Nbd(n.src_uri.clone());
-                let alone = fio::run(&job, &target)?;
+                let before = fio::run(&job, &target)?;
                 let mut names = Vec::new();
                 let loaded = under_reads(
                     &job,
@@ -394,6 +408,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                         Ok(())
                     },
                 )?;
+                let after = fio::run(&job, &target)?;
                 let t = Instant::now();
                 for name in names.iter().chain([&format!("c{round}")]) {
                     n.b.delete_volume(name, false)?;
@@ -410,13 +425,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     Better::Lower,
                     reclaim.as_secs_f64(),
                 );
-                record_writes(ctx, LAMINA, &alone, &loaded);
+                record_writes(ctx, LAMINA, &before, &loaded, &after);
                 eprintln!(
                     "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB); writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
                     c.took.as_secs_f64(),
                     c.link >> 20,
                     wire as u64 >> 20,
-                    alone.iops,
+                    alone(&before, &after),
                     loaded.reads.iops,
                     loaded.copies,
                     loaded.written >> 20,
@@ -427,19 +442,20 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 let c = anchor.copy()?;
                 record_copy(ctx, NBDCOPY, &c);
                 let target = anchor.fio_target();
-                let alone = fio::run(&job, &target)?;
+                let before = fio::run(&job, &target)?;
                 let loaded = under_reads(
                     &job,
                     &target,
                     || link.a.tx_bytes().unwrap_or(0),
                     |_| anchor.copy().map(drop),
                 )?;
-                record_writes(ctx, NBDCOPY, &alone, &loaded);
+                let after = fio::run(&job, &target)?;
+                record_writes(ctx, NBDCOPY, &before, &loaded, &after);
                 eprintln!(
                     "  round {round} nbdcopy: {:.2} s, {} MiB on the link; writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
                     c.took.as_secs_f64(),
                     c.link >> 20,
-                    alone.iops,
+                    alone(&before, &after),
                     loaded.reads.iops,
                     loaded.copies,
                     loaded.written >> 20,
@@ -512,7 +528,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         CASE,
         format!(
             "Source writes: fio 4k randwrite QD32 for {} s over the source's first {} MiB (all allocated), \
-             alone, then with copies back to back until fio ends (Lamina: clones into new volumes on B, \
+             alone, then with copies back to back until fio ends, then alone again; the ratio is to the mean of the two runs alone (Lamina: clones into new volumes on B, \
              deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file). Lamina's fio writes the live volume \
              through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
