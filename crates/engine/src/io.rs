@@ -174,33 +174,40 @@ impl Pool {
             return Ok(true);
         }
         self.with_meta(|m| {
-            for (k, &b) in blocks.iter().enumerate() {
-                let installed = vol_root(m, id).and_then(|(mut root, levels)| {
-                    let r = m.tree_set(&mut root, levels, first + k as u64, b);
-                    if root != m.catalog.volume(id).root {
-                        m.catalog.volume_mut(id).root = root;
-                    }
-                    r
-                });
-                let old = match installed {
-                    Ok(o) => o,
-                    Err(e) => {
-                        blocks[k..].iter().for_each(|&b| m.unreserve(b));
-                        return Err(e);
-                    }
-                };
-                m.install_data(b)?;
-                if old != 0 {
-                    // Not expected (the stripes keep the run unmapped), but
-                    // never leak a block.
-                    m.release_block(old, false)?;
-                } else {
-                    m.catalog.volume_mut(id).mapped += 1;
-                }
-            }
-            Ok(())
+            let base = m.bases.get(&id).copied();
+            m.charged(base, |m| Self::install_run(m, id, first, &blocks))
         })?;
         Ok(true)
+    }
+
+    /// Point blocks `first..` of volume `id` at the fresh data blocks
+    /// `blocks` ([`Pool::write_run`]).
+    fn install_run(m: &mut crate::meta::Meta, id: u64, first: u64, blocks: &[u64]) -> Result<()> {
+        for (k, &b) in blocks.iter().enumerate() {
+            let installed = vol_root(m, id).and_then(|(mut root, levels)| {
+                let r = m.tree_set(&mut root, levels, first + k as u64, b);
+                if root != m.catalog.volume(id).root {
+                    m.catalog.volume_mut(id).root = root;
+                }
+                r
+            });
+            let old = match installed {
+                Ok(o) => o,
+                Err(e) => {
+                    blocks[k..].iter().for_each(|&b| m.unreserve(b));
+                    return Err(e);
+                }
+            };
+            m.install_data(b)?;
+            if old != 0 {
+                // Not expected (the stripes keep the run unmapped), but
+                // never leak a block.
+                m.release_block(old, false)?;
+            } else {
+                m.catalog.volume_mut(id).mapped += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Give block `idx` of volume `id` a private copy if it shares it (flatten).
@@ -249,24 +256,27 @@ impl Pool {
                     return Err(e);
                 }
             };
-            let r = m.tree_set(&mut root, levels, idx, new);
-            if root != m.catalog.volume(id).root {
-                m.catalog.volume_mut(id).root = root;
-            }
-            let old = match r {
-                Ok(o) => o,
-                Err(e) => {
-                    m.unreserve(new);
-                    return Err(e);
+            let base = m.bases.get(&id).copied();
+            m.charged(base, |m| {
+                let r = m.tree_set(&mut root, levels, idx, new);
+                if root != m.catalog.volume(id).root {
+                    m.catalog.volume_mut(id).root = root;
                 }
-            };
-            m.install_data(new)?;
-            if old != 0 {
-                m.release_block(old, false)
-            } else {
-                m.catalog.volume_mut(id).mapped += 1;
-                Ok(())
-            }
+                let old = match r {
+                    Ok(o) => o,
+                    Err(e) => {
+                        m.unreserve(new);
+                        return Err(e);
+                    }
+                };
+                m.install_data(new)?;
+                if old != 0 {
+                    m.release_block(old, false)
+                } else {
+                    m.catalog.volume_mut(id).mapped += 1;
+                    Ok(())
+                }
+            })
         })
     }
 
@@ -278,16 +288,19 @@ impl Pool {
             if m.tree_lookup(root, levels, idx)? == 0 {
                 return Ok(());
             }
-            let r = m.tree_set(&mut root, levels, idx, 0);
-            if root != m.catalog.volume(id).root {
-                m.catalog.volume_mut(id).root = root;
-            }
-            let old = r?;
-            if old != 0 {
-                m.catalog.volume_mut(id).mapped -= 1;
-                m.release_block(old, false)?;
-            }
-            Ok(())
+            let base = m.bases.get(&id).copied();
+            m.charged(base, |m| {
+                let r = m.tree_set(&mut root, levels, idx, 0);
+                if root != m.catalog.volume(id).root {
+                    m.catalog.volume_mut(id).root = root;
+                }
+                let old = r?;
+                if old != 0 {
+                    m.catalog.volume_mut(id).mapped -= 1;
+                    m.release_block(old, false)?;
+                }
+                Ok(())
+            })
         })
     }
 

@@ -41,10 +41,31 @@ pub struct Meta {
     /// such a block is reachable from one tree only, through nodes that tree
     /// holds alone, and that tree is the one changing.
     pub shared_gen: u64,
+    /// Whose exclusive footprint the refcount changes being made can alter
+    /// (see [`Charge`]); `All` outside [`Meta::charged`].
+    charge: Charge,
+    /// Each volume's base, where known: the live snapshot its tree was
+    /// identical to when it last became shared (the snapshot just taken of
+    /// it, the one it was reverted to, or a linked clone's origin). Every
+    /// node the volume did not allocate since is in that snapshot's tree.
+    /// Kept in memory only (empty after a restart, which is merely slower:
+    /// see [`Charge`]); a base whose snapshot is deleted is forgotten.
+    pub bases: HashMap<u64, u64>,
     /// Snapshots' exclusive footprints (nodes, data) by snapshot id, with
     /// the sharing generation each was computed at: true while the
     /// generation has not moved, since a snapshot's tree never changes.
     pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
+}
+
+/// Whose exclusive footprints a refcount change can alter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Charge {
+    /// Any snapshot's: the sharing generation moves, every cached
+    /// footprint goes stale.
+    All,
+    /// This snapshot's alone (a volume writing beside its base): only its
+    /// cached footprint goes.
+    One(u64),
 }
 
 /// One transaction's worth of changed pages, ready for the log.
@@ -78,7 +99,47 @@ impl Meta {
             cursor_index: 0,
             full: vec![false; groups],
             shared_gen: 0,
+            charge: Charge::All,
+            bases: HashMap::new(),
             exclusive_cache: HashMap::new(),
+        }
+    }
+
+    /// Run `f` (a volume writing its own tree: copies on write, data
+    /// replaced or unmapped) with its refcount changes charged to the
+    /// volume's base snapshot `base`, or to every snapshot if it has none
+    /// known. Why one snapshot is enough: a copy on write drops a reference
+    /// on a shared node or block; if one is left, its holder is a node of
+    /// the base's tree (the volume's tree was the base's, and the base's
+    /// never changes) or of a deleted tree awaiting reclaim, so only the
+    /// base can come to reach it alone. The references it adds (on the
+    /// copied node's children) make blocks shared that only a shared node
+    /// led to: nobody counted them. The engine's model test checks every
+    /// listed exclusive size against a fresh walk after every operation.
+    pub fn charged<T>(
+        &mut self,
+        base: Option<u64>,
+        f: impl FnOnce(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        self.charge = base.map_or(Charge::All, Charge::One);
+        let r = f(self);
+        self.end_charge();
+        r
+    }
+
+    /// Back to charging every snapshot (see [`Meta::charged`]).
+    pub fn end_charge(&mut self) {
+        self.charge = Charge::All;
+    }
+
+    /// A refcount moved to or from a count of two or more: the exclusive
+    /// footprints it can alter are no longer known.
+    fn sharing_changed(&mut self) {
+        match self.charge {
+            Charge::All => self.shared_gen += 1,
+            Charge::One(id) => {
+                self.exclusive_cache.remove(&id);
+            }
         }
     }
 
@@ -152,7 +213,7 @@ impl Meta {
                 "block {block} is shared {RC_MAX} times, the limit"
             )));
         }
-        self.shared_gen += 1;
+        self.sharing_changed();
         self.set_rc(block, v + 1)
     }
 
@@ -175,7 +236,7 @@ impl Meta {
     /// One more reference on each of `blocks` (the children of a node being
     /// copied), a refcount page at a time.
     pub fn incref_many(&mut self, blocks: &[u64]) -> Result<()> {
-        self.shared_gen += 1;
+        self.sharing_changed();
         let mut i = 0;
         while i < blocks.len() {
             let page = rc_page_of(blocks[i]);
@@ -206,7 +267,7 @@ impl Meta {
             ));
         }
         if v >= 2 {
-            self.shared_gen += 1;
+            self.sharing_changed();
         }
         self.set_rc(block, v - 1)?;
         Ok(v - 1)

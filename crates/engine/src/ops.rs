@@ -419,6 +419,8 @@ impl Pool {
             }
             m.delete_record(id)?;
             m.release_root(v.root)?;
+            m.bases.remove(&id);
+            m.bases.retain(|_, b| !snaps.iter().any(|&(s, _)| s == *b));
             Ok((snaps, v.origin))
         })?;
         for (sid, _) in snaps {
@@ -531,7 +533,11 @@ impl Pool {
             labels: labels.to_vec(),
         };
         if v.root != 0 {
-            m.incref(v.root)?;
+            // The volume's root gains a holder: no snapshot reached it alone
+            // before (only the volume did, or it was shared), none does
+            // after. Charged to the new snapshot, which has no footprint
+            // cached yet: other snapshots' cached footprints stay.
+            m.charged(Some(id), |m| m.incref(v.root))?;
         }
         if let Err(e) = m.create_record(Record::Snapshot(rec.clone())) {
             // An error here is the caller's; a failure to take the
@@ -541,6 +547,7 @@ impl Pool {
         }
         m.sb.next_id += 1;
         m.catalog.volume_mut(vid).parent = id;
+        m.bases.insert(vid, id);
         Ok(rec)
     }
 
@@ -549,6 +556,7 @@ impl Pool {
     /// volume's parent.
     pub(crate) fn undo_snapshot(m: &mut crate::meta::Meta, rec: &SnapshotRec) -> Result<()> {
         m.delete_record(rec.id)?;
+        m.bases.retain(|_, s| *s != rec.id);
         m.release_root(rec.root)?;
         m.catalog.volume_mut(rec.volume).parent = rec.parent;
         Ok(())
@@ -716,6 +724,7 @@ impl Pool {
                 m.catalog.volume_mut(vid).parent = s.parent;
             }
             m.delete_record(sid)?;
+            m.bases.retain(|_, b| *b != sid);
             m.release_root(s.root)?;
             Ok(true)
         })?;
@@ -788,6 +797,7 @@ impl Pool {
             v.mapped = s.mapped;
             v.parent = sid;
             m.release_root(old)?;
+            m.bases.insert(vid, sid);
             Ok(self.volume_info(m, m.catalog.volume(vid)))
         })?;
         self.commit()?;
@@ -845,6 +855,7 @@ impl Pool {
             m.incref(s.root)?;
             m.incref(s.root)?;
         }
+        m.bases.insert(id, sid);
         Ok(rec)
     }
 

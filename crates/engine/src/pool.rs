@@ -339,7 +339,12 @@ impl Pool {
     }
 
     pub(crate) fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.inner.meta.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.meta.lock().unwrap_or_else(|p| {
+            // A panic under the lock may have left a charge set.
+            let mut m = p.into_inner();
+            m.end_charge();
+            m
+        })
     }
 
     pub(crate) fn gate(&self, id: u64) -> Arc<RwLock<()>> {

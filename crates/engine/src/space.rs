@@ -406,3 +406,62 @@ impl Pool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::SimBackend;
+    use crate::{Pool, PoolOptions, BLOCK};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// Which of the volume's snapshots have their size cached, by name
+    /// (looked up in the cache alone: describing one would walk it).
+    fn cached(p: &Pool, ids: &HashMap<String, u64>) -> HashMap<String, bool> {
+        let m = p.lock_meta();
+        ids.iter()
+            .map(|(n, &id)| (n.clone(), m.cached_exclusive(id).is_some()))
+            .collect()
+    }
+
+    #[test]
+    fn a_volume_writing_beside_its_base_leaves_older_snapshots_sizes_cached() {
+        let opts = PoolOptions {
+            background: false,
+            ..PoolOptions::default()
+        };
+        let p = Pool::create(Arc::new(SimBackend::new()), opts).unwrap();
+        p.create_volume("v", 64 << 20).unwrap();
+        let v = p.open_volume("v").unwrap();
+        for i in 0..5u8 {
+            v.write(u64::from(i) * BLOCK as u64, &[i + 1; BLOCK])
+                .unwrap();
+            p.create_snapshot("v", &format!("s{i}"), &[]).unwrap();
+        }
+        let ids: HashMap<String, u64> = p
+            .list_snapshots("v")
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.name, s.id))
+            .collect();
+        assert!(cached(&p, &ids).values().all(|&c| c));
+        // Copies on write beside s4, the base: only s4's size goes.
+        v.write(0, &[9; BLOCK]).unwrap();
+        v.write(4 * BLOCK as u64, &[9; BLOCK]).unwrap();
+        let c = cached(&p, &ids);
+        for i in 0..4 {
+            assert!(c[&format!("s{i}")], "s{i}: {c:?}");
+        }
+        assert!(!c["s4"], "{c:?}");
+        // A new snapshot changes no other snapshot's size either.
+        p.list_snapshots("v").unwrap();
+        p.create_snapshot("v", "s5", &[]).unwrap();
+        assert!(cached(&p, &ids).values().all(|&c| c));
+        // A linked clone shares s2's root: every size is looked at again.
+        p.clone_snapshot("v", "s2", "c").unwrap();
+        assert!(cached(&p, &ids).values().all(|&c| !c));
+        for s in p.list_snapshots("v").unwrap() {
+            let walked = p.usage("v", Some(&s.name)).unwrap().exclusive_bytes;
+            assert_eq!(s.exclusive_bytes, walked, "{}", s.name);
+        }
+    }
+}

@@ -442,3 +442,41 @@ fn volume_labels_are_kept_replaced_and_survive_a_crash() {
         Err(Error::VolumeNotFound(_))
     ));
 }
+
+/// Listed exclusive sizes (cached) against fresh walks, for every snapshot.
+fn listed_sizes_are_walked_sizes(p: &Pool, vol: &str) {
+    for s in p.list_snapshots(vol).unwrap() {
+        let walked = p.usage(vol, Some(&s.name)).unwrap().exclusive_bytes;
+        assert_eq!(s.exclusive_bytes, walked, "{vol}/{}", s.name);
+    }
+}
+
+#[test]
+fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapshots_size() {
+    // v's tree is s1's after the revert; s2 shares blocks 2..8 with it.
+    // Once s1 is gone, v's rewrite of block 5 leaves that block to s2
+    // alone: s2's cached size must not outlive the write.
+    let (_d, p) = pool();
+    p.create_volume("v", 1 << 30).unwrap();
+    fill(&p, "v", 0..8, 1);
+    p.create_snapshot("v", "s1", &[]).unwrap();
+    fill(&p, "v", 0..2, 2);
+    p.create_snapshot("v", "s2", &[]).unwrap();
+    p.revert_volume("v", "s1").unwrap();
+    listed_sizes_are_walked_sizes(&p, "v");
+    p.delete_snapshot("v", "s1").unwrap();
+    listed_sizes_are_walked_sizes(&p, "v");
+    fill(&p, "v", 5..6, 3);
+    listed_sizes_are_walked_sizes(&p, "v");
+    assert_eq!(
+        p.snapshot_info_by_name("v", "s2").unwrap().exclusive_bytes,
+        3 * BS,
+        "s2 alone holds its two rewritten blocks and block 5"
+    );
+    // The same with a clone writing beside its origin.
+    p.clone_snapshot("v", "s2", "c").unwrap();
+    listed_sizes_are_walked_sizes(&p, "v");
+    fill(&p, "c", 0..1, 4);
+    fill(&p, "v", 1..2, 4);
+    listed_sizes_are_walked_sizes(&p, "v");
+}
