@@ -445,7 +445,6 @@ pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>>
     })
 }
 
-/// A duration as plain seconds (`30`) or with a unit (`2min`).
 /// A rate in bytes a second, or none (`off`).
 #[derive(Clone, Copy, Debug)]
 struct RateOrOff(Option<u64>);
@@ -461,6 +460,7 @@ fn rate_or_off(s: &str) -> Result<RateOrOff, String> {
     }
 }
 
+/// A duration as plain seconds (`30`) or with a unit (`2min`).
 fn seconds_or_duration(s: &str) -> Result<std::time::Duration, String> {
     if let Ok(n) = s.parse::<u64>() {
         return Ok(std::time::Duration::from_secs(n));
