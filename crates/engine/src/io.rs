@@ -173,10 +173,7 @@ impl Pool {
         if !fresh {
             return Ok(true);
         }
-        self.with_meta(|m| {
-            let base = m.bases.get(&id).copied();
-            m.charged(base, |m| Self::install_run(m, id, first, &blocks))
-        })?;
+        self.with_meta(|m| m.charged_to_volume(id, |m| Self::install_run(m, id, first, &blocks)))?;
         Ok(true)
     }
 
@@ -256,8 +253,7 @@ impl Pool {
                     return Err(e);
                 }
             };
-            let base = m.bases.get(&id).copied();
-            m.charged(base, |m| {
+            m.charged_to_volume(id, |m| {
                 let r = m.tree_set(&mut root, levels, idx, new);
                 if root != m.catalog.volume(id).root {
                     m.catalog.volume_mut(id).root = root;
@@ -288,8 +284,7 @@ impl Pool {
             if m.tree_lookup(root, levels, idx)? == 0 {
                 return Ok(());
             }
-            let base = m.bases.get(&id).copied();
-            m.charged(base, |m| {
+            m.charged_to_volume(id, |m| {
                 let r = m.tree_set(&mut root, levels, idx, 0);
                 if root != m.catalog.volume(id).root {
                     m.catalog.volume_mut(id).root = root;

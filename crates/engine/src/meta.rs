@@ -127,6 +127,17 @@ impl Meta {
         r
     }
 
+    /// [`Meta::charged`] to volume `vid`'s base, if it has one known: how
+    /// the volume's own writes, copies and unmaps run.
+    pub fn charged_to_volume<T>(
+        &mut self,
+        vid: u64,
+        f: impl FnOnce(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        let base = self.bases.get(&vid).copied();
+        self.charged(base, f)
+    }
+
     /// Back to charging every snapshot (see [`Meta::charged`]).
     pub fn end_charge(&mut self) {
         self.charge = Charge::All;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pool, BS};
+use common::{cached_exclusive_sizes_are_exact, pool, BS};
 use lamina_engine::{Chunk, CloneState, Error, ExtentKind, Pool, PoolOptions, Target, BLOCK};
 
 fn fill(p: &Pool, vol: &str, blocks: std::ops::Range<u64>, byte: u8) {
@@ -443,14 +443,6 @@ fn volume_labels_are_kept_replaced_and_survive_a_crash() {
     ));
 }
 
-/// Listed exclusive sizes (cached) against fresh walks, for every snapshot.
-fn listed_sizes_are_walked_sizes(p: &Pool, vol: &str) {
-    for s in p.list_snapshots(vol).unwrap() {
-        let walked = p.usage(vol, Some(&s.name)).unwrap().exclusive_bytes;
-        assert_eq!(s.exclusive_bytes, walked, "{vol}/{}", s.name);
-    }
-}
-
 #[test]
 fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapshots_size() {
     // v's tree is s1's after the revert; s2 shares blocks 2..8 with it.
@@ -463,11 +455,11 @@ fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapsho
     fill(&p, "v", 0..2, 2);
     p.create_snapshot("v", "s2", &[]).unwrap();
     p.revert_volume("v", "s1").unwrap();
-    listed_sizes_are_walked_sizes(&p, "v");
+    cached_exclusive_sizes_are_exact(&p);
     p.delete_snapshot("v", "s1").unwrap();
-    listed_sizes_are_walked_sizes(&p, "v");
+    cached_exclusive_sizes_are_exact(&p);
     fill(&p, "v", 5..6, 3);
-    listed_sizes_are_walked_sizes(&p, "v");
+    cached_exclusive_sizes_are_exact(&p);
     assert_eq!(
         p.snapshot_info_by_name("v", "s2").unwrap().exclusive_bytes,
         3 * BS,
@@ -475,8 +467,8 @@ fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapsho
     );
     // The same with a clone writing beside its origin.
     p.clone_snapshot("v", "s2", "c").unwrap();
-    listed_sizes_are_walked_sizes(&p, "v");
+    cached_exclusive_sizes_are_exact(&p);
     fill(&p, "c", 0..1, 4);
     fill(&p, "v", 1..2, 4);
-    listed_sizes_are_walked_sizes(&p, "v");
+    cached_exclusive_sizes_are_exact(&p);
 }

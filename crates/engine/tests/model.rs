@@ -415,21 +415,6 @@ fn snapshot_only_by_difference_is_exact(p: &Pool) {
     );
 }
 
-/// Every snapshot's exclusive size as listed (from the engine's cache while
-/// its sharing generation holds) equals a fresh walk of its tree.
-fn cached_exclusive_sizes_are_exact(p: &Pool) {
-    for v in p.list_volumes() {
-        for s in p.list_snapshots(&v.name).unwrap() {
-            let walked = p.usage(&v.name, Some(&s.name)).unwrap().exclusive_bytes;
-            assert_eq!(
-                s.exclusive_bytes, walked,
-                "listed exclusive size of {}/{}",
-                v.name, s.name
-            );
-        }
-    }
-}
-
 fn run(ops: Vec<Op>) {
     if std::env::var("MODEL_TRACE").is_ok() {
         eprintln!(
@@ -455,7 +440,7 @@ fn run(ops: Vec<Op>) {
     {
         r.step(op);
         r.model.verify(r.pool(), &BTreeSet::new());
-        cached_exclusive_sizes_are_exact(r.pool());
+        common::cached_exclusive_sizes_are_exact(r.pool());
         snapshot_only_by_difference_is_exact(r.pool());
     }
     // Delete everything: every block must come back.

@@ -240,3 +240,18 @@ pub fn assert_refused(
         assert_eq!(f(), n, "a refused request did I/O on the pool's files");
     }
 }
+
+/// Every snapshot's exclusive size as listed (from the engine's cache while
+/// its sharing generation holds) equals a fresh walk of its tree.
+pub fn cached_exclusive_sizes_are_exact(p: &Pool) {
+    for v in p.list_volumes() {
+        for s in p.list_snapshots(&v.name).unwrap() {
+            let walked = p.usage(&v.name, Some(&s.name)).unwrap().exclusive_bytes;
+            assert_eq!(
+                s.exclusive_bytes, walked,
+                "listed exclusive size of {}/{}",
+                v.name, s.name
+            );
+        }
+    }
+}
