@@ -4,7 +4,10 @@ mod common;
 
 use common::*;
 use lamina_engine::{CopyEnd, SnapshotInfo};
-use lamina_transfer::{describe, pull_into, Pull, Reason};
+use lamina_transfer::{describe, pull_into, Pace, Pull, Reason};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// 40 extents of 256 KiB 1 MiB apart, plus two unaligned 4 KiB pieces.
 fn scattered() -> Vec<(u64, usize, u8)> {
@@ -14,6 +17,26 @@ fn scattered() -> Vec<(u64, usize, u8)> {
     w.push((50 * MIB + 4096, 4096, 0xaa));
     w.push((63 * MIB, 4096, 0xbb));
     w
+}
+
+/// A pace that lets two pieces through, then holds every stream until
+/// `open` (or 10 s).
+#[derive(Default)]
+struct Gate {
+    calls: AtomicU64,
+    open: AtomicBool,
+}
+
+impl Pace for Gate {
+    fn wait(&self, _bytes: u64) -> Duration {
+        if self.calls.fetch_add(1, Ordering::Relaxed) >= 2 {
+            let t = Instant::now();
+            while !self.open.load(Ordering::Relaxed) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Duration::ZERO
+    }
 }
 
 fn snap(p: &lamina_engine::Pool) -> SnapshotInfo {
@@ -27,7 +50,13 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (_a, src) = source_pool(64 * MIB, &scattered());
-    let served = Served::new(src.clone(), src_id);
+    // The source holds its stream after two pieces until the target's
+    // first progress has looked at its readers: otherwise the whole
+    // stream (10 MiB) fits in the target's queue and socket, and the
+    // source may be done before the target writes anything.
+    let gate = Arc::new(Gate::default());
+    let pace: Arc<dyn Pace> = gate.clone();
+    let served = Served::paced(src.clone(), src_id, Some(pace));
     let (_b, dst) = pool();
     dst.create_volume("copy", 64 * MIB).unwrap();
     let info = snap(&src);
@@ -44,6 +73,7 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
     let mut ctl = OnProgress(|_: &_| {
         if seen.is_empty() {
             seen = served.source.readers("src", "s");
+            gate.open.store(true, Ordering::Relaxed);
         }
     });
     let pull = Pull {

@@ -158,10 +158,19 @@ pub struct Served {
 
 impl Served {
     pub fn new(pool: Arc<Pool>, identity: Arc<Identity>) -> Served {
+        Served::paced(pool, identity, None)
+    }
+
+    /// A source whose streams wait as `pace` says (see [`Source::paced`]).
+    pub fn paced(
+        pool: Arc<Pool>,
+        identity: Arc<Identity>,
+        pace: Option<Arc<dyn lamina_transfer::Pace>>,
+    ) -> Served {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
-        let source = Source::new(pool, identity);
+        let source = Source::paced(pool, identity, pace);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let s = source.clone();
         let thread = std::thread::spawn(move || {
