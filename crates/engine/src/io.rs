@@ -112,8 +112,8 @@ impl Pool {
     /// not all zeros): one index pass and one write per physically
     /// contiguous stretch instead of one of each per block. `Ok(false)`
     /// (nothing done) for a mixed run, which the caller writes block by
-    /// block. With `bulk`, new blocks are written around the page cache
-    /// ([`crate::storage::BlockFile::write_direct`]).
+    /// block. With `bulk`, new blocks are written as bulk data
+    /// ([`crate::storage::BlockFile::write_bulk`]).
     pub(crate) fn write_run(&self, id: u64, first: u64, data: &[u8], bulk: bool) -> Result<bool> {
         let n = data.len() / BLOCK;
         let _s = self.stripes(id, first, n as u64);
@@ -305,16 +305,16 @@ impl Pool {
         self.data_write_to(buf, at, false)
     }
 
-    /// [`Pool::data_write`], with `direct` around the page cache
-    /// ([`crate::storage::BlockFile::write_direct`]): nothing is then left
-    /// for writeback to start, but a commit's sync is still what makes it
-    /// durable (the device's cache).
-    fn data_write_to(&self, buf: &[u8], at: u64, direct: bool) -> Result<()> {
+    /// [`Pool::data_write`], with `bulk` as bulk data
+    /// ([`crate::storage::BlockFile::write_bulk`]): its writeback is
+    /// already started (so it is not counted for the writeback thread),
+    /// but a commit's sync is still what makes it durable.
+    fn data_write_to(&self, buf: &[u8], at: u64, bulk: bool) -> Result<()> {
         let latch = &self.inner.latch;
         latch.check()?;
         let f = &self.inner.file;
-        let wrote = if direct {
-            f.write_direct(buf, at)
+        let wrote = if bulk {
+            f.write_bulk(buf, at)
         } else {
             self.inner
                 .unwritten
@@ -440,8 +440,9 @@ impl Volume {
     }
 
     /// [`Volume::write`] for bulk data nobody is about to read (a copy's
-    /// or a restore's stream): runs of new blocks go around the page cache.
-    /// What is written, and when it is durable, is the same.
+    /// or a restore's stream): runs of new blocks are written back at once
+    /// and leave the page cache soon after (`storage::BULK_WINDOW`). What
+    /// is written, and when it is durable, is the same.
     pub fn write_bulk(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_with(offset, data, true)
     }
