@@ -161,7 +161,12 @@ impl OsFile {
         }
     }
 
-    /// `sync_file_range` over a range, with `flags`.
+    /// `sync_file_range` over a range, with `flags`. Its error never reads
+    /// as a full disk, whatever the kernel said: waiting on writeback
+    /// consumes the file's writeback error (the next `fdatasync` would not
+    /// see it again), and it may be another write's data that failed, so
+    /// the caller must take it for an I/O failure (the latch), not for a
+    /// refusal that changed nothing.
     fn sync_range(&self, offset: u64, len: u64, flags: libc::c_uint) -> io::Result<()> {
         // SAFETY: sync_file_range only reads its integer arguments; the
         // descriptor is owned by `self.file`, which outlives the call.
@@ -176,7 +181,10 @@ impl OsFile {
         if rc == 0 {
             Ok(())
         } else {
-            Err(io::Error::last_os_error())
+            let e = io::Error::last_os_error();
+            Err(io::Error::other(format!(
+                "writeback of {len} bytes at {offset}: {e}"
+            )))
         }
     }
 
@@ -365,6 +373,21 @@ mod tests {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
+    }
+
+    /// A failed writeback wait comes back as an error that carries no OS
+    /// code, so the latch can never take it for a full disk.
+    #[test]
+    fn a_writeback_error_never_reads_as_a_full_disk() {
+        // sync_file_range refuses a character device (ESPIPE).
+        let null = OpenOptions::new().write(true).open("/dev/null").unwrap();
+        let os = OsFile::new(null, "/dev/null".into(), 1 << 20);
+        let e = os.write_bulk(&[1; 4096], 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), None, "{e}");
+        assert!(
+            e.to_string().starts_with("writeback of 4096 bytes at 0"),
+            "{e}"
+        );
     }
 
     /// Bulk writes read back at once, over pages the cache holds dirty or
