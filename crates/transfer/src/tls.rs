@@ -36,8 +36,20 @@ fn bad(path: &Path, detail: impl std::fmt::Display) -> TransferError {
     }
 }
 
+/// ring's provider with its TLS 1.3 suites ordered AES-128-GCM first (ring
+/// puts AES-256-GCM first). Both sides list the same order, so a transfer
+/// between two nodes runs AES-128-GCM: 10 AES rounds a block rather than
+/// 14, on a stream where (with AES-256) encrypting was 17-18 % of the
+/// source's CPU samples and decrypting 11 % of the target's. The others stay listed, for a peer that wants them.
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite as suite;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![
+        suite::TLS13_AES_128_GCM_SHA256,
+        suite::TLS13_AES_256_GCM_SHA384,
+        suite::TLS13_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
 }
 
 /// The first DNS subjectAltName of a certificate: the node it names.
@@ -129,5 +141,53 @@ impl Identity {
             .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
             .map_err(|e| bad(&self.dir.join(CERT_FILE), e))?;
         Ok(Arc::new(cfg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs;
+    use rustls::pki_types::ServerName;
+
+    /// Two nodes of one CA handshake in memory and agree on AES-128-GCM.
+    #[test]
+    fn two_nodes_agree_on_aes_128_gcm() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca");
+        certs::create_ca(&ca).unwrap();
+        for n in ["a", "b"] {
+            certs::issue(&ca, n, &dir.path().join(n)).unwrap();
+        }
+        let a = Identity::load(&dir.path().join("a")).unwrap();
+        let b = Identity::load(&dir.path().join("b")).unwrap();
+        let mut server = rustls::ServerConnection::new(a.server_config().unwrap()).unwrap();
+        let name = ServerName::try_from("a").unwrap();
+        let mut client = rustls::ClientConnection::new(b.client_config().unwrap(), name).unwrap();
+        for _ in 0..10 {
+            let mut wire = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut wire).unwrap();
+            }
+            server.read_tls(&mut &wire[..]).unwrap();
+            server.process_new_packets().unwrap();
+            let mut back = Vec::new();
+            while server.wants_write() {
+                server.write_tls(&mut back).unwrap();
+            }
+            client.read_tls(&mut &back[..]).unwrap();
+            client.process_new_packets().unwrap();
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+        }
+        assert!(!server.is_handshaking(), "the handshake did not finish");
+        let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.suite();
+        for got in [
+            client.negotiated_cipher_suite(),
+            server.negotiated_cipher_suite(),
+        ] {
+            assert_eq!(got.map(|s| s.suite()), Some(suite));
+        }
     }
 }
