@@ -152,6 +152,20 @@ mod tests {
     use crate::certs;
     use rustls::pki_types::ServerName;
 
+    /// Move one flight from `from` to `to`, every byte of it (read_tls
+    /// takes at most one buffer's worth per call).
+    fn flight(from: &mut rustls::Connection, to: &mut rustls::Connection) {
+        let mut wire = Vec::new();
+        while from.wants_write() {
+            from.write_tls(&mut wire).unwrap();
+        }
+        let mut rd = &wire[..];
+        while !rd.is_empty() {
+            to.read_tls(&mut rd).unwrap();
+            to.process_new_packets().unwrap();
+        }
+    }
+
     /// Two nodes of one CA handshake in memory and agree on AES-128-GCM.
     #[test]
     fn two_nodes_agree_on_aes_128_gcm() {
@@ -163,30 +177,16 @@ mod tests {
         }
         let a = Identity::load(&dir.path().join("a")).unwrap();
         let b = Identity::load(&dir.path().join("b")).unwrap();
-        let mut server = rustls::ServerConnection::new(a.server_config().unwrap()).unwrap();
+        let mut server = rustls::ServerConnection::new(a.server_config().unwrap())
+            .unwrap()
+            .into();
         let name = ServerName::try_from("a").unwrap();
-        let mut client = rustls::ClientConnection::new(b.client_config().unwrap(), name).unwrap();
-        // One flight each way per turn; every byte of a flight is fed in
-        // (read_tls takes at most one buffer's worth per call).
+        let mut client = rustls::ClientConnection::new(b.client_config().unwrap(), name)
+            .unwrap()
+            .into();
         for _ in 0..10 {
-            let mut wire = Vec::new();
-            while client.wants_write() {
-                client.write_tls(&mut wire).unwrap();
-            }
-            let mut rd = &wire[..];
-            while !rd.is_empty() {
-                server.read_tls(&mut rd).unwrap();
-                server.process_new_packets().unwrap();
-            }
-            let mut back = Vec::new();
-            while server.wants_write() {
-                server.write_tls(&mut back).unwrap();
-            }
-            let mut rd = &back[..];
-            while !rd.is_empty() {
-                client.read_tls(&mut rd).unwrap();
-                client.process_new_packets().unwrap();
-            }
+            flight(&mut client, &mut server);
+            flight(&mut server, &mut client);
             if !client.is_handshaking() && !server.is_handshaking() {
                 break;
             }
