@@ -49,6 +49,10 @@ pub struct Cache {
     capacity: usize,
     dirty: usize,
     seq: u64,
+    /// Set by every change (a page made dirty, inserted dirty or
+    /// forgotten); the metadata's journal bookkeeping clears it
+    /// (`Meta::note_untracked`).
+    pub touched: bool,
 }
 
 impl Cache {
@@ -60,6 +64,7 @@ impl Cache {
             capacity: capacity.max(64),
             dirty: 0,
             seq: 0,
+            touched: false,
         }
     }
 
@@ -82,6 +87,7 @@ impl Cache {
     /// A page to change; it becomes dirty.
     pub fn get_mut(&mut self, block: u64) -> Option<&mut Page> {
         let i = *self.index.get(&block)?;
+        self.touched = true;
         self.seq += 1;
         let s = &mut self.slots[i];
         if s.dirty_seq == 0 {
@@ -95,6 +101,7 @@ impl Cache {
     /// Insert a page read from disk (clean) or freshly made (dirty).
     pub fn insert(&mut self, block: u64, page: Box<Page>, dirty: bool) {
         let dirty_seq = if dirty {
+            self.touched = true;
             self.seq += 1;
             self.dirty += 1;
             self.seq
@@ -146,6 +153,7 @@ impl Cache {
 
     /// Drop a page from the cache (its block was freed).
     pub fn forget(&mut self, block: u64) {
+        self.touched = true;
         if let Some(&i) = self.index.get(&block) {
             let s = &mut self.slots[i];
             if s.dirty_seq != 0 {

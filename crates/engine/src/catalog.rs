@@ -17,6 +17,8 @@ pub struct Catalog {
     snaps_by_vol: HashMap<u64, BTreeSet<u64>>,
     pub(crate) blocks: HashMap<u64, u64>,
     pub(crate) dirty: HashSet<u64>,
+    /// Set by every change to a record; see `Cache::touched`.
+    pub(crate) touched: bool,
 }
 
 impl Catalog {
@@ -47,6 +49,7 @@ impl Catalog {
     }
 
     pub fn volume_mut(&mut self, id: u64) -> &mut VolumeRec {
+        self.touched = true;
         self.dirty.insert(id);
         match self.records.get_mut(&id) {
             Some(Record::Volume(v)) => v,
@@ -92,6 +95,7 @@ impl Catalog {
     }
 
     pub fn snapshot_mut(&mut self, id: u64) -> &mut SnapshotRec {
+        self.touched = true;
         self.dirty.insert(id);
         match self.records.get_mut(&id) {
             Some(Record::Snapshot(s)) => s,
@@ -165,6 +169,7 @@ impl Meta {
         self.catalog.blocks.insert(id, block);
         self.catalog.records.insert(id, rec);
         self.catalog.dirty.insert(id);
+        self.catalog.touched = true;
         Ok(())
     }
 
@@ -179,6 +184,7 @@ impl Meta {
         }
         self.catalog.blocks.remove(&id);
         self.catalog.dirty.remove(&id);
+        self.catalog.touched = true;
         match self.catalog.records.remove(&id) {
             Some(Record::Volume(v)) => {
                 self.catalog.vol_by_name.remove(&v.name);

@@ -18,8 +18,11 @@ pub const RC_SYSTEM: u32 = u32::MAX;
 pub const RC_DEAD: u32 = u32::MAX - 1;
 /// Highest refcount a shared block may reach.
 pub const RC_MAX: u32 = u32::MAX - 2;
-/// Version of this format; a pool of another version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of this format; a pool of another version is refused, except
+/// version 1 (before the journal), which is read and upgraded on open.
+pub const FORMAT_VERSION: u32 = 2;
+/// The version before the journal of index changes (`journal.rs`).
+pub const FORMAT_VERSION_NO_JOURNAL: u32 = 1;
 /// Deepest tree supported: FANOUT^6 blocks is far beyond any disk.
 pub const MAX_LEVELS: u8 = 6;
 
@@ -158,6 +161,12 @@ pub struct Superblock {
     pub max_blocks: u64,
     /// Creation time, nanoseconds since the Unix epoch.
     pub created: u64,
+    /// The last journal record whose change this state holds (version 2;
+    /// 0 in version 1, which had no journal).
+    pub journal_covered: u64,
+    /// The format version read from disk ([`FORMAT_VERSION`] once
+    /// written by this build, which always writes the current one).
+    pub version: u32,
 }
 
 impl Superblock {
@@ -178,6 +187,7 @@ impl Superblock {
         put_u64(p, b + 72, self.next_id);
         put_u64(p, b + 80, self.max_blocks);
         put_u64(p, b + 88, self.created);
+        put_u64(p, b + 96, self.journal_covered);
     }
 
     /// Decode and validate the superblock; a foreign or newer file is refused.
@@ -188,10 +198,13 @@ impl Superblock {
         }
         verify(p, 0, MAGIC_SUPER)?;
         let version = get_u32(p, b + 8);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_JOURNAL {
             return Err(Error::corrupt(
                 0,
-                format!("format version {version}; this build reads version {FORMAT_VERSION}"),
+                format!(
+                    "format version {version}; this build reads versions \
+                     {FORMAT_VERSION_NO_JOURNAL} and {FORMAT_VERSION}"
+                ),
             ));
         }
         let geometry = (get_u32(p, b + 12), get_u32(p, b + 16), get_u32(p, b + 20));
@@ -210,6 +223,12 @@ impl Superblock {
             next_id: get_u64(p, b + 72),
             max_blocks: get_u64(p, b + 80),
             created: get_u64(p, b + 88),
+            journal_covered: if version == FORMAT_VERSION_NO_JOURNAL {
+                0
+            } else {
+                get_u64(p, b + 96)
+            },
+            version,
         };
         if sb.total_blocks == 0 || !sb.total_blocks.is_multiple_of(GROUP) {
             return Err(Error::corrupt(

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::*;
+use crate::journal::Op;
 use crate::meta::Meta;
 use crate::pool::Pool;
 use std::sync::{Arc, RwLock};
@@ -173,12 +174,42 @@ impl Pool {
         if !fresh {
             return Ok(true);
         }
-        self.with_meta(|m| m.charged_to_volume(id, |m| Self::install_run(m, id, first, &blocks)))?;
+        self.with_meta(|m| Self::install_journaled(m, id, first, &blocks))?;
         Ok(true)
     }
 
+    /// [`Pool::install_run`] as a journalled change: one `Map` record per
+    /// run of consecutive data blocks. Replaying the journal calls it too.
+    pub(crate) fn install_journaled(
+        m: &mut crate::meta::Meta,
+        id: u64,
+        first: u64,
+        blocks: &[u64],
+    ) -> Result<()> {
+        m.journaled(|m| {
+            m.charged_to_volume(id, |m| Self::install_run(m, id, first, blocks))?;
+            let mut ops = Vec::new();
+            let mut i = 0;
+            while i < blocks.len() {
+                let mut j = i + 1;
+                while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                    j += 1;
+                }
+                ops.push(Op::Map {
+                    vol: id,
+                    first: first + i as u64,
+                    n: (j - i) as u32,
+                    block: blocks[i],
+                });
+                i = j;
+            }
+            Ok(((), ops))
+        })
+    }
+
     /// Point blocks `first..` of volume `id` at the fresh data blocks
-    /// `blocks` ([`Pool::write_run`]).
+    /// `blocks` ([`Pool::write_run`]); on an error the blocks not yet
+    /// installed are released.
     fn install_run(m: &mut crate::meta::Meta, id: u64, first: u64, blocks: &[u64]) -> Result<()> {
         for (k, &b) in blocks.iter().enumerate() {
             let installed = vol_root(m, id).and_then(|(mut root, levels)| {
@@ -245,45 +276,23 @@ impl Pool {
             self.lock_meta().unreserve(new);
             return Err(e);
         }
-        self.with_meta(|m| {
-            let (mut root, levels) = match vol_root(m, id) {
-                Ok(r) => r,
-                Err(e) => {
-                    m.unreserve(new);
-                    return Err(e);
-                }
-            };
-            m.charged_to_volume(id, |m| {
-                let r = m.tree_set(&mut root, levels, idx, new);
-                if root != m.catalog.volume(id).root {
-                    m.catalog.volume_mut(id).root = root;
-                }
-                let old = match r {
-                    Ok(o) => o,
-                    Err(e) => {
-                        m.unreserve(new);
-                        return Err(e);
-                    }
-                };
-                m.install_data(new)?;
-                if old != 0 {
-                    m.release_block(old, false)
-                } else {
-                    m.catalog.volume_mut(id).mapped += 1;
-                    Ok(())
-                }
-            })
-        })
+        self.with_meta(|m| Self::install_journaled(m, id, idx, &[new]))
     }
 
     /// Unmap whole block `idx` of volume `id`.
     fn unmap_block(&self, id: u64, idx: u64) -> Result<()> {
         let _s = self.stripe(id, idx);
-        self.with_meta(|m| {
-            let (mut root, levels) = vol_root(m, id)?;
-            if m.tree_lookup(root, levels, idx)? == 0 {
-                return Ok(());
-            }
+        self.with_meta(|m| Self::unmap_journaled(m, id, idx))
+    }
+
+    /// Unmap block `idx` of volume `id` as a journalled change (an `Unmap`
+    /// record if it was mapped). Replaying the journal calls it too.
+    pub(crate) fn unmap_journaled(m: &mut crate::meta::Meta, id: u64, idx: u64) -> Result<()> {
+        let (mut root, levels) = vol_root(m, id)?;
+        if m.tree_lookup(root, levels, idx)? == 0 {
+            return Ok(());
+        }
+        m.journaled(|m| {
             m.charged_to_volume(id, |m| {
                 let r = m.tree_set(&mut root, levels, idx, 0);
                 if root != m.catalog.volume(id).root {
@@ -295,7 +304,8 @@ impl Pool {
                     m.release_block(old, false)?;
                 }
                 Ok(())
-            })
+            })?;
+            Ok(((), vec![Op::Unmap { vol: id, idx }]))
         })
     }
 

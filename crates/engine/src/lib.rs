@@ -15,6 +15,7 @@
 mod cache;
 mod catalog;
 mod check;
+mod commit;
 mod copy;
 pub mod error;
 mod extents;
@@ -23,10 +24,12 @@ pub mod format;
 mod group;
 mod home;
 mod io;
+mod journal;
 mod latch;
 mod meta;
 mod ops;
 mod pool;
+mod replay;
 pub mod sim;
 mod space;
 pub mod storage;
@@ -44,4 +47,4 @@ pub use ops::{
     is_system_name, round_up_size, CloneState, Freed, OriginInfo, PoolStats, SnapshotInfo, Usage,
     VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
 };
-pub use pool::{FlattenProgress, Pool, PoolOptions, POOL_FILE, WAL_FILE};
+pub use pool::{FlattenProgress, Pool, PoolOptions, JOURNAL_FILE, POOL_FILE, WAL_FILE};

@@ -55,6 +55,20 @@ pub struct Meta {
     /// the sharing generation each was computed at: true while the
     /// generation has not moved, since a snapshot's tree never changes.
     pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
+    /// Journal records of changes made since the last page-log commit and
+    /// not yet appended to the journal (`journal.rs`), encoded, with the
+    /// sequence number of the first and their count.
+    pub pending: Vec<u8>,
+    pub pending_first: u64,
+    pub pending_count: u32,
+    /// Sequence number of the next journal record.
+    pub next_lseq: u64,
+    /// Whether every change since the last page-log commit is described
+    /// by a journal record, so that appending the records makes them
+    /// durable. Any change made outside [`Meta::journaled`] (a volume
+    /// created, a snapshot deleted, a reclaim step) clears it until the
+    /// next page-log commit.
+    pub journal_ok: bool,
 }
 
 /// Whose exclusive footprints a refcount change can alter.
@@ -70,6 +84,8 @@ enum Charge {
 
 /// One transaction's worth of changed pages, ready for the log.
 pub struct Collected {
+    /// The last journal record this transaction holds.
+    pub covered: u64,
     pub pages: Vec<(u64, Box<Page>)>,
     pub seqs: Vec<(u64, u64)>,
     pub freed: Vec<u64>,
@@ -102,7 +118,63 @@ impl Meta {
             charge: Charge::All,
             bases: HashMap::new(),
             exclusive_cache: HashMap::new(),
+            pending: Vec::new(),
+            pending_first: 0,
+            pending_count: 0,
+            next_lseq: 1,
+            journal_ok: true,
         }
+    }
+
+    /// Fold changes made since the last look that no journal record
+    /// describes into `journal_ok`: pages or records changed outside
+    /// [`Meta::journaled`] leave the journal unable to make them durable.
+    pub fn note_untracked(&mut self) {
+        if self.cache.touched || self.catalog.touched {
+            self.journal_ok = false;
+        }
+        self.cache.touched = false;
+        self.catalog.touched = false;
+    }
+
+    /// Run `f`, a change to the index that the journal records it returns describe
+    /// (a write mapping or unmapping blocks, a snapshot), and queue the
+    /// record it returns for the next commit. If `f` fails, whatever it
+    /// changed is left to the page log: `journal_ok` is cleared.
+    pub fn journaled<T>(
+        &mut self,
+        f: impl FnOnce(&mut Meta) -> Result<(T, Vec<crate::journal::Op>)>,
+    ) -> Result<T> {
+        self.note_untracked();
+        match f(self) {
+            Ok((v, ops)) => {
+                self.cache.touched = false;
+                self.catalog.touched = false;
+                for op in ops {
+                    if self.pending_count == 0 {
+                        self.pending_first = self.next_lseq;
+                    }
+                    op.encode(&mut self.pending);
+                    self.pending_count += 1;
+                    self.next_lseq += 1;
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                self.journal_ok = false;
+                Err(e)
+            }
+        }
+    }
+
+    /// The queued journal records, for a journal commit: (first sequence
+    /// number, count, bytes), or `None` if there are none.
+    pub fn take_pending(&mut self) -> Option<(u64, u32, Vec<u8>)> {
+        if self.pending_count == 0 {
+            return None;
+        }
+        let n = std::mem::take(&mut self.pending_count);
+        Some((self.pending_first, n, std::mem::take(&mut self.pending)))
     }
 
     /// Run `f` (a volume writing its own tree: copies on write, data
@@ -351,13 +423,26 @@ impl Meta {
         let mut p = new_page();
         rc::init(&mut p, g);
         rc::set(&mut p, 1, RC_SYSTEM);
+        // Growing needs no journal record: replaying the journal grows the
+        // pool over every block a record names first (`replay.rs`), to the
+        // same groups, whatever the page log last held.
+        let touched = self.cache.touched;
         self.cache.insert(rcb, p, true);
+        self.cache.touched = touched;
         self.sb.total_blocks = total;
         self.sb_dirty = true;
         self.full.push(false);
         self.cursor_group = g;
         self.cursor_index = 1;
         Ok(g * GROUP)
+    }
+
+    /// Add groups until block `b` is in the pool (replaying the journal).
+    pub fn grow_over(&mut self, b: u64) -> Result<()> {
+        while b >= self.sb.total_blocks {
+            self.grow()?;
+        }
+        Ok(())
     }
 
     /// Allocate a metadata block (refcount 1) with disk space reserved for it.
@@ -410,6 +495,16 @@ impl Meta {
 
     /// Gather every change since the last commit as sealed page images.
     pub fn collect(&mut self, txn: u64) -> Result<Collected> {
+        // This transaction holds every change so far, journalled or not:
+        // the superblock says so, and the queued records are not needed.
+        let covered = self.next_lseq - 1;
+        if self.sb.journal_covered != covered {
+            self.sb.journal_covered = covered;
+            self.sb_dirty = true;
+        }
+        self.pending.clear();
+        self.pending_count = 0;
+        self.journal_ok = true;
         self.flush_records()?;
         if self.sb_dirty {
             let sb = self.sb.clone();
@@ -419,12 +514,15 @@ impl Meta {
         }
         let mut pages = Vec::new();
         let mut seqs = Vec::new();
+        self.cache.touched = false;
+        self.catalog.touched = false;
         for (block, seq, mut page) in self.cache.dirty_pages() {
             seal(&mut page, block, txn);
             pages.push((block, page));
             seqs.push((block, seq));
         }
         Ok(Collected {
+            covered,
             pages,
             seqs,
             freed: std::mem::take(&mut self.freed),

@@ -511,6 +511,28 @@ impl Pool {
         system: bool,
         created: u64,
     ) -> Result<SnapshotRec> {
+        m.journaled(|m| {
+            let rec = Self::new_snapshot_untracked(m, vid, name, labels, system, created)?;
+            let op = crate::journal::Op::Snapshot {
+                vol: vid,
+                id: rec.id,
+                created,
+                system,
+                name: rec.name.clone(),
+                labels: rec.labels.clone(),
+            };
+            Ok((rec, vec![op]))
+        })
+    }
+
+    fn new_snapshot_untracked(
+        m: &mut crate::meta::Meta,
+        vid: u64,
+        name: String,
+        labels: &[(String, String)],
+        system: bool,
+        created: u64,
+    ) -> Result<SnapshotRec> {
         let id = m.sb.next_id;
         if m.catalog.has_snapshot(vid, &name) {
             return Err(Error::SnapshotExists {

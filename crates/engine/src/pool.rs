@@ -13,6 +13,7 @@
 
 use crate::error::{Error, IoFailure, Result};
 use crate::format::*;
+use crate::journal::Journal;
 use crate::latch::Latch;
 use crate::meta::Meta;
 use crate::storage::{Backend, BlockFile, DirBackend};
@@ -22,10 +23,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const POOL_FILE: &str = "pool.lam";
 pub const WAL_FILE: &str = "wal.lam";
+pub const JOURNAL_FILE: &str = "journal.lam";
 const STRIPES: usize = 1024;
 fn stripe_of(vol: u64, idx: u64) -> usize {
     let h =
@@ -43,7 +45,9 @@ pub struct PoolOptions {
     pub cache_bytes: usize,
     /// Size of the write-ahead log before a checkpoint.
     pub wal_bytes: u64,
-    /// Changed metadata pages that force a commit.
+    /// Size of the journal of index changes (`journal.rs`).
+    pub journal_bytes: u64,
+    /// Changed metadata pages that force a commit through the page log.
     pub max_dirty_pages: usize,
     /// Capacity limit in bytes for a new pool (0: the disk's).
     pub max_bytes: u64,
@@ -56,6 +60,7 @@ impl Default for PoolOptions {
         PoolOptions {
             cache_bytes: 64 << 20,
             wal_bytes: 64 << 20,
+            journal_bytes: 16 << 20,
             max_dirty_pages: 4096,
             max_bytes: 0,
             background: true,
@@ -68,6 +73,10 @@ pub(crate) struct Inner {
     pub meta: Mutex<Meta>,
     /// The log; holding it is holding the commit lock.
     pub wal: Mutex<Wal>,
+    /// The journal of index changes; taken after the log, only by commits.
+    pub journal: Mutex<Journal>,
+    /// Commits made since the pool was opened, by where they went.
+    pub commits: CommitCounts,
     pub file: Arc<dyn BlockFile>,
     /// Set by the first I/O failure; see `latch.rs`.
     pub latch: Arc<Latch>,
@@ -86,7 +95,7 @@ pub(crate) struct Inner {
     pub flatten: Mutex<HashMap<u64, Arc<FlattenProgress>>>,
     /// Blocks freed but kept back until the next checkpoint, because the log
     /// still holds an image of them that a replay would write home.
-    awaiting_checkpoint: Mutex<Vec<u64>>,
+    pub awaiting_checkpoint: Mutex<Vec<u64>>,
     /// The log file, for copying images home ahead (see `home.rs`).
     pub log: Arc<dyn BlockFile>,
     /// Bytes of the log in use (its append position), for the writeback
@@ -100,6 +109,14 @@ pub(crate) struct Inner {
     /// Held shared while images are copied home ahead, exclusively by a
     /// checkpoint (`home.rs`).
     pub homing: RwLock<()>,
+}
+
+/// Commits since a pool was opened that wrote something, by where they
+/// went: records to the journal, or pages to the page log.
+#[derive(Debug, Default)]
+pub struct CommitCounts {
+    pub journal: AtomicU64,
+    pub pages: AtomicU64,
 }
 
 /// Progress of a background flatten, in blocks.
@@ -173,6 +190,10 @@ impl Pool {
         // A pool being created has no one to refuse: a failure is returned.
         let latch = Arc::new(Latch::default());
         Wal::create(walf, latch.clone(), pool_id, opts.wal_bytes)?;
+        let journalf = backend
+            .open(JOURNAL_FILE, true)
+            .map_err(|e| io("create journal", e))?;
+        Journal::create(journalf, latch.clone(), pool_id, opts.journal_bytes, 1)?;
         let file = backend
             .open(POOL_FILE, true)
             .map_err(|e| io("create pool file", e))?;
@@ -185,6 +206,8 @@ impl Pool {
             next_id: 1,
             max_blocks: opts.max_bytes / BLOCK as u64,
             created: now_ns(),
+            journal_covered: 0,
+            version: FORMAT_VERSION,
         };
         let mut p = new_page();
         sb.encode(&mut p);
@@ -262,6 +285,8 @@ impl Pool {
             walf.clone(),
         );
         meta.load_catalog()?;
+        let (journal, upgraded, replayed) =
+            crate::replay::open_journal(&backend, &latch, &mut meta, &opts)?;
         let flattening: Vec<u64> = meta
             .catalog
             .volumes()
@@ -272,6 +297,8 @@ impl Pool {
             backend,
             meta: Mutex::new(meta),
             wal: Mutex::new(wal),
+            journal: Mutex::new(journal),
+            commits: CommitCounts::default(),
             file,
             latch,
             read_barrier: RwLock::new(()),
@@ -291,6 +318,11 @@ impl Pool {
             homing: RwLock::new(()),
         });
         let pool = Pool { inner };
+        if upgraded || replayed > 0 {
+            // Make the upgrade or what the journal gave back part of the
+            // checkpointed state, and start the journal afresh.
+            pool.checkpoint()?;
+        }
         if opts.background {
             let p = pool.clone();
             let t = std::thread::Builder::new()
@@ -309,6 +341,16 @@ impl Pool {
             }
         }
         Ok(pool)
+    }
+
+    /// Commits since the pool was opened that wrote records to the
+    /// journal, and that wrote pages to the page log.
+    pub fn commit_counts(&self) -> (u64, u64) {
+        let c = &self.inner.commits;
+        (
+            c.journal.load(Ordering::Relaxed),
+            c.pages.load(Ordering::Relaxed),
+        )
     }
 
     /// Where the pool lives.
@@ -381,176 +423,6 @@ impl Pool {
                     .unwrap_or_else(|p| p.into_inner())
             })
             .collect()
-    }
-
-    /// Make every acknowledged write and metadata change durable. A
-    /// failure at any step sets the latch (see `latch.rs`).
-    pub fn commit(&self) -> Result<()> {
-        let span = tracing::debug_span!("commit");
-        let _span = span.enter();
-        let started = Instant::now();
-        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
-        let txn = wal.next_txn;
-        let c = self.with_meta(|m| m.collect(txn))?;
-        let collected = started.elapsed();
-        if let Err(e) = self.sync_data("sync pool") {
-            self.lock_meta().uncommitted(c);
-            return Err(e);
-        }
-        let synced = started.elapsed();
-        if c.pages.is_empty() && c.freed.is_empty() {
-            tracing::debug!(
-                pages = 0,
-                sync_us = synced.as_micros() as u64,
-                "data synced, no metadata to log"
-            );
-            return Ok(());
-        }
-        let bytes = (c.pages.len() * (BLOCK + 64) + 64) as u64;
-        if wal.pos + bytes > wal.capacity {
-            if let Err(e) = self.checkpoint_locked(&mut wal) {
-                self.lock_meta().uncommitted(c);
-                return Err(e);
-            }
-        }
-        let appending = Instant::now();
-        let offsets = match wal.append(&c.pages) {
-            Ok(o) => o,
-            Err(e) => {
-                self.lock_meta().uncommitted(c);
-                return Err(e);
-            }
-        };
-        let appended = appending.elapsed();
-        self.lock_meta().committed(&c, &offsets);
-        self.inner.log_used.store(wal.pos, Ordering::Relaxed);
-        self.inner
-            .to_home
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(c.pages.iter().map(|(b, _)| *b).zip(offsets.iter().copied()));
-        drop(wal);
-        let (pages, freed) = (c.pages.len(), c.freed.len());
-        self.release_freed(c.freed);
-        tracing::debug!(
-            txn,
-            pages,
-            log_bytes = bytes,
-            freed,
-            collect_us = collected.as_micros() as u64,
-            sync_us = (synced - collected).as_micros() as u64,
-            append_us = appended.as_micros() as u64,
-            total_us = started.elapsed().as_micros() as u64,
-            "commit"
-        );
-        Ok(())
-    }
-
-    /// The transaction that freed these blocks is durable: punch them and
-    /// let the allocator have them (or keep them back until the next
-    /// checkpoint if the log holds an image of them).
-    fn release_freed(&self, freed: Vec<u64>) {
-        if freed.is_empty() {
-            return;
-        }
-        let (now, later): (Vec<u64>, Vec<u64>) = {
-            let m = self.lock_meta();
-            freed
-                .into_iter()
-                .partition(|b| !m.wal_index.contains_key(b))
-        };
-        self.inner.awaiting_checkpoint.lock().unwrap().extend(later);
-        if self.punch(&now).is_err() {
-            // The latch is set: nothing is allocated any more.
-            return;
-        }
-        let _barrier = self
-            .inner
-            .read_barrier
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        self.lock_meta().release(&now);
-    }
-
-    /// Deallocate freed blocks. The transaction that freed them is durable
-    /// whatever happens here, but a failed punch is a failing disk: it sets
-    /// the latch, and the caller's next request is refused.
-    fn punch(&self, blocks: &[u64]) -> Result<()> {
-        let mut sorted = blocks.to_vec();
-        sorted.sort_unstable();
-        let f = &self.inner.file;
-        let mut i = 0;
-        while i < sorted.len() {
-            let mut j = i + 1;
-            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
-                j += 1;
-            }
-            let (at, len) = (sorted[i] * BLOCK as u64, (j - i) as u64 * BLOCK as u64);
-            self.inner
-                .latch
-                .io("punch freed blocks", f.path(), at, f.punch(at, len))?;
-            i = j;
-        }
-        Ok(())
-    }
-
-    fn checkpoint_locked(&self, wal: &mut Wal) -> Result<()> {
-        self.inner.latch.check()?;
-        let span = tracing::debug_span!("checkpoint");
-        let _span = span.enter();
-        let started = Instant::now();
-        // No copy ahead reads the log while it is reset (`home.rs`).
-        let _homing = self.inner.homing.write().unwrap_or_else(|p| p.into_inner());
-        let index = self.lock_meta().wal_index.clone();
-        let homed =
-            std::mem::take(&mut *self.inner.homed.lock().unwrap_or_else(|p| p.into_inner()));
-        self.inner
-            .to_home
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        let written = wal.checkpoint(&index, &homed, self.inner.file.as_ref())?;
-        self.lock_meta().wal_index.clear();
-        self.inner.log_used.store(wal.pos, Ordering::Relaxed);
-        let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
-        // The checkpoint itself is done: a failed punch only sets the latch.
-        if self.punch(&held).is_ok() {
-            let _barrier = self
-                .inner
-                .read_barrier
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
-            self.lock_meta().release(&held);
-        }
-        tracing::debug!(
-            pages = index.len(),
-            written,
-            bytes = (written * BLOCK) as u64,
-            released = held.len(),
-            total_us = started.elapsed().as_micros() as u64,
-            "checkpoint"
-        );
-        Ok(())
-    }
-
-    /// Commit, then copy the log's pages home and empty the log.
-    pub fn checkpoint(&self) -> Result<()> {
-        self.commit()?;
-        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
-        self.checkpoint_locked(&mut wal)
-    }
-
-    /// Commit if enough metadata changed since the last commit.
-    pub(crate) fn maybe_commit(&self) -> Result<()> {
-        let dirty = self.lock_meta().cache.dirty_count();
-        let held = self.inner.awaiting_checkpoint.lock().unwrap().len();
-        if dirty > self.inner.opts.max_dirty_pages {
-            self.commit()?;
-        }
-        if held > 4 * GROUP as usize {
-            self.checkpoint()?;
-        }
-        Ok(())
     }
 
     pub(crate) fn wake_background(&self) {

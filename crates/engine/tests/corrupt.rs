@@ -99,6 +99,8 @@ fn newer_format_version_is_refused() {
         next_id: 1,
         max_blocks: 0,
         created: 0,
+        journal_covered: 0,
+        version: format::FORMAT_VERSION,
     };
     sb.encode(&mut p);
     format::put_u32(&mut p[..], format::HEADER + 8, 99);

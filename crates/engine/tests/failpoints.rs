@@ -187,6 +187,7 @@ fn opts() -> PoolOptions {
     PoolOptions {
         cache_bytes: 64 * 4096,
         wal_bytes: 256 << 10,
+        journal_bytes: 64 << 10, // small, so the journal fills and starts afresh often
         max_dirty_pages: usize::MAX,
         max_bytes: 0,
         background: false,

@@ -20,6 +20,7 @@ const SIZE: u64 = 1 << 24;
 fn opts() -> PoolOptions {
     PoolOptions {
         cache_bytes: 64 * 4096,
+        journal_bytes: 16 << 20,
         wal_bytes: 4 << 20,
         max_dirty_pages: usize::MAX,
         max_bytes: 0,

@@ -74,8 +74,9 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn opts() -> PoolOptions {
     PoolOptions {
-        cache_bytes: 64 * 4096, // small, so pages are evicted and read back
-        wal_bytes: 1 << 20,     // small, so checkpoints happen often
+        cache_bytes: 64 * 4096,  // small, so pages are evicted and read back
+        wal_bytes: 1 << 20,      // small, so checkpoints happen often
+        journal_bytes: 64 << 10, // small, so the journal fills and starts afresh often
         max_dirty_pages: usize::MAX,
         max_bytes: 0,
         background: false,
