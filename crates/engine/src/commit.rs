@@ -10,20 +10,10 @@
 use crate::error::Result;
 use crate::format::{BLOCK, GROUP};
 use crate::journal::Journal;
-use crate::meta::Collected;
 use crate::pool::Pool;
 use crate::wal::Wal;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// What a commit writes.
-enum Work {
-    /// Journal records (none if no journalled change was made) and the
-    /// blocks they freed.
-    Journal(Option<(u64, u32, Vec<u8>)>, Vec<u64>),
-    /// Every changed page, for the page log.
-    Pages(Collected),
-}
 
 impl Pool {
     /// Make every acknowledged write and metadata change durable. A
@@ -45,32 +35,31 @@ impl Pool {
         let span = tracing::debug_span!("commit");
         let _span = span.enter();
         let started = Instant::now();
-        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
-        let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let txn = wal.next_txn;
-        let max_dirty = self.inner.opts.max_dirty_pages;
-        let work = self.with_meta(|m| {
-            m.note_untracked();
-            if !pages
-                && m.journal_ok
-                && m.cache.dirty_count() <= max_dirty
-                && (m.pending_count == 0 || journal.takes(m.pending_first, m.pending.len()))
-            {
-                Ok(Work::Journal(
-                    m.take_pending(),
-                    std::mem::take(&mut m.freed),
-                ))
-            } else {
-                m.collect(txn).map(Work::Pages)
-            }
-        })?;
-        let c = match work {
-            Work::Journal(records, freed) => {
-                drop(wal);
+        if !pages {
+            // The journal's lock alone: a page-log commit under way (its
+            // append can take a while) does not hold this one up. The
+            // records taken here never depend on it: it leaves them queued
+            // until it is durable, and a change it holds that no record
+            // describes keeps this path closed until then.
+            let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
+            let max_dirty = self.inner.opts.max_dirty_pages;
+            let taken = self.with_meta(|m| {
+                let room = m
+                    .queue
+                    .peek()
+                    .is_none_or(|(first, len)| journal.takes(first, len));
+                Ok(
+                    (m.journal_suffices() && m.cache.dirty_count() <= max_dirty && room)
+                        .then(|| (m.queue.take(), std::mem::take(&mut m.freed))),
+                )
+            })?;
+            if let Some((records, freed)) = taken {
                 return self.commit_journal(&mut journal, records, freed, started);
             }
-            Work::Pages(c) => c,
-        };
+        }
+        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
+        let txn = wal.next_txn;
+        let c = self.with_meta(|m| m.collect(txn))?;
         let collected = started.elapsed();
         if let Err(e) = self.sync_data("sync pool") {
             self.lock_meta().uncommitted(c);
@@ -110,9 +99,10 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .extend(c.pages.iter().map(|(b, _)| *b).zip(offsets.iter().copied()));
         drop(wal);
-        // The page log now holds every record the journal has: once it is
-        // a quarter full, start it afresh.
-        if journal.pos > journal.capacity / 4 {
+        // Once the journal holds only records this commit holds too, and
+        // is a quarter full, start it afresh.
+        let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
+        if journal.pos > journal.capacity / 4 && journal.next <= c.covered + 1 {
             journal.reset(c.covered + 1)?;
         }
         drop(journal);
@@ -277,12 +267,15 @@ impl Pool {
         Ok(())
     }
 
-    /// Commit if enough metadata changed since the last commit.
+    /// Commit every changed page if there are more than a pool may hold
+    /// (`max_dirty_pages`); checkpoint if too many freed blocks wait for one.
     pub(crate) fn maybe_commit(&self) -> Result<()> {
         let dirty = self.lock_meta().cache.dirty_count();
         let held = self.inner.awaiting_checkpoint.lock().unwrap().len();
         if dirty > self.inner.opts.max_dirty_pages {
-            self.commit()?;
+            // The writeback thread commits pages from half of this on;
+            // past it, writers wait for a page-log commit themselves.
+            self.commit_pages()?;
         }
         if held > 4 * GROUP as usize {
             self.checkpoint()?;

@@ -202,6 +202,66 @@ pub fn decode(payload: &[u8], count: u32) -> std::result::Result<Vec<Op>, String
     Ok(ops)
 }
 
+/// Records made in memory and not yet in the journal, encoded, in order.
+#[derive(Default)]
+pub struct Queue {
+    bytes: Vec<u8>,
+    /// Where each record starts in `bytes`.
+    starts: Vec<usize>,
+    /// Sequence number of the first record queued.
+    first: u64,
+    /// Sequence number the next record will get.
+    pub next: u64,
+}
+
+impl Queue {
+    pub fn new(next: u64) -> Queue {
+        Queue {
+            next,
+            ..Queue::default()
+        }
+    }
+
+    pub fn push(&mut self, op: &Op) {
+        if self.starts.is_empty() {
+            self.first = self.next;
+        }
+        self.starts.push(self.bytes.len());
+        op.encode(&mut self.bytes);
+        self.next += 1;
+    }
+
+    /// (first sequence number, bytes) of what is queued.
+    pub fn peek(&self) -> Option<(u64, usize)> {
+        (!self.starts.is_empty()).then_some((self.first, self.bytes.len()))
+    }
+
+    /// Everything queued, for a journal commit: (first sequence number,
+    /// count, bytes).
+    pub fn take(&mut self) -> Option<(u64, u32, Vec<u8>)> {
+        if self.starts.is_empty() {
+            return None;
+        }
+        let n = self.starts.len() as u32;
+        self.starts.clear();
+        Some((self.first, n, std::mem::take(&mut self.bytes)))
+    }
+
+    /// Forget the records up to `covered`: a durable page-log commit
+    /// holds their changes.
+    pub fn drop_through(&mut self, covered: u64) {
+        if self.starts.is_empty() || covered < self.first {
+            return;
+        }
+        let n = ((covered - self.first + 1) as usize).min(self.starts.len());
+        let cut = self.starts.get(n).copied().unwrap_or(self.bytes.len());
+        self.bytes.drain(..cut);
+        self.starts.drain(..n);
+        self.starts.iter_mut().for_each(|s| *s -= cut);
+        self.first += n as u64;
+    }
+}
+
 fn crc(h: &[u8], payload: &[u8]) -> u32 {
     let c = crc32c::crc32c(&h[0..4]);
     let c = crc32c::crc32c_append(c, &h[8..h.len()]);
@@ -443,6 +503,25 @@ mod tests {
                     labels
                 }),
         ]
+    }
+
+    #[test]
+    fn a_queue_drops_what_a_page_commit_covers() {
+        let mut q = Queue::new(10);
+        for idx in 0..5 {
+            q.push(&Op::Unmap { vol: 1, idx });
+        }
+        q.drop_through(9);
+        assert_eq!(q.peek(), Some((10, 5 * 17)));
+        q.drop_through(12);
+        let (first, n, bytes) = q.take().unwrap();
+        assert_eq!((first, n), (13, 2));
+        let ops = decode(&bytes, n).unwrap();
+        assert_eq!(ops[0], Op::Unmap { vol: 1, idx: 3 });
+        q.push(&Op::Unmap { vol: 1, idx: 9 });
+        assert_eq!(q.peek(), Some((15, 17)));
+        q.drop_through(20);
+        assert_eq!((q.peek(), q.next), (None, 16));
     }
 
     proptest! {

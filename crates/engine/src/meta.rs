@@ -55,20 +55,15 @@ pub struct Meta {
     /// the sharing generation each was computed at: true while the
     /// generation has not moved, since a snapshot's tree never changes.
     pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
-    /// Journal records of changes made since the last page-log commit and
-    /// not yet appended to the journal (`journal.rs`), encoded, with the
-    /// sequence number of the first and their count.
-    pub pending: Vec<u8>,
-    pub pending_first: u64,
-    pub pending_count: u32,
-    /// Sequence number of the next journal record.
-    pub next_lseq: u64,
-    /// Whether every change since the last page-log commit is described
-    /// by a journal record, so that appending the records makes them
-    /// durable. Any change made outside [`Meta::journaled`] (a volume
-    /// created, a snapshot deleted, a reclaim step) clears it until the
-    /// next page-log commit.
-    pub journal_ok: bool,
+    /// Journal records made and not yet in the journal (`journal.rs`).
+    pub queue: crate::journal::Queue,
+    /// Times a change was found that no journal record describes (a volume
+    /// created, a snapshot deleted, a reclaim step: anything made outside
+    /// [`Meta::journaled`]); and how many of those the last durable
+    /// page-log commit holds. A journal commit is possible only while the
+    /// two are equal: the journal alone cannot make such a change durable.
+    pub untracked: u64,
+    pub untracked_durable: u64,
 }
 
 /// Whose exclusive footprints a refcount change can alter.
@@ -86,6 +81,8 @@ enum Charge {
 pub struct Collected {
     /// The last journal record this transaction holds.
     pub covered: u64,
+    /// The count of untracked changes it holds ([`Meta::untracked`]).
+    pub untracked: u64,
     pub pages: Vec<(u64, Box<Page>)>,
     pub seqs: Vec<(u64, u64)>,
     pub freed: Vec<u64>,
@@ -118,29 +115,33 @@ impl Meta {
             charge: Charge::All,
             bases: HashMap::new(),
             exclusive_cache: HashMap::new(),
-            pending: Vec::new(),
-            pending_first: 0,
-            pending_count: 0,
-            next_lseq: 1,
-            journal_ok: true,
+            queue: crate::journal::Queue::new(1),
+            untracked: 0,
+            untracked_durable: 0,
         }
     }
 
-    /// Fold changes made since the last look that no journal record
-    /// describes into `journal_ok`: pages or records changed outside
-    /// [`Meta::journaled`] leave the journal unable to make them durable.
+    /// Count changes made since the last look that no journal record
+    /// describes (pages or records changed outside [`Meta::journaled`]).
     pub fn note_untracked(&mut self) {
         if self.cache.touched || self.catalog.touched {
-            self.journal_ok = false;
+            self.untracked += 1;
         }
         self.cache.touched = false;
         self.catalog.touched = false;
     }
 
+    /// Whether appending the queued records makes every change made so far
+    /// durable (no change outside them awaits a page-log commit).
+    pub fn journal_suffices(&mut self) -> bool {
+        self.note_untracked();
+        self.untracked == self.untracked_durable
+    }
+
     /// Run `f`, a change to the index that the journal records it returns describe
     /// (a write mapping or unmapping blocks, a snapshot), and queue the
-    /// record it returns for the next commit. If `f` fails, whatever it
-    /// changed is left to the page log: `journal_ok` is cleared.
+    /// records it returns for the next commit. If `f` fails, whatever it
+    /// changed is left to the page log (counted as untracked).
     pub fn journaled<T>(
         &mut self,
         f: impl FnOnce(&mut Meta) -> Result<(T, Vec<crate::journal::Op>)>,
@@ -150,31 +151,14 @@ impl Meta {
             Ok((v, ops)) => {
                 self.cache.touched = false;
                 self.catalog.touched = false;
-                for op in ops {
-                    if self.pending_count == 0 {
-                        self.pending_first = self.next_lseq;
-                    }
-                    op.encode(&mut self.pending);
-                    self.pending_count += 1;
-                    self.next_lseq += 1;
-                }
+                ops.iter().for_each(|op| self.queue.push(op));
                 Ok(v)
             }
             Err(e) => {
-                self.journal_ok = false;
+                self.untracked += 1;
                 Err(e)
             }
         }
-    }
-
-    /// The queued journal records, for a journal commit: (first sequence
-    /// number, count, bytes), or `None` if there are none.
-    pub fn take_pending(&mut self) -> Option<(u64, u32, Vec<u8>)> {
-        if self.pending_count == 0 {
-            return None;
-        }
-        let n = std::mem::take(&mut self.pending_count);
-        Some((self.pending_first, n, std::mem::take(&mut self.pending)))
     }
 
     /// Run `f` (a volume writing its own tree: copies on write, data
@@ -495,16 +479,17 @@ impl Meta {
 
     /// Gather every change since the last commit as sealed page images.
     pub fn collect(&mut self, txn: u64) -> Result<Collected> {
-        // This transaction holds every change so far, journalled or not:
-        // the superblock says so, and the queued records are not needed.
-        let covered = self.next_lseq - 1;
+        // This transaction holds every change so far, journalled or not,
+        // and the superblock says up to which record. The queued records
+        // stay queued until it is durable: a journal commit may take them
+        // first, and must not then depend on this one (`commit.rs`).
+        self.note_untracked();
+        let covered = self.queue.next - 1;
         if self.sb.journal_covered != covered {
             self.sb.journal_covered = covered;
             self.sb_dirty = true;
         }
-        self.pending.clear();
-        self.pending_count = 0;
-        self.journal_ok = true;
+        let untracked = self.untracked;
         self.flush_records()?;
         if self.sb_dirty {
             let sb = self.sb.clone();
@@ -523,6 +508,7 @@ impl Meta {
         }
         Ok(Collected {
             covered,
+            untracked,
             pages,
             seqs,
             freed: std::mem::take(&mut self.freed),
@@ -531,6 +517,8 @@ impl Meta {
 
     /// The log holds the transaction: remember where, and mark pages clean.
     pub fn committed(&mut self, c: &Collected, offsets: &[u64]) {
+        self.untracked_durable = self.untracked_durable.max(c.untracked);
+        self.queue.drop_through(c.covered);
         for ((block, _), off) in c.pages.iter().zip(offsets) {
             self.wal_index.insert(*block, *off);
         }

@@ -460,6 +460,15 @@ impl Pool {
             // A failure set the latch (checked below); the next request
             // reports it.
             let homed = self.home_while_filling().unwrap_or(0);
+            // Changed pages go to the page log in the background once half
+            // of `max_dirty_pages` are dirty, so that writers (which would
+            // at the full count) and journal commits do not wait for it.
+            let dirty = self.lock_meta().cache.dirty_count();
+            if dirty > self.inner.opts.max_dirty_pages / 2 && self.inner.latch.check().is_ok() {
+                if let Err(e) = self.commit_pages() {
+                    tracing::warn!(error = %e, "background commit failed");
+                }
+            }
             if (self.inner.unwritten.swap(0, Ordering::Relaxed) == 0 && homed == 0)
                 || self.inner.latch.check().is_err()
             {

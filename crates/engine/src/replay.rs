@@ -51,7 +51,7 @@ pub(crate) fn open_journal(
         .open(JOURNAL_FILE, false)
         .map_err(|e| Error::io("open journal", &loc, 0, e))?;
     let (j, records) = Journal::open(f, latch.clone(), pool_id, opts.journal_bytes)?;
-    meta.next_lseq = meta.sb.journal_covered + 1;
+    meta.queue = crate::journal::Queue::new(meta.sb.journal_covered + 1);
     let n = replay(meta, records)?;
     if n > 0 {
         tracing::info!(pool = %loc.display(), records = n, "applied the journal");
@@ -104,7 +104,10 @@ fn replay(meta: &mut Meta, records: Vec<(u64, Op)>) -> Result<usize> {
     for (lseq, op) in &records {
         apply(meta, *lseq, op)?;
     }
-    meta.next_lseq = meta.next_lseq.max(last + 1);
+    // What applying them queued again is in the page-log commit the open
+    // makes next; numbering goes on after the last record read.
+    let next = meta.queue.next.max(last + 1);
+    meta.queue = crate::journal::Queue::new(next);
     // A block freed by one record and installed by a later one was freed,
     // then reused, before the crash: it is in use now, and must be
     // neither punched nor handed out again.

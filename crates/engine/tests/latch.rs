@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use lamina_engine::sim::{SimBackend, SimOp};
-use lamina_engine::{Error, Pool, PoolOptions, Result, POOL_FILE, WAL_FILE};
+use lamina_engine::{Error, Pool, PoolOptions, Result, JOURNAL_FILE, POOL_FILE, WAL_FILE};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -126,9 +126,35 @@ fn cases() -> Vec<Case> {
             op: SimOp::Write,
             nth: 1,
             failed_op: "append to log",
+            // A new volume is not a journal record: its commit goes to
+            // the page log, with the write before it.
+            trigger: |p, m| {
+                write(p, &mut m.clone(), "b", &[42], 7)?;
+                p.create_volume("c", SIZE).map(drop)
+            },
+            trigger_fails: true,
+        },
+        Case {
+            name: "journal append",
+            file: JOURNAL_FILE,
+            op: SimOp::Write,
+            nth: 1,
+            failed_op: "append to journal",
             trigger: |p, m| {
                 write(p, &mut m.clone(), "b", &[42], 7)?;
                 p.open_volume("b")?.flush()
+            },
+            trigger_fails: true,
+        },
+        Case {
+            name: "journal sync",
+            file: JOURNAL_FILE,
+            op: SimOp::Sync,
+            nth: 1,
+            failed_op: "sync journal",
+            trigger: |p, m| {
+                write(p, &mut m.clone(), "a", &[43], 8)?;
+                p.create_snapshot("a", "s3", &[]).map(drop)
             },
             trigger_fails: true,
         },
@@ -254,6 +280,16 @@ fn data_sync_failure_latches() {
 #[test]
 fn log_append_failure_latches() {
     run("log append");
+}
+
+#[test]
+fn journal_append_failure_latches() {
+    run("journal append");
+}
+
+#[test]
+fn journal_sync_failure_latches() {
+    run("journal sync");
 }
 
 #[test]
