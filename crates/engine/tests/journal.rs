@@ -196,3 +196,74 @@ fn a_pool_without_its_journal_is_refused() {
     let e = Pool::open_dir(dir.path(), opts()).err().unwrap();
     assert!(e.to_string().contains("journal.lam is missing"), "{e}");
 }
+
+/// Rewrite the first record of the journal's first frame with `f`,
+/// keeping the frame's checksum valid: what a bug in the writer, not a
+/// torn write, would leave.
+fn tamper(backend: &SimBackend, f: impl FnOnce(&mut Vec<u8>)) {
+    use lamina_engine::storage::Backend;
+    let file = backend.open(JOURNAL_FILE, false).unwrap();
+    let mut h = [0u8; 64];
+    file.read_at(&mut h, BS).unwrap();
+    let len = u32::from_le_bytes(h[20..24].try_into().unwrap()) as usize;
+    let mut payload = vec![0u8; len];
+    file.read_at(&mut payload, BS + 64).unwrap();
+    f(&mut payload);
+    h[20..24].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let c = crc32c::crc32c(&h[0..4]);
+    let c = crc32c::crc32c_append(c, &h[8..64]);
+    let c = crc32c::crc32c_append(c, &payload);
+    h[4..8].copy_from_slice(&c.to_le_bytes());
+    backend.write_raw(JOURNAL_FILE, BS, &h);
+    backend.write_raw(JOURNAL_FILE, BS + 64, &payload);
+}
+
+/// A pool whose journal holds one frame: a map of block 0 of `v`, then
+/// a crash.
+fn journalled_write() -> Arc<SimBackend> {
+    let backend = Arc::new(SimBackend::new());
+    let pool = Pool::create(backend.clone(), opts()).unwrap();
+    pool.create_volume("v", 64 * BS).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    v.write(0, &block(1)).unwrap();
+    v.flush().unwrap();
+    assert_eq!(pool.commit_counts().0, 1);
+    drop(v);
+    backend.crash(None);
+    pool.abandon();
+    backend
+}
+
+#[test]
+fn a_record_that_does_not_fit_the_pool_refuses_the_open() {
+    // The record as written opens.
+    let backend = journalled_write();
+    let pool = Pool::open(backend.clone(), opts()).unwrap();
+    assert!(read_block(&pool.open_volume("v").unwrap(), 0) == block(1));
+
+    // map record: kind (1), volume (1..9), first (9..17), count (17..21), block (21..29)
+    type Edit = fn(&mut Vec<u8>);
+    let cases: [(&str, Edit); 5] = [
+        ("volume #999 does not exist", |p| {
+            p[1..9].copy_from_slice(&999u64.to_le_bytes())
+        }),
+        ("past the volume's end", |p| {
+            p[9..17].copy_from_slice(&64u64.to_le_bytes())
+        }),
+        ("is not a data block", |p| {
+            p[21..29].copy_from_slice(&1u64.to_le_bytes())
+        }),
+        ("which is in use", |p| {
+            // The superblock's group holds the volume's nodes: block 2 is
+            // the first one allocated.
+            p[21..29].copy_from_slice(&2u64.to_le_bytes())
+        }),
+        ("unknown record kind 9", |p| p[0] = 9),
+    ];
+    for (want, f) in cases {
+        let backend = journalled_write();
+        tamper(&backend, f);
+        let e = Pool::open(backend, opts()).err().unwrap().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

@@ -56,10 +56,13 @@ fn state_at(g: u64) -> HashMap<u64, u64> {
 }
 
 /// A small log, so that checkpoints run all through the window a kill
-/// lands in.
+/// lands in; few dirty pages allowed, so that the writeback thread's
+/// page-log commits run beside the workload's journal commits (flushes
+/// and snapshots) and kills land in both.
 fn opts() -> PoolOptions {
     PoolOptions {
         wal_bytes: 1 << 20,
+        max_dirty_pages: 64,
         ..PoolOptions::default()
     }
 }
