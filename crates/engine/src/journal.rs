@@ -289,6 +289,10 @@ impl Journal {
         capacity: u64,
         start: u64,
     ) -> Result<Journal> {
+        // Nothing from an earlier file (an upgrade cut short) may read as
+        // a frame.
+        let r = file.set_len(0);
+        latch.io("truncate journal", file.path(), 0, r)?;
         let r = file.allocate(0, capacity);
         latch.io("preallocate journal", file.path(), 0, r)?;
         let mut j = Journal {
