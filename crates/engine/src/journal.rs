@@ -363,8 +363,7 @@ impl Journal {
         let end = self
             .file
             .len()
-            .map_err(|e| Error::io("stat journal", &path, 0, e))?
-            .min(self.capacity);
+            .map_err(|e| Error::io("stat journal", &path, 0, e))?;
         let mut out = Vec::new();
         while self.pos + FRAME_HEADER as u64 <= end {
             let mut h = [0u8; FRAME_HEADER];

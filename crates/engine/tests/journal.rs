@@ -267,3 +267,30 @@ fn a_record_that_does_not_fit_the_pool_refuses_the_open() {
         assert!(e.contains(want), "{want}: {e}");
     }
 }
+
+/// Frames past the journal size a pool is opened with are still read: the
+/// size bounds appends, not what a scan may find.
+#[test]
+fn a_smaller_journal_setting_still_reads_every_frame() {
+    let backend = Arc::new(SimBackend::new());
+    let pool = Pool::create(backend.clone(), opts()).unwrap();
+    pool.create_volume("v", 1024 * BS).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    // 900 frames of one record: about 84 KiB of journal.
+    for i in 0..900u64 {
+        v.write((i % 1024) * BS, &block(i)).unwrap();
+        v.flush().unwrap();
+    }
+    assert_eq!(pool.commit_counts(), (900, 1));
+    drop(v);
+    backend.crash(None);
+    pool.abandon();
+    let small = PoolOptions {
+        journal_bytes: 64 << 10,
+        ..opts()
+    };
+    let pool = Pool::open(backend, small).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    assert!(read_block(&v, 899 % 1024) == block(899));
+    assert!(read_block(&v, 0) == block(0));
+}
