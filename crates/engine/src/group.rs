@@ -75,9 +75,8 @@ impl Pool {
             ids
         };
         ids.sort_unstable();
-        // As for one snapshot: write back what was written while writers
-        // still run, so that the commit has little left to sync.
-        self.sync_data("sync pool before a group snapshot")?;
+        // As for one snapshot, the commit's sync is the only one (see
+        // `Pool::snapshot_then`).
         let gates: Vec<_> = ids.iter().map(|&(id, _)| self.gate(id)).collect();
         let held: Vec<_> = gates
             .iter()

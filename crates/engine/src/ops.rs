@@ -478,13 +478,16 @@ impl Pool {
         volume: &str,
         f: impl FnOnce(&mut crate::meta::Meta, u64) -> Result<T>,
     ) -> Result<T> {
+        let started = std::time::Instant::now();
         let vid = self.lock_meta().catalog.volume_id(volume)?;
-        // Write back the data already written before stopping the volume's
-        // writers: the commit below must sync it anyway, and doing it here,
-        // while they still run, leaves it little to do while they wait.
-        self.sync_data("sync pool before a snapshot")?;
+        // No data sync before the gate: the commit's is the one that makes
+        // the snapshot durable, and writers never wait for it (the gate is
+        // let go before the commit). A sync here as well (kept until
+        // 2026-11-26) put two syncs under a busy volume in series:
+        // docs/design.md, "The journal of index changes".
         let gate = self.gate(vid);
         let g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let gated = started.elapsed();
         let out = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
             f(m, vid)
@@ -493,7 +496,15 @@ impl Pool {
         // on copies before it changes a block: writers may go on while the
         // commit makes the snapshot durable (it is answered only after).
         drop(g);
+        let made = started.elapsed();
         self.commit()?;
+        tracing::debug!(
+            volume,
+            gate_us = gated.as_micros() as u64,
+            made_us = (made - gated).as_micros() as u64,
+            commit_us = (started.elapsed() - made).as_micros() as u64,
+            "snapshot taken"
+        );
         Ok(out)
     }
 

@@ -1,5 +1,5 @@
 //! The I/O-failure latch, one fail point per kind of failure: a data write,
-//! a data sync (at a flush and before a snapshot), a log append, a log sync,
+//! a data sync (at a flush and at a snapshot), a log append, a log sync,
 //! each step of a checkpoint, and the punch of blocks freed by reclaim. For
 //! each: the call that hits the failure errors (with the I/O error, not the
 //! latch's), the pool names the failure, every later request is refused
@@ -112,11 +112,11 @@ fn cases() -> Vec<Case> {
             trigger_fails: true,
         },
         Case {
-            name: "data sync before a snapshot",
+            name: "data sync at a snapshot",
             file: POOL_FILE,
             op: SimOp::Sync,
             nth: 1,
-            failed_op: "sync pool before a snapshot",
+            failed_op: "sync pool",
             trigger: |p, _| p.create_snapshot("a", "s2", &[]).map(drop),
             trigger_fails: true,
         },
@@ -274,7 +274,7 @@ fn data_write_failure_latches() {
 #[test]
 fn data_sync_failure_latches() {
     run("data sync at a flush");
-    run("data sync before a snapshot");
+    run("data sync at a snapshot");
 }
 
 #[test]
