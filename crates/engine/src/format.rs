@@ -356,12 +356,22 @@ impl W<'_> {
     }
 }
 
-struct R<'a> {
+/// A bounds-checked little-endian reader of a record (a catalog record
+/// page's, a journal record's); running short or a bad string is
+/// `corrupt metadata at block BLOCK`, never a panic.
+pub(crate) struct R<'a> {
     p: &'a [u8],
     at: usize,
     block: u64,
 }
 impl<'a> R<'a> {
+    pub(crate) fn new(p: &'a [u8], block: u64) -> R<'a> {
+        R { p, at: 0, block }
+    }
+    /// Bytes read so far.
+    pub(crate) fn at(&self) -> usize {
+        self.at
+    }
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.at + n > self.p.len() {
             return Err(Error::corrupt(self.block, "record truncated"));
@@ -370,13 +380,16 @@ impl<'a> R<'a> {
         self.at += n;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.bytes(1)?[0])
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().unwrap()))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.bytes(8)?.try_into().unwrap()))
     }
-    fn str(&mut self) -> Result<String> {
+    pub(crate) fn str(&mut self) -> Result<String> {
         let n = u16::from_le_bytes(self.bytes(2)?.try_into().unwrap()) as usize;
         let b = self.bytes(n)?;
         String::from_utf8(b.to_vec())
@@ -406,7 +419,7 @@ fn write_labels(w: &mut W<'_>, labels: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
-fn read_labels(r: &mut R<'_>) -> Result<Vec<(String, String)>> {
+pub(crate) fn read_labels(r: &mut R<'_>) -> Result<Vec<(String, String)>> {
     let n = u16::from_le_bytes(r.bytes(2)?.try_into().unwrap());
     let mut out = Vec::new();
     for _ in 0..n {
@@ -482,11 +495,7 @@ impl Record {
         if get_u32(p, 0) != MAGIC_RECORD {
             return Err(Error::corrupt(block, "not a record page"));
         }
-        let mut r = R {
-            p: &p[HEADER..],
-            at: 0,
-            block,
-        };
+        let mut r = R::new(&p[HEADER..], block);
         let kind = r.u8()?;
         let version = r.u8()?;
         let volume_v2 = kind == KIND_VOLUME && version == RECORD_VERSION_LABELS;

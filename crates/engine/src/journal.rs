@@ -12,7 +12,7 @@
 //! docs/on-disk-format.md.
 
 use crate::error::{Error, Result};
-use crate::format::{get_u32, get_u64, put_u32, put_u64, BLOCK};
+use crate::format::{get_u32, get_u64, put_u32, put_u64, read_labels, BLOCK, R};
 use crate::latch::Latch;
 use crate::storage::BlockFile;
 use std::sync::Arc;
@@ -106,56 +106,19 @@ impl Op {
     }
 }
 
-/// A reader over a frame's payload that fails, never panics, on short or
-/// malformed input.
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| format!("record cut short at byte {}", self.at))?;
-        let s = &self.buf[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> std::result::Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> std::result::Result<u16, String> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
-    }
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    fn str(&mut self) -> std::result::Result<String, String> {
-        let n = self.u16()? as usize;
-        let at = self.at;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| format!("bad UTF-8 at byte {at}"))
-    }
-}
-
-/// Decode exactly `count` records filling `payload`.
-pub fn decode(payload: &[u8], count: u32) -> std::result::Result<Vec<Op>, String> {
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
+/// Decode exactly `count` records filling `payload`. Anything else (cut
+/// short, an unknown kind, bytes left over) is `corrupt metadata`, never a
+/// panic.
+pub fn decode(payload: &[u8], count: u32) -> Result<Vec<Op>> {
+    let bad = |detail: String| Error::corrupt(0, detail);
+    let mut r = R::new(payload, 0);
     let mut ops = Vec::with_capacity((count as usize).min(payload.len()));
     for _ in 0..count {
         let op = match r.u8()? {
             OP_MAP => {
                 let (vol, first, n, block) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
                 if n == 0 || block == 0 || block.checked_add(n as u64).is_none() {
-                    return Err(format!("map record of {n} blocks at block {block}"));
+                    return Err(bad(format!("map record of {n} blocks at block {block}")));
                 }
                 Op::Map {
                     vol,
@@ -173,31 +136,29 @@ pub fn decode(payload: &[u8], count: u32) -> std::result::Result<Vec<Op>, String
                 let system = match r.u8()? {
                     0 => false,
                     1 => true,
-                    x => return Err(format!("snapshot record with system flag {x}")),
+                    x => return Err(bad(format!("snapshot record with system flag {x}"))),
                 };
-                let name = r.str()?;
-                let mut labels = Vec::new();
-                for _ in 0..r.u16()? {
-                    labels.push((r.str()?, r.str()?));
-                }
                 Op::Snapshot {
                     vol,
                     id,
                     created,
                     system,
-                    name,
-                    labels,
+                    name: r.str()?,
+                    labels: read_labels(&mut r)?,
                 }
             }
-            k => return Err(format!("unknown record kind {k} at byte {}", r.at - 1)),
+            k => {
+                let at = r.at() - 1;
+                return Err(bad(format!("unknown record kind {k} at byte {at}")));
+            }
         };
         ops.push(op);
     }
-    if r.at != payload.len() {
-        return Err(format!(
+    if r.at() != payload.len() {
+        return Err(bad(format!(
             "{} bytes left after {count} records",
-            payload.len() - r.at
-        ));
+            payload.len() - r.at()
+        )));
     }
     Ok(ops)
 }
@@ -392,13 +353,19 @@ impl Journal {
             if get_u32(&h, 4) != crc(&h, &payload) {
                 break;
             }
-            let ops = decode(&payload, count).map_err(|detail| Error::Corrupt {
-                block: 0,
-                detail: format!(
-                    "journal {} frame at byte {}: {detail}",
-                    path.display(),
-                    self.pos
-                ),
+            let ops = decode(&payload, count).map_err(|e| {
+                let detail = match e {
+                    Error::Corrupt { detail, .. } => detail,
+                    e => e.to_string(),
+                };
+                Error::corrupt(
+                    0,
+                    format!(
+                        "journal {} frame at byte {}: {detail}",
+                        path.display(),
+                        self.pos
+                    ),
+                )
             })?;
             out.extend((first..).zip(ops));
             self.next = first + count as u64;
