@@ -146,8 +146,11 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     let rec = new_running(op);
     let span = tracing::info_span!("operation", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
     async move {
+        let t0 = std::time::Instant::now();
         st.record_async(rec.clone()).await?;
+        let t1 = std::time::Instant::now();
         let result = apply(st, &rec, false).await;
+        let t2 = std::time::Instant::now();
         match &result {
             Ok(o) if o.runs_on() => {}
             Ok(_) => st.finish(rec, None).await?,
@@ -157,6 +160,14 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
                 st.finish(rec, Some(f.1.message.clone())).await?
             }
         }
+        // Where an operation's time goes: the record before, the change,
+        // the record after.
+        tracing::debug!(
+            record_us = (t1 - t0).as_micros() as u64,
+            apply_us = (t2 - t1).as_micros() as u64,
+            finish_us = t2.elapsed().as_micros() as u64,
+            "operation timed"
+        );
         if let Err(f) = &result {
             tracing::info!(error = %f.1.message, "operation refused or failed");
         }
