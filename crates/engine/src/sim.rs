@@ -85,6 +85,9 @@ pub enum SimOp {
     Punch,
     Allocate,
     SetLen,
+    /// A write-out of ranges ([`BlockFile::write_out`]): no barrier, so a
+    /// power cut loses what it wrote out as it loses any unsynced write.
+    WriteOut,
 }
 
 /// A fail point aimed at the `left`-th next `op` on the file `name`.
@@ -173,6 +176,10 @@ impl BlockFile for SimFile {
         s.durable = s.current.clone();
         s.pending.clear();
         Ok(())
+    }
+
+    fn write_out(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.spend(SimOp::WriteOut)
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {

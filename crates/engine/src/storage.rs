@@ -38,6 +38,12 @@ pub trait BlockFile: Send + Sync {
     fn write_cached(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at(buf, offset)
     }
+    /// Write these ranges (offset, length) to the device and wait for
+    /// them, without a barrier: it bounds what the next `sync` has to
+    /// write, and promises no durability. An error is an I/O failure.
+    fn write_out(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Ok(())
+    }
     /// Durability barrier for everything written before the call.
     fn sync(&self) -> io::Result<()>;
     /// Start writing dirty data back without waiting for it, so that the
@@ -306,6 +312,17 @@ impl BlockFile for OsFile {
 
     fn start_writeback(&self) -> io::Result<()> {
         self.sync_range(0, 0, libc::SYNC_FILE_RANGE_WRITE)
+    }
+
+    fn write_out(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        // All of them in flight at once, then wait for each.
+        for &(at, len) in ranges {
+            self.sync_range(at, len, libc::SYNC_FILE_RANGE_WRITE)?;
+        }
+        for &(at, len) in ranges {
+            self.sync_range(at, len, libc::SYNC_FILE_RANGE_WAIT_AFTER)?;
+        }
+        Ok(())
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -1,7 +1,7 @@
 //! The I/O-failure latch, one fail point per kind of failure: a data write,
 //! a data sync (at a flush and at a snapshot), a log append, a log sync,
-//! each step of a checkpoint, and the punch of blocks freed by reclaim. For
-//! each: the call that hits the failure errors (with the I/O error, not the
+//! each step of a checkpoint and of a copy home ahead of it, and the punch
+//! of blocks freed by reclaim. For each: the call that hits the failure errors (with the I/O error, not the
 //! latch's), the pool names the failure, every later request is refused
 //! with the latch's error and does no I/O, and after a power cut and a
 //! reopen the pool passes `check` and holds exactly what was acknowledged
@@ -177,6 +177,26 @@ fn cases() -> Vec<Case> {
             trigger_fails: true,
         },
         Case {
+            // setup()'s last commit went to the page log (a snapshot's
+            // deletion): its images wait to be copied home.
+            name: "copy home: page written",
+            file: POOL_FILE,
+            op: SimOp::Write,
+            nth: 1,
+            failed_op: "copy page home",
+            trigger: |p, _| p.home_ahead(usize::MAX).map(drop),
+            trigger_fails: true,
+        },
+        Case {
+            name: "copy home: written out",
+            file: POOL_FILE,
+            op: SimOp::WriteOut,
+            nth: 1,
+            failed_op: "write copies home",
+            trigger: |p, _| p.home_ahead(usize::MAX).map(drop),
+            trigger_fails: true,
+        },
+        Case {
             // The first sync is the commit's, of the data file.
             name: "checkpoint: pool sync",
             file: POOL_FILE,
@@ -302,6 +322,12 @@ fn checkpoint_failure_latches() {
     run("checkpoint: page written home");
     run("checkpoint: pool sync");
     run("checkpoint: log header");
+}
+
+#[test]
+fn copy_home_failure_latches() {
+    run("copy home: page written");
+    run("copy home: written out");
 }
 
 #[test]
