@@ -105,7 +105,7 @@ impl Pool {
 
     /// The writeback thread's share: copy images home while the log is
     /// more than a quarter full, a batch at a time; how many were copied
-    /// (the caller then starts their writeback).
+    /// (each batch is written out before the next, see `HOME_IN_FLIGHT`).
     pub(crate) fn home_while_filling(&self) -> Result<usize> {
         let capacity = self.inner.opts.wal_bytes;
         let mut total = 0;

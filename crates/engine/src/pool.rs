@@ -464,7 +464,7 @@ impl Pool {
             std::thread::sleep(WRITEBACK_EVERY);
             // A failure set the latch (checked below); the next request
             // reports it.
-            let homed = self.home_while_filling().unwrap_or(0);
+            let _ = self.home_while_filling();
             // Changed pages go to the page log in the background once half
             // of `max_dirty_pages` are dirty, so that writers (which would
             // at the full count) and journal commits do not wait for it.
@@ -474,7 +474,7 @@ impl Pool {
                     tracing::warn!(error = %e, "background commit failed");
                 }
             }
-            if (self.inner.unwritten.swap(0, Ordering::Relaxed) == 0 && homed == 0)
+            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0
                 || self.inner.latch.check().is_err()
             {
                 continue;
