@@ -177,6 +177,21 @@ impl Op {
         }
     }
 
+    /// Whether running the operation again after it succeeded changes
+    /// nothing, whatever was written to the volumes since: true only of a
+    /// snapshot's (or a group snapshot's) creation, which finds the
+    /// snapshot there and answers it as it is. Not of a revert, say: run
+    /// again, it would throw away what was written to the volume since. A
+    /// snapshot deleted (or its volume reverted) since is no exception:
+    /// that operation wrote a synced record, which made this one's done
+    /// mark durable too.
+    pub fn rerun_changes_nothing(&self) -> bool {
+        matches!(
+            self,
+            Op::CreateSnapshot { .. } | Op::CreateSnapshotGroup { .. }
+        )
+    }
+
     /// Every volume the operation changes, sorted.
     pub fn volumes(&self) -> Vec<&str> {
         match self {
@@ -351,8 +366,19 @@ impl Store {
         key: &str,
         v: &T,
     ) -> Result<(), ServerError> {
+        self.put_with(table, key, v, redb::Durability::Immediate)
+    }
+
+    fn put_with<T: Serialize>(
+        &self,
+        table: TableDefinition<&str, &str>,
+        key: &str,
+        v: &T,
+        durability: redb::Durability,
+    ) -> Result<(), ServerError> {
         let json = serde_json::to_string(v)?;
-        let w = self.db.begin_write()?;
+        let mut w = self.db.begin_write()?;
+        w.set_durability(durability);
         w.open_table(table)?.insert(key, json.as_str())?;
         w.commit()?;
         Ok(())
@@ -394,8 +420,22 @@ impl Store {
         Ok(out)
     }
 
+    /// Write an operation record. It is durable when this returns, except
+    /// the done mark of an operation whose rerun changes nothing
+    /// ([`Op::rerun_changes_nothing`]): that one is durable with the next
+    /// record written (redb makes an earlier commit durable with a later
+    /// durable one, and at a clean stop when the database closes), and if
+    /// the daemon dies first, the restart finds the operation running,
+    /// runs it again and marks it done. It saves a snapshot one sync of
+    /// the store (docs/design.md, "Copies home, written out a few at a
+    /// time", has the figures).
     pub fn put_op(&self, op: &OpRec) -> Result<(), ServerError> {
-        self.put(OPERATIONS, &op.id, op)
+        let lazy = op.state == OperationState::Succeeded && op.op.rerun_changes_nothing();
+        let durability = match lazy {
+            true => redb::Durability::None,
+            false => redb::Durability::Immediate,
+        };
+        self.put_with(OPERATIONS, &op.id, op, durability)
     }
 
     pub fn op(&self, id: &str) -> Result<Option<OpRec>, ServerError> {
