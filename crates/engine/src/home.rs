@@ -36,8 +36,9 @@ pub(crate) const HOME_BATCH: usize = 512;
 /// commit's sync that starts meanwhile may find in flight. Left to the
 /// writeback thread's start of writeback, a batch of 2,000 copies was all
 /// in flight at once, and a snapshot's sync that started then waited for
-/// all of them (25-50 ms of its 40-60 ms, measured in
-/// docs/design.md, "Copies home, written out a few at a time").
+/// all of them (41-57 ms of its 52-67 ms in the slowest, measured in
+/// docs/design.md, "Copies home, written out a few at a time"). While a
+/// batch is written out, a checkpoint waits for it (it takes `homing`).
 const HOME_IN_FLIGHT: usize = 64;
 
 impl Pool {

@@ -38,8 +38,9 @@ fn stripe_of(vol: u64, idx: u64) -> usize {
 /// How often the writeback thread looks for data to start writing back:
 /// what a commit's sync finds still to write is about this long of a busy
 /// volume's writes. 10 ms, not the 50 ms it was: under 4 KiB random writes
-/// at QD32 with a snapshot every 50 ms, a snapshot's median fell from
-/// 14 ms to 9-10 ms, and the same writes without snapshots did not slow
+/// at QD32 with a snapshot every 50 ms, a snapshot's median went from
+/// 14.2 ms (two runs) to 8.5-10.1 ms in three runs of four (14.2 in the
+/// fourth), and the same writes without snapshots did not slow
 /// (docs/design.md, "Copies home, written out a few at a time").
 const WRITEBACK_EVERY: Duration = Duration::from_millis(10);
 
