@@ -431,9 +431,10 @@ impl Store {
     /// time", has the figures).
     pub fn put_op(&self, op: &OpRec) -> Result<(), ServerError> {
         let lazy = op.state == OperationState::Succeeded && op.op.rerun_changes_nothing();
-        let durability = match lazy {
-            true => redb::Durability::None,
-            false => redb::Durability::Immediate,
+        let durability = if lazy {
+            redb::Durability::None
+        } else {
+            redb::Durability::Immediate
         };
         self.put_with(OPERATIONS, &op.id, op, durability)
     }
