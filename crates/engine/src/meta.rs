@@ -58,7 +58,7 @@ pub struct Meta {
     /// Snapshots whose exclusive footprint the background works out ahead
     /// of a listing (`Pool::warm_exclusive`): each volume's previous
     /// snapshot when a new one is taken, oldest first, at most
-    /// [`WARM_QUEUE`].
+    /// [`crate::space::WARM_QUEUE`].
     pub warm: VecDeque<u64>,
     /// Journal records made and not yet in the journal (`journal.rs`).
     pub queue: crate::journal::Queue,
