@@ -8,7 +8,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::storage::BlockFile;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 pub struct Meta {
@@ -55,11 +55,6 @@ pub struct Meta {
     /// the sharing generation each was computed at: true while the
     /// generation has not moved, since a snapshot's tree never changes.
     pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
-    /// Snapshots whose exclusive footprint the background works out ahead
-    /// of a listing (`Pool::warm_exclusive`): each volume's previous
-    /// snapshot when a new one is taken, oldest first, at most
-    /// [`crate::space::WARM_QUEUE`].
-    pub warm: VecDeque<u64>,
     /// Journal records made and not yet in the journal (`journal.rs`).
     pub queue: crate::journal::Queue,
     /// Times a change was found that no journal record describes (a volume
@@ -120,7 +115,6 @@ impl Meta {
             charge: Charge::All,
             bases: HashMap::new(),
             exclusive_cache: HashMap::new(),
-            warm: VecDeque::new(),
             queue: crate::journal::Queue::new(1),
             untracked: 0,
             untracked_durable: 0,

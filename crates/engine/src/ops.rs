@@ -581,15 +581,6 @@ impl Pool {
         m.sb.next_id += 1;
         m.catalog.volume_mut(vid).parent = id;
         m.bases.insert(vid, id);
-        // The volume's previous snapshot now has a later one: its size no
-        // longer follows the volume's writes, so the background can work
-        // it out for the next listing (docs/space.md).
-        if m.catalog
-            .snapshot(v.parent)
-            .is_some_and(|p| p.volume == vid)
-        {
-            m.queue_warm(v.parent);
-        }
         Ok(rec)
     }
 
@@ -672,8 +663,13 @@ impl Pool {
             }
             Ok((infos, misses))
         })?;
-        // The walks go in slices, with a pause between (see WALK_SLICE).
-        use crate::space::{WALK_PAUSE as PAUSE, WALK_SLICE as SLICE};
+        // The walks go in slices of about a millisecond, with a pause
+        // between: std's mutex is not fair, and a thread that unlocks and
+        // locks again at once keeps it from a waiter that has not woken yet
+        // (measured: a read waited out a whole 44 ms listing made of 2 ms
+        // holds).
+        const SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+        const PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
         let mut gone = Vec::new();
         let mut next = 0;
         while next < misses.len() {

@@ -1,7 +1,6 @@
 //! The pool: opening and creating it, the locks that order I/O against
 //! snapshots, the commit that makes everything durable, and the background
-//! threads (reclaim of deleted trees, snapshots' exclusive sizes worked
-//! out ahead of a listing, flatten of clones). Operations on
+//! threads (reclaim of deleted trees, flatten of clones). Operations on
 //! volumes and snapshots are in `ops.rs`, the I/O path in `io.rs`.
 //!
 //! Lock order, outermost first: a volume's gate, a block stripe, the log
@@ -58,8 +57,7 @@ pub struct PoolOptions {
     pub max_dirty_pages: usize,
     /// Capacity limit in bytes for a new pool (0: the disk's).
     pub max_bytes: u64,
-    /// Run reclaim (and the exclusive sizes worked out ahead) and flatten in
-    /// background threads (tests may step them by hand).
+    /// Run reclaim and flatten in background threads (tests may step them by hand).
     pub background: bool,
 }
 
@@ -532,11 +530,6 @@ impl Pool {
                 if let Err(e) = self.commit() {
                     tracing::warn!(error = %e, "commit after reclaim failed");
                 }
-            }
-            match self.warm_exclusive() {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(snapshots = n, "exclusive sizes worked out ahead"),
-                Err(e) => tracing::warn!(error = %e, "working out exclusive sizes failed"),
             }
         }
     }

@@ -13,21 +13,6 @@ use crate::ops::Freed;
 use crate::pool::Pool;
 use std::collections::HashMap;
 
-/// Longest hold of the metadata lock by a walk that is cut into slices
-/// (a listing's exclusive sizes, the background's sizes ahead), and the
-/// pause between two slices. The pause matters: std's mutex is not fair,
-/// and a thread that unlocks and locks again at once keeps it from a
-/// waiter that has not woken yet (measured: a read waited out a whole
-/// 44 ms listing made of 2 ms holds).
-pub(crate) const WALK_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
-pub(crate) const WALK_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
-
-/// Most snapshots queued for the background's sizes ahead
-/// ([`Pool::warm_exclusive`]); past it the oldest are dropped (a listing
-/// walks them then). The background drains the queue twice a second, so
-/// only a pool without background threads comes near it.
-pub const WARM_QUEUE: usize = 4096;
-
 /// Blocks per page of a [`BlockSet`].
 const SET_PAGE: u64 = 1 << 15;
 
@@ -158,14 +143,6 @@ impl Meta {
         }
         self.exclusive_cache.insert(id, (self.shared_gen, counts));
         Ok(counts)
-    }
-
-    /// Queue snapshot `id` for the background's sizes ahead.
-    pub fn queue_warm(&mut self, id: u64) {
-        if self.warm.len() >= WARM_QUEUE {
-            self.warm.pop_front();
-        }
-        self.warm.push_back(id);
     }
 
     /// A node's non-empty entries, each with its refcount.
@@ -410,43 +387,6 @@ impl Pool {
     /// of every snapshot's tree under the metadata lock.
     pub fn snapshot_only(&self) -> Result<Freed> {
         self.with_meta(|m| Ok(Self::freed(m.snapshot_only()?)))
-    }
-
-    /// Work out ahead the exclusive sizes of the snapshots queued when
-    /// their volume took its next snapshot, so that a listing finds them
-    /// cached: a snapshot with a later one of its volume no longer changes
-    /// size with its volume's writes (only what moves the sharing
-    /// generation changes it, and that drops every cached size alike).
-    /// Walks in slices of [`WALK_SLICE`] of the metadata lock, with a pause
-    /// between; the background thread calls it after each round of
-    /// reclaim. Returns how many sizes it walked (a snapshot deleted
-    /// meanwhile, or already cached, is skipped).
-    pub fn warm_exclusive(&self) -> Result<usize> {
-        let mut walked = 0;
-        loop {
-            let more = self.with_meta(|m| {
-                let slice = std::time::Instant::now();
-                while slice.elapsed() < WALK_SLICE {
-                    let Some(id) = m.warm.pop_front() else {
-                        return Ok(false);
-                    };
-                    let Some(s) = m.catalog.snapshot(id) else {
-                        continue;
-                    };
-                    if m.cached_exclusive(id).is_some() {
-                        continue;
-                    }
-                    let (root, levels) = (s.root, s.levels);
-                    m.snapshot_exclusive(id, root, levels)?;
-                    walked += 1;
-                }
-                Ok(true)
-            })?;
-            if !more || self.stopping() {
-                return Ok(walked);
-            }
-            std::thread::sleep(WALK_PAUSE);
-        }
     }
 
     /// [`Pool::snapshot_only`] by simulating the deletion of every

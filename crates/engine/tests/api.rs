@@ -53,41 +53,6 @@ fn usage_counts_exclusive_blocks_and_delete_frees_them() {
 }
 
 #[test]
-fn sizes_worked_out_ahead_are_what_a_walk_finds() {
-    let (_d, p) = pool();
-    p.create_volume("v", 64 << 20).unwrap();
-    p.create_volume("w", 64 << 20).unwrap();
-    for i in 0..12u64 {
-        fill(&p, "v", i..i + 40, i as u8);
-        p.create_snapshot("v", &format!("s{i}"), &[]).unwrap();
-    }
-    p.create_snapshot("w", "only", &[]).unwrap();
-    // Every snapshot of v but the newest has a later one: queued once.
-    // w's only snapshot, and v's newest, still follow their volume.
-    assert_eq!(p.warm_exclusive().unwrap(), 11);
-    assert_eq!(p.warm_exclusive().unwrap(), 0, "the queue is drained");
-    cached_exclusive_sizes_are_exact(&p);
-    // A deleted snapshot in the queue is skipped; the sizes that a delete
-    // changes are walked again, and exactly.
-    fill(&p, "v", 0..8, 99);
-    p.create_snapshot("v", "s12", &[]).unwrap();
-    p.create_snapshot("v", "s13", &[]).unwrap();
-    p.delete_snapshot("v", "s12").unwrap();
-    assert_eq!(
-        p.warm_exclusive().unwrap(),
-        1,
-        "s11 again (the delete moved the generation); s12 is gone"
-    );
-    cached_exclusive_sizes_are_exact(&p);
-    let s5 = p.snapshot_info_by_name("v", "s5").unwrap();
-    assert_eq!(
-        s5.exclusive_bytes,
-        39 * BS,
-        "blocks 6 to 44: written before s5, written again before s6"
-    );
-}
-
-#[test]
 fn snapshot_tree_revert_branches_and_delete_reparents() {
     let (_d, p) = pool();
     p.create_volume("v", 1 << 20).unwrap();

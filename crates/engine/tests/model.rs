@@ -41,9 +41,6 @@ enum Op {
     /// Copy up to this many committed log images home ahead of the
     /// checkpoint (what the writeback thread does as the log fills).
     Home(usize),
-    /// Work out the queued snapshots' exclusive sizes ahead (what the
-    /// background thread does after reclaim).
-    Warm,
     Reopen,
     Crash(Option<u64>),
     Check,
@@ -69,7 +66,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => v.clone().prop_map(Op::Expand),
         1 => Just(Op::Reclaim),
         2 => (1..200usize).prop_map(Op::Home),
-        1 => Just(Op::Warm),
         1 => Just(Op::Reopen),
         1 => prop::option::of(any::<u64>()).prop_map(Op::Crash),
         1 => Just(Op::Check),
@@ -360,9 +356,6 @@ impl Run {
             }
             Op::Home(n) => {
                 p.home_ahead(n).unwrap();
-            }
-            Op::Warm => {
-                p.warm_exclusive().unwrap();
             }
             Op::Reopen => {
                 self.pool.take().unwrap().close().unwrap();
