@@ -55,6 +55,11 @@ pub struct Meta {
     /// the sharing generation each was computed at: true while the
     /// generation has not moved, since a snapshot's tree never changes.
     pub exclusive_cache: HashMap<u64, (u64, (u64, u64))>,
+    /// How many times each snapshot's footprint was charged alone (see
+    /// [`Charge`]): with `shared_gen`, what tells a walk of that footprint
+    /// paused between two holds of the lock whether its counts still hold
+    /// (`space.rs`, `ExclusiveWalk`). Entries go with the cache's.
+    pub exclusive_charges: HashMap<u64, u64>,
     /// Journal records made and not yet in the journal (`journal.rs`).
     pub queue: crate::journal::Queue,
     /// Times a change was found that no journal record describes (a volume
@@ -115,6 +120,7 @@ impl Meta {
             charge: Charge::All,
             bases: HashMap::new(),
             exclusive_cache: HashMap::new(),
+            exclusive_charges: HashMap::new(),
             queue: crate::journal::Queue::new(1),
             untracked: 0,
             untracked_durable: 0,
@@ -206,6 +212,7 @@ impl Meta {
             Charge::All => self.shared_gen += 1,
             Charge::One(id) => {
                 self.exclusive_cache.remove(&id);
+                *self.exclusive_charges.entry(id).or_insert(0) += 1;
             }
         }
     }

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::pool::{now_ns, Pool};
+use crate::space::Walked;
 use crate::tree::levels_for;
 use std::collections::HashMap;
 
@@ -667,28 +668,44 @@ impl Pool {
         // between: std's mutex is not fair, and a thread that unlocks and
         // locks again at once keeps it from a waiter that has not woken yet
         // (measured: a read waited out a whole 44 ms listing made of 2 ms
-        // holds).
+        // holds). A slice can end inside one snapshot's tree
+        // (`ExclusiveWalk`).
         const SLICE: std::time::Duration = std::time::Duration::from_millis(1);
         const PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
         let mut gone = Vec::new();
         let mut next = 0;
+        let mut walk: Option<crate::space::ExclusiveWalk> = None;
         while next < misses.len() {
-            if next > 0 {
+            if next > 0 || walk.is_some() {
                 std::thread::sleep(PAUSE);
             }
             self.with_meta(|m| {
-                let slice = std::time::Instant::now();
-                while next < misses.len() && slice.elapsed() < SLICE {
-                    let i = misses[next];
-                    next += 1;
-                    let id = infos[i].id;
-                    let Some(s) = m.catalog.snapshot(id) else {
-                        gone.push(id);
-                        continue;
+                let deadline = std::time::Instant::now() + SLICE;
+                while next < misses.len() {
+                    let info = &mut infos[misses[next]];
+                    let w = match &mut walk {
+                        Some(w) => w,
+                        None => match m.catalog.snapshot(info.id) {
+                            Some(s) => walk.insert(crate::space::ExclusiveWalk::of_snapshot(
+                                s.id, s.root, s.levels,
+                            )),
+                            None => {
+                                gone.push(info.id);
+                                next += 1;
+                                continue;
+                            }
+                        },
                     };
-                    let (root, levels) = (s.root, s.levels);
-                    infos[i].exclusive_bytes =
-                        m.snapshot_exclusive(id, root, levels)?.1 * BLOCK as u64;
+                    match m.step_exclusive(w, Some(deadline))? {
+                        Walked::Done((_, data)) => info.exclusive_bytes = data * BLOCK as u64,
+                        Walked::Gone => gone.push(info.id),
+                        Walked::Paused => return Ok(()),
+                    }
+                    walk = None;
+                    next += 1;
+                    if std::time::Instant::now() >= deadline {
+                        break;
+                    }
                 }
                 Ok(())
             })?;

@@ -24,7 +24,7 @@ pub fn levels_for(blocks: u64) -> u8 {
     l
 }
 
-fn slot(idx: u64, level: u8) -> usize {
+pub(crate) fn slot(idx: u64, level: u8) -> usize {
     ((idx / span(level)) % FANOUT as u64) as usize
 }
 
