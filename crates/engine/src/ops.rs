@@ -675,7 +675,11 @@ impl Pool {
         let mut gone = Vec::new();
         let mut next = 0;
         let mut walk: Option<crate::space::ExclusiveWalk> = None;
+        let file = self.lock_meta().pool.clone();
         while next < misses.len() {
+            if let Some(w) = &walk {
+                w.read_ahead(&*file);
+            }
             if next > 0 || walk.is_some() {
                 std::thread::sleep(PAUSE);
             }

@@ -20,6 +20,11 @@ pub trait BlockFile: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`, growing the file if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// A hint that `len` bytes at `offset` are about to be read: on the
+    /// real file system the kernel starts reading them into the page cache
+    /// (`POSIX_FADV_WILLNEED`) and this returns at once. Nothing else may
+    /// depend on it.
+    fn will_need(&self, _offset: u64, _len: u64) {}
     /// Write all of `buf` at `offset` like [`BlockFile::write_at`], for
     /// bulk data nobody is about to read (a clone's or a restore's copy):
     /// on the real file system its writeback starts at once, and once more
@@ -248,6 +253,19 @@ fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Resul
 impl BlockFile for OsFile {
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        // SAFETY: posix_fadvise only reads its integer arguments; the
+        // descriptor is owned by `self.file`, which outlives the call.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
