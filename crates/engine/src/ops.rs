@@ -676,10 +676,17 @@ impl Pool {
         let mut next = 0;
         let mut walk: Option<crate::space::ExclusiveWalk> = None;
         let file = self.lock_meta().pool.clone();
+        // Nodes the last slice entered, whichever walks.
+        let mut entered = 0;
         while next < misses.len() {
             if let Some(w) = &walk {
-                w.read_ahead(&*file);
+                // Paused inside a snapshot's tree after a slow slice: what
+                // it enters next is read in, outside the lock.
+                if entered < crate::space::SLOW_SLICE {
+                    w.read_ahead(&*file);
+                }
             }
+            entered = 0;
             if next > 0 || walk.is_some() {
                 std::thread::sleep(PAUSE);
             }
@@ -700,7 +707,10 @@ impl Pool {
                             }
                         },
                     };
-                    match m.step_exclusive(w, Some(deadline))? {
+                    let before = w.entered();
+                    let walked = m.step_exclusive(w, Some(deadline))?;
+                    entered += w.entered() - before;
+                    match walked {
                         Walked::Done((_, data)) => info.exclusive_bytes = data * BLOCK as u64,
                         Walked::Gone => gone.push(info.id),
                         Walked::Paused => return Ok(()),

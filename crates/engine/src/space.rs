@@ -103,6 +103,8 @@ pub struct ExclusiveWalk {
     hold: u64,
     restarts: u32,
     started: bool,
+    /// Nodes entered, restarts included.
+    entered: u64,
 }
 
 /// A node an exclusive walk has still to enter.
@@ -152,6 +154,7 @@ impl ExclusiveWalk {
             hold: 0,
             restarts: 0,
             started: false,
+            entered: 0,
         }
     }
 }
@@ -159,7 +162,18 @@ impl ExclusiveWalk {
 /// Nodes of a paused walk read ahead before its next slice.
 const READ_AHEAD: usize = 256;
 
+/// A slice that entered fewer nodes than this was waiting for the disk:
+/// the listing reads ahead before the next one. One that found its pages
+/// cached enters hundreds in a millisecond, and reading ahead would only
+/// add system calls between its slices.
+pub const SLOW_SLICE: u64 = 32;
+
 impl ExclusiveWalk {
+    /// Nodes this walk has entered so far, restarts included.
+    pub fn entered(&self) -> u64 {
+        self.entered
+    }
+
     /// Read what this paused walk enters next into the page cache, outside
     /// the metadata lock (the caller must not hold it): its next nodes and
     /// the nodes beside them, then the refcount pages of the entries in
@@ -359,6 +373,7 @@ impl Meta {
     fn exclusive_node(&mut self, w: &mut ExclusiveWalk, p: &Pending, other: u64) -> Result<()> {
         debug_assert_ne!(p.block, other, "a node with one parent is in one tree");
         w.counts.0 += 1;
+        w.entered += 1;
         let entries = self.node_entries(p.block, p.level)?;
         let beside = match other {
             0 => None,
