@@ -185,16 +185,27 @@ impl ExclusiveWalk {
     /// the usual way.
     pub fn read_ahead(&self, file: &dyn BlockFile) {
         let next = &self.stack[self.stack.len().saturating_sub(READ_AHEAD)..];
-        let at = |b: u64| b * BLOCK as u64;
+        // Entries come from pages read without checks (a node's newer copy
+        // may be in the page log, and the pool file's block still hold what
+        // a client once wrote there): any value, so offsets are checked.
+        let at = |b: u64| {
+            b.checked_mul(BLOCK as u64)
+                .filter(|&o| o <= i64::MAX as u64)
+        };
+        let hint = |b: u64| {
+            if let Some(o) = at(b) {
+                file.will_need(o, BLOCK as u64);
+            }
+        };
         for p in next {
-            file.will_need(at(p.block), BLOCK as u64);
+            hint(p.block);
             if p.other != 0 {
-                file.will_need(at(p.other), BLOCK as u64);
+                hint(p.other);
             }
         }
         let read = |b: u64| -> Option<Box<Page>> {
             let mut page = Box::new([0u8; BLOCK]);
-            file.read_at(&mut page[..], at(b)).ok()?;
+            file.read_at(&mut page[..], at(b)?).ok()?;
             (get_u32(&page[..], 0) == MAGIC_NODE).then_some(page)
         };
         let mut rc_pages = Vec::new();
@@ -215,7 +226,7 @@ impl ExclusiveWalk {
         rc_pages.sort_unstable();
         rc_pages.dedup();
         for b in rc_pages {
-            file.will_need(at(b), BLOCK as u64);
+            hint(b);
         }
     }
 }
@@ -791,6 +802,72 @@ mod tests {
             }
         });
         assert_eq!(r, Walked::Done(exact(&p, "s1")));
+    }
+
+    /// A file whose every block reads as a leaf full of block numbers near
+    /// the largest, and which records the hints it is given.
+    struct Crafted(std::sync::Mutex<Vec<u64>>);
+
+    impl crate::storage::BlockFile for Crafted {
+        fn path(&self) -> &std::path::Path {
+            std::path::Path::new("crafted")
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            // Entries differ from block to block, so that a leaf and the one
+            // beside it differ everywhere.
+            for e in buf.chunks_mut(8) {
+                e.copy_from_slice(&(u64::MAX ^ offset).to_le_bytes());
+            }
+            buf[..4].copy_from_slice(&crate::format::MAGIC_NODE.to_le_bytes());
+            buf[24] = 0;
+            Ok(())
+        }
+        fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn will_need(&self, offset: u64, _len: u64) {
+            self.0.lock().unwrap().push(offset);
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn punch(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn allocate(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(u64::MAX)
+        }
+        fn set_len(&self, _len: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Read-ahead reads pages without checks: a page that says it is a leaf
+    /// of block numbers past any pool (what a stale copy of a block a client
+    /// once wrote could hold) gives no offset that overflows, and no panic.
+    #[test]
+    fn read_ahead_survives_pages_of_any_content() {
+        let (p, _v) = pool_with_history();
+        let (_, id) = p.lock_meta().catalog.snapshot_ids("v", "s1").unwrap();
+        let mut w = {
+            let m = p.lock_meta();
+            let s = m.catalog.snapshot(id).unwrap();
+            ExclusiveWalk::of_snapshot(id, s.root, s.levels)
+        };
+        let past = Some(std::time::Instant::now());
+        // Paused after the root: its leaves are queued.
+        assert_eq!(
+            p.lock_meta().step_exclusive(&mut w, past).unwrap(),
+            Walked::Paused
+        );
+        let file = Crafted(Default::default());
+        w.read_ahead(&file);
+        let hints = file.0.into_inner().unwrap();
+        assert!(!hints.is_empty());
+        assert!(hints.iter().all(|&o| o <= i64::MAX as u64), "{hints:?}");
     }
 
     /// Whatever happens between two holds (writes, snapshots made and
