@@ -650,7 +650,7 @@ impl Pool {
         &self,
         pick: impl FnOnce(&mut crate::meta::Meta) -> Result<(Option<u64>, Vec<SnapshotRec>)>,
     ) -> Result<Vec<SnapshotInfo>> {
-        let (mut infos, misses) = self.with_meta(|m| {
+        let (mut infos, misses, file) = self.with_meta(|m| {
             let (vol, snaps) = pick(m)?;
             let links = Self::children_of(m, vol);
             let mut misses = Vec::new();
@@ -662,7 +662,7 @@ impl Pool {
                 }
                 infos.push(self.snapshot_info(m, s, &links, exclusive.unwrap_or(0)));
             }
-            Ok((infos, misses))
+            Ok((infos, misses, m.pool.clone()))
         })?;
         // The walks go in slices of about a millisecond, with a pause
         // between: std's mutex is not fair, and a thread that unlocks and
@@ -675,7 +675,6 @@ impl Pool {
         let mut gone = Vec::new();
         let mut next = 0;
         let mut walk: Option<crate::space::ExclusiveWalk> = None;
-        let file = self.lock_meta().pool.clone();
         // Nodes the last slice entered, whichever walks.
         let mut entered = 0;
         while next < misses.len() {

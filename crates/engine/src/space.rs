@@ -711,12 +711,17 @@ mod tests {
         m.tree_exclusive(s.root, s.levels).unwrap()
     }
 
-    fn pool_with_history() -> (Pool, crate::Volume) {
+    /// A pool in memory whose reclaim runs only when a test asks.
+    fn quiet_pool() -> Pool {
         let opts = PoolOptions {
             background: false,
             ..PoolOptions::default()
         };
-        let p = Pool::create(Arc::new(SimBackend::new()), opts).unwrap();
+        Pool::create(Arc::new(SimBackend::new()), opts).unwrap()
+    }
+
+    fn pool_with_history() -> (Pool, crate::Volume) {
+        let p = quiet_pool();
         // 4,096 blocks: leaves under a root, a tree of two levels.
         p.create_volume("v", 16 << 20).unwrap();
         let v = p.open_volume("v").unwrap();
@@ -767,11 +772,7 @@ mod tests {
     /// blocks read as before.)
     #[test]
     fn a_paused_walk_beside_a_reclaimed_neighbour_stays_exact() {
-        let opts = PoolOptions {
-            background: false,
-            ..PoolOptions::default()
-        };
-        let p = Pool::create(Arc::new(SimBackend::new()), opts).unwrap();
+        let p = quiet_pool();
         p.create_volume("v", 16 << 20).unwrap();
         let v = p.open_volume("v").unwrap();
         let fill = |byte: u8| {
@@ -951,11 +952,7 @@ mod tests {
 
     #[test]
     fn a_volume_writing_beside_its_base_leaves_older_snapshots_sizes_cached() {
-        let opts = PoolOptions {
-            background: false,
-            ..PoolOptions::default()
-        };
-        let p = Pool::create(Arc::new(SimBackend::new()), opts).unwrap();
+        let p = quiet_pool();
         p.create_volume("v", 64 << 20).unwrap();
         let v = p.open_volume("v").unwrap();
         for i in 0..5u8 {

@@ -212,6 +212,12 @@ impl OsFile {
                 | libc::SYNC_FILE_RANGE_WRITE
                 | libc::SYNC_FILE_RANGE_WAIT_AFTER,
         )?;
+        self.advise(offset, len, libc::POSIX_FADV_DONTNEED);
+        Ok(())
+    }
+
+    /// `posix_fadvise` over a range. Advice only: its result is ignored.
+    fn advise(&self, offset: u64, len: u64, advice: libc::c_int) {
         // SAFETY: posix_fadvise only reads its integer arguments; the
         // descriptor is owned by `self.file`, which outlives the call.
         unsafe {
@@ -219,10 +225,9 @@ impl OsFile {
                 self.file.as_raw_fd(),
                 offset as libc::off_t,
                 len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
+                advice,
             )
         };
-        Ok(())
     }
 
     /// Bulk data still held in the page cache by the window.
@@ -256,16 +261,7 @@ impl BlockFile for OsFile {
     }
 
     fn will_need(&self, offset: u64, len: u64) {
-        // SAFETY: posix_fadvise only reads its integer arguments; the
-        // descriptor is owned by `self.file`, which outlives the call.
-        unsafe {
-            libc::posix_fadvise(
-                self.file.as_raw_fd(),
-                offset as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            )
-        };
+        self.advise(offset, len, libc::POSIX_FADV_WILLNEED);
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
