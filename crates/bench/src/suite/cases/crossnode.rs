@@ -5,10 +5,11 @@
 //! --from-node`, the target pulling over its transfer protocol) against
 //! nbdcopy run in B from a qemu-nbd raw export on A over TCP, into a
 //! qemu-nbd raw export in B (the anchor and the goal's) and onto a
-//! sparse raw file (a stronger anchor, shown without a goal). Per side: time, rate, bytes on the link (A's tx), and what the
-//! copies cost writes on the source (fio 4k randwrite alone, then with
-//! copies back to back, then alone again: the ratio is to the mean of the
-//! two runs alone).
+//! sparse raw file (a stronger anchor, shown without a goal). Per side:
+//! time, rate, bytes on the link (A's tx), and what the copies cost writes
+//! on the source (fio 4k randwrite alone, then with copies back to back,
+//! then alone again: the ratio is to the mean of the two runs alone; the
+//! anchor's copies under load are the ones onto a file).
 //!
 //! `LAMINA_BENCH_CROSSNODE=anchor` runs the nbdcopy half alone (for a
 //! build without the transfer protocol); the report says so.
