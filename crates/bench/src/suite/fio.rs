@@ -20,7 +20,14 @@ pub struct Job {
     /// Limit to the first `size` bytes of the target.
     pub size: Option<u64>,
     pub seed: u64,
+    /// Write fio's IOPS log to `{prefix}_iops.1.log`: the mean IOPS of each
+    /// `SLICE_MS`, stamped with the Unix time in ms of the slice's end
+    /// (`read_iops_log`).
+    pub iops_log: Option<PathBuf>,
 }
+
+/// The length of one entry of an IOPS log.
+pub const SLICE_MS: u64 = 250;
 
 impl Job {
     pub fn new(rw: &'static str, bs: &'static str, iodepth: u32, seconds: f64) -> Job {
@@ -32,6 +39,7 @@ impl Job {
             number_ios: None,
             size: None,
             seed: 1,
+            iops_log: None,
         }
     }
 }
@@ -77,6 +85,11 @@ fn command(job: &Job, target: &Target) -> Command {
         .arg(format!("--bs={}", job.bs))
         .arg(format!("--iodepth={}", job.iodepth))
         .arg(format!("--randseed={}", job.seed));
+    if let Some(prefix) = &job.iops_log {
+        c.arg(format!("--write_iops_log={}", prefix.display()))
+            .arg(format!("--log_avg_msec={SLICE_MS}"))
+            .arg("--log_unix_epoch=1");
+    }
     match job.number_ios {
         Some(n) => {
             c.arg(format!("--number_ios={n}"));
@@ -202,6 +215,38 @@ fn parse(job: &Job, out: &str) -> Result<Outcome> {
     })
 }
 
+/// One entry of an IOPS log: the slice `[end_ms - SLICE_MS, end_ms]` in
+/// Unix time, and its mean IOPS.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slice {
+    pub end_ms: u64,
+    pub iops: f64,
+}
+
+/// The IOPS log a job with `iops_log: Some(prefix)` wrote.
+pub fn read_iops_log(prefix: &std::path::Path) -> Result<Vec<Slice>> {
+    let path = PathBuf::from(format!("{}_iops.1.log", prefix.display()));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    parse_iops_log(&text).with_context(|| format!("in {}", path.display()))
+}
+
+fn parse_iops_log(text: &str) -> Result<Vec<Slice>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut f = l.split(',').map(str::trim);
+            let (Some(t), Some(v)) = (f.next(), f.next()) else {
+                bail!("not an IOPS log line: {l:?}");
+            };
+            Ok(Slice {
+                end_ms: t.parse().with_context(|| format!("time in {l:?}"))?,
+                iops: v.parse().with_context(|| format!("IOPS in {l:?}"))?,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +265,26 @@ mod tests {
         assert!(parse(&Job::new("randread", "4k", 32, 1.0), "fio: nothing").is_err());
         let failed = r#"{"jobs":[{"error":5,"read":{}}]}"#;
         assert!(parse(&Job::new("randread", "4k", 32, 1.0), failed).is_err());
+    }
+
+    #[test]
+    fn parses_an_iops_log_with_unix_times() {
+        let log = "1795784022564, 38328, 1, 0, 0\n1795784022814, 34912, 1, 0, 0\n\n";
+        let s = parse_iops_log(log).unwrap();
+        assert_eq!(
+            s,
+            vec![
+                Slice {
+                    end_ms: 1795784022564,
+                    iops: 38328.0
+                },
+                Slice {
+                    end_ms: 1795784022814,
+                    iops: 34912.0
+                },
+            ]
+        );
+        assert!(parse_iops_log("12\n").is_err());
+        assert!(parse_iops_log("x, 1, 1, 0, 0\n").is_err());
     }
 }

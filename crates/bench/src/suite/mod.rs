@@ -3,6 +3,7 @@
 //! ratios. Each case lives in `cases/`; they share the profile (sizes,
 //! rounds, depths), the record book and the processes in `proc`.
 
+mod alternate;
 mod anchors;
 mod cases;
 mod fio;

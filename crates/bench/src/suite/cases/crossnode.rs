@@ -7,9 +7,10 @@
 //! qemu-nbd raw export in B (the issue's anchor and the goal's) and onto a
 //! sparse raw file (a stronger anchor, shown without a goal). Per side:
 //! time, rate, bytes on the link (A's tx), and what the copies cost writes
-//! on the source (fio 4k randwrite alone, then with copies back to back,
-//! then alone again: the ratio is to the mean of the two runs alone; the
-//! anchor's copies under load are the ones onto a file).
+//! on the source (one fio 4k randwrite run with copies in turns, its IOPS
+//! log split into the slices during a copy and those clear of every copy,
+//! `alternate.rs`; the anchor's copies under load are the ones onto a
+//! file).
 //!
 //! `LAMINA_BENCH_CROSSNODE=anchor` runs the nbdcopy half alone (for a
 //! build without the transfer protocol); the report says so.
@@ -17,9 +18,8 @@
 //! `--transfer-busy-rate RATE` (`off`, `64M`...) instead of its default,
 //! to measure what the pace trades; the report says so.
 
-use crate::suite::cases::clone::{under_reads, Loaded};
-use crate::suite::cases::io;
-use crate::suite::fio::{self, Job, Target};
+use crate::suite::alternate::{alternate, Alternated};
+use crate::suite::fio::{Job, Target};
 use crate::suite::lamina::Lamina;
 use crate::suite::netns::{Host, Link};
 use crate::suite::proc;
@@ -117,39 +117,57 @@ fn record_copy(ctx: &mut Ctx, target: &str, c: &Copy) {
     r.add(CASE, target, LINK_AMP, "×", Better::Lower, link / alloc);
 }
 
-fn record_writes(
-    ctx: &mut Ctx,
-    target: &str,
-    before: &fio::Outcome,
-    loaded: &Loaded,
-    after: &fio::Outcome,
-) {
-    let during = &loaded.reads;
-    io::record(ctx, CASE, target, WRITE_ALONE, "4k", before);
-    io::record(ctx, CASE, target, WRITE_ALONE, "4k", after);
-    io::record(ctx, CASE, target, WRITE_DURING, "4k", during);
-    ctx.rec.add(
+fn record_writes(ctx: &mut Ctx, target: &str, w: &Alternated) {
+    let r = &mut ctx.rec;
+    r.add(
         CASE,
         target,
-        LINK_DURING,
-        "MB/s",
+        WRITE_ALONE,
+        "IOPS",
         Better::Higher,
-        loaded.written as f64 / loaded.window.as_secs_f64() / 1e6,
+        w.quiet_iops,
     );
-    ctx.rec.add(
+    r.add(
         CASE,
         target,
-        WRITE_KEPT,
-        "×",
+        WRITE_DURING,
+        "IOPS",
         Better::Higher,
-        during.iops / alone(before, after),
+        w.busy_iops,
     );
+    let rate = w.moved as f64 / w.busy_time.as_secs_f64() / 1e6;
+    r.add(CASE, target, LINK_DURING, "MB/s", Better::Higher, rate);
+    r.add(CASE, target, WRITE_KEPT, "×", Better::Higher, w.kept());
 }
 
-/// The writes alone: the mean of the runs just before and just after the
-/// loaded one (alone, the same job moved by up to 1.8× between rounds).
-fn alone(before: &fio::Outcome, after: &fio::Outcome) -> f64 {
-    (before.iops + after.iops) / 2.0
+/// The source's writes, one fio run of six `seconds` with copies in turns
+/// (`alternate.rs`): `seconds` of quiet, a copy, and again. Its log goes
+/// to `log`.
+fn writes_with_copies(
+    ctx: &Ctx,
+    target: &Target,
+    log: &Path,
+    tx: impl Fn() -> u64,
+    copy: impl FnMut(usize) -> Result<()>,
+) -> Result<Alternated> {
+    let job = write_job(6.0 * ctx.p.seconds, ctx.p.crossnode_allocated);
+    let gap = Duration::from_secs_f64(ctx.p.seconds);
+    // Nothing from the copy just measured is left to write back.
+    proc::sync_disks();
+    alternate(&job, target, log, gap, tx, copy)
+}
+
+fn log_line(side: &str, round: usize, w: &Alternated) -> String {
+    format!(
+        "  round {round} {side}: writes {:.0} IOPS quiet ({} slices), {:.0} during {} copies ({} slices; {} MiB on the link in {:.2} s)",
+        w.quiet_iops,
+        w.quiet_slices,
+        w.busy_iops,
+        w.turns,
+        w.busy_slices,
+        w.moved >> 20,
+        w.busy_time.as_secs_f64()
+    )
 }
 
 /// A child process killed and reaped when dropped.
@@ -417,7 +435,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let src = dir.join("src.raw");
     source_file(&src, size, allocated)?;
     let link = Link::new()?;
-    let job = write_job(ctx.p.seconds, allocated);
 
     let nodes = if anchor_only {
         None
@@ -461,11 +478,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     wire / MIB as f64,
                 );
                 let target = Target::Nbd(n.src_uri.clone());
-                let before = fio::run(&job, &target)?;
                 let mut names = Vec::new();
-                let loaded = under_reads(
-                    &job,
+                let w = writes_with_copies(
+                    ctx,
                     &target,
+                    &ctx.logs.join(format!("crossnode-fio-lamina-{round}")),
                     || link.a.tx_bytes().unwrap_or(0),
                     |i| {
                         let name = format!("load{round}-{i}");
@@ -474,7 +491,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                         Ok(())
                     },
                 )?;
-                let after = fio::run(&job, &target)?;
                 let t = Instant::now();
                 for name in names.iter().chain([&format!("c{round}")]) {
                     n.b.delete_volume(name, false)?;
@@ -491,18 +507,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     Better::Lower,
                     reclaim.as_secs_f64(),
                 );
-                record_writes(ctx, LAMINA, &before, &loaded, &after);
+                record_writes(ctx, LAMINA, &w);
                 eprintln!(
-                    "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB); writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
+                    "  round {round} lamina: {:.2} s, {} MiB on the link (op: {} MiB)",
                     c.took.as_secs_f64(),
                     c.link >> 20,
                     wire as u64 >> 20,
-                    alone(&before, &after),
-                    loaded.reads.iops,
-                    loaded.copies,
-                    loaded.written >> 20,
-                    loaded.window.as_secs_f64()
                 );
+                eprintln!("{}", log_line("lamina", round, &w));
             } else {
                 proc::sync_disks();
                 let e = anchor.copy_to_export()?;
@@ -510,31 +522,25 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 proc::sync_disks();
                 let c = anchor.copy()?;
                 record_copy(ctx, NBDCOPY, &c);
-                let target = anchor.fio_target();
-                let before = fio::run(&job, &target)?;
-                let loaded = under_reads(
-                    &job,
-                    &target,
+                let w = writes_with_copies(
+                    ctx,
+                    &anchor.fio_target(),
+                    &ctx.logs.join(format!("crossnode-fio-nbdcopy-{round}")),
                     || link.a.tx_bytes().unwrap_or(0),
                     |_| anchor.copy().map(drop),
                 )?;
-                let after = fio::run(&job, &target)?;
-                record_writes(ctx, NBDCOPY, &before, &loaded, &after);
+                record_writes(ctx, NBDCOPY, &w);
                 eprintln!(
                     "  round {round} nbdcopy into B's qemu-nbd: {:.2} s, {} MiB on the link",
                     e.took.as_secs_f64(),
                     e.link >> 20
                 );
                 eprintln!(
-                    "  round {round} nbdcopy: {:.2} s, {} MiB on the link; writes {:.0} IOPS alone, {:.0} during {} copies ({} MiB on the link in {:.2} s)",
+                    "  round {round} nbdcopy: {:.2} s, {} MiB on the link",
                     c.took.as_secs_f64(),
                     c.link >> 20,
-                    alone(&before, &after),
-                    loaded.reads.iops,
-                    loaded.copies,
-                    loaded.written >> 20,
-                    loaded.window.as_secs_f64()
                 );
+                eprintln!("{}", log_line("nbdcopy", round, &w));
             }
         }
     }
@@ -617,13 +623,20 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     r.note(
         CASE,
         format!(
-            "Source writes: fio 4k randwrite QD32 for {} s over the source's first {} MiB (all allocated), \
-             alone, then with copies back to back until fio ends, then alone again; the ratio is to the mean of the two runs alone (Lamina: clones into new volumes on B, \
-             deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file). Lamina's fio writes the live volume \
+            "Source writes: one fio 4k randwrite QD32 run of {} s over the source's first {} MiB (all allocated), \
+             started after a sync(2), with copies in turns: {} s of quiet, a copy, {} s of quiet, a copy, while {} s of the run \
+             are left. fio's IOPS log (one figure per 250 ms) is split into the slices wholly inside a copy (\"during\") and \
+             those at least 0.5 s clear of every copy (\"alone\"); the ratio is their means'. Both halves come from one run, \
+             interleaved: separate runs alone before and after let the machine's drift decide it (alone, the job moved \
+             between 39k and 61k IOPS from one 5 s run to the next). Lamina: clones into new volumes on B, \
+             deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file. Lamina's fio writes the live volume \
              through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
+            6.0 * ctx.p.seconds,
+            al / 2,
             ctx.p.seconds,
-            al / 2
+            ctx.p.seconds,
+            ctx.p.seconds,
         ),
     );
     let rate = std::env::var(BUSY_RATE_ENV).unwrap_or_else(|_| "its default".into());
@@ -632,7 +645,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         format!(
             "The source node runs with `--transfer-busy-rate` at {rate}: while its volumes have I/O its \
              transfers send at most that many bytes a second (`{BUSY_RATE_ENV}` sets it for a run). \
-             \"Link rate during the source's writes\" is A's veth tx over fio's window, for both sides."
+             \"Link rate during the source's writes\" is A's veth tx over the copies' turns within fio's run, for both sides."
         ),
     );
     if anchor_only {
