@@ -21,6 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// still weighs on the slices just after it.
 const QUIET_MARGIN_MS: u64 = 500;
 
+/// The shortest turn: four slices.
+const MIN_TURN: Duration = Duration::from_millis(4 * SLICE_MS);
+
 /// The run split in two.
 #[derive(Debug)]
 pub struct Alternated {
@@ -30,8 +33,10 @@ pub struct Alternated {
     /// Mean IOPS of the slices inside a turn, and how many.
     pub busy_iops: f64,
     pub busy_slices: usize,
-    /// Turns started (the last one may end after fio does).
+    /// Turns started (the last one may end after fio does), and the calls
+    /// of the work in them.
     pub turns: usize,
+    pub calls: usize,
     /// Time inside turns while fio ran, and what `moved` counted in it.
     pub busy_time: Duration,
     pub moved: u64,
@@ -43,10 +48,12 @@ impl Alternated {
     }
 }
 
-/// Run `job` (its `seconds` is the whole run) on `target`, with `turn`
-/// called again and again, each a `gap` of quiet after the last one ended
-/// (the first a `gap` after fio started), while at least a `gap` of fio's
-/// run would be left. `moved` is a byte
+/// Run `job` (its `seconds` is the whole run) on `target`, with turns of
+/// `turn` (called again within a turn until the turn has lasted
+/// `MIN_TURN`), each a `gap` of quiet after the last one ended
+/// (the first a `gap` and a margin after fio was started), while at least
+/// a `gap` of fio's run would be left. A `gap` of 1.25 s or less leaves no
+/// slice quiet between two turns. `moved` is a byte
 /// counter read at each turn's start and end (a link's tx, say). fio's
 /// log goes to `log_prefix`.
 pub fn alternate(
@@ -65,14 +72,25 @@ pub fn alternate(
     let mut turns: Vec<(u64, u64)> = Vec::new();
     let mut moved_in_turns = 0;
     let mut busy = Duration::ZERO;
-    // When the next turn starts: a gap after the last one ended.
-    let mut next = gap;
+    let mut calls = 0;
+    // When the next turn starts: a gap after the last one ended. The first
+    // waits a margin more, for fio to connect and start its clock.
+    let mut next = gap + Duration::from_millis(QUIET_MARGIN_MS);
     while next + gap <= run {
         if let Some(wait) = next.checked_sub(started.elapsed()) {
             std::thread::sleep(wait);
         }
         let (m0, t0, i0) = (moved(), now_ms(), Instant::now());
-        turn(turns.len())?;
+        // A turn is at least `MIN_TURN`: work quicker than that (the
+        // quick profile's copies) runs again within it, so that every turn
+        // holds whole slices.
+        loop {
+            turn(calls)?;
+            calls += 1;
+            if i0.elapsed() >= MIN_TURN {
+                break;
+            }
+        }
         let (m1, t1) = (moved(), now_ms());
         // What ran after fio ended is not part of its run.
         let left = run.saturating_sub(i0.duration_since(started));
@@ -102,6 +120,7 @@ pub fn alternate(
         busy_iops: mean(&inside),
         busy_slices: inside.len(),
         turns: turns.len(),
+        calls,
         busy_time: busy,
         moved: moved_in_turns,
     })

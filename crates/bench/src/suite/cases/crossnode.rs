@@ -140,9 +140,16 @@ fn record_writes(ctx: &mut Ctx, target: &str, w: &Alternated) {
     r.add(CASE, target, WRITE_KEPT, "×", Better::Higher, w.kept());
 }
 
-/// The source's writes, one fio run of six `seconds` with copies in turns
-/// (`alternate.rs`): `seconds` of quiet, a copy, and again. Its log goes
-/// to `log`.
+/// The quiet between copies under the source's writes: the profile's fio
+/// seconds, but at least 2 s, so that slices clear of both copies' margins
+/// fit between them (the quick profile's 1 s left none).
+fn quiet_gap(ctx: &Ctx) -> f64 {
+    ctx.p.seconds.max(2.0)
+}
+
+/// The source's writes, one fio run of six gaps with copies in turns
+/// (`alternate.rs`): a gap of quiet, a copy, and again. Its log goes to
+/// `log`.
 fn writes_with_copies(
     ctx: &Ctx,
     target: &Target,
@@ -150,8 +157,9 @@ fn writes_with_copies(
     tx: impl Fn() -> u64,
     copy: impl FnMut(usize) -> Result<()>,
 ) -> Result<Alternated> {
-    let job = write_job(6.0 * ctx.p.seconds, ctx.p.crossnode_allocated);
-    let gap = Duration::from_secs_f64(ctx.p.seconds);
+    let gap = quiet_gap(ctx);
+    let job = write_job(6.0 * gap, ctx.p.crossnode_allocated);
+    let gap = Duration::from_secs_f64(gap);
     // Nothing from the copy just measured is left to write back.
     proc::sync_disks();
     alternate(&job, target, log, gap, tx, copy)
@@ -159,10 +167,11 @@ fn writes_with_copies(
 
 fn log_line(side: &str, round: usize, w: &Alternated) -> String {
     format!(
-        "  round {round} {side}: writes {:.0} IOPS quiet ({} slices), {:.0} during {} copies ({} slices; {} MiB on the link in {:.2} s)",
+        "  round {round} {side}: writes {:.0} IOPS quiet ({} slices), {:.0} during {} copies in {} turns ({} slices; {} MiB on the link in {:.2} s)",
         w.quiet_iops,
         w.quiet_slices,
         w.busy_iops,
+        w.calls,
         w.turns,
         w.busy_slices,
         w.moved >> 20,
@@ -549,6 +558,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     drop(link);
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
 
+    let gap = quiet_gap(ctx);
     let r = &mut ctx.rec;
     // The goal is the issue's: against nbdcopy between two raw exports,
     // one per node. nbdcopy writing straight onto a file in B (no server
@@ -624,7 +634,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         CASE,
         format!(
             "Source writes: one fio 4k randwrite QD32 run of {} s over the source's first {} MiB (all allocated), \
-             started after a sync(2), with copies in turns: {} s of quiet, a copy, {} s of quiet, a copy, while {} s of the run \
+             started after a sync(2), with copies in turns: {} s of quiet, a copy (copies back to back for at least 1 s), {} s of quiet, a copy, while {} s of the run \
              are left. fio's IOPS log (one figure per 250 ms) is split into the slices wholly inside a copy (\"during\") and \
              those at least 0.5 s clear of every copy (\"alone\"); the ratio is their means'. Both halves come from one run, \
              interleaved: separate runs alone before and after let the machine's drift decide it (alone, the job moved \
@@ -632,11 +642,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
              deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file. Lamina's fio writes the live volume \
              through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
-            6.0 * ctx.p.seconds,
+            6.0 * gap,
             al / 2,
-            ctx.p.seconds,
-            ctx.p.seconds,
-            ctx.p.seconds,
+            gap,
+            gap,
+            gap,
         ),
     );
     let rate = std::env::var(BUSY_RATE_ENV).unwrap_or_else(|_| "its default".into());
