@@ -50,12 +50,11 @@ impl Alternated {
 
 /// Run `job` (its `seconds` is the whole run) on `target`, with turns of
 /// `turn` (called again within a turn until the turn has lasted
-/// `MIN_TURN`), each a `gap` of quiet after the last one ended
-/// (the first a `gap` and a margin after fio was started), while at least
-/// a `gap` of fio's run would be left. A `gap` of 1.25 s or less leaves no
-/// slice quiet between two turns. `moved` is a byte
-/// counter read at each turn's start and end (a link's tx, say). fio's
-/// log goes to `log_prefix`.
+/// `MIN_TURN`), each a `gap` of quiet after the last one ended (the first
+/// a `gap` and a margin after fio was started), while at least a `gap` of
+/// fio's run would be left. A `gap` of 1.25 s or less leaves no slice
+/// quiet between two turns. `moved` is a byte counter read at each turn's
+/// start and end (a link's tx, say). fio's log goes to `log_prefix`.
 pub fn alternate(
     job: &Job,
     target: &Target,
