@@ -277,19 +277,19 @@ fn read_job(seconds: f64, allocated: u64) -> Job {
 }
 
 /// What happened while fio read the source with copies running.
-pub(crate) struct Loaded {
-    pub(crate) reads: fio::Outcome,
+struct Loaded {
+    reads: fio::Outcome,
     /// Copies started (the last one ends after fio does).
-    pub(crate) copies: usize,
+    copies: usize,
     /// Bytes the copier wrote from the first copy's start to fio's end.
-    pub(crate) written: u64,
-    pub(crate) window: Duration,
+    written: u64,
+    window: Duration,
 }
 
 /// Run `job` on `target` while `copy` runs back to back until fio ends;
 /// `written` is the copier's count of bytes written, read again the moment
 /// fio ends.
-pub(crate) fn under_reads(
+fn under_reads(
     job: &Job,
     target: &Target,
     written: impl Fn() -> u64 + Sync,

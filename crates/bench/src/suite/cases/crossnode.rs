@@ -637,8 +637,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
              started after a sync(2), with copies in turns: {} s of quiet, a copy (copies back to back for at least 1 s), {} s of quiet, a copy, while {} s of the run \
              are left. fio's IOPS log (one figure per 250 ms) is split into the slices wholly inside a copy (\"during\") and \
              those at least 0.5 s clear of every copy (\"alone\"); the ratio is their means'. Both halves come from one run, \
-             interleaved: separate runs alone before and after let the machine's drift decide it (alone, the job moved \
-             between 39k and 61k IOPS from one 5 s run to the next). Lamina: clones into new volumes on B, \
+             interleaved: separate runs alone before and after let the machine's drift decide it (ten 5 s runs in a row \
+             of the same kind of job on an idle daemon moved between 39k and 61k IOPS). Lamina: clones into new volumes on B, \
              deleted after, and the round waits until B has reclaimed their space (its own figure); anchor: nbdcopy again onto the new file. Lamina's fio writes the live volume \
              through its NBD export (unix socket); the anchor's runs in A against the qemu-nbd that nbdcopy \
              reads (TCP on A's address, over A's loopback): each side's ratio is against its own path alone.",
