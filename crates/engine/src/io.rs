@@ -317,21 +317,23 @@ impl Pool {
 
     /// [`Pool::data_write`], with `bulk` as bulk data
     /// ([`crate::storage::BlockFile::write_bulk`]): its writeback is
-    /// already started (so it is not counted for the writeback thread),
-    /// but a commit's sync is still what makes it durable.
+    /// already started, and the copy that writes it syncs on its own pace,
+    /// so the flusher (`flusher.rs`) does not count it; a commit's sync is
+    /// still what makes it durable.
     fn data_write_to(&self, buf: &[u8], at: u64, bulk: bool) -> Result<()> {
         let latch = &self.inner.latch;
         latch.check()?;
         let f = &self.inner.file;
-        let wrote = if bulk {
-            f.write_bulk(buf, at)
-        } else {
-            self.inner
-                .unwritten
-                .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            f.write_cached(buf, at)
-        };
-        latch.data_io("write data", f.path(), at, wrote)
+        if bulk {
+            return latch.data_io("write data", f.path(), at, f.write_bulk(buf, at));
+        }
+        latch.data_io("write data", f.path(), at, f.write_cached(buf, at))?;
+        // Counted once written: a sync that starts after this is sure to
+        // cover it (`Pool::sync_data` clears the count before syncing).
+        self.inner
+            .unwritten
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// Read data blocks, unless the latch is set (see `latch.rs` on why

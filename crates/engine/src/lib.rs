@@ -20,6 +20,7 @@ mod copy;
 pub mod error;
 mod extents;
 mod flatten;
+mod flusher;
 pub mod format;
 mod group;
 mod home;

@@ -35,13 +35,8 @@ fn stripe_of(vol: u64, idx: u64) -> usize {
     (h as usize) % STRIPES
 }
 
-/// How often the writeback thread looks for data to start writing back:
-/// what a commit's sync finds still to write is about this long of a busy
-/// volume's writes. 10 ms, not the 50 ms it was: under 4 KiB random writes
-/// at QD32 with a snapshot every 50 ms, a snapshot's median went from
-/// 14.2 ms (two runs) to 8.5-10.1 ms in three runs of four (14.2 in the
-/// fourth), and the same writes without snapshots did not slow
-/// (docs/design.md, "Copies home, written out a few at a time").
+/// How often the writeback thread copies log images home and looks for
+/// changed pages to commit in the background.
 const WRITEBACK_EVERY: Duration = Duration::from_millis(10);
 
 /// Tunables of an open pool.
@@ -95,7 +90,8 @@ pub(crate) struct Inner {
     pub opts: PoolOptions,
     stop: AtomicBool,
     wake: (Mutex<bool>, Condvar),
-    /// Data bytes written since the writeback thread last started writeback.
+    /// Data bytes written through the page cache since the flusher last
+    /// synced the data file (`flusher.rs`).
     pub unwritten: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     pub flatten: Mutex<HashMap<u64, Arc<FlattenProgress>>>,
@@ -342,6 +338,12 @@ impl Pool {
                 .spawn(move || p.writeback_loop())
                 .expect("spawn writeback thread");
             pool.inner.threads.lock().unwrap().push(t);
+            let p = pool.clone();
+            let t = std::thread::Builder::new()
+                .name("lamina-flusher".into())
+                .spawn(move || p.flusher_loop())
+                .expect("spawn flusher thread");
+            pool.inner.threads.lock().unwrap().push(t);
             for id in flattening {
                 pool.start_flatten_thread(id);
             }
@@ -379,9 +381,12 @@ impl Pool {
         f(&mut m).map_err(|e| self.inner.latch.error(e, self.inner.file.path()))
     }
 
-    /// Sync the data file (a durability barrier for data writes).
+    /// Sync the data file (a durability barrier for data writes). Writes
+    /// counted before the sync starts are covered by it, so the flusher
+    /// need not sync them again.
     pub(crate) fn sync_data(&self, op: &'static str) -> Result<()> {
         self.inner.latch.check()?;
+        self.inner.unwritten.swap(0, Ordering::AcqRel);
         let f = &self.inner.file;
         self.inner.latch.io(op, f.path(), 0, f.sync())
     }
@@ -455,12 +460,10 @@ impl Pool {
         Ok(total)
     }
 
-    /// Keeps the data not yet written back small: the page cache would
-    /// otherwise hold gigabytes of a busy volume's writes, and every commit
-    /// that must sync them (a snapshot, a client's flush) would wait for
-    /// all of them at once. Started writeback does not block writers.
+    /// Copies committed log images home while the log fills, and commits
+    /// changed pages through the page log in the background. Keeping the
+    /// data not yet synced small is the flusher's (`flusher.rs`).
     fn writeback_loop(&self) {
-        let f = &self.inner.file;
         while !self.inner.stop.load(Ordering::SeqCst) {
             std::thread::sleep(WRITEBACK_EVERY);
             // A failure set the latch (checked below); the next request
@@ -475,17 +478,6 @@ impl Pool {
                     tracing::warn!(error = %e, "background commit failed");
                 }
             }
-            if self.inner.unwritten.swap(0, Ordering::Relaxed) == 0
-                || self.inner.latch.check().is_err()
-            {
-                continue;
-            }
-            // An error here is a writeback error the next sync would report:
-            // it sets the latch now.
-            let _ = self
-                .inner
-                .latch
-                .io("start writeback", f.path(), 0, f.start_writeback());
         }
     }
 

@@ -51,11 +51,6 @@ pub trait BlockFile: Send + Sync {
     }
     /// Durability barrier for everything written before the call.
     fn sync(&self) -> io::Result<()>;
-    /// Start writing dirty data back without waiting for it, so that the
-    /// next `sync` has less to do. A hint: it promises nothing.
-    fn start_writeback(&self) -> io::Result<()> {
-        Ok(())
-    }
     /// Deallocate a range; it reads as zeros afterwards.
     fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Reserve disk space for a range so later writes to it cannot hit ENOSPC.
@@ -322,10 +317,6 @@ impl BlockFile for OsFile {
 
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
-    }
-
-    fn start_writeback(&self) -> io::Result<()> {
-        self.sync_range(0, 0, libc::SYNC_FILE_RANGE_WRITE)
     }
 
     fn write_out(&self, ranges: &[(u64, u64)]) -> io::Result<()> {

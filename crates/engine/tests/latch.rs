@@ -1,7 +1,7 @@
 //! The I/O-failure latch, one fail point per kind of failure: a data write,
-//! a data sync (at a flush and at a snapshot), a log append, a log sync,
-//! each step of a checkpoint and of a copy home ahead of it, and the punch
-//! of blocks freed by reclaim. For each: the call that hits the failure
+//! a data sync (at a flush, at a snapshot, and ahead of them), a log
+//! append, a log sync, each step of a checkpoint and of a copy home ahead
+//! of it, and the punch of blocks freed by reclaim. For each: the call that hits the failure
 //! errors (with the I/O error, not the latch's), the pool names the
 //! failure, every later request is refused with the latch's error and does
 //! no I/O, and after a power cut and a reopen the pool passes `check` and
@@ -109,6 +109,21 @@ fn cases() -> Vec<Case> {
             trigger: |p, m| {
                 write(p, &mut m.clone(), "a", &[41, 0], 6)?;
                 p.open_volume("a")?.flush()
+            },
+            trigger_fails: true,
+        },
+        Case {
+            // The flusher's step (`Pool::sync_ahead`): nothing waits for
+            // it, so the latch is what reports it.
+            name: "data sync ahead",
+            file: POOL_FILE,
+            op: SimOp::Sync,
+            nth: 1,
+            failed_op: "sync data ahead",
+            trigger: |p, m| {
+                write(p, &mut m.clone(), "a", &[42, 1], 9)?;
+                assert!(p.sync_ahead()?, "data was written: it must sync");
+                Ok(())
             },
             trigger_fails: true,
         },
@@ -295,6 +310,7 @@ fn data_write_failure_latches() {
 #[test]
 fn data_sync_failure_latches() {
     run("data sync at a flush");
+    run("data sync ahead");
     run("data sync at a snapshot");
 }
 
@@ -364,4 +380,48 @@ fn a_full_disk_does_not_latch() {
     assert!(pool.failure().is_none(), "a full pool must not latch");
     h.flush().unwrap();
     pool.close().unwrap();
+}
+
+/// The flusher's step syncs exactly what was written through the page
+/// cache since the last one: an overwrite in place (no metadata changes,
+/// so no commit would carry it) survives a power cut after it, and is lost
+/// without it; with nothing written, it does not sync.
+#[test]
+fn sync_ahead_makes_written_data_durable() {
+    let backend = Arc::new(SimBackend::new());
+    let pool = Pool::create(backend.clone(), opts()).unwrap();
+    pool.create_volume("v", SIZE).unwrap();
+    let h = pool.open_volume("v").unwrap();
+    let old = pattern(1, 0, BS as usize);
+    h.write(0, &old).unwrap();
+    h.write(BS, &old).unwrap();
+    pool.commit().unwrap();
+    assert!(
+        !pool.sync_ahead().unwrap(),
+        "the commit left nothing to sync"
+    );
+
+    // Block 0 is overwritten and synced ahead; block 1 after that, not.
+    let new = pattern(2, 0, BS as usize);
+    h.write(0, &new).unwrap();
+    let ops = backend.ops();
+    assert!(pool.sync_ahead().unwrap());
+    assert!(backend.ops() > ops, "it must reach the disk");
+    assert!(!pool.sync_ahead().unwrap(), "nothing written since");
+    h.write(BS, &new).unwrap();
+    drop(h);
+    pool.abandon();
+    backend.crash(None);
+
+    let pool = Pool::open(backend.clone(), opts()).unwrap();
+    let h = pool.open_volume("v").unwrap();
+    let mut buf = vec![0u8; BS as usize];
+    h.read(0, &mut buf).unwrap();
+    assert!(
+        buf == new,
+        "block 0 was synced ahead: its new data must survive"
+    );
+    h.read(BS, &mut buf).unwrap();
+    assert!(buf == old, "block 1 was never synced: the cut loses it");
+    assert!(pool.check().unwrap().is_ok());
 }
