@@ -1,12 +1,12 @@
 //! The I/O-failure latch, one fail point per kind of failure: a data write,
 //! a data sync (at a flush, at a snapshot, and ahead of them), a log
 //! append, a log sync, each step of a checkpoint and of a copy home ahead
-//! of it, and the punch of blocks freed by reclaim. For each: the call that hits the failure
-//! errors (with the I/O error, not the latch's), the pool names the
-//! failure, every later request is refused with the latch's error and does
-//! no I/O, and after a power cut and a reopen the pool passes `check` and
-//! holds exactly what was acknowledged (flushed or committed) before the
-//! failure.
+//! of it, and the punch of blocks freed by reclaim. For each: the call
+//! that hits the failure errors (with the I/O error, not the latch's), the
+//! pool names the failure, every later request is refused with the latch's
+//! error and does no I/O, and after a power cut and a reopen the pool
+//! passes `check` and holds exactly what was acknowledged (flushed or
+//! committed) before the failure.
 
 mod common;
 
