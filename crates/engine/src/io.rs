@@ -331,7 +331,7 @@ impl Pool {
         // Counted once written: a sync that starts after this is sure to
         // cover it (`Pool::sync_data` clears the count before syncing).
         self.inner
-            .unwritten
+            .unsynced
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Release);
         Ok(())
     }

@@ -92,7 +92,7 @@ pub(crate) struct Inner {
     wake: (Mutex<bool>, Condvar),
     /// Data bytes written through the page cache since the flusher last
     /// synced the data file (`flusher.rs`).
-    pub unwritten: AtomicU64,
+    pub unsynced: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     pub flatten: Mutex<HashMap<u64, Arc<FlattenProgress>>>,
     /// Blocks freed but kept back until the next checkpoint, because the log
@@ -309,7 +309,7 @@ impl Pool {
             opts: opts.clone(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
-            unwritten: AtomicU64::new(0),
+            unsynced: AtomicU64::new(0),
             threads: Mutex::new(Vec::new()),
             flatten: Mutex::new(HashMap::new()),
             awaiting_checkpoint: Mutex::new(Vec::new()),
@@ -386,7 +386,7 @@ impl Pool {
     /// need not sync them again.
     pub(crate) fn sync_data(&self, op: &'static str) -> Result<()> {
         self.inner.latch.check()?;
-        self.inner.unwritten.swap(0, Ordering::AcqRel);
+        self.inner.unsynced.swap(0, Ordering::AcqRel);
         let f = &self.inner.file;
         self.inner.latch.io(op, f.path(), 0, f.sync())
     }
