@@ -296,7 +296,7 @@ fn relative_to_depth_0(ctx: &mut Ctx, depths: &[usize]) {
             &format!("space per snapshot ÷ bytes rewritten (depth {d})"),
             &format!("lamina@{d}"),
             "space per snapshot ÷ bytes rewritten",
-            1.1,
+            1.05,
         );
     }
 }

@@ -101,7 +101,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
     }
     for (label, _) in &jobs {
-        let goal = label.starts_with("4k rand").then_some(0.75);
+        // targets.md and issue 14: 4 KiB random reads and writes at least
+        // match nbdkit's file plugin, and random writes reach 0.8× of fio
+        // with O_DIRECT on the same disk.
+        let goal = label.starts_with("4k rand").then_some(1.0);
+        let direct_goal = label.starts_with("4k randwrite").then_some(0.8);
         ctx.rec.compare(
             CASE,
             &format!("{label} vs nbdkit file"),
@@ -132,7 +136,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             label,
             "lamina",
             "file O_DIRECT",
-            None,
+            direct_goal,
         );
         ctx.rec.compare(
             CASE,
