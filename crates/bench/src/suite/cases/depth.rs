@@ -61,7 +61,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         let on_qcow2 = ctx.p.qcow2_depths.contains(&d);
         // Grow both to depth d, measuring the space each layer costs.
         if on_lamina && lamina_depth < d {
-            let (before, layers) = (lamina.used()?, d - lamina_depth);
+            // A rewrite costs space only when a snapshot holds the blocks it
+            // replaces: the very first one (depth 0) writes in place, so it
+            // is not a snapshot's cost and is not counted.
+            let layers = (lamina_depth..d).filter(|&k| k > 0).count().max(1);
+            let before = lamina.used()?;
             while lamina_depth < d {
                 seed += 1;
                 rewrite(&uri, blocks, seed)?;
