@@ -597,6 +597,14 @@ pub fn run(args: EngineArgs) -> Result<()> {
             Box::new(|| io_metrics_cost(&base, args.quick)),
         ),
     ];
+    if let Some(bad) = args
+        .only
+        .iter()
+        .find(|o| !sections.iter().any(|(name, _)| name == o))
+    {
+        let names: Vec<&str> = sections.iter().map(|(name, _)| *name).collect();
+        anyhow::bail!("no section {bad:?}: the sections are {}", names.join(", "));
+    }
     for (name, f) in sections {
         if !args.only.is_empty() && !args.only.iter().any(|o| o == name) {
             continue;
