@@ -228,6 +228,13 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
         }
     };
 
+    // Every block of a volume written once, 1 MiB at a time.
+    let write_all = |v: &lamina_engine::Volume| -> Result<()> {
+        for off in (0..size).step_by(chunk.len()) {
+            v.write(off, &chunk)?;
+        }
+        Ok(())
+    };
     let pool = fresh_pool(base, "depth")?;
     let mut vols = Vec::new();
     let mut r = rng(5);
@@ -235,9 +242,7 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
         let name = format!("d{d}");
         pool.create_volume(&name, size)?;
         let v = pool.open_volume(&name)?;
-        for off in (0..size).step_by(chunk.len()) {
-            v.write(off, &chunk)?;
-        }
+        write_all(&v)?;
         for layer in 0..d {
             for _ in 0..blocks / 100 {
                 v.write((r() % blocks) * BS, &[layer as u8; BLOCK])?;
@@ -245,9 +250,7 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
             pool.create_snapshot(&name, &format!("l{layer}"), &[])?;
         }
         // Rewrite everything once: what is measured next is the steady state.
-        for off in (0..size).step_by(chunk.len()) {
-            v.write(off, &chunk)?;
-        }
+        write_all(&v)?;
         v.flush()?;
         vols.push(v);
     }
@@ -282,9 +285,7 @@ fn io_at_depth(base: &Path, quick: bool, secs: f64) -> Result<Value> {
                 // volume is rewritten once to return to the steady state.
                 pool.create_snapshot(&format!("d{}", depths[i]), &format!("r{round}"), &[])?;
                 first[i + 1].push(random_io(&io, blocks, true, threads, secs.min(1.0)));
-                for off in (0..size).step_by(chunk.len()) {
-                    v.write(off, &chunk)?;
-                }
+                write_all(v)?;
                 v.flush()?;
             }
         }
