@@ -347,6 +347,7 @@ fn run(
             testing: lamina_server::Testing {
                 clock_file: test_clock,
                 crash_at: test_crash_at,
+                hold_operations: None,
             },
         }),
         Cmd::Certs { cmd } => cmd_certs::run(cmd),

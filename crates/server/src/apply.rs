@@ -130,11 +130,20 @@ fn lock_keys(op: &Op) -> Vec<String> {
     }
 }
 
-/// Record, run, and mark done: the one path for every change. The volume's
-/// lock serialises operations on it, so whether something existed is
-/// decided under it.
+/// Record, run, and mark done: the one path for every change. It runs in
+/// a task of its own (`State::to_end`): once recorded, an operation runs to
+/// its end and is marked done whether or not its client still waits.
 pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     check_request(&op)?;
+    let st2 = st.clone();
+    st.to_end(async move { run_locked(&st2, op).await }).await
+}
+
+/// `run`'s work. The volume's lock serialises operations on it, so whether
+/// something existed is decided under it, before anything is recorded:
+/// of identical requests, one runs and is recorded, the others find its
+/// result and leave no record.
+async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     let mut _guards = Vec::new();
     for k in lock_keys(&op) {
         _guards.push(st.lock(&k).lock_owned().await);
@@ -143,6 +152,9 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         return Ok(gone);
     }
     refuse_while_copying(st, &op)?;
+    if let Some(there) = already_there(st, &op).await {
+        return Ok(there);
+    }
     let rec = new_running(op);
     let span = tracing::info_span!("operation", id = %rec.id, kind = %rec.op.kind(), volume = %rec.volume());
     async move {
@@ -156,7 +168,12 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
             // in series (docs/design.md, "The record beside the commit").
             let since = |t: std::time::Instant| t.elapsed().as_micros() as u64;
             let ((recorded, record_us), (result, apply_us)) = tokio::join!(
-                async { (st.record_async(rec.clone()).await, since(t0)) },
+                async {
+                    let recorded = st.record_async(rec.clone()).await;
+                    let record_us = since(t0);
+                    hold(st).await;
+                    (recorded, record_us)
+                },
                 async { (apply(st, &rec, false).await, since(t0)) },
             );
             if let Err(f) = recorded {
@@ -169,6 +186,7 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         } else {
             st.record_async(rec.clone()).await?;
             let record_us = t0.elapsed().as_micros() as u64;
+            hold(st).await;
             let result = apply(st, &rec, false).await;
             let apply_us = (t0.elapsed().as_micros() as u64).saturating_sub(record_us);
             (record_us, apply_us, result)
@@ -198,6 +216,115 @@ pub async fn run(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     }
     .instrument(span)
     .await
+}
+
+/// Tests only (`Testing::hold_operations`): wait while the file exists.
+async fn hold(st: &State) {
+    if let Some(file) = &st.hold_operations {
+        while file.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Asking again for what exists with the same spec is answered as it is,
+/// with nothing recorded. Anything else (nothing there, the same name with
+/// another spec, a lookup that failed) is for the operation to decide, and
+/// to record.
+async fn already_there(st: &Arc<State>, op: &Op) -> Option<Outcome> {
+    if let Op::Clone {
+        name,
+        source,
+        full: true,
+    } = op
+    {
+        return crate::jobs::asked_again(st, "", name, source)
+            .await
+            .ok()
+            .flatten();
+    }
+    let (p, op) = (st.pool.clone(), op.clone());
+    blocking(move || {
+        Ok(match &op {
+            Op::CreateVolume { name, size, labels } => {
+                existing_volume(&p, name, *size, &labels_vec(labels))?.map(|info| Outcome::Volume {
+                    info,
+                    created: false,
+                })
+            }
+            Op::CreateSnapshot {
+                volume,
+                name,
+                labels,
+            } => existing_snapshot(&p, volume, name, labels)?.map(|info| Outcome::Snapshot {
+                info,
+                created: false,
+            }),
+            Op::CreateSnapshotGroup {
+                name,
+                volumes,
+                labels,
+            } => {
+                crate::groups::existing(&p, name, volumes, labels)?.map(|members| Outcome::Group {
+                    members,
+                    created: false,
+                })
+            }
+            Op::Clone { name, source, .. } => {
+                crate::jobs::existing_linked(&p, name, source)?.map(|info| Outcome::Started {
+                    info,
+                    created: false,
+                    running: None,
+                })
+            }
+            _ => None,
+        })
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Volume `name` if it exists as asked (none: there is none); another
+/// volume of that name is `already_exists`.
+fn existing_volume(
+    p: &lamina_engine::Pool,
+    name: &str,
+    size: u64,
+    labels: &[(String, String)],
+) -> Result<Option<VolumeInfo>, Failure> {
+    match p.volume_info_by_name(name) {
+        Ok(v) if v.size == size && v.origin.is_none() && v.labels == labels => Ok(Some(v)),
+        Ok(v) if v.size == size && v.origin.is_none() => Err(Failure::exists(
+            format!("volume {name:?} already exists with other labels"),
+            &format!("change its labels with `lamina volume label {name}`, or pick another name"),
+        )),
+        Ok(v) => Err(Failure::exists(
+            format!("volume {name:?} already exists with size {}", v.size),
+            &format!("pick another name, or delete it first: lamina volume delete {name}"),
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Snapshot `volume/name` if it exists as asked (none: there is none);
+/// one with other labels is `already_exists`.
+fn existing_snapshot(
+    p: &lamina_engine::Pool,
+    volume: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<SnapshotInfo>, Failure> {
+    match p.snapshot_info_by_name(volume, name) {
+        Ok(s) if s.labels == labels_vec(labels) => Ok(Some(s)),
+        Ok(_) => Err(Failure::exists(
+            format!("snapshot {volume}/{name} already exists with other labels"),
+            &format!(
+                "pick another name, or delete it first: lamina snapshot delete {volume} {name}"
+            ),
+        )),
+        Err(_) => Ok(None),
+    }
 }
 
 /// A delete of what is not there succeeds at once, with nothing recorded.
@@ -267,27 +394,17 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
     match rec.op.clone() {
         Op::CreateVolume { name, size, labels } => {
             let labels = labels_vec(&labels);
-            blocking(move || match p.volume_info_by_name(&name) {
-                Ok(v) if v.size == size && v.origin.is_none() && v.labels == labels => {
-                    Ok(Outcome::Volume {
-                        info: v,
+            blocking(move || {
+                Ok(match existing_volume(&p, &name, size, &labels)? {
+                    Some(info) => Outcome::Volume {
+                        info,
                         created: false,
-                    })
-                }
-                Ok(v) if v.size == size && v.origin.is_none() => Err(Failure::exists(
-                    format!("volume {name:?} already exists with other labels"),
-                    &format!(
-                        "change its labels with `lamina volume label {name}`, or pick another name"
-                    ),
-                )),
-                Ok(v) => Err(Failure::exists(
-                    format!("volume {name:?} already exists with size {}", v.size),
-                    &format!("pick another name, or delete it first: lamina volume delete {name}"),
-                )),
-                Err(_) => Ok(Outcome::Volume {
-                    info: p.create_volume_labelled(&name, size, &labels)?,
-                    created: true,
-                }),
+                    },
+                    None => Outcome::Volume {
+                        info: p.create_volume_labelled(&name, size, &labels)?,
+                        created: true,
+                    },
+                })
             })
             .await
         }
@@ -344,21 +461,17 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
             name,
             labels,
         } => {
-            blocking(move || match p.snapshot_info_by_name(&volume, &name) {
-                Ok(s) if s.labels == labels_vec(&labels) => Ok(Outcome::Snapshot {
-                    info: s,
-                    created: false,
-                }),
-                Ok(_) => Err(Failure::exists(
-                    format!("snapshot {volume}/{name} already exists with other labels"),
-                    &format!(
-                    "pick another name, or delete it first: lamina snapshot delete {volume} {name}"
-                ),
-                )),
-                Err(_) => Ok(Outcome::Snapshot {
-                    info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
-                    created: true,
-                }),
+            blocking(move || {
+                Ok(match existing_snapshot(&p, &volume, &name, &labels)? {
+                    Some(info) => Outcome::Snapshot {
+                        info,
+                        created: false,
+                    },
+                    None => Outcome::Snapshot {
+                        info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
+                        created: true,
+                    },
+                })
             })
             .await
         }

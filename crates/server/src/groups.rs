@@ -91,6 +91,31 @@ pub fn create(
     volumes: &[String],
     labels: &BTreeMap<String, String>,
 ) -> Result<Outcome, Failure> {
+    if let Some(members) = existing(p, name, volumes, labels)? {
+        return Ok(Outcome::Group {
+            members,
+            created: false,
+        });
+    }
+    let vols: Vec<&str> = volumes.iter().map(String::as_str).collect();
+    let mut made = p.create_snapshot_group(&vols, name, &labels_vec(labels))?;
+    made.sort_by(|a, b| a.volume.cmp(&b.volume));
+    Ok(Outcome::Group {
+        members: made,
+        created: true,
+    })
+}
+
+/// The members of group `name` if it exists as asked, of `volumes`
+/// (sorted) with `labels`; none if there is no group and no snapshot of
+/// that name on the volumes. A group of that name made otherwise, or a
+/// plain snapshot of that name, is `already_exists`.
+pub fn existing(
+    p: &Pool,
+    name: &str,
+    volumes: &[String],
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<Vec<SnapshotInfo>>, Failure> {
     let existing = members(p, name)?;
     if !existing.is_empty() {
         let have: Vec<&str> = existing.iter().map(|s| s.volume.as_str()).collect();
@@ -112,10 +137,7 @@ pub fn create(
                 &delete_hint(name),
             ));
         }
-        return Ok(Outcome::Group {
-            members: existing,
-            created: false,
-        });
+        return Ok(Some(existing));
     }
     for v in volumes {
         if p.snapshot_info_by_name(v, name).is_ok() {
@@ -125,13 +147,7 @@ pub fn create(
             ));
         }
     }
-    let vols: Vec<&str> = volumes.iter().map(String::as_str).collect();
-    let mut made = p.create_snapshot_group(&vols, name, &labels_vec(labels))?;
-    made.sort_by(|a, b| a.volume.cmp(&b.volume));
-    Ok(Outcome::Group {
-        members: made,
-        created: true,
-    })
+    Ok(None)
 }
 
 /// Delete every member of group `name`, after checking none is exported

@@ -406,18 +406,24 @@ pub async fn flatten_volume(
         (status = 404, body = api::ApiError), (status = 409, description = "a full clone is still copying into it", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Export>> {
-    let lock = st.lock(&name);
-    let _g = lock.lock().await;
-    let s = st.clone();
-    blocking(move || {
-        s.pool.volume_info_by_name(&name)?;
-        if let Some(id) = s.running_copy_into(&name) {
-            return Err(Failure::conflict(
-                format!("volume {name:?} is still being copied (operation {id})"),
-                &format!("wait for the clone to finish: lamina operation wait {id}"),
-            ));
-        }
-        Ok(Json(s.attach(&name, None)?))
+    // To its end, as an operation is (apply::run): the lock is let go of
+    // when the attach has returned, not when the client gives up.
+    let s = st.0.clone();
+    st.to_end(async move {
+        let lock = s.lock(&name);
+        let _g = lock.lock().await;
+        let s2 = s.clone();
+        blocking(move || {
+            s2.pool.volume_info_by_name(&name)?;
+            if let Some(id) = s2.running_copy_into(&name) {
+                return Err(Failure::conflict(
+                    format!("volume {name:?} is still being copied (operation {id})"),
+                    &format!("wait for the clone to finish: lamina operation wait {id}"),
+                ));
+            }
+            Ok(Json(s2.attach(&name, None)?))
+        })
+        .await
     })
     .await
 }
@@ -445,22 +451,27 @@ pub async fn detach_volume(
 }
 
 /// Stop exporting a volume or snapshot, under the volume's lock (so that a
-/// detach cannot race an attach or a delete of the same thing).
+/// detach cannot race an attach or a delete of the same thing), to its end
+/// whether or not the client waits.
 async fn detach(
     st: &Arc<State>,
     volume: String,
     snapshot: Option<String>,
     force: bool,
 ) -> R<Json<api::Removed>> {
-    let lock = st.lock(&volume);
-    let _g = lock.lock().await;
-    let what = match &snapshot {
-        None => format!("export {volume}"),
-        Some(s) => format!("export {}", crate::state::snapshot_export(&volume, s)),
-    };
     let s = st.clone();
-    let existed = blocking(move || s.detach(&volume, snapshot.as_deref(), force)).await?;
-    Ok(Json(api::Removed { what, existed }))
+    st.to_end(async move {
+        let lock = s.lock(&volume);
+        let _g = lock.lock().await;
+        let what = match &snapshot {
+            None => format!("export {volume}"),
+            Some(x) => format!("export {}", crate::state::snapshot_export(&volume, x)),
+        };
+        let s2 = s.clone();
+        let existed = blocking(move || s2.detach(&volume, snapshot.as_deref(), force)).await?;
+        Ok(Json(api::Removed { what, existed }))
+    })
+    .await
 }
 
 #[utoipa::path(get, path = "/v1/volumes/{name}/snapshots", params(("name" = String, Path, description = "volume name")),
@@ -610,10 +621,14 @@ pub async fn attach_snapshot(
     Path((name, snap)): Path<(String, String)>,
 ) -> R<Json<api::Export>> {
     // Under the volume's lock: a snapshot being deleted cannot be attached.
-    let lock = st.lock(&name);
-    let _g = lock.lock().await;
-    let s = st.clone();
-    blocking(move || Ok(Json(s.attach(&name, Some(&snap))?))).await
+    let s = st.0.clone();
+    st.to_end(async move {
+        let lock = s.lock(&name);
+        let _g = lock.lock().await;
+        let s2 = s.clone();
+        blocking(move || Ok(Json(s2.attach(&name, Some(&snap))?))).await
+    })
+    .await
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/detach",

@@ -88,18 +88,12 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
     }
     let p = st.pool.clone();
     blocking(move || {
-        if let Ok(existing) = p.volume_info_by_name(&name) {
-            if is_linked_clone_of(&existing, &source) {
-                return Ok(Outcome::Started {
-                    info: existing,
-                    created: false,
-                    running: None,
-                });
-            }
-            return Err(Failure::exists(
-                format!("volume {name:?} already exists and is not a linked clone of {source}"),
-                "pick another name for the clone",
-            ));
+        if let Some(existing) = existing_linked(&p, &name, &source)? {
+            return Ok(Outcome::Started {
+                info: existing,
+                created: false,
+                running: None,
+            });
         }
         let info = match &source {
             CloneSource::Snapshot { volume, snapshot } => {
@@ -119,16 +113,35 @@ pub async fn clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
     .await
 }
 
+/// Volume `name` if it is a linked clone of `source` (none: there is no
+/// such volume); a volume of that name made otherwise is `already_exists`.
+pub(crate) fn existing_linked(
+    p: &lamina_engine::Pool,
+    name: &str,
+    source: &CloneSource,
+) -> Result<Option<lamina_engine::VolumeInfo>, Failure> {
+    match p.volume_info_by_name(name) {
+        Ok(existing) if is_linked_clone_of(&existing, source) => Ok(Some(existing)),
+        Ok(_) => Err(Failure::exists(
+            format!("volume {name:?} already exists and is not a linked clone of {source}"),
+            "pick another name for the clone",
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Asked again for a full clone (local or from another node) that exists,
 /// from the same source: answer it as it is; a volume of that name made
-/// otherwise is a conflict. None: there is no such volume yet.
+/// otherwise is a conflict. None: there is no such volume yet. `me` is the
+/// asking operation's id (empty before it is recorded): its own record is
+/// no earlier clone.
 pub(crate) async fn asked_again(
     st: &Arc<State>,
-    rec: &OpRec,
+    me: &str,
     name: &str,
     source: &CloneSource,
 ) -> Result<Option<Outcome>, Failure> {
-    let (st2, n2, s2, me) = (st.clone(), name.to_string(), source.clone(), rec.id.clone());
+    let (st2, n2, s2, me) = (st.clone(), name.to_string(), source.clone(), me.to_string());
     blocking(move || {
         let Ok(info) = st2.pool.volume_info_by_name(&n2) else {
             return Ok(None);
@@ -168,7 +181,7 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
     };
     let mut rec = rec.clone();
     if !recovering {
-        if let Some(answer) = asked_again(st, &rec, &name, &source).await? {
+        if let Some(answer) = asked_again(st, &rec.id, &name, &source).await? {
             return Ok(answer);
         }
     }

@@ -110,6 +110,11 @@ pub struct Testing {
     /// Abort the process, as kill -9 would, at this named point
     /// (`schedule-after-claim`, `schedule-after-snapshot`).
     pub crash_at: Option<String>,
+    /// While this file exists, an operation whose record is written waits
+    /// there (a snapshot's creation, which runs beside its record, waits
+    /// before it is marked done), so that a test can give up on a request
+    /// at that point and see what becomes of it.
+    pub hold_operations: Option<PathBuf>,
 }
 
 /// How this node takes part in copies between nodes.

@@ -209,7 +209,7 @@ pub async fn remote_clone(
     };
     let mut rec = rec.clone();
     if !recovering {
-        if let Some(answer) = crate::jobs::asked_again(st, &rec, &name, &source).await? {
+        if let Some(answer) = crate::jobs::asked_again(st, &rec.id, &name, &source).await? {
             return Ok(answer);
         }
     }

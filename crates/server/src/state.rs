@@ -11,6 +11,7 @@ use lamina_engine::{Pool, PoolOptions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use tracing::Instrument;
 
 pub struct State {
     pub layout: Layout,
@@ -48,6 +49,11 @@ pub struct State {
     volume_io_metrics: bool,
     /// Every export's client I/O, counted for the transfer's pace.
     activity: Arc<crate::pacing::Activity>,
+    /// Held (shared) by every task [`State::to_end`] runs; `close` takes it
+    /// whole, so the pool closes after the last of them ended.
+    in_flight: Arc<tokio::sync::RwLock<()>>,
+    /// See [`crate::Testing::hold_operations`].
+    pub(crate) hold_operations: Option<std::path::PathBuf>,
 }
 
 /// How long a detach waits for NBD clients that are disconnecting before it
@@ -198,6 +204,8 @@ impl State {
             metrics,
             volume_io_metrics: config.volume_io_metrics,
             activity,
+            in_flight: Arc::new(tokio::sync::RwLock::new(())),
+            hold_operations: config.testing.hold_operations.clone(),
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {
@@ -231,6 +239,31 @@ impl State {
             }
         }
         Ok(state)
+    }
+
+    /// Run `work` to its end in a task of its own, and answer what it
+    /// answers. A request's handler is dropped when its client goes away
+    /// (a timeout, a closed connection), and everything it awaits with it:
+    /// a change made inside the handler would stop wherever it stood, its
+    /// record left running with nothing done, or a lock let go while the
+    /// blocking call it guarded went on. Inside this task the change runs
+    /// to its end, and takes and lets go of its locks, whether or not
+    /// anyone waits for the answer; the client that comes back finds the
+    /// outcome in the operation's record. `close` waits for these tasks.
+    pub async fn to_end<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let in_flight = self.in_flight.clone().read_owned().await;
+        let task = tokio::spawn(
+            async move {
+                let _in_flight = in_flight;
+                work.await
+            }
+            .in_current_span(),
+        );
+        task.await
+            .unwrap_or_else(|e| Err(Failure::internal(format!("operation task failed: {e}"))))
     }
 
     /// Serialises operations on one volume (by name).
@@ -606,6 +639,20 @@ impl State {
     }
 
     pub async fn close(&self) -> Result<(), ServerError> {
+        // Changes still running for requests (their clients may be gone)
+        // end first, and none starts after; the backstop is for one that
+        // never returns.
+        let backstop = std::time::Duration::from_secs(60);
+        let _none_after = match tokio::time::timeout(backstop, self.in_flight.write()).await {
+            Ok(all) => Some(all),
+            Err(_) => {
+                tracing::warn!(
+                    ?backstop,
+                    "operations still running; closing the pool anyway"
+                );
+                None
+            }
+        };
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let jobs = std::mem::take(&mut *self.jobs.lock().unwrap());

@@ -167,7 +167,15 @@ fn concurrent_identical_creates_answer_201_exactly_once() {
     let socket = d.socket();
     let vol = json!({"name": "v", "size": 4 * MIB}).to_string();
     let snap = json!({"name": "s", "labels": {"a": "b"}}).to_string();
-    for (path, body) in [("/v1/volumes", vol), ("/v1/volumes/v/snapshots", snap)] {
+    let group = json!({"name": "g", "volumes": ["v"]}).to_string();
+    let clone = json!({"name": "c", "from_snapshot": "v/s"}).to_string();
+    let full = json!({"name": "f", "from_snapshot": "v/s", "full": true}).to_string();
+    for (path, body) in [
+        ("/v1/volumes", vol),
+        ("/v1/volumes/v/snapshots", snap),
+        ("/v1/snapshot-groups", group),
+        ("/v1/clones", clone),
+    ] {
         let statuses: Vec<StatusCode> = d.rt.block_on(async {
             let calls = (0..20)
                 .map(|_| support::send(socket.clone(), Method::POST, path, Some(body.clone())));
@@ -180,6 +188,45 @@ fn concurrent_identical_creates_answer_201_exactly_once() {
         let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
         assert_eq!((created, ok), (1, 19), "{path}: {statuses:?}");
     }
+    // A full clone asked twenty times: one 202, then the running (or
+    // finished) clone.
+    let statuses: Vec<StatusCode> = d.rt.block_on(async {
+        let calls = (0..20).map(|_| {
+            support::send(
+                socket.clone(),
+                Method::POST,
+                "/v1/clones",
+                Some(full.clone()),
+            )
+        });
+        futures_join_all(calls).await
+    });
+    let started = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::ACCEPTED)
+        .count();
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!((started, ok), (1, 19), "{statuses:?}");
+    // One operation, one record: the nineteen that found it made none.
+    let ops = d.ok(Method::GET, "/v1/operations", None);
+    let mut kinds: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "clone",
+            "create-snapshot",
+            "create-snapshot-group",
+            "create-volume",
+            "full-clone"
+        ],
+        "{ops}"
+    );
     // The same name with another spec is a conflict, for both.
     let (s, e) = d.call(
         Method::POST,

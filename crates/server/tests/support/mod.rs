@@ -30,6 +30,11 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir) -> Daemon {
+        Self::start_with(dir, Default::default())
+    }
+
+    /// A daemon with test-only knobs (`lamina_server::Testing`).
+    pub fn start_with(dir: tempfile::TempDir, testing: lamina_server::Testing) -> Daemon {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -42,7 +47,7 @@ impl Daemon {
             nbd_listen: None,
             operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
-            testing: Default::default(),
+            testing,
             high_water: Default::default(),
             volume_io_metrics: true,
         };
