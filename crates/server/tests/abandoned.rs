@@ -95,6 +95,10 @@ fn an_operation_whose_client_gave_up_runs_to_its_end_without_a_restart() {
     ] {
         create_volume(&d, v);
     }
+    // A clone's source with data, so that the clone shares some to flatten.
+    let src = d.attach("/v1/volumes/src");
+    support::qemu_io(&src, &["write -P 0x11 0 1M"]);
+    d.ok(Method::POST, "/v1/volumes/src/detach", None);
     for (v, s) in [("rev", "s"), ("dsn", "s"), ("src", "s")] {
         create_snapshot(&d, v, s);
     }
@@ -218,7 +222,14 @@ fn an_operation_whose_client_gave_up_runs_to_its_end_without_a_restart() {
     assert_eq!(status(&d, "/v1/snapshot-groups/h"), 404);
     assert_eq!(status(&d, "/v1/volumes/linked"), 200);
     let full = d.ok(Method::GET, "/v1/volumes/full", None);
-    assert_eq!(full["clone_state"], "independent", "{full}");
+    assert_eq!(
+        (
+            full["clone_state"].as_str(),
+            full["allocated_bytes"].as_u64()
+        ),
+        (Some("none"), Some(MIB)),
+        "copied whole: {full}"
+    );
     let flat = d.ok(Method::GET, "/v1/volumes/flat", None);
     assert_eq!(flat["clone_state"], "independent", "{flat}");
 }

@@ -176,6 +176,13 @@ fn concurrent_identical_creates_answer_201_exactly_once() {
         ("/v1/snapshot-groups", group),
         ("/v1/clones", clone),
     ] {
+        if path == "/v1/volumes/v/snapshots" {
+            // Data for the clones to share (a clone that shares nothing
+            // shows no origin).
+            let v = d.attach("/v1/volumes/v");
+            qemu_io(&v, &["write -P 0x11 0 64k"]);
+            d.ok(Method::POST, "/v1/volumes/v/detach", None);
+        }
         let statuses: Vec<StatusCode> = d.rt.block_on(async {
             let calls = (0..20)
                 .map(|_| support::send(socket.clone(), Method::POST, path, Some(body.clone())));
