@@ -47,13 +47,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn runs_on(&self) -> bool {
+    /// Whether operation `id` goes on in the background, which marks its
+    /// record done. One answered with another operation that runs (a full
+    /// clone asked again) is done now.
+    fn runs_on(&self, id: &str) -> bool {
         matches!(
             self,
             Outcome::Started {
-                running: Some(_),
+                running: Some(r),
                 ..
-            }
+            } if r == id
         )
     }
 }
@@ -193,7 +196,7 @@ async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         };
         let t2 = std::time::Instant::now();
         match &result {
-            Ok(o) if o.runs_on() => {}
+            Ok(o) if o.runs_on(&rec.id) => {}
             Ok(_) => st.finish(rec, None).await?,
             Err(f) => {
                 let mut rec = rec.clone();
@@ -564,7 +567,7 @@ impl State {
                 tracing::info!("finishing an operation interrupted by a restart");
                 let r = apply(self, &rec, true).await;
                 let end = match r {
-                    Ok(o) if o.runs_on() => return Ok(()), // its job marks it done
+                    Ok(o) if o.runs_on(&rec.id) => return Ok(()), // its job marks it done
                     Ok(_) => self.finish(rec.clone(), None).await,
                     Err(f) => {
                         self.finish(
