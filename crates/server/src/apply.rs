@@ -163,6 +163,12 @@ async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
     async move {
         let t0 = std::time::Instant::now();
         let (record_us, apply_us, result) = if rec.op.rerun_changes_nothing() {
+            // The record runs beside the change: a store known to be
+            // broken refuses the change before it is made.
+            if st.store.is_broken() {
+                let s = st.clone();
+                blocking(move || s.store.check().map_err(Failure::from)).await?;
+            }
             // A snapshot's creation needs no record before it runs: a
             // restart that finds none leaves what the engine holds as it
             // is, and the client's retry by name answers it (`created:
@@ -180,10 +186,19 @@ async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
                 async { (apply(st, &rec, false).await, since(t0)) },
             );
             if let Err(f) = recorded {
-                if result.is_ok() {
-                    tracing::warn!(error = %f.1.message, "the change is made, its record is not");
+                // The record failed, and is not there when the store
+                // reopens. A snapshot that failed changed nothing: its
+                // error is the answer. One that was made is the answer
+                // too, and its done mark is written when the store
+                // reopens (a restart before then finds no record, and a
+                // snapshot needs none).
+                tracing::warn!(error = %f.1.message, made = result.is_ok(), "a snapshot's record failed");
+                if let Ok(o) = &result {
+                    if !o.runs_on() {
+                        st.finish(rec, None).await?;
+                    }
                 }
-                return Err(f);
+                return result;
             }
             (record_us, apply_us, result)
         } else {

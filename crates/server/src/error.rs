@@ -21,6 +21,10 @@ pub enum ServerError {
     Engine(#[from] lamina_engine::Error),
     #[error("store: {0}")]
     Store(String),
+    /// The store failed on an I/O error (a full file system, say) and
+    /// cannot be reopened yet (store.rs, `Db`).
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(String),
     #[error("transfer: {0}")]
     Transfer(#[source] lamina_transfer::TransferError),
     #[error("{0}")]
@@ -165,6 +169,12 @@ impl From<ServerError> for Failure {
     fn from(e: ServerError) -> Self {
         match e {
             ServerError::Engine(e) => e.into(),
+            e @ ServerError::StoreUnavailable(_) => Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+                Some("the daemon's records cannot be written: free space on the file system of its data directory (or fix what the message names); the daemon reopens its store at the next call, no restart needed"),
+            ),
             other => Failure::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",

@@ -177,6 +177,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[utoipa::path(get, path = "/v1/health",
     responses((status = 200, body = api::Health), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn health(st: St) -> R<Json<api::Health>> {
+    // A store broken by an I/O error is retried here too: health answers
+    // 503 with the reason while it cannot be reopened.
+    let s = st.clone();
+    blocking(move || s.store.check().map_err(Failure::from)).await?;
     let s = st.clone();
     let stats = blocking(move || Ok(s.pool.stats()?)).await?;
     let warning = st.space_warning_of(&stats);

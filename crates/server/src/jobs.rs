@@ -221,8 +221,13 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
             })
         })
         .await?;
-        rec.copy = Some(copy);
-        st.record_async(rec.clone()).await?;
+        rec.copy = Some(copy.clone());
+        if let Err(f) = st.record_async(rec.clone()).await {
+            // Not recorded, so nothing may be left: not the system
+            // snapshot taken for it either.
+            release(st, &copy, &rec.id);
+            return Err(f);
+        }
     }
     let copy = rec.copy.clone().expect("set above");
     let (p2, n2, c2) = (p.clone(), name.clone(), copy.clone());

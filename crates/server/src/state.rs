@@ -529,6 +529,22 @@ impl State {
     /// Blocking: from async code use `record_async`.
     pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
         self.store.put_op(op)?;
+        self.recorded(op);
+        Ok(())
+    }
+
+    /// Write the record of an operation's end. Its change is made (or it
+    /// failed and changed nothing), so a store that cannot write the
+    /// record now keeps it and writes it when it reopens
+    /// (`Store::put_op_end`): the operation ends here either way.
+    pub fn record_end(&self, op: &OpRec) -> Result<(), ServerError> {
+        self.store.put_op_end(op)?;
+        self.recorded(op);
+        Ok(())
+    }
+
+    /// Keep the index of running operations in step with a record written.
+    fn recorded(&self, op: &OpRec) {
         let mut running = self.running.lock().unwrap();
         for v in op.op.volumes() {
             let list = running.entry(v.to_string()).or_default();
@@ -543,7 +559,6 @@ impl State {
         drop(running);
         // Every change to a volume is recorded (started, progressed, ended).
         self.changes.bump();
-        Ok(())
     }
 
     pub async fn record_async(self: &Arc<Self>, op: OpRec) -> Result<(), Failure> {
@@ -551,7 +566,9 @@ impl State {
         blocking(move || st.record(&op).map_err(Failure::from)).await
     }
 
-    /// Mark an operation done: succeeded, or failed with `error`.
+    /// Mark an operation done: succeeded, or failed with `error`. Fails
+    /// only on a record that cannot be encoded: one the store cannot write
+    /// now is written when it reopens (`State::record_end`).
     pub async fn finish(
         self: &Arc<Self>,
         mut op: OpRec,
@@ -573,7 +590,8 @@ impl State {
         self.metrics
             .operation(op.op.kind().as_str(), error.is_none(), seconds);
         op.error = error;
-        self.record_async(op).await
+        let st = self.clone();
+        blocking(move || st.record_end(&op).map_err(Failure::from)).await
     }
 
     /// Operation records, filtered, newest first.
@@ -663,6 +681,12 @@ impl State {
         })
         .await
         .expect("join jobs");
+        // A store broken by an I/O error writes what it keeps for its
+        // reopen if it can reopen now; what it cannot is lost with this
+        // process, and the restart runs those operations again.
+        if let Err(e) = self.store.check() {
+            tracing::warn!(error = %e, "stopping with the store broken: operations whose end it could not record run again at the next start");
+        }
         let pool = self.pool.clone();
         tokio::task::spawn_blocking(move || pool.close())
             .await

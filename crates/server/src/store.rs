@@ -15,6 +15,8 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const EXPORTS: TableDefinition<&str, &str> = TableDefinition::new("exports");
@@ -274,16 +276,346 @@ impl OpRec {
 }
 
 pub struct Store {
-    pub(crate) db: Database,
+    pub(crate) db: Db,
     path: PathBuf,
+}
+
+/// One key of a string table as it must be after the store reopens: a
+/// value, or none (removed).
+struct Fixup {
+    table: TableDefinition<'static, &'static str, &'static str>,
+    key: String,
+    value: Option<String>,
+    /// The write's place in commit order ([`Db::seq`]).
+    seq: u64,
+}
+
+/// What a write that fails on an I/O error leaves behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnFailure {
+    /// Nothing: its caller answers an error, so after the store reopens
+    /// every key it touched holds what it held before (redb cannot say
+    /// whether a commit that failed reached the disk).
+    Undo,
+    /// The write itself, made when the store reopens: it records a change
+    /// already made (an operation's end), which must not be lost.
+    Keep,
+}
+
+/// The redb database, reopened after an I/O error.
+///
+/// redb latches its first I/O error (a full file system, say): every
+/// transaction after it fails with `PreviousIo` until the database is
+/// closed and opened again. So the first such error marks the store
+/// broken; every later call (and `GET /v1/health`) tries to reopen it
+/// first, and fails with the reason while it cannot be opened. Reopening
+/// needs every handle of the old database gone (redb locks the file): a
+/// call that still holds one makes the attempt fail, and the next call
+/// tries again.
+///
+/// Writes that redb may have lost in between are written again when it
+/// reopens, before anything else, in one durable transaction ([`Fixup`]):
+/// those committed without a sync since the last synced commit (a
+/// snapshot's done mark, see [`Store::put_op`]), and those that failed:
+/// undone, or kept ([`OnFailure`]). They live in memory only: a daemon
+/// stopped while its store is broken loses them, and its restart sees the
+/// store's last synced commit, as after a crash.
+pub(crate) struct Db {
+    path: PathBuf,
+    inner: Mutex<DbInner>,
+    /// Mirrors `DbInner::broken`, read without the lock.
+    broken: AtomicBool,
+    /// Numbers write transactions in commit order (taken while one is
+    /// open: redb runs one at a time), so that a synced commit drops
+    /// exactly the fixups of the commits before it.
+    seq: AtomicU64,
+}
+
+struct DbInner {
+    /// None while broken and not reopened yet.
+    db: Option<Arc<Database>>,
+    /// Why the store is broken, while it is.
+    broken: Option<String>,
+    /// To write when the store reopens, in this order.
+    fixups: Vec<Fixup>,
+}
+
+/// Whether a redb error is the file's (an I/O error, or the latch of an
+/// earlier one): the database must be reopened.
+fn io_failure(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
+}
+
+impl Db {
+    fn open(path: &Path) -> Result<Db, ServerError> {
+        let db = Database::create(path)?;
+        Ok(Db {
+            path: path.to_path_buf(),
+            inner: Mutex::new(DbInner {
+                db: Some(Arc::new(db)),
+                broken: None,
+                fixups: Vec::new(),
+            }),
+            broken: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DbInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The database, reopened first if an I/O error broke it.
+    fn get(&self) -> Result<Arc<Database>, ServerError> {
+        let mut inner = self.lock();
+        if inner.broken.is_some() {
+            self.reopen(&mut inner)?;
+        }
+        match &inner.db {
+            Some(db) => Ok(db.clone()),
+            None => Err(self.unavailable(&inner)),
+        }
+    }
+
+    fn unavailable(&self, inner: &DbInner) -> ServerError {
+        ServerError::StoreUnavailable(format!(
+            "{}: {}",
+            self.path.display(),
+            inner.broken.as_deref().unwrap_or("not open")
+        ))
+    }
+
+    /// Mark the store broken by `e`, if it is an I/O error; `e` as the
+    /// caller's error.
+    fn failed(&self, inner: &mut DbInner, e: redb::Error) -> ServerError {
+        if !io_failure(&e) {
+            return e.into();
+        }
+        self.broken.store(true, Ordering::Release);
+        if inner.broken.is_none() {
+            tracing::error!(store = %self.path.display(), error = %e, "the store failed: every call that needs it fails until it can be reopened");
+        }
+        // `PreviousIo` says nothing of the cause: keep the first error.
+        if inner.broken.is_none() || !matches!(e, redb::Error::PreviousIo) {
+            inner.broken = Some(e.to_string());
+        }
+        self.unavailable(inner)
+    }
+
+    /// Close the broken database and open it again, then write its
+    /// fixups. Leaves it broken (with the new reason) if either fails.
+    fn reopen(&self, inner: &mut DbInner) -> Result<(), ServerError> {
+        // Ours goes first: redb refuses to open a file it holds open.
+        inner.db = None;
+        let db = match Database::create(&self.path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                // A call still holds the old database: the next one tries
+                // again.
+                return Err(self.unavailable(inner));
+            }
+            Err(e) => {
+                inner.broken = Some(format!("reopening: {e}"));
+                return Err(self.unavailable(inner));
+            }
+        };
+        if !inner.fixups.is_empty() {
+            inner.fixups.sort_by_key(|f| f.seq);
+            let written = (|| -> Result<(), Fail> {
+                let w = db.begin_write()?;
+                for f in &inner.fixups {
+                    let mut t = w.open_table(f.table)?;
+                    match &f.value {
+                        Some(v) => t.insert(f.key.as_str(), v.as_str())?,
+                        None => t.remove(f.key.as_str())?,
+                    };
+                }
+                w.commit()?;
+                Ok(())
+            })();
+            if let Err(e) = written {
+                let e = match e {
+                    Fail::Redb(e) => e.to_string(),
+                    Fail::Other(e) => e.to_string(),
+                };
+                inner.broken = Some(format!("reopening: {e}"));
+                return Err(self.unavailable(inner));
+            }
+        }
+        tracing::info!(store = %self.path.display(), rewritten = inner.fixups.len(), "the store is open again");
+        inner.fixups.clear();
+        inner.broken = None;
+        inner.db = Some(Arc::new(db));
+        self.broken.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Reopen the store if it is broken; an error while it cannot be.
+    fn check(&self) -> Result<(), ServerError> {
+        self.get().map(|_| ())
+    }
+
+    /// A read transaction.
+    pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, ServerError> {
+        let db = self.get()?;
+        db.begin_read()
+            .map_err(|e| self.failed(&mut self.lock(), e.into()))
+    }
+
+    /// A write transaction. Its commit's failure is seen by the next call
+    /// (redb latches it): the schedules' records write this way. The
+    /// operation and export records go through [`Db::write`], which also
+    /// keeps what a failure must not lose.
+    pub(crate) fn begin_write(&self) -> Result<redb::WriteTransaction, ServerError> {
+        let db = self.get()?;
+        match db.begin_write() {
+            Ok(w) => Ok(w),
+            Err(e) => {
+                drop(db);
+                let e = self.failed(&mut self.lock(), e.into());
+                if !matches!(e, ServerError::StoreUnavailable(_)) {
+                    return Err(e);
+                }
+                // An earlier commit failed: reopen now, once.
+                self.get()?
+                    .begin_write()
+                    .map_err(|e| self.failed(&mut self.lock(), e.into()))
+            }
+        }
+    }
+
+    /// Read with `f`; an I/O error marks the store broken.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Fail>,
+    ) -> Result<T, ServerError> {
+        let r = self.begin_read()?;
+        f(&r).map_err(|e| match e {
+            Fail::Redb(e) => self.failed(&mut self.lock(), *e),
+            Fail::Other(e) => *e,
+        })
+    }
+
+    /// Set (`Some`) or remove (`None`) keys of `table` in one transaction.
+    fn write(
+        &self,
+        table: TableDefinition<'static, &'static str, &'static str>,
+        changes: &[(&str, Option<&str>)],
+        durability: redb::Durability,
+        on_failure: OnFailure,
+    ) -> Result<(), ServerError> {
+        let fixups = |seq: u64| {
+            changes.iter().map(move |(k, v)| Fixup {
+                table,
+                key: k.to_string(),
+                value: v.map(str::to_string),
+                seq,
+            })
+        };
+        // After every write that began (which all failed too).
+        let keep = |inner: &mut DbInner| {
+            if on_failure == OnFailure::Keep {
+                inner.fixups.extend(fixups(u64::MAX));
+            }
+        };
+        let db = match self.get() {
+            Ok(db) => db,
+            Err(e) => {
+                keep(&mut self.lock());
+                return Err(e);
+            }
+        };
+        let mut before = Vec::new();
+        let mut seq = u64::MAX;
+        let result = (|| -> Result<(), Fail> {
+            let mut w = db.begin_write()?;
+            seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            w.set_durability(durability);
+            {
+                let mut t = w.open_table(table)?;
+                for (k, v) in changes {
+                    let old = match v {
+                        Some(v) => t.insert(*k, *v)?,
+                        None => t.remove(*k)?,
+                    };
+                    before.push(Fixup {
+                        table,
+                        key: k.to_string(),
+                        value: old.map(|g| g.value().to_string()),
+                        seq,
+                    });
+                }
+            }
+            w.commit()?;
+            Ok(())
+        })();
+        drop(db);
+        let mut inner = self.lock();
+        match result {
+            Ok(()) if matches!(durability, redb::Durability::Immediate) => {
+                // A synced commit makes every earlier one durable.
+                inner.fixups.retain(|f| f.seq > seq);
+                Ok(())
+            }
+            Ok(()) => {
+                // Lost if the store fails before the next synced commit.
+                inner.fixups.extend(fixups(seq));
+                Ok(())
+            }
+            Err(Fail::Redb(e)) if io_failure(&e) => {
+                match on_failure {
+                    OnFailure::Undo => inner.fixups.extend(before),
+                    OnFailure::Keep => inner.fixups.extend(fixups(seq)),
+                }
+                Err(self.failed(&mut inner, *e))
+            }
+            Err(Fail::Redb(e)) => Err((*e).into()),
+            Err(Fail::Other(e)) => Err(*e),
+        }
+    }
+}
+
+/// What a store transaction fails with (boxed: redb's errors are large).
+enum Fail {
+    Redb(Box<redb::Error>),
+    Other(Box<ServerError>),
+}
+
+impl Fail {
+    fn other(e: ServerError) -> Fail {
+        Fail::Other(Box::new(e))
+    }
+}
+
+macro_rules! fail_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Fail {
+            fn from(e: $t) -> Self {
+                Fail::Redb(Box::new(e.into()))
+            }
+        }
+    )*};
+}
+fail_from!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError
+);
+
+/// Whether a record was written, or kept to be written when the store
+/// reopens ([`Store::put_op_end`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    Now,
+    AtReopen,
 }
 
 impl Store {
     /// Open (or create) the store, migrating records of an older format.
     pub fn open(path: &Path) -> Result<Store, ServerError> {
-        let db = Database::create(path)?;
         let store = Store {
-            db,
+            db: Db::open(path)?,
             path: path.to_path_buf(),
         };
         let w = store.db.begin_write()?;
@@ -319,6 +651,18 @@ impl Store {
         store.ops()?;
         store.exports()?;
         Ok(store)
+    }
+
+    /// Whether the store can be used, reopening it first if an I/O error
+    /// broke it: the error says why not.
+    pub fn check(&self) -> Result<(), ServerError> {
+        self.db.check()
+    }
+
+    /// Whether an I/O error broke the store and it has not reopened since
+    /// (no lock, no I/O: [`Store::check`] tries to reopen it).
+    pub fn is_broken(&self) -> bool {
+        self.db.broken.load(Ordering::Acquire)
     }
 
     /// Rewrite format-1 operation records as typed ones, in one transaction.
@@ -362,38 +706,31 @@ impl Store {
 
     fn put<T: Serialize>(
         &self,
-        table: TableDefinition<&str, &str>,
+        table: TableDefinition<'static, &'static str, &'static str>,
         key: &str,
         v: &T,
-    ) -> Result<(), ServerError> {
-        self.put_with(table, key, v, redb::Durability::Immediate)
-    }
-
-    fn put_with<T: Serialize>(
-        &self,
-        table: TableDefinition<&str, &str>,
-        key: &str,
-        v: &T,
-        durability: redb::Durability,
     ) -> Result<(), ServerError> {
         let json = serde_json::to_string(v)?;
-        let mut w = self.db.begin_write()?;
-        w.set_durability(durability);
-        w.open_table(table)?.insert(key, json.as_str())?;
-        w.commit()?;
-        Ok(())
+        self.db.write(
+            table,
+            &[(key, Some(&json))],
+            redb::Durability::Immediate,
+            OnFailure::Undo,
+        )
     }
 
-    fn remove(&self, table: TableDefinition<&str, &str>, keys: &[&str]) -> Result<(), ServerError> {
-        let w = self.db.begin_write()?;
-        {
-            let mut t = w.open_table(table)?;
-            for k in keys {
-                t.remove(*k)?;
-            }
-        }
-        w.commit()?;
-        Ok(())
+    fn remove(
+        &self,
+        table: TableDefinition<'static, &'static str, &'static str>,
+        keys: &[&str],
+    ) -> Result<(), ServerError> {
+        let changes: Vec<(&str, Option<&str>)> = keys.iter().map(|k| (*k, None)).collect();
+        self.db.write(
+            table,
+            &changes,
+            redb::Durability::Immediate,
+            OnFailure::Undo,
+        )
     }
 
     pub fn put_export(&self, name: &str, rec: &ExportRec) -> Result<(), ServerError> {
@@ -403,21 +740,22 @@ impl Store {
         self.remove(EXPORTS, &[name])
     }
     pub fn exports(&self) -> Result<Vec<(String, ExportRec)>, ServerError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(EXPORTS)?;
-        let mut out = Vec::new();
-        for item in t.iter()? {
-            let (k, v) = item?;
-            let rec = serde_json::from_str(v.value()).map_err(|e| {
-                ServerError::Store(format!(
-                    "{}: export record {:?} cannot be read: {e}",
-                    self.path.display(),
-                    k.value()
-                ))
-            })?;
-            out.push((k.value().to_string(), rec));
-        }
-        Ok(out)
+        self.db.read(|r| {
+            let t = r.open_table(EXPORTS)?;
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                let rec = serde_json::from_str(v.value()).map_err(|e| {
+                    Fail::other(ServerError::Store(format!(
+                        "{}: export record {:?} cannot be read: {e}",
+                        self.path.display(),
+                        k.value()
+                    )))
+                })?;
+                out.push((k.value().to_string(), rec));
+            }
+            Ok(out)
+        })
     }
 
     /// Write an operation record. It is durable when this returns, except
@@ -428,42 +766,73 @@ impl Store {
     /// the daemon dies first, the restart finds the operation running,
     /// runs it again and marks it done. It saves a snapshot one sync of
     /// the store (docs/design.md, "Copies home, written out a few at a
-    /// time", has the figures).
+    /// time", has the figures). A record that fails to be written is not
+    /// there when the store reopens.
     pub fn put_op(&self, op: &OpRec) -> Result<(), ServerError> {
+        self.write_op(op, OnFailure::Undo)
+    }
+
+    /// Write the record of an operation's end, whose change is made (or
+    /// failed, changing nothing): if the store cannot write it now, it
+    /// keeps it and writes it when the store reopens
+    /// ([`Written::AtReopen`]). Until then the store holds the record as
+    /// it was (running), which a restart would run again.
+    pub fn put_op_end(&self, op: &OpRec) -> Result<Written, ServerError> {
+        match self.write_op(op, OnFailure::Keep) {
+            Ok(()) => Ok(Written::Now),
+            Err(ServerError::StoreUnavailable(why)) => {
+                tracing::warn!(id = %op.id, store = %why, "an operation's end is recorded when the store reopens");
+                Ok(Written::AtReopen)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write_op(&self, op: &OpRec, on_failure: OnFailure) -> Result<(), ServerError> {
         let lazy = op.state == OperationState::Succeeded && op.op.rerun_changes_nothing();
         let durability = if lazy {
             redb::Durability::None
         } else {
             redb::Durability::Immediate
         };
-        self.put_with(OPERATIONS, &op.id, op, durability)
+        let json = serde_json::to_string(op)?;
+        self.db.write(
+            OPERATIONS,
+            &[(op.id.as_str(), Some(json.as_str()))],
+            durability,
+            on_failure,
+        )
     }
 
     pub fn op(&self, id: &str) -> Result<Option<OpRec>, ServerError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(OPERATIONS)?;
-        let v = t.get(id)?;
-        match v {
-            Some(v) => Ok(Some(
-                serde_json::from_str(v.value()).map_err(|e| self.unreadable(id, &e.to_string()))?,
-            )),
-            None => Ok(None),
-        }
+        self.db.read(|r| {
+            let t = r.open_table(OPERATIONS)?;
+            let v = t.get(id)?;
+            match v {
+                Some(v) => {
+                    Ok(Some(serde_json::from_str(v.value()).map_err(|e| {
+                        Fail::other(self.unreadable(id, &e.to_string()))
+                    })?))
+                }
+                None => Ok(None),
+            }
+        })
     }
 
     /// Every operation record, in id order (which is start order).
     pub fn ops(&self) -> Result<Vec<OpRec>, ServerError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(OPERATIONS)?;
-        let mut out = Vec::new();
-        for item in t.iter()? {
-            let (k, v) = item?;
-            out.push(
-                serde_json::from_str(v.value())
-                    .map_err(|e| self.unreadable(k.value(), &e.to_string()))?,
-            );
-        }
-        Ok(out)
+        self.db.read(|r| {
+            let t = r.open_table(OPERATIONS)?;
+            let mut out = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                out.push(
+                    serde_json::from_str(v.value())
+                        .map_err(|e| Fail::other(self.unreadable(k.value(), &e.to_string())))?,
+                );
+            }
+            Ok(out)
+        })
     }
 
     pub fn remove_ops(&self, ids: &[&str]) -> Result<(), ServerError> {
@@ -487,6 +856,133 @@ mod tests {
             copy: None,
             reason: None,
         }
+    }
+
+    /// A tmpfs of its own, unmounted when dropped (the tests run as root).
+    struct Tmpfs {
+        dir: tempfile::TempDir,
+    }
+
+    impl Tmpfs {
+        fn mount(size: &str) -> Tmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "mount: {out:?}");
+            Tmpfs { dir }
+        }
+
+        fn path(&self) -> &Path {
+            self.dir.path()
+        }
+
+        /// Take every free byte with a file outside the store; its path.
+        fn fill(&self) -> PathBuf {
+            use std::io::Write;
+            let path = self.path().join("filler");
+            let mut f = std::fs::File::create(&path).unwrap();
+            let chunk = vec![0x55u8; 4096];
+            loop {
+                match f.write(&chunk) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                    Err(e) => panic!("filling: {e}"),
+                }
+            }
+            path
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    /// redb latches its first I/O error: the store reopens it once it can,
+    /// and then holds what its callers were told. A record whose write
+    /// failed is not there; an operation's end kept for the reopen is; a
+    /// done mark committed without a sync before the failure is too.
+    #[test]
+    fn a_store_broken_by_a_full_file_system_reopens_and_holds_what_was_answered() {
+        let fs = Tmpfs::mount("2m");
+        let path = fs.path().join("store.redb");
+        let s = Store::open(&path).unwrap();
+        // Records big enough to need new pages, each followed by a
+        // snapshot's done mark (committed without a sync), until one
+        // cannot be written.
+        let big = |i: usize| {
+            rec(
+                &format!("op-{i:05}"),
+                Op::CreateVolume {
+                    name: format!("v{i}"),
+                    size: 4096,
+                    labels: [("k".to_string(), "x".repeat(16 << 10))].into(),
+                },
+            )
+        };
+        let done_mark = |i: usize| {
+            let mut r = rec(
+                &format!("op-{i:05}-s"),
+                Op::CreateSnapshot {
+                    volume: "v".into(),
+                    name: format!("s{i}"),
+                    labels: Default::default(),
+                },
+            );
+            r.state = OperationState::Succeeded;
+            r
+        };
+        s.put_op(&big(0)).unwrap();
+        let mut written = vec![big(0)];
+        let filler = fs.fill();
+        let mut failed = None;
+        'fill: for i in 1..1000 {
+            for r in [big(i), done_mark(i)] {
+                match s.put_op(&r) {
+                    Ok(()) => written.push(r),
+                    Err(e) => {
+                        failed = Some((r, e));
+                        break 'fill;
+                    }
+                }
+            }
+        }
+        let (lost, e) = failed.expect("the file system fills up");
+        assert!(matches!(e, ServerError::StoreUnavailable(_)), "{e}");
+        assert!(e.to_string().contains("No space left"), "{e}");
+        let mut end = written[0].clone();
+        end.state = OperationState::Failed;
+        end.error = Some("it failed".into());
+        // The next write fails too, unless the store reopened in place.
+        let kept = s.put_op_end(&end).unwrap();
+        std::fs::remove_file(filler).unwrap();
+        // Space is back: the next call reopens the store.
+        s.check().unwrap();
+        assert_eq!(s.op(&lost.id).unwrap(), None, "a failed write is undone");
+        let state = |r: Option<OpRec>| r.map(|r| (r.state, r.error));
+        assert_eq!(
+            state(s.op(&end.id).unwrap()),
+            state(Some(end.clone())),
+            "the end kept for the reopen ({kept:?}) is written"
+        );
+        for r in &written[1..] {
+            assert_eq!(s.op(&r.id).unwrap().as_ref(), Some(r));
+        }
+        s.put_op(&lost).unwrap();
+        // All of it on disk.
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.ops().unwrap().len(), written.len() + 1);
+        assert_eq!(s.op(&end.id).unwrap(), Some(end));
+        assert_eq!(s.op(&lost.id).unwrap(), Some(lost));
     }
 
     #[test]
