@@ -31,12 +31,12 @@ pub fn run(cmd: CertsCmd) -> Result<()> {
         CertsCmd::CreateCa { dir } => {
             lamina_transfer::certs::create_ca(&dir)
                 .with_context(|| format!("making a CA in {}", dir.display()))?;
-            println!("made a CA in {}", dir.display());
+            crate::output::outln!("made a CA in {}", dir.display());
         }
         CertsCmd::Issue { ca, node, out } => {
             lamina_transfer::certs::issue(&ca, &node, &out)
                 .with_context(|| format!("issuing a certificate for node {node:?}"))?;
-            println!("issued a certificate for node {node} in {}", out.display());
+            crate::output::outln!("issued a certificate for node {node} in {}", out.display());
         }
     }
     Ok(())

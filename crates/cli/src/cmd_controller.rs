@@ -59,7 +59,7 @@ pub fn main(mut args: Vec<std::ffi::OsString>) -> Result<()> {
 
 /// `lamina crds`: the CustomResourceDefinitions, as YAML for kubectl apply.
 pub fn crds() -> Result<()> {
-    print!(
+    crate::output::out!(
         "{}",
         lamina_controller::crds_yaml().context("rendering the CRDs")?
     );

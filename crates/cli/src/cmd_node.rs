@@ -93,7 +93,7 @@ async fn run(cmd: NodeCmd) -> Result<()> {
                 Some(o) => format!(", owned by pod {}", o.name),
                 None => String::new(),
             };
-            println!(
+            crate::output::outln!(
                 "registered node {node} in Secret {ns}/{} (endpoint {}{}{owned})",
                 lamina_node_secrets::secret_name(&node),
                 spec.endpoint.trim(),

@@ -226,7 +226,7 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             };
             match ctx.fmt {
                 Format::Table => {
-                    print!("{}", crate::tree::render(&doc.volume, &doc.snapshots));
+                    crate::output::out!("{}", crate::tree::render(&doc.volume, &doc.snapshots));
                     Ok(())
                 }
                 f => output::document(f, &doc),

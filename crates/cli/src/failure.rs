@@ -74,6 +74,9 @@ fn client_hint(e: &ClientError, data_dir: &Path, client: Option<&Client>) -> Opt
         ClientError::Unreachable { .. } => {
             Some("is `lamina serve --listen ADDR` running there, and is the address right?".into())
         }
+        ClientError::ConnectionClosed { .. } => Some(
+            "the daemon stopped or died during the call: see its log, and `lamina operation list` shows whether the change was made".into(),
+        ),
         ClientError::Protocol { .. } => Some(format!(
             "is that a Lamina daemon of this version ({})? its log says more",
             env!("CARGO_PKG_VERSION")

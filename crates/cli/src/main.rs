@@ -244,7 +244,11 @@ fn main() {
     init_tracing(if serving { "info" } else { "warn" });
     let data_dir = data_dir(cli.global.data_dir.clone());
     let mut client = None;
-    if let Err(e) = run(cli, &data_dir, &typed, &mut client) {
+    let result = run(cli, &data_dir, &typed, &mut client);
+    // Whatever was printed reaches the reader, or ends the command as a
+    // closed pipe does (output.rs).
+    output::flush_stdout();
+    if let Err(e) = result {
         let f = failure::explain(&e, &data_dir, client.as_ref());
         eprintln!("error: {}", f.message);
         if let Some(h) = &f.hint {
@@ -369,7 +373,7 @@ fn run(
                     Cmd::Clone { cmd } => cmd_clone::run(&ctx, cmd).await,
                     Cmd::Schedule { cmd } => cmd_schedule::run(&ctx, cmd).await,
                     Cmd::Metrics => {
-                        print!("{}", ctx.client.metrics().await?);
+                        output::out!("{}", ctx.client.metrics().await?);
                         Ok(())
                     }
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,

@@ -1,8 +1,61 @@
 //! Output: one JSON or YAML document per command (the API's types as the
-//! daemon sent them), or aligned text for people.
+//! daemon sent them), or aligned text for people. Everything the commands
+//! print goes through [`out!`] and [`outln!`], never `print!`, which panics
+//! when stdout is a pipe nobody reads any more (`lamina ... | head -n 1`).
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use std::io::Write;
+
+/// `print!` to stdout, ending the command quietly when its reader is gone
+/// (see [`write_stdout`]).
+macro_rules! out {
+    ($($t:tt)*) => { $crate::output::write_stdout(format_args!($($t)*)) };
+}
+
+/// `println!` to stdout, as [`out!`].
+macro_rules! outln {
+    () => { $crate::output::write_stdout(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::output::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+pub(crate) use {out, outln};
+
+/// Write to stdout. When that fails because the reader closed the pipe,
+/// the command ends as `cat` does: killed by SIGPIPE, with no message (a
+/// shell reports status 141, and nothing else); any other failure is an
+/// error message and status 1. Either way the command has done its work:
+/// only its output is cut short.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        stdout_failed(e);
+    }
+}
+
+/// Flush stdout (its last line may be buffered), as [`write_stdout`] writes.
+pub fn flush_stdout() {
+    if let Err(e) = std::io::stdout().lock().flush() {
+        stdout_failed(e);
+    }
+}
+
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // Rust's runtime ignores SIGPIPE (so that a write to a closed pipe
+        // or socket is an error, not a death); restore the default action
+        // and take the signal, as a command that never changed it would.
+        // SAFETY: signal() and raise() with a standard signal and the
+        // default disposition touch no Rust-managed state; the process
+        // ends at raise().
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+        std::process::exit(128 + libc::SIGPIPE);
+    }
+    let _ = writeln!(std::io::stderr(), "error: writing the output: {e}");
+    std::process::exit(1);
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -18,9 +71,9 @@ pub fn show<T: Serialize>(fmt: Format, value: &T, table: impl FnOnce(&T) -> Stri
         Format::Json | Format::Yaml => document(fmt, value),
         Format::Table => {
             let s = table(value);
-            print!("{s}");
+            out!("{s}");
             if !s.is_empty() && !s.ends_with('\n') {
-                println!();
+                outln!();
             }
             Ok(())
         }
@@ -30,11 +83,11 @@ pub fn show<T: Serialize>(fmt: Format, value: &T, table: impl FnOnce(&T) -> Stri
 /// Print `value` as one JSON document (pretty) or one YAML document.
 pub fn document<T: Serialize>(fmt: Format, value: &T) -> Result<()> {
     match fmt {
-        Format::Yaml => print!(
+        Format::Yaml => out!(
             "{}",
             serde_yaml::to_string(value).context("formatting YAML")?
         ),
-        _ => println!(
+        _ => outln!(
             "{}",
             serde_json::to_string_pretty(value).context("formatting JSON")?
         ),
@@ -46,8 +99,11 @@ pub fn document<T: Serialize>(fmt: Format, value: &T) -> Result<()> {
 /// JSON and YAML mode (stdout holds only the document there).
 pub fn note(fmt: Format, line: &str) {
     match fmt {
-        Format::Table => println!("{line}"),
-        _ => eprintln!("note: {line}"),
+        Format::Table => outln!("{line}"),
+        // A note is not worth a failure: a closed stderr drops it.
+        _ => {
+            let _ = writeln!(std::io::stderr(), "note: {line}");
+        }
     }
 }
 
@@ -145,6 +201,32 @@ mod tests {
             t.render(),
             "NAME         SIZE\na-long-name  1.0 GiB\nb            -\n"
         );
+    }
+
+    /// `print!` panics on a closed pipe: nothing in the command uses it.
+    #[test]
+    fn commands_print_only_through_out() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut found = vec![];
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.trim_start();
+                if code.starts_with("//") {
+                    continue;
+                }
+                for (at, _) in code.match_indices("print") {
+                    let before = code[..at].chars().last();
+                    let after = &code[at + 5..];
+                    if before != Some('e') && (after.starts_with("!(") || after.starts_with("ln!("))
+                    {
+                        found.push(format!("{}:{}", path.display(), i + 1));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "print! or println! at {found:?}");
     }
 
     #[test]

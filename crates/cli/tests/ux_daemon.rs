@@ -213,3 +213,66 @@ fn hints_name_the_object() {
     }
     d.stop_cleanly();
 }
+
+/// `lamina ... | head -n 1` with the reader gone before the output comes
+/// (the pipe's read end is closed before the command writes): the command
+/// ends as `cat` does, by SIGPIPE and silently: no panic, no backtrace. A
+/// stdout that cannot be written for another reason is one error line.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let d = LAMINA.start();
+    d.ok(&["volume", "create", "v", "--size", "1M"]);
+    let finished = |mut child: Child| {
+        let status = wait_until("the command to exit", COMMAND_LIMIT, || {
+            child.try_wait().unwrap()
+        });
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (status, err)
+    };
+    for args in [
+        &["-o", "json", "volume", "get", "v"][..],
+        &["volume", "get", "v"],
+        &["-o", "yaml", "volume", "list"],
+        &["metrics"],
+    ] {
+        let mut child = d
+            .cmd()
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let (status, err) = finished(child);
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {status:?}, {err}"
+        );
+        assert_eq!(err, "", "{args:?}");
+    }
+    let child = d
+        .cmd()
+        .args(["-o", "json", "volume", "get", "v"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, err) = finished(child);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "error: writing the output: No space left on device (os error 28)"
+    );
+    d.stop_cleanly();
+}

@@ -1,6 +1,7 @@
 //! What can go wrong talking to the daemon: its own refusal (status and
-//! `ApiError`), not reaching it at all, or an answer that breaks the API's
-//! contract. Every message names where the daemon was looked for.
+//! `ApiError`), not reaching it at all, losing the connection before the
+//! answer (the daemon stopped or died mid-call), or an answer that breaks
+//! the API's contract. Every message names where the daemon was looked for.
 
 use hyper::StatusCode;
 use lamina_api::ApiError;
@@ -53,6 +54,11 @@ pub enum Error {
     /// No connection to the daemon.
     #[error("cannot reach the Lamina daemon at {target} ({reason})")]
     Unreachable { target: String, reason: Unreachable },
+    /// The connection closed before the whole answer came: the daemon
+    /// stopped or died during the call. Unlike [`Error::Unreachable`], the
+    /// request may have been carried out; asking again finds out.
+    #[error("the Lamina daemon at {target} closed the connection before answering ({detail}); the request may or may not have been carried out")]
+    ConnectionClosed { target: String, detail: String },
     /// The exchange failed or the answer is not what the API promises.
     #[error("the Lamina daemon at {target}: {detail}")]
     Protocol {
@@ -102,6 +108,16 @@ impl Error {
     /// The daemon answered 409: the request conflicts with the current state.
     pub fn is_conflict(&self) -> bool {
         self.status() == Some(StatusCode::CONFLICT)
+    }
+
+    /// No answer from the daemon, for want of one running: it could not be
+    /// reached, or its connection closed mid-call. Trying again later is
+    /// the remedy.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unreachable { .. } | Error::ConnectionClosed { .. }
+        )
     }
 }
 

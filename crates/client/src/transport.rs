@@ -167,6 +167,28 @@ impl Target {
         }
     }
 
+    /// A failed exchange: [`Error::ConnectionClosed`] when the connection
+    /// ended before the answer did (the daemon stopped or died mid-call),
+    /// else a protocol error.
+    fn failed(&self, status: Option<StatusCode>, doing: &str, e: &hyper::Error) -> Error {
+        // hyper's own text ("connection closed before message completed")
+        // and what it has from the system, if anything.
+        let mut detail = format!("{doing}: {e}");
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            detail.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        if connection_lost(e) {
+            Error::ConnectionClosed {
+                target: self.describe(),
+                detail,
+            }
+        } else {
+            self.protocol(status, detail)
+        }
+    }
+
     async fn exchange<S>(&self, stream: S, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes)>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -182,13 +204,13 @@ impl Target {
             let resp = sender
                 .send_request(req)
                 .await
-                .map_err(|e| self.protocol(None, format!("sending the request: {e}")))?;
+                .map_err(|e| self.failed(None, "sending the request", &e))?;
             let status = resp.status();
             let bytes = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| self.protocol(Some(status), format!("reading the answer: {e}")))?
+                .map_err(|e| self.failed(Some(status), "reading the answer", &e))?
                 .to_bytes();
             Ok((status, bytes))
         }
@@ -196,6 +218,27 @@ impl Target {
         driver.abort();
         result
     }
+}
+
+/// Whether a failed exchange is the connection ending early: closed before
+/// the answer (or its body) was complete, reset by the peer, or the request
+/// dropped because the connection was gone.
+fn connection_lost(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind as K;
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof
+            );
+        }
+        source = s.source();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -247,6 +290,53 @@ mod tests {
         };
         let d = format!("{t:?}");
         assert!(!d.contains("secret-token") && d.contains("<set>"), "{d}");
+    }
+
+    /// A peer on a real unix socket that reads the request, answers
+    /// `answer` and closes; the client's error.
+    async fn answered_by(answer: &'static [u8]) -> Error {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let peer = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await.unwrap() {
+                    0 => break,
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            s.write_all(answer).await.unwrap();
+            // Dropped: the connection closes.
+        });
+        let e = Target::Unix(path)
+            .send(Method::GET, "/v1/health", None)
+            .await
+            .unwrap_err();
+        peer.await.unwrap();
+        e
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_the_answer_is_told_apart() {
+        for answer in [
+            &b""[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\":",
+        ] {
+            let e = answered_by(answer).await;
+            assert!(
+                matches!(&e, Error::ConnectionClosed { .. }) && e.is_unavailable(),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("may or may not"), "{e}");
+        }
+        // An answer that is no HTTP is the daemon's fault, not a lost one.
+        let e = answered_by(b"SSH-2.0-nope\r\n\r\n").await;
+        assert!(matches!(&e, Error::Protocol { .. }), "{e:?}");
+        assert!(!e.is_unavailable());
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@
 //! that one node (one engine transaction).
 
 use crate::controller::{csi_snapshot, timestamp, ControllerService};
-use crate::ids::{lamina_name, GroupId, VolumeId};
+use crate::ids::{lamina_name, shown, GroupId, VolumeId};
 use crate::nodes::Picked;
 use crate::proto::group_controller_server::GroupController;
 use crate::proto::group_controller_service_capability::{rpc, Rpc, Type};
@@ -109,13 +109,17 @@ impl GroupController for GroupService {
             .keys()
             .find(|k| !k.starts_with("csi.storage.k8s.io/"))
         {
-            return invalid!("unknown group snapshot parameter {k:?} (Lamina takes none)");
+            return invalid!(
+                "unknown group snapshot parameter {} (Lamina takes none)",
+                shown(k)
+            );
         }
         let name = lamina_name(&req.name);
         let _g = self.c.lock(&format!("snapshot/{name}")).await;
         let mut vids = vec![];
         for id in &req.source_volume_ids {
-            let not_found = || Status::not_found(format!("source volume {id:?} does not exist"));
+            let not_found =
+                || Status::not_found(format!("source volume {} does not exist", shown(id)));
             vids.push(VolumeId::parse(id).ok_or_else(not_found)?);
         }
         let node = self.c.node(vids[0].node.as_deref())?;
@@ -152,14 +156,15 @@ impl GroupController for GroupService {
                 }));
             }
             return Err(Status::already_exists(format!(
-                "group snapshot {:?} exists already, of volumes {:?}",
-                req.name,
+                "group snapshot {} exists already, of volumes {:?}",
+                shown(&req.name),
                 member_volumes(q, &g)
             )));
         }
         let mut volumes = vec![];
         for (id, vid) in req.source_volume_ids.iter().zip(&vids) {
-            let not_found = || Status::not_found(format!("source volume {id:?} does not exist"));
+            let not_found =
+                || Status::not_found(format!("source volume {} does not exist", shown(id)));
             let v = self.c.volume_by_id(vid).await?.ok_or_else(not_found)?;
             volumes.push(v.name);
         }
@@ -214,8 +219,8 @@ impl GroupController for GroupService {
         }
         let (node, g) = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
             Status::not_found(format!(
-                "group snapshot {:?} does not exist",
-                req.group_snapshot_id
+                "group snapshot {} does not exist",
+                shown(&req.group_snapshot_id)
             ))
         })?;
         Ok(Response::new(GetVolumeGroupSnapshotResponse {

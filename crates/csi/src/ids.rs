@@ -174,6 +174,42 @@ impl std::fmt::Display for GroupId {
     }
 }
 
+/// The most bytes of a caller's text a message or log line shows whole.
+pub const SHOWN_MAX: usize = MAX_ID_LEN;
+/// How much of a longer text is shown, before its length.
+const SHOWN_HEAD: usize = 64;
+
+/// A text a caller sent (an id, a name, a parameter, a page token) as
+/// messages and logs show it: quoted, and beyond [`SHOWN_MAX`] bytes cut to
+/// its first [`SHOWN_HEAD`] with its length, so that what a caller sends
+/// cannot make an answer or a log line as large as itself.
+pub fn shown(s: &str) -> Shown<'_> {
+    Shown(s)
+}
+
+/// See [`shown`].
+pub struct Shown<'a>(&'a str);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        if s.len() <= SHOWN_MAX {
+            return write!(f, "{s:?}");
+        }
+        let mut end = SHOWN_HEAD;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "{:?}… ({} bytes)", &s[..end], s.len())
+    }
+}
+
+impl std::fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// Decimal digits only, no sign, no leading zero (one spelling per id).
 fn parse_id(s: &str) -> Option<u64> {
     if s.is_empty() || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|c| c.is_ascii_digit())
@@ -279,6 +315,18 @@ mod tests {
         assert_eq!(id.to_string().len(), MAX_ID_LEN);
         assert!(!fits_csi_limit(Some(&node), &format!("{fits}x")));
         assert!(fits_csi_limit(None, &"v".repeat(255)));
+    }
+
+    #[test]
+    fn long_texts_are_shown_cut_with_their_length() {
+        assert_eq!(shown("pvc-1@2").to_string(), "\"pvc-1@2\"");
+        let max = "x".repeat(SHOWN_MAX);
+        assert_eq!(shown(&max).to_string(), format!("{max:?}"));
+        let long = "é".repeat(5000);
+        let s = shown(&long).to_string();
+        assert!(s.ends_with("… (10000 bytes)"), "{s}");
+        assert!(s.len() < SHOWN_MAX + 40, "{s}");
+        assert!(s.starts_with(&format!("\"{}", "é".repeat(SHOWN_HEAD / 2))));
     }
 
     proptest::proptest! {

@@ -18,9 +18,14 @@ pub fn from_client(e: &Error) -> Status {
             "unavailable" => Code::Unavailable,
             // The driver's token is wrong: an operator must fix it.
             "unauthorized" => Code::Unauthenticated,
+            // Two nodes do not accept each other's transfer certificates
+            // (a restore from another node): no retry helps until an
+            // operator issues them from one CA.
+            "refused" => Code::FailedPrecondition,
             _ => Code::Internal,
         },
-        Error::Unreachable { .. } => Code::Unavailable,
+        // No daemon answered, or it died mid-call: the CO retries.
+        Error::Unreachable { .. } | Error::ConnectionClosed { .. } => Code::Unavailable,
         Error::Protocol { .. } | Error::Endpoint { .. } => Code::Internal,
     };
     Status::new(code, message(e))

@@ -35,6 +35,7 @@ fn daemon(
     rt: &tokio::runtime::Runtime,
     data: &Path,
     cap: Option<u64>,
+    transfer: lamina_server::TransferConfig,
 ) -> (lamina_client::Client, tokio::sync::oneshot::Sender<()>) {
     if let Some(max_bytes) = cap {
         let opts = lamina_engine::PoolOptions {
@@ -47,7 +48,7 @@ fn daemon(
             .close()
             .expect("closing the pool");
     }
-    let (_, tx, client) = node_env::spawn_daemon(rt, data);
+    let (_, tx, client) = node_env::spawn_daemon_with(rt, data, transfer);
     (client, tx)
 }
 
@@ -55,9 +56,18 @@ impl Cluster {
     /// Nodes a (default), b (capped) and, with `gone`, a node whose daemon
     /// does not exist; `b_transfer`: node b's transfer address, if any.
     fn start(b_transfer: Option<&str>, gone: bool) -> Cluster {
+        Cluster::start_with(b_transfer, gone, [Default::default(), Default::default()])
+    }
+
+    /// [`Cluster::start`] with the daemons' transfer configurations (a, b).
+    fn start_with(
+        b_transfer: Option<&str>,
+        gone: bool,
+        [ta, tb]: [lamina_server::TransferConfig; 2],
+    ) -> Cluster {
         let (dir, rt) = node_env::temp_dir_and_runtime("lnodes");
-        let (a, stop_a) = daemon(&rt, &dir.path().join("a"), None);
-        let (b, stop_b) = daemon(&rt, &dir.path().join("b"), Some(B_CAP));
+        let (a, stop_a) = daemon(&rt, &dir.path().join("a"), None, ta);
+        let (b, stop_b) = daemon(&rt, &dir.path().join("b"), Some(B_CAP), tb);
         let node = |client: &lamina_client::Client, t: Option<&str>| StorageNode {
             client: client.clone(),
             transfer_address: t.map(str::to_string),
@@ -394,4 +404,49 @@ fn a_node_that_cannot_be_reached_or_is_unknown_is_unavailable() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert_eq!(c.capacity(Some("gone")), 0);
     assert!(c.capacity(None) > 0);
+}
+
+/// A restore from a node whose transfer certificate comes from another CA:
+/// the daemon answers `refused`, which no retry mends until an operator
+/// issues the certificates from one CA: FAILED_PRECONDITION, nothing made.
+#[test]
+fn a_restore_from_a_node_that_refuses_this_one_is_a_failed_precondition() {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = |n: &str| certs.path().join(n);
+    lamina_transfer::certs::create_ca(&dir("ca-a")).unwrap();
+    lamina_transfer::certs::create_ca(&dir("ca-b")).unwrap();
+    lamina_transfer::certs::issue(&dir("ca-a"), "a", &dir("a")).unwrap();
+    lamina_transfer::certs::issue(&dir("ca-b"), "b", &dir("b")).unwrap();
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", lamina_test_support::free_port())
+        .parse()
+        .unwrap();
+    let transfer = |node: &str, listen| lamina_server::TransferConfig {
+        listen,
+        tls_dir: Some(dir(node)),
+        ..Default::default()
+    };
+    let c = Cluster::start_with(
+        Some(&listen.to_string()),
+        false,
+        [transfer("a", None), transfer("b", Some(listen))],
+    );
+    let vb = c.create("pvc-b", 16 * MIB, req(&["b"], &[]), None).unwrap();
+    let snap = c
+        .call(c.ctl().create_snapshot(CreateSnapshotRequest {
+            source_volume_id: vb.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .snapshot
+        .unwrap();
+    let src = Some(Source::Snapshot(SnapshotSource {
+        snapshot_id: snap.snapshot_id.clone(),
+    }));
+    let e = c
+        .create("pvc-there", 16 * MIB, req(&["a"], &[]), src)
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().starts_with("refused"), "{e:?}");
+    assert!(!c.has(&c.a, "pvc-there"));
 }

@@ -8,7 +8,7 @@ mod volumes;
 
 pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};
 
-use crate::ids::{SnapshotId, VolumeId};
+use crate::ids::{shown, SnapshotId, VolumeId};
 use crate::nodes::{NodeSet, Picked};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc, Rpc, Type};
@@ -169,7 +169,8 @@ pub(crate) fn check_capability(c: &VolumeCapability) -> Result<(), String> {
         Some(AccessType::Mount(m)) => match m.fs_type.as_str() {
             "" | "ext4" | "xfs" => Ok(()),
             other => Err(format!(
-                "filesystem {other:?} is not supported (ext4 or xfs)"
+                "filesystem {} is not supported (ext4 or xfs)",
+                shown(other)
             )),
         },
         None => Err("the capability has no access type (block or mount)".into()),
@@ -201,7 +202,8 @@ pub(crate) fn page<T>(
     }
     let bad = || {
         Status::aborted(format!(
-            "starting_token {token:?} is not one this driver gave"
+            "starting_token {} is not one this driver gave",
+            shown(token)
         ))
     };
     let after: Option<(String, u64)> = match (token, qualified) {

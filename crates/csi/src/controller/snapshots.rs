@@ -5,7 +5,7 @@
 //! name never becomes two snapshots.
 
 use super::{timestamp, ControllerService};
-use crate::ids::{fits_csi_limit, lamina_name, SnapshotId, VolumeId};
+use crate::ids::{fits_csi_limit, lamina_name, shown, SnapshotId, VolumeId};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
 use lamina_api as api;
@@ -55,14 +55,17 @@ impl ControllerService {
             .keys()
             .find(|k| !k.starts_with("csi.storage.k8s.io/"))
         {
-            return invalid!("unknown snapshot parameter {k:?} (Lamina takes none)");
+            return invalid!(
+                "unknown snapshot parameter {} (Lamina takes none)",
+                shown(k)
+            );
         }
         let name = lamina_name(&req.name);
         let _g = self.lock(&format!("snapshot/{name}")).await;
         let not_found = || {
             Status::not_found(format!(
-                "source volume {:?} does not exist",
-                req.source_volume_id
+                "source volume {} does not exist",
+                shown(&req.source_volume_id)
             ))
         };
         let vid = VolumeId::parse(&req.source_volume_id).ok_or_else(not_found)?;
@@ -85,8 +88,8 @@ impl ControllerService {
                 });
             }
             return Err(Status::already_exists(format!(
-                "snapshot {:?} exists already, of volume {}",
-                req.name,
+                "snapshot {} exists already, of volume {}",
+                shown(&req.name),
                 VolumeId {
                     node: q,
                     name: s.volume.clone(),
@@ -135,8 +138,9 @@ impl ControllerService {
         if let Some(x) = &s.export {
             if x.connections > 0 {
                 return Err(Status::failed_precondition(format!(
-                    "snapshot {:?} is in use: {} NBD client(s) read it",
-                    req.snapshot_id, x.connections
+                    "snapshot {} is in use: {} NBD client(s) read it",
+                    shown(&req.snapshot_id),
+                    x.connections
                 )));
             }
             node.client
@@ -225,8 +229,12 @@ impl ControllerService {
         if req.snapshot_id.is_empty() {
             return invalid!("snapshot_id is required");
         }
-        let not_found =
-            || Status::not_found(format!("snapshot {:?} does not exist", req.snapshot_id));
+        let not_found = || {
+            Status::not_found(format!(
+                "snapshot {} does not exist",
+                shown(&req.snapshot_id)
+            ))
+        };
         let id = SnapshotId::parse(&req.snapshot_id).ok_or_else(not_found)?;
         let node = self.node(id.node.as_deref())?;
         let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;

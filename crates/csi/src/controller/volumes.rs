@@ -3,7 +3,7 @@
 //! ControllerExpandVolume.
 
 use super::{check_capabilities, check_capability, volume_id, ControllerService, DEFAULT_SIZE};
-use crate::ids::{fits_csi_limit, lamina_name, SnapshotId, VolumeId};
+use crate::ids::{fits_csi_limit, lamina_name, shown, SnapshotId, VolumeId};
 use crate::nodes::{topology_of, Picked};
 use crate::placement::{allowed, choose, fits, Candidate};
 use crate::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
@@ -23,6 +23,10 @@ const CO_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 const COPY_WAIT: Duration = Duration::from_secs(60);
 
 const SECTOR: u64 = 512;
+/// The largest volume Lamina makes: 64 PiB. The engine's
+/// `MAX_VOLUME_SIZE`, restated because this crate must not depend on the
+/// engine (a test checks that they agree).
+const MAX_SIZE: u64 = 1 << 56;
 
 fn round_up(n: u64) -> u64 {
     n.max(1).div_ceil(SECTOR).saturating_mul(SECTOR)
@@ -39,9 +43,14 @@ fn full_clone(params: &std::collections::HashMap<String, String>) -> Result<bool
             (PARAM_CLONE, "linked") => full = false,
             (PARAM_CLONE, "full") => full = true,
             (PARAM_CLONE, other) => {
-                return invalid!("parameter clone={other:?}: expected linked or full")
+                return invalid!("parameter clone={}: expected linked or full", shown(other))
             }
-            _ => return invalid!("unknown parameter {k:?} (Lamina takes: {PARAM_CLONE})"),
+            _ => {
+                return invalid!(
+                    "unknown parameter {} (Lamina takes: {PARAM_CLONE})",
+                    shown(k)
+                )
+            }
         }
     }
     Ok(full)
@@ -58,6 +67,13 @@ fn range(r: Option<&CapacityRange>) -> Result<(u64, u64), Status> {
     let (req, lim) = (req as u64, lim as u64);
     if lim > 0 && req > lim {
         return invalid!("required_bytes {req} exceeds limit_bytes {lim}");
+    }
+    // A capacity no Lamina volume can have: CSI's code for an unsupported
+    // capacity, as when no whole number of sectors fits the range.
+    if req > MAX_SIZE {
+        return Err(Status::out_of_range(format!(
+            "required_bytes {req} is more than a Lamina volume holds (64 PiB, {MAX_SIZE} bytes)"
+        )));
     }
     Ok((req, lim))
 }
@@ -268,8 +284,8 @@ impl ControllerService {
         if let Some(had) = &had {
             if *had != asked {
                 return Err(Status::already_exists(format!(
-                    "volume {:?} exists, made from {}, not from {}",
-                    req.name,
+                    "volume {} exists, made from {}, not from {}",
+                    shown(&req.name),
                     had.as_deref().unwrap_or("nothing"),
                     asked.as_deref().unwrap_or("nothing")
                 )));
@@ -287,8 +303,9 @@ impl ControllerService {
             self.grow_to(node, &v.name, size).await?;
         } else if v.size < want_min || (limit > 0 && v.size > limit) {
             return Err(Status::already_exists(format!(
-                "volume {:?} exists with {} bytes, outside the range asked for ({want_min}..{limit})",
-                req.name, v.size
+                "volume {} exists with {} bytes, outside the range asked for ({want_min}..{limit})",
+                shown(&req.name),
+                v.size
             )));
         }
         let v = node
@@ -347,22 +364,28 @@ impl ControllerService {
         match src.and_then(|s| s.r#type.as_ref()) {
             None => Ok(Resolved::None),
             Some(Source::Snapshot(SnapshotSource { snapshot_id })) => {
-                let not_found =
-                    || Status::not_found(format!("source snapshot {snapshot_id:?} does not exist"));
+                let not_found = || {
+                    Status::not_found(format!(
+                        "source snapshot {} does not exist",
+                        shown(snapshot_id)
+                    ))
+                };
                 let id = SnapshotId::parse(snapshot_id).ok_or_else(not_found)?;
                 let node = self.node(id.node.as_deref())?;
                 let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
                 Ok(Resolved::Snapshot(id, s, node))
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
-                let not_found =
-                    || Status::not_found(format!("source volume {volume_id:?} does not exist"));
+                let not_found = || {
+                    Status::not_found(format!("source volume {} does not exist", shown(volume_id)))
+                };
                 let id = VolumeId::parse(volume_id).ok_or_else(not_found)?;
                 let node = self.node(id.node.as_deref())?;
                 let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
                 if v.clone_state == api::CloneState::Copying {
                     return Err(Status::unavailable(format!(
-                        "source volume {volume_id:?} is still being copied into; try again when it is done"
+                        "source volume {} is still being copied into; try again when it is done",
+                        shown(volume_id)
                     )));
                 }
                 Ok(Resolved::Volume(id, v, node))
@@ -458,8 +481,9 @@ impl ControllerService {
         if let Some(x) = &v.export {
             if x.connections > 0 {
                 return Err(Status::failed_precondition(format!(
-                    "volume {:?} is in use: {} NBD client(s) connected (unstage it first)",
-                    req.volume_id, x.connections
+                    "volume {} is in use: {} NBD client(s) connected (unstage it first)",
+                    shown(&req.volume_id),
+                    x.connections
                 )));
             }
             // A stale export, left by a node that is gone.
@@ -510,7 +534,8 @@ impl ControllerService {
         if req.volume_id.is_empty() {
             return invalid!("volume_id is required");
         }
-        let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
+        let not_found =
+            || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         let node = self.node(id.node.as_deref())?;
         let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
@@ -533,7 +558,8 @@ impl ControllerService {
         if req.volume_capabilities.is_empty() {
             return invalid!("volume_capabilities is required");
         }
-        let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
+        let not_found =
+            || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         self.volume_by_id(&id).await?.ok_or_else(not_found)?;
         if let Err(why) = full_clone(&req.parameters) {
@@ -589,7 +615,7 @@ impl ControllerService {
         }
         Ok(GetCapacityResponse {
             available_capacity: available.min(i64::MAX as u64) as i64,
-            maximum_volume_size: None,
+            maximum_volume_size: Some(MAX_SIZE as i64),
             minimum_volume_size: Some(SECTOR as i64),
         })
     }
@@ -605,7 +631,8 @@ impl ControllerService {
             return invalid!("capacity_range is required");
         };
         let (want, limit) = range(Some(r))?;
-        let not_found = || Status::not_found(format!("volume {:?} does not exist", req.volume_id));
+        let not_found =
+            || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         let _g = self.lock(&id.name).await;
         let node = self.node(id.node.as_deref())?;
@@ -630,8 +657,9 @@ impl ControllerService {
         }
         if let Some(x) = v.export.as_ref().filter(|x| x.connections > 0) {
             return Err(Status::failed_precondition(format!(
-                "volume {:?} is in use by {} NBD client(s): Lamina grows volumes offline, while no node uses them",
-                req.volume_id, x.connections
+                "volume {} is in use by {} NBD client(s): Lamina grows volumes offline, while no node uses them",
+                shown(&req.volume_id),
+                x.connections
             )));
         }
         let grown = node
@@ -654,8 +682,8 @@ fn requested_source(src: Option<&VolumeContentSource>) -> Result<Option<String>,
             SnapshotId::parse(&s.snapshot_id)
                 .ok_or_else(|| {
                     Status::not_found(format!(
-                        "source snapshot {:?} does not exist",
-                        s.snapshot_id
+                        "source snapshot {} does not exist",
+                        shown(&s.snapshot_id)
                     ))
                 })?
                 .source(),
@@ -663,7 +691,10 @@ fn requested_source(src: Option<&VolumeContentSource>) -> Result<Option<String>,
         Some(Source::Volume(v)) => Some(
             VolumeId::parse(&v.volume_id)
                 .ok_or_else(|| {
-                    Status::not_found(format!("source volume {:?} does not exist", v.volume_id))
+                    Status::not_found(format!(
+                        "source volume {} does not exist",
+                        shown(&v.volume_id)
+                    ))
                 })?
                 .name,
         ),
@@ -695,5 +726,15 @@ fn condition(v: &api::Volume) -> VolumeCondition {
             abnormal: false,
             message: "healthy".into(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_size_is_the_engines() {
+        assert_eq!(MAX_SIZE, lamina_engine::MAX_VOLUME_SIZE);
     }
 }

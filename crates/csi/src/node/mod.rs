@@ -21,6 +21,7 @@ mod state;
 mod stats;
 mod sys;
 
+use crate::ids::shown;
 use crate::proto::node_server::Node;
 use crate::proto::node_service_capability::{rpc, Rpc, Type};
 use crate::proto::*;
@@ -172,12 +173,12 @@ fn access_of(cap: &VolumeCapability) -> (Access, i32) {
 }
 
 fn not_found(volume_id: &str) -> Status {
-    Status::not_found(format!("volume {volume_id:?} does not exist"))
+    Status::not_found(format!("volume {} does not exist", shown(volume_id)))
 }
 
 /// A span for one RPC on one volume.
 fn span(rpc: &'static str, volume_id: &str) -> tracing::Span {
-    tracing::info_span!("node", rpc, volume_id = %volume_id)
+    tracing::info_span!("node", rpc, volume_id = %shown(volume_id))
 }
 
 /// Log a failed RPC (the CO shows only the message; the log keeps it too).

@@ -7,7 +7,7 @@ use super::stage::read_only_mode;
 use super::state::{Access, Publish, Record};
 use super::{access_of, exec, fs, not_found, sys, Error, NodeService};
 use crate::controller::check_capability;
-use crate::ids::VolumeId;
+use crate::ids::{shown, VolumeId};
 use crate::proto::*;
 use crate::status::invalid;
 use std::path::{Path, PathBuf};
@@ -232,7 +232,7 @@ impl NodeService {
                 .into_iter()
                 .find(|r| r.volume_id != req.volume_id && r.publish(&target).is_some());
             if let Some(o) = other {
-                tracing::warn!(volume_id = %req.volume_id, owner = %o.volume_id, target = %target.display(),
+                tracing::warn!(volume_id = %shown(&req.volume_id), owner = %o.volume_id, target = %target.display(),
                     "unpublish of a path another volume is published at: left alone");
                 return Ok(NodeUnpublishVolumeResponse {});
             }
@@ -254,7 +254,7 @@ impl NodeService {
                 self.store.save(&r)?;
             }
         }
-        tracing::info!(volume_id = %req.volume_id, target = %target.display(), "unpublished");
+        tracing::info!(volume_id = %shown(&req.volume_id), target = %target.display(), "unpublished");
         Ok(NodeUnpublishVolumeResponse {})
     }
 }

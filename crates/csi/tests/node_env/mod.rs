@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 use lamina_csi::proto::controller_client::ControllerClient;
+use lamina_csi::proto::group_controller_client::GroupControllerClient;
 use lamina_csi::proto::node_client::NodeClient;
 use lamina_csi::proto::volume_capability::{access_mode, AccessMode, AccessType};
 use lamina_csi::proto::volume_capability::{BlockVolume, MountVolume};
@@ -129,6 +130,10 @@ impl Env {
 
     pub fn ctl(&self) -> ControllerClient<Channel> {
         ControllerClient::new(self.channel.clone().expect("the driver is served"))
+    }
+
+    pub fn group(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel.clone().expect("the driver is served"))
     }
 
     /// Run one call on the environment's runtime; a hang fails the test.
@@ -412,6 +417,20 @@ pub fn spawn_daemon(
     tokio::sync::oneshot::Sender<()>,
     lamina_client::Client,
 ) {
+    spawn_daemon_with(rt, data, Default::default())
+}
+
+/// [`spawn_daemon`] with a transfer configuration (TLS, listener).
+#[track_caller]
+pub fn spawn_daemon_with(
+    rt: &tokio::runtime::Runtime,
+    data: &Path,
+    transfer: lamina_server::TransferConfig,
+) -> (
+    Daemon,
+    tokio::sync::oneshot::Sender<()>,
+    lamina_client::Client,
+) {
     std::fs::create_dir_all(data).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let config = lamina_server::Config {
@@ -419,7 +438,7 @@ pub fn spawn_daemon(
         listen: None,
         nbd_listen: None,
         operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
-        transfer: Default::default(),
+        transfer,
         testing: Default::default(),
         high_water: Default::default(),
         volume_io_metrics: true,
