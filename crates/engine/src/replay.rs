@@ -82,8 +82,9 @@ fn replay(meta: &mut Meta, records: Vec<(u64, Op)>) -> Result<usize> {
             ));
         }
     }
-    // Every data block a record installs is kept from the allocator, so
-    // that no node made while replaying lands on one.
+    // Every data block a record installs is kept from the allocator until
+    // the last record that installs it is applied, so that no node made
+    // while replaying lands on one.
     for (lseq, op) in &records {
         if let Op::Map { block, n, .. } = op {
             for b in *block..*block + *n as u64 {
@@ -97,13 +98,20 @@ fn replay(meta: &mut Meta, records: Vec<(u64, Op)>) -> Result<usize> {
                 // (growing is not journalled, see `Meta::grow`).
                 meta.grow_over(b)?;
                 meta.reserved.insert(b);
+                *meta.replay_installs.entry(b).or_default() += 1;
             }
         }
     }
     let last = records.last().map(|(l, _)| *l).unwrap_or(covered);
-    for (lseq, op) in &records {
-        apply(meta, *lseq, op)?;
-    }
+    // New index nodes and record pages go where the killed process already
+    // took disk space for them, so that a pool killed on a full disk opens
+    // again (see `Meta::alloc_meta`).
+    meta.replaying = true;
+    let applied = records
+        .iter()
+        .try_for_each(|(lseq, op)| apply(meta, *lseq, op));
+    meta.end_replay();
+    applied?;
     // What applying them queued again is in the page-log commit the open
     // makes next; numbering goes on after the last record read.
     let next = meta.queue.next.max(last + 1);
@@ -155,7 +163,16 @@ fn apply(meta: &mut Meta, lseq: u64, op: &Op) -> Result<()> {
                     ));
                 }
             }
-            Pool::install_journaled(meta, *vol, *first, &blocks)
+            Pool::install_journaled(meta, *vol, *first, &blocks)?;
+            for b in blocks {
+                if let Some(n) = meta.replay_installs.get_mut(&b) {
+                    *n -= 1;
+                    if *n == 0 {
+                        meta.replay_installs.remove(&b);
+                    }
+                }
+            }
+            Ok(())
         }
         Op::Unmap { vol, idx } => {
             if *idx >= volume_blocks(meta, lseq, *vol)? {
