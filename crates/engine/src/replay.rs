@@ -13,7 +13,7 @@ use crate::journal::{Journal, Op};
 use crate::latch::Latch;
 use crate::meta::Meta;
 use crate::pool::{Pool, PoolOptions, JOURNAL_FILE};
-use crate::storage::Backend;
+use crate::storage::{Backend, BlockFile};
 use std::sync::Arc;
 
 /// Open (or, for a version-1 pool, create) the journal and apply its
@@ -39,17 +39,7 @@ pub(crate) fn open_journal(
         tracing::info!(pool = %loc.display(), "upgraded the pool to format version {FORMAT_VERSION} (journal of index changes)");
         return Ok((j, true, 0));
     }
-    if !backend.exists(JOURNAL_FILE) {
-        return Err(Error::NotAPool {
-            path: loc,
-            detail: format!(
-                "{JOURNAL_FILE} is missing: it may hold acknowledged writes, so the pool is not opened without it"
-            ),
-        });
-    }
-    let f = backend
-        .open(JOURNAL_FILE, false)
-        .map_err(|e| Error::io("open journal", &loc, 0, e))?;
+    let f = open_file(backend, false)?;
     let (j, records) = Journal::open(f, latch.clone(), pool_id, opts.journal_bytes)?;
     meta.queue = crate::journal::Queue::new(meta.sb.journal_covered + 1);
     let n = replay(meta, records)?;
@@ -57,6 +47,44 @@ pub(crate) fn open_journal(
         tracing::info!(pool = %loc.display(), records = n, "applied the journal");
     }
     Ok((j, false, n))
+}
+
+/// Apply the journal's records in memory only, reading it without writing
+/// (`Pool::open_meta_read_only`). A pool of version 1 has no journal:
+/// nothing to apply (its next open makes one). Returns how many records
+/// were applied.
+pub(crate) fn apply_read_only(
+    backend: &Arc<dyn Backend>,
+    latch: &Arc<Latch>,
+    meta: &mut Meta,
+    opts: &PoolOptions,
+) -> Result<usize> {
+    if meta.sb.version == FORMAT_VERSION_NO_JOURNAL {
+        return Ok(0);
+    }
+    let f = open_file(backend, true)?;
+    let (_, records) = Journal::open(f, latch.clone(), meta.sb.pool_id, opts.journal_bytes)?;
+    meta.queue = crate::journal::Queue::new(meta.sb.journal_covered + 1);
+    replay(meta, records)
+}
+
+/// The journal file, which must exist; `read_only`: opened to be read only.
+fn open_file(backend: &Arc<dyn Backend>, read_only: bool) -> Result<Arc<dyn BlockFile>> {
+    let loc = backend.location();
+    if !backend.exists(JOURNAL_FILE) {
+        return Err(Error::NotAPool {
+            path: loc.to_path_buf(),
+            detail: format!(
+                "{JOURNAL_FILE} is missing: it may hold acknowledged writes, so the pool is not opened without it"
+            ),
+        });
+    }
+    let f = if read_only {
+        backend.open_read(JOURNAL_FILE)
+    } else {
+        backend.open(JOURNAL_FILE, false)
+    };
+    f.map_err(|e| Error::io("open journal", loc, 0, e))
 }
 
 fn bad(lseq: u64, detail: String) -> Error {
