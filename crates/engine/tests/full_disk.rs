@@ -169,6 +169,26 @@ fn small_opts() -> PoolOptions {
     }
 }
 
+/// Each file of a pool: name, size, modification time, contents.
+fn files_of(dir: &std::path::Path) -> Vec<(String, u64, std::time::SystemTime, Vec<u8>)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let m = std::fs::metadata(&p).unwrap();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (
+                name,
+                m.len(),
+                m.modified().unwrap(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// What a volume holds: block -> the byte it is filled with.
 type Blocks = std::collections::BTreeMap<u64, u8>;
 
@@ -250,6 +270,19 @@ fn kill_when_full_and_reopen(dir: &std::path::Path, opts: PoolOptions) {
     );
     drop(v);
     pool.abandon();
+
+    // A check reads the killed pool as the open will find it, and writes
+    // nothing.
+    let before = files_of(dir);
+    let report = Pool::check_read_only(dir, opts.clone()).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(report.journal_records > 0, "{report:?}");
+    assert_eq!(report.volumes, 1);
+    assert_eq!(report.snapshots, u64::from(snapshot));
+    assert!(
+        files_of(dir) == before,
+        "pool check changed the pool's files"
+    );
 
     let pool = Pool::open_dir(dir, opts.clone())
         .unwrap_or_else(|e| panic!("a pool killed out of space does not open: {e}"));
