@@ -1,6 +1,8 @@
 //! `lamina pool ...`: the pool's space as the daemon reports it (`stats`),
 //! and tools that use the engine directly, offline, on a pool directory
 //! (`create`, `check`, `stats DIR`: the daemon must not be running on it).
+//! `check` only reads: it opens the pool read-only and changes no byte of
+//! it, whatever state a crash or a full disk left it in.
 
 use crate::failure::Failure;
 use crate::output::{self, Format};
@@ -21,7 +23,7 @@ pub enum PoolCmd {
         #[arg(long, default_value_t = 0)]
         max_bytes: u64,
     },
-    /// Verify a pool offline: refcounts, reachability, checksums (exit 1 on any problem).
+    /// Verify a pool offline, read-only: refcounts, reachability, checksums (exit 1 on any problem). Writes nothing to the pool.
     Check {
         /// The pool's directory (DATA_DIR/pool for a daemon's).
         dir: PathBuf,
@@ -55,6 +57,11 @@ struct Check {
     leaked_blocks: u64,
     problem_count: u64,
     problems: Vec<String>,
+    /// Page-log transactions not yet copied home, read where they are.
+    log_transactions: u64,
+    /// Journal records a crash left, applied in memory for the check (the
+    /// next open applies them to the pool).
+    journal_records: u64,
 }
 
 #[derive(Serialize)]
@@ -162,9 +169,14 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
         }
         PoolCmd::Check { dir, json } => {
             let fmt = if json { Format::Json } else { fmt };
-            let pool = open(&dir)?;
-            let r = pool.check()?;
-            pool.abandon();
+            // Read-only: a check writes nothing, not even what a crash left
+            // to apply (it applies that in memory and checks it too).
+            let opts = PoolOptions {
+                background: false,
+                ..PoolOptions::default()
+            };
+            let r = Pool::check_read_only(&dir, opts)
+                .with_context(|| format!("checking {}", dir.display()))?;
             let doc = Check {
                 pool: dir.display().to_string(),
                 ok: r.is_ok(),
@@ -177,12 +189,20 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
                 leaked_blocks: r.leaked,
                 problem_count: r.problem_count,
                 problems: r.problems,
+                log_transactions: r.log_transactions,
+                journal_records: r.journal_records,
             };
             output::show(fmt, &doc, |c| {
                 let mut s = format!(
                     "{}: {} blocks, {} volumes, {} snapshots, {} tree nodes, {} data blocks, {} awaiting reclaim\n",
                     c.pool, c.total_blocks, c.volumes, c.snapshots, c.tree_nodes, c.data_blocks, c.dead_nodes
                 );
+                if c.journal_records > 0 || c.log_transactions > 0 {
+                    s.push_str(&format!(
+                        "checked with what the last run left to apply ({} log transactions, {} journal records), applied in memory: the pool's files are unchanged, and the next open applies it\n",
+                        c.log_transactions, c.journal_records
+                    ));
+                }
                 for p in &c.problems {
                     s.push_str(&format!("problem: {p}\n"));
                 }

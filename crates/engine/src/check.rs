@@ -3,13 +3,18 @@
 //! to compute what each block's refcount must be; the refcount pages are then
 //! compared block by block, and every page read is checksum-verified.
 //! Memory grows with the pool (one counter per referenced block): this is an
-//! offline tool, not part of the I/O path.
+//! offline tool, not part of the I/O path. Offline, the pool is read and
+//! never written ([`Pool::check_read_only`]): a check must be safe on any
+//! pool, a damaged one or one on a full disk included.
 
 use crate::error::Result;
 use crate::format::*;
 use crate::meta::Meta;
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolOptions};
+use crate::storage::{Backend, DirBackend};
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
 
 /// What a check found.
 #[derive(Debug, Default, Clone)]
@@ -30,6 +35,12 @@ pub struct CheckReport {
     /// Everything wrong, one line each (the first 100).
     pub problems: Vec<String>,
     pub problem_count: u64,
+    /// Page-log transactions not yet copied home, read where they are
+    /// ([`Pool::check_read_only`]; 0 for a check of an open pool).
+    pub log_transactions: u64,
+    /// Journal records applied in memory ([`Pool::check_read_only`]; 0 for
+    /// a check of an open pool, whose open applied them).
+    pub journal_records: u64,
 }
 
 impl CheckReport {
@@ -113,9 +124,29 @@ impl Pool {
     /// first and holds the metadata lock throughout.
     pub fn check(&self) -> Result<CheckReport> {
         self.commit()?;
-        let mut m = self.lock_meta();
+        self.lock_meta().verify_all()
+    }
+
+    /// Verify the pool in a directory without writing to it (`lamina pool
+    /// check`): its files are opened read-only and what a crash left in
+    /// the page log and the journal is applied in memory, as the next
+    /// open will apply it, and checked with the rest; the report says how
+    /// much there was. Nothing needs disk space, so a pool on a full disk
+    /// checks too. The pool must not be open elsewhere (its lock is taken).
+    pub fn check_read_only(dir: impl AsRef<Path>, opts: PoolOptions) -> Result<CheckReport> {
+        let backend: Arc<dyn Backend> = Arc::new(DirBackend::new(dir.as_ref()));
+        let (mut meta, transactions, records) = Pool::open_meta_read_only(backend, &opts)?;
+        let mut report = meta.verify_all()?;
+        report.log_transactions = transactions;
+        report.journal_records = records as u64;
+        Ok(report)
+    }
+}
+
+impl Meta {
+    fn verify_all(&mut self) -> Result<CheckReport> {
         let mut w = Walk {
-            m: &mut m,
+            m: self,
             expected: HashMap::new(),
             visited: HashSet::new(),
             report: CheckReport::default(),
@@ -238,9 +269,7 @@ impl Pool {
         }
         Ok(w.report)
     }
-}
 
-impl Meta {
     pub(crate) fn catalog_records(&self) -> Vec<Record> {
         self.catalog
             .volumes()

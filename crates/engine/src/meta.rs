@@ -69,6 +69,16 @@ pub struct Meta {
     /// two are equal: the journal alone cannot make such a change durable.
     pub untracked: u64,
     pub untracked_durable: u64,
+    /// Set while the journal is applied at open (`replay.rs`): see
+    /// [`Meta::alloc_meta`].
+    pub replaying: bool,
+    /// Free blocks the file system found no space for while replaying.
+    no_room: HashSet<u64>,
+    /// While replaying: data blocks that records still to be applied
+    /// install, with how many of them do. Kept from the allocator until the
+    /// last: a block installed, freed by a later record and installed again
+    /// by a later one still must not become an index node in between.
+    pub replay_installs: HashMap<u64, u32>,
 }
 
 /// Whose exclusive footprints a refcount change can alter.
@@ -124,6 +134,9 @@ impl Meta {
             queue: crate::journal::Queue::new(1),
             untracked: 0,
             untracked_durable: 0,
+            replaying: false,
+            no_room: HashSet::new(),
+            replay_installs: HashMap::new(),
         }
     }
 
@@ -352,6 +365,10 @@ impl Meta {
         self.freed.push(block);
         self.unavailable.insert(block);
         self.cache.forget(block);
+        if self.replaying {
+            // Free at once while replaying (see `alloc_meta`).
+            self.full[(block / GROUP) as usize] = false;
+        }
     }
 
     fn find_free(&mut self) -> Result<u64> {
@@ -371,11 +388,15 @@ impl Meta {
             } else {
                 0
             };
+            // While replaying, a block freed by an earlier record is free:
+            // see [`Meta::alloc_meta`].
             let found = (hint..GROUP).chain(0..hint).find(|&i| {
                 let b = g * GROUP + i;
                 rc::get(p, i as usize) == 0
-                    && !self.unavailable.contains(&b)
+                    && (self.replaying || !self.unavailable.contains(&b))
                     && !self.reserved.contains(&b)
+                    && !self.no_room.contains(&b)
+                    && !self.replay_installs.contains_key(&b)
             });
             match found {
                 Some(i) => {
@@ -437,14 +458,53 @@ impl Meta {
     }
 
     /// Allocate a metadata block (refcount 1) with disk space reserved for it.
+    ///
+    /// While the journal is applied at open ([`Meta::replaying`]), a free
+    /// block the file system has no space for is passed over for the next
+    /// one, and a block freed by an earlier record may be taken. Why: a
+    /// pool killed on a full disk must open again, and applying its
+    /// journal makes index nodes and record pages anew. The killed process
+    /// made the same ones, for the same records on the same state, and
+    /// each took disk space then (this function) that nothing gave back:
+    /// their refcounts never became durable, so they are free blocks that
+    /// still hold their space, and a block it took after freeing it is
+    /// freed again by the same record here. So the k-th block asked for
+    /// here can always be one of the first k the killed process took, and
+    /// the open needs no space the pool did not already hold. Taking a
+    /// block freed earlier in the replay is safe there alone: nothing reads
+    /// the pool while it opens, the replay commits as one page-log
+    /// transaction, and a block that a later record installs as data is
+    /// kept from the allocator until then ([`Meta::replay_installs`]). Outside the
+    /// replay a full disk is the caller's ENOSPC, as for data.
     pub fn alloc_meta(&mut self) -> Result<u64> {
-        let b = self.find_free()?;
-        let at = b * BLOCK as u64;
-        self.pool
-            .allocate(at, BLOCK as u64)
-            .map_err(|e| Error::io("allocate metadata", self.pool.path(), at, e))?;
-        self.set_rc(b, 1)?;
-        Ok(b)
+        loop {
+            let b = self.find_free()?;
+            let at = b * BLOCK as u64;
+            match self.pool.allocate(at, BLOCK as u64) {
+                Ok(()) => {
+                    self.set_rc(b, 1)?;
+                    return Ok(b);
+                }
+                Err(e)
+                    if self.replaying
+                        && matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
+                {
+                    self.no_room.insert(b);
+                }
+                Err(e) => return Err(Error::io("allocate metadata", self.pool.path(), at, e)),
+            }
+        }
+    }
+
+    /// The journal is applied (or failed to be): back to allocating only
+    /// blocks whose freeing is durable, and to trying every free block.
+    pub fn end_replay(&mut self) {
+        self.replaying = false;
+        self.replay_installs.clear();
+        if !self.no_room.is_empty() {
+            self.no_room.clear();
+            self.full.iter_mut().for_each(|f| *f = false);
+        }
     }
 
     /// Allocate a new tree node of the given level, empty and dirty.

@@ -157,6 +157,18 @@ fn random_id() -> [u8; 16] {
     id
 }
 
+/// Take the pool's lock on its pool file, or say who holds it.
+fn lock(file: &dyn BlockFile, loc: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(Error::Conflict(format!(
+            "the pool in {} is in use by another process (a running `lamina serve`?)",
+            loc.display()
+        ))),
+        Err(e) => Err(Error::io("lock", file.path(), 0, e)),
+    }
+}
+
 impl Pool {
     /// Create a new pool in a directory (made if missing).
     pub fn create_dir(dir: impl AsRef<Path>, opts: PoolOptions) -> Result<Pool> {
@@ -245,15 +257,7 @@ impl Pool {
             .map_err(|e| Error::io("open", &loc, 0, e))?;
         // One process at a time: a second opener would replay the log and
         // write metadata under the first one's feet.
-        if let Err(e) = file.try_lock() {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                return Err(Error::Conflict(format!(
-                    "the pool in {} is in use by another process (a running `lamina serve`?)",
-                    loc.display()
-                )));
-            }
-            return Err(Error::io("lock", file.path(), 0, e));
-        }
+        lock(file.as_ref(), &loc)?;
         let mut magic = [0u8; 8];
         file.read_at(&mut magic, 0)
             .map_err(|e| Error::io("read", file.path(), 0, e))?;
@@ -349,6 +353,56 @@ impl Pool {
             }
         }
         Ok(pool)
+    }
+
+    /// The metadata of a pool, opened without writing a byte to any of its
+    /// files (`lamina pool check`): the files are opened read-only, the
+    /// page log's committed pages are read where they are instead of
+    /// copied home, and the journal's records are applied in memory, as an
+    /// open would apply them. Takes the pool's lock, as an open does:
+    /// a running daemon writes under a reader's feet. Returns the metadata,
+    /// the number of page-log transactions read in place and of journal
+    /// records applied; the files stay locked while the metadata lives.
+    pub(crate) fn open_meta_read_only(
+        backend: Arc<dyn Backend>,
+        opts: &PoolOptions,
+    ) -> Result<(Meta, u64, usize)> {
+        let loc = backend.location().to_path_buf();
+        if !backend.exists(POOL_FILE) || !backend.exists(WAL_FILE) {
+            return Err(Error::NotAPool {
+                path: loc,
+                detail: format!("no {POOL_FILE} and {WAL_FILE} here"),
+            });
+        }
+        let file = backend
+            .open_read(POOL_FILE)
+            .map_err(|e| Error::io("open", &loc, 0, e))?;
+        let walf = backend
+            .open_read(WAL_FILE)
+            .map_err(|e| Error::io("open", &loc, 0, e))?;
+        lock(file.as_ref(), &loc)?;
+        // Nothing is written, so nothing can set it.
+        let latch = Arc::new(Latch::default());
+        let (wal, replay) = Wal::open(walf.clone(), latch.clone(), opts.wal_bytes)?;
+        // The newest superblock is the log's, if the log holds one.
+        let mut p = new_page();
+        let (f, at) = match replay.index.get(&0) {
+            Some(&off) => (&walf, off),
+            None => (&file, 0),
+        };
+        f.read_at(&mut p[..], at)
+            .map_err(|e| Error::io("read superblock", f.path(), at, e))?;
+        let sb = Superblock::decode(&p)?;
+        if sb.pool_id != wal.pool_id() {
+            return Err(Error::NotAPool {
+                path: loc,
+                detail: "the log belongs to another pool".into(),
+            });
+        }
+        let mut meta = Meta::new(sb, opts.cache_bytes / BLOCK, replay.index, file, walf);
+        meta.load_catalog()?;
+        let records = crate::replay::apply_read_only(&backend, &latch, &mut meta, opts)?;
+        Ok((meta, replay.transactions, records))
     }
 
     /// Commits since the pool was opened that wrote records to the

@@ -13,7 +13,7 @@ use crate::journal::{Journal, Op};
 use crate::latch::Latch;
 use crate::meta::Meta;
 use crate::pool::{Pool, PoolOptions, JOURNAL_FILE};
-use crate::storage::Backend;
+use crate::storage::{Backend, BlockFile};
 use std::sync::Arc;
 
 /// Open (or, for a version-1 pool, create) the journal and apply its
@@ -39,17 +39,7 @@ pub(crate) fn open_journal(
         tracing::info!(pool = %loc.display(), "upgraded the pool to format version {FORMAT_VERSION} (journal of index changes)");
         return Ok((j, true, 0));
     }
-    if !backend.exists(JOURNAL_FILE) {
-        return Err(Error::NotAPool {
-            path: loc,
-            detail: format!(
-                "{JOURNAL_FILE} is missing: it may hold acknowledged writes, so the pool is not opened without it"
-            ),
-        });
-    }
-    let f = backend
-        .open(JOURNAL_FILE, false)
-        .map_err(|e| Error::io("open journal", &loc, 0, e))?;
+    let f = open_file(backend, false)?;
     let (j, records) = Journal::open(f, latch.clone(), pool_id, opts.journal_bytes)?;
     meta.queue = crate::journal::Queue::new(meta.sb.journal_covered + 1);
     let n = replay(meta, records)?;
@@ -57,6 +47,44 @@ pub(crate) fn open_journal(
         tracing::info!(pool = %loc.display(), records = n, "applied the journal");
     }
     Ok((j, false, n))
+}
+
+/// Apply the journal's records in memory only, reading it without writing
+/// (`Pool::open_meta_read_only`). A pool of version 1 has no journal:
+/// nothing to apply (its next open makes one). Returns how many records
+/// were applied.
+pub(crate) fn apply_read_only(
+    backend: &Arc<dyn Backend>,
+    latch: &Arc<Latch>,
+    meta: &mut Meta,
+    opts: &PoolOptions,
+) -> Result<usize> {
+    if meta.sb.version == FORMAT_VERSION_NO_JOURNAL {
+        return Ok(0);
+    }
+    let f = open_file(backend, true)?;
+    let (_, records) = Journal::open(f, latch.clone(), meta.sb.pool_id, opts.journal_bytes)?;
+    meta.queue = crate::journal::Queue::new(meta.sb.journal_covered + 1);
+    replay(meta, records)
+}
+
+/// The journal file, which must exist; `read_only`: opened to be read only.
+fn open_file(backend: &Arc<dyn Backend>, read_only: bool) -> Result<Arc<dyn BlockFile>> {
+    let loc = backend.location();
+    if !backend.exists(JOURNAL_FILE) {
+        return Err(Error::NotAPool {
+            path: loc.to_path_buf(),
+            detail: format!(
+                "{JOURNAL_FILE} is missing: it may hold acknowledged writes, so the pool is not opened without it"
+            ),
+        });
+    }
+    let f = if read_only {
+        backend.open_read(JOURNAL_FILE)
+    } else {
+        backend.open(JOURNAL_FILE, false)
+    };
+    f.map_err(|e| Error::io("open journal", loc, 0, e))
 }
 
 fn bad(lseq: u64, detail: String) -> Error {
@@ -82,8 +110,9 @@ fn replay(meta: &mut Meta, records: Vec<(u64, Op)>) -> Result<usize> {
             ));
         }
     }
-    // Every data block a record installs is kept from the allocator, so
-    // that no node made while replaying lands on one.
+    // Every data block a record installs is kept from the allocator until
+    // the last record that installs it is applied, so that no node made
+    // while replaying lands on one.
     for (lseq, op) in &records {
         if let Op::Map { block, n, .. } = op {
             for b in *block..*block + *n as u64 {
@@ -97,13 +126,20 @@ fn replay(meta: &mut Meta, records: Vec<(u64, Op)>) -> Result<usize> {
                 // (growing is not journalled, see `Meta::grow`).
                 meta.grow_over(b)?;
                 meta.reserved.insert(b);
+                *meta.replay_installs.entry(b).or_default() += 1;
             }
         }
     }
     let last = records.last().map(|(l, _)| *l).unwrap_or(covered);
-    for (lseq, op) in &records {
-        apply(meta, *lseq, op)?;
-    }
+    // New index nodes and record pages go where the killed process already
+    // took disk space for them, so that a pool killed on a full disk opens
+    // again (see `Meta::alloc_meta`).
+    meta.replaying = true;
+    let applied = records
+        .iter()
+        .try_for_each(|(lseq, op)| apply(meta, *lseq, op));
+    meta.end_replay();
+    applied?;
     // What applying them queued again is in the page-log commit the open
     // makes next; numbering goes on after the last record read.
     let next = meta.queue.next.max(last + 1);
@@ -155,7 +191,16 @@ fn apply(meta: &mut Meta, lseq: u64, op: &Op) -> Result<()> {
                     ));
                 }
             }
-            Pool::install_journaled(meta, *vol, *first, &blocks)
+            Pool::install_journaled(meta, *vol, *first, &blocks)?;
+            for b in blocks {
+                if let Some(n) = meta.replay_installs.get_mut(&b) {
+                    *n -= 1;
+                    if *n == 0 {
+                        meta.replay_installs.remove(&b);
+                    }
+                }
+            }
+            Ok(())
         }
         Op::Unmap { vol, idx } => {
             if *idx >= volume_blocks(meta, lseq, *vol)? {

@@ -74,6 +74,82 @@ pub trait Backend: Send + Sync {
     fn exists(&self, name: &str) -> bool;
     /// Open (and with `create`, create) a file.
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn BlockFile>>;
+    /// Open an existing file for reading only ([`ReadOnly`]).
+    fn open_read(&self, name: &str) -> io::Result<Arc<dyn BlockFile>> {
+        Ok(Arc::new(ReadOnly(self.open(name, false)?)))
+    }
+}
+
+/// A file opened to be read and never written (`lamina pool check`): every
+/// write, sync, punch and resize fails, naming the file, so that a bug can
+/// never change the pool; reserving space ([`BlockFile::allocate`])
+/// succeeds and does nothing, since no page will be written to it.
+pub struct ReadOnly(pub Arc<dyn BlockFile>);
+
+impl ReadOnly {
+    fn refuse(&self, what: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{what} refused: {} is open read-only",
+                self.0.path().display()
+            ),
+        )
+    }
+}
+
+impl BlockFile for ReadOnly {
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(self.refuse("write"))
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        self.0.will_need(offset, len)
+    }
+
+    fn write_bulk(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(self.refuse("write"))
+    }
+
+    fn write_cached(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(self.refuse("write"))
+    }
+
+    fn write_out(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Err(self.refuse("writeback"))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Err(self.refuse("sync"))
+    }
+
+    fn punch(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(self.refuse("punch"))
+    }
+
+    fn allocate(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+
+    fn set_len(&self, _len: u64) -> io::Result<()> {
+        Err(self.refuse("resize"))
+    }
+
+    fn try_lock(&self) -> io::Result<()> {
+        self.0.try_lock()
+    }
 }
 
 /// A pool in a directory of the real filesystem.
@@ -109,6 +185,16 @@ impl Backend for DirBackend {
             File::open(&self.dir)?.sync_all()?;
         }
         Ok(Arc::new(OsFile::new(file, path, BULK_WINDOW)))
+    }
+
+    fn open_read(&self, name: &str) -> io::Result<Arc<dyn BlockFile>> {
+        let path = self.dir.join(name);
+        let file = OpenOptions::new().read(true).open(&path)?;
+        Ok(Arc::new(ReadOnly(Arc::new(OsFile::new(
+            file,
+            path,
+            BULK_WINDOW,
+        )))))
     }
 }
 
