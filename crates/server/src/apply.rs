@@ -194,7 +194,7 @@ async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
                 // snapshot needs none).
                 tracing::warn!(error = %f.1.message, made = result.is_ok(), "a snapshot's record failed");
                 if let Ok(o) = &result {
-                    if !o.runs_on() {
+                    if !o.runs_on(&rec.id) {
                         st.finish(rec, None).await?;
                     }
                 }
