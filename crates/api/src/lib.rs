@@ -183,6 +183,7 @@ pub struct SnapshotFilter {
     /// Only snapshots with this name (of any volume).
     pub name: Option<String>,
     /// Only the snapshot with this id.
+    #[serde(default, deserialize_with = "at_most::<_, u64, MAX_QUERY_ID>")]
     pub id: Option<u64>,
     /// Only the snapshots made by this schedule (its name now; they are
     /// found by its id, so a rename keeps them).
@@ -396,8 +397,38 @@ pub struct OperationFilter {
     pub volume: Option<String>,
     /// Only operations in this state.
     pub state: Option<OperationState>,
-    /// At most this many (the newest).
+    /// At most this many (the newest); at most [`MAX_OPERATIONS_LIMIT`].
+    #[serde(
+        default,
+        deserialize_with = "at_most::<_, u32, { MAX_OPERATIONS_LIMIT as u64 }>"
+    )]
     pub limit: Option<u32>,
+}
+
+/// The largest `limit` of `GET /v1/operations`: what the document's int32
+/// allows (a larger one is refused, not cut).
+pub const MAX_OPERATIONS_LIMIT: u32 = i32::MAX as u32;
+
+/// The largest id or sequence number a query takes: what the document's
+/// int64 allows (ids and sequences count up from 1 and never get there).
+pub const MAX_QUERY_ID: u64 = i64::MAX as u64;
+
+/// A query parameter refused above `MAX` (as the document declares it),
+/// instead of cut or taken past what it declares.
+fn at_most<'de, D, T, const MAX: u64>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Into<u64> + Copy,
+{
+    let v = T::deserialize(d)?;
+    let n: u64 = v.into();
+    if n > MAX {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Unsigned(n),
+            &format!("at most {MAX}").as_str(),
+        ));
+    }
+    Ok(Some(v))
 }
 
 /// The answer to a delete or a detach. Removing what is already absent
@@ -468,17 +499,21 @@ pub struct Changes {
 
 /// Query of `GET /v1/changes`: answer at once if the sequence is past
 /// `after` (or the daemon's epoch is not `epoch`), else wait up to
-/// `wait_ms` (at most [`MAX_CHANGES_WAIT_MS`]) for a change.
+/// `wait_ms` (at most [`MAX_CHANGES_WAIT_MS`]; more is refused) for a
+/// change.
 #[derive(
     Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, utoipa::IntoParams,
 )]
 #[into_params(parameter_in = Query)]
 pub struct ChangesQuery {
     /// The last sequence the caller saw; absent answers at once.
+    #[serde(default, deserialize_with = "at_most::<_, u64, MAX_QUERY_ID>")]
     pub after: Option<u64>,
     /// The epoch the caller saw `after` in; another epoch answers at once.
     pub epoch: Option<String>,
-    /// How long to wait for a change, in milliseconds (default 0).
+    /// How long to wait for a change, in milliseconds (default 0, at most
+    /// [`MAX_CHANGES_WAIT_MS`]; more is refused).
+    #[serde(default, deserialize_with = "at_most::<_, u64, MAX_CHANGES_WAIT_MS>")]
     pub wait_ms: Option<u64>,
 }
 

@@ -293,6 +293,73 @@ fn a_daemon_down_over_five_slots_takes_one_catch_up() {
 }
 
 #[test]
+fn a_clock_set_back_resumes_at_the_next_slot_as_announced() {
+    // T0 is a whole minute: the schedule takes its slot at once, which
+    // shows it covers the volume before the clock moves.
+    let clock = TestClock::new(T0);
+    let d = start(&clock, &[]);
+    volumes(&d, &["a"]);
+    d.ok(&[
+        "schedule",
+        "create",
+        "minutely",
+        "--cron",
+        "* * * * *",
+        "--keep",
+        "100",
+        "--volume",
+        "a",
+    ]);
+    wait_for(&d, "minutely", &["a"], T0, "done");
+    // The clock runs an hour ahead: that minute's slot is taken.
+    clock.set(T0 + H + 5);
+    wait_for(&d, "minutely", &["a"], T0 + H, "done");
+    // Corrected to 00:11:05: the schedule starts afresh from now.
+    clock.set(T0 + 65);
+    let s = wait_until(
+        "the track restarted after the clock was set back",
+        LIMIT,
+        || {
+            let s = schedule(&d, "minutely");
+            (volume_state(&s, "a") == Some(("idle".to_string(), None))).then_some(s)
+        },
+    );
+    let announced = rfc(T0 + 120).replace('Z', "+00:00");
+    assert_eq!(s["next_runs"][0], announced.as_str(), "{s}");
+    // The announced slot is taken, and only it (not 00:11, no catch-up).
+    clock.set(T0 + 125);
+    let s = wait_for(&d, "minutely", &["a"], T0 + 120, "done");
+    // (Runs are ordered by their time: the one taken ahead comes first.)
+    let run = |s: &Value, t: i64| -> Value {
+        runs_for(s, "a")
+            .into_iter()
+            .filter(|r| r["slot"] == rfc(t).as_str())
+            .last()
+            .cloned()
+            .unwrap_or_else(|| panic!("no run for {}: {s}", rfc(t)))
+    };
+    assert_eq!(run(&s, T0 + 120)["catch_up"], false, "{s}");
+    assert_eq!(
+        names_on(&made_by(&d, "minutely"), "a"),
+        vec![
+            snap_name("minutely", T0),
+            snap_name("minutely", T0 + 120),
+            snap_name("minutely", T0 + H)
+        ]
+    );
+    // The slot taken while the clock ran ahead is found, not taken twice.
+    clock.set(T0 + H + 5);
+    let s = wait_for(&d, "minutely", &["a"], T0 + H, "done");
+    assert!(
+        runs_for(&s, "a")
+            .iter()
+            .any(|r| r["slot"] == rfc(T0 + H).as_str() && r["outcome"] == "existed"),
+        "{s}"
+    );
+    assert_eq!(made_by(&d, "minutely").len(), 3);
+}
+
+#[test]
 fn killed_mid_run_the_slot_is_finished_at_restart_never_doubled() {
     for (point, outcome) in [
         ("schedule-after-claim", "taken"),

@@ -558,10 +558,16 @@ impl Record {
 
 /// The naming rule for volumes and snapshots, checked the same way everywhere.
 pub const NAME_RULE: &str = "a name is 1 to 255 characters of lowercase letters, digits, '-', '_' and '.', starting with a letter or digit";
+/// The longest name [`check_name`] accepts, in bytes (all ASCII).
+pub const NAME_MAX_LEN: usize = 255;
+/// [`check_name`]'s character rule as a regular expression (ECMA-262, as
+/// JSON Schema reads it; the length is [`NAME_MAX_LEN`]): what the API's
+/// schema declares.
+pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]*$";
 
 pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
-        && name.len() <= 255
+        && name.len() <= NAME_MAX_LEN
         && name
             .bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
@@ -581,25 +587,38 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// The longest label key, in bytes (UTF-8).
+pub const LABEL_KEY_MAX_LEN: usize = 255;
+/// The longest label value, in bytes (UTF-8).
+pub const LABEL_VALUE_MAX_LEN: usize = 1024;
+/// What a volume's or snapshot's labels may take in all: each key and
+/// value, plus [`LABEL_OVERHEAD`] bytes a label.
+pub const LABELS_MAX_BYTES: usize = 2048;
+/// Bytes counted for each label besides its key and value.
+pub const LABEL_OVERHEAD: usize = 4;
+/// [`check_labels`]'s character rule for keys and values (no control
+/// characters, Unicode category Cc) as an ECMA-262 regular expression.
+pub const LABEL_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
+
 /// Labels: keys 1-255 bytes, values up to 1024 bytes, no control characters,
 /// at most 2,048 bytes in all so a snapshot record always fits a page.
 pub fn check_labels(labels: &[(String, String)]) -> Result<()> {
     let mut total = 0;
     for (k, v) in labels {
         if k.is_empty()
-            || k.len() > 255
-            || v.len() > 1024
+            || k.len() > LABEL_KEY_MAX_LEN
+            || v.len() > LABEL_VALUE_MAX_LEN
             || k.chars().chain(v.chars()).any(char::is_control)
         {
             return Err(Error::InvalidArgument(format!(
-                "label {k:?}: keys are 1-255 bytes, values up to 1024, no control characters"
+                "label {k:?}: keys are 1-{LABEL_KEY_MAX_LEN} bytes, values up to {LABEL_VALUE_MAX_LEN}, no control characters"
             )));
         }
-        total += k.len() + v.len() + 4;
+        total += k.len() + v.len() + LABEL_OVERHEAD;
     }
-    if total > 2048 {
+    if total > LABELS_MAX_BYTES {
         return Err(Error::InvalidArgument(format!(
-            "labels take {total} bytes; at most 2048 are allowed"
+            "labels take {total} bytes; at most {LABELS_MAX_BYTES} are allowed"
         )));
     }
     let mut keys: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();

@@ -17,6 +17,14 @@
 //! mid-run resumes that same slot and can never take a second snapshot for
 //! it. A daemon that was down over several slots takes one snapshot, for
 //! the latest of them.
+//!
+//! A clock set back (it ran ahead and was corrected) leaves a track whose
+//! last slot, or start, is in the future. Compared with it, no slot would
+//! be due until the clock caught up again, while the schedule announces
+//! its next slot as usual. Such a track starts afresh from now instead
+//! ([`Step::ClockSetBack`]): the next slot is taken, none before it, and a
+//! slot taken while the clock ran ahead is found again by its label when
+//! the clock reaches it, never taken twice.
 
 use crate::Timing;
 use serde::{Deserialize, Serialize};
@@ -132,6 +140,9 @@ pub enum GiveUpWhy {
     WindowPassed,
     /// A newer slot is due.
     Superseded,
+    /// The slot is in the future: the clock was set back since it was
+    /// claimed.
+    ClockSetBack,
 }
 
 /// What to do now.
@@ -151,10 +162,35 @@ pub enum Step {
     Retry { slot: i64, attempt: u32 },
     /// Record `slot` as abandoned ([`Track::gave_up`]), then step again.
     GiveUp { slot: i64, why: GiveUpWhy },
+    /// The track's last slot (`slot`) or its start is after `now`: the
+    /// clock was set back. Record `Track::new(now)` (the schedule covers
+    /// the volume afresh from now, so its next slot is taken), then step
+    /// again.
+    ClockSetBack { slot: Option<i64>, now: i64 },
 }
 
 /// The next step for `track` at `now`.
 pub fn step(timing: &Timing, retry: &RetryPolicy, track: &Track, now: i64) -> Step {
+    if track.slot.is_some_and(|s| s > now) || track.since > now {
+        match (track.state, track.slot) {
+            // A claimed slot is finished first, as after a crash: its
+            // snapshot may exist.
+            (TrackState::Taking, Some(slot)) => return Step::Resume { slot },
+            // Its retry would wait for the clock to catch up.
+            (TrackState::Failed, Some(slot)) => {
+                return Step::GiveUp {
+                    slot,
+                    why: GiveUpWhy::ClockSetBack,
+                }
+            }
+            _ => {
+                return Step::ClockSetBack {
+                    slot: track.slot,
+                    now,
+                }
+            }
+        }
+    }
     let latest = timing
         .last_at_or_before(now)
         .filter(|&s| s >= track.since && Some(s) > track.slot);

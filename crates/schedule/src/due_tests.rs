@@ -148,6 +148,61 @@ fn failures_back_off_then_give_up_at_the_window_or_the_next_slot() {
     );
 }
 
+#[test]
+fn a_clock_set_back_resumes_at_the_next_slot() {
+    let t = Timing::parse("* * * * *", "UTC").unwrap();
+    let r = RetryPolicy::default();
+    let m = 60;
+    // The clock ran an hour ahead: the slot of T0+1h was taken.
+    let track = Track::new(T0).claim(T0 + H).done(T0 + H + 1);
+    // Corrected to T0+5m30s: what to do is to start afresh from now, so
+    // the wait is for the next minute, as `schedule get` announces.
+    let now = T0 + 5 * m + 30;
+    assert_eq!(
+        step(&t, &r, &track, now),
+        Step::ClockSetBack {
+            slot: Some(T0 + H),
+            now
+        }
+    );
+    let track = Track::new(now);
+    assert_eq!(
+        step(&t, &r, &track, now),
+        Step::Wait {
+            until: Some(T0 + 6 * m)
+        }
+    );
+    assert_eq!(t.next_after(now), Some(T0 + 6 * m));
+    // The next slot is taken on time, alone (no catch-up for the minutes
+    // before the correction).
+    assert_eq!(
+        step(&t, &r, &track, T0 + 6 * m + 2),
+        Step::Take {
+            slot: T0 + 6 * m,
+            late: 2,
+            skipped: false
+        }
+    );
+    // A failed slot in the future is given up, not retried in an hour.
+    let failed = Track::new(T0).claim(T0 + H).failed(T0 + H + 1);
+    assert_eq!(
+        step(&t, &r, &failed, now),
+        Step::GiveUp {
+            slot: T0 + H,
+            why: GiveUpWhy::ClockSetBack
+        }
+    );
+    // A claim in the future is finished first (its snapshot may exist).
+    let taking = Track::new(T0).claim(T0 + H);
+    assert_eq!(step(&t, &r, &taking, now), Step::Resume { slot: T0 + H });
+    // A volume first covered while the clock ran ahead starts from now.
+    let early = Track::new(T0 + H);
+    assert_eq!(
+        step(&t, &r, &early, now),
+        Step::ClockSetBack { slot: None, now }
+    );
+}
+
 /// One moment of a simulated daemon's life.
 #[derive(Debug, Clone)]
 struct Event {
@@ -202,6 +257,9 @@ proptest! {
             for _ in 0..10 {
                 match step(&t, &r, &track, now) {
                     Step::Wait { .. } => break,
+                    Step::ClockSetBack { .. } => {
+                        prop_assert!(false, "the clock only moves forward here: {:?}", track);
+                    }
                     Step::GiveUp { slot, .. } => {
                         prop_assert_eq!(track.slot, Some(slot));
                         track = track.gave_up(now);
@@ -252,5 +310,57 @@ proptest! {
         for c in &claims {
             prop_assert_eq!(t.last_at_or_before(*c), Some(*c));
         }
+    }
+}
+
+proptest! {
+    /// The clock jumps forward and back at random while the daemon runs:
+    /// whenever nothing has failed, the schedule waits for exactly the
+    /// next slot (what `schedule get` announces), never takes a slot in
+    /// the future, and takes at most one new slot per moment (no burst of
+    /// catch-ups after a correction).
+    #[test]
+    fn a_clock_moved_back_never_stalls_the_schedule(
+        moves in prop::collection::vec((-3 * H..3 * H, prop::bool::weighted(0.15)), 1..80)
+    ) {
+        let t = Timing::parse("*/5 * * * *", "UTC").unwrap();
+        let r = RetryPolicy::default();
+        let mut now = T0 + 17;
+        let mut track = Track::new(now);
+        let mut snaps: BTreeMap<i64, u32> = BTreeMap::new();
+        for (delta, fail) in moves {
+            now += delta;
+            let mut new_slots = Vec::new();
+            let mut waited = None;
+            for _ in 0..10 {
+                match step(&t, &r, &track, now) {
+                    Step::Wait { until } => { waited = Some(until); break; }
+                    Step::GiveUp { .. } => track = track.gave_up(now),
+                    Step::ClockSetBack { now: at, .. } => {
+                        prop_assert_eq!(at, now);
+                        track = Track::new(now);
+                    }
+                    Step::Take { slot, .. } | Step::Retry { slot, .. } | Step::Resume { slot } => {
+                        if track.slot != Some(slot) {
+                            prop_assert!(slot <= now, "slot {} taken at {}", slot, now);
+                            new_slots.push(slot);
+                        }
+                        track = track.claim(slot);
+                        if fail {
+                            track = track.failed(now);
+                            continue;
+                        }
+                        snaps.entry(slot).or_insert(1);
+                        track = track.done(now);
+                    }
+                }
+            }
+            prop_assert!(new_slots.len() <= 1, "a burst at {}: {:?}", now, new_slots);
+            if track.state != TrackState::Failed {
+                prop_assert_eq!(waited, Some(t.next_after(now)),
+                    "at {} after {:?}", now, track);
+            }
+        }
+        prop_assert!(snaps.values().all(|&n| n == 1));
     }
 }

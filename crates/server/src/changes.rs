@@ -79,7 +79,8 @@ impl Changes {
 
 #[utoipa::path(get, path = "/v1/changes", params(api::ChangesQuery),
     responses((status = 200, description = "the epoch and sequence now: past `after` if anything changed", body = api::Changes),
-        (status = 400, body = api::ApiError), (status = 500, body = api::ApiError)))]
+        (status = 400, description = "a malformed query, or `wait_ms` or `after` past its maximum", body = api::ApiError),
+        (status = 500, body = api::ApiError)))]
 pub async fn changes(
     st: St,
     Query(q): Query<api::ChangesQuery>,

@@ -497,7 +497,9 @@ pub async fn list_snapshots(st: St, Path(name): Path<String>) -> R<Json<Vec<api:
 
 #[utoipa::path(get, path = "/v1/snapshots", params(api::SnapshotFilter),
     responses((status = 200, description = "the snapshots of every volume that match the filters, oldest first", body = Vec<api::Snapshot>),
-        (status = 400, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+        (status = 400, description = "a malformed query, or an id past its maximum", body = api::ApiError),
+        (status = 404, description = "no schedule of that name (`schedule`)", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn list_all_snapshots(
     st: St,
     Query(f): Query<api::SnapshotFilter>,
@@ -724,7 +726,8 @@ pub async fn create_clone(
 }
 
 #[utoipa::path(get, path = "/v1/operations", params(api::OperationFilter),
-    responses((status = 200, description = "newest first", body = Vec<api::Operation>), (status = 400, body = api::ApiError),
+    responses((status = 200, description = "newest first", body = Vec<api::Operation>),
+        (status = 400, description = "a malformed query, or a limit past its maximum", body = api::ApiError),
         (status = 500, body = api::ApiError)))]
 pub async fn list_operations(
     st: St,

@@ -1,5 +1,7 @@
 //! The OpenAPI document the daemon serves at `/openapi.json`, generated from
-//! the handlers' annotations and the API types so that it cannot drift.
+//! the handlers' annotations and the API types so that it cannot drift. The
+//! rules the daemon checks (names, sizes, labels, query bounds) are written
+//! into it here from the constants the checks themselves use.
 
 use crate::changes::*;
 use crate::groups::*;
@@ -7,10 +9,15 @@ use crate::handlers::*;
 use crate::schedules::api::*;
 use crate::space::*;
 use lamina_api as api;
-use utoipa::OpenApi;
+use lamina_engine as engine;
+use utoipa::openapi::path::Parameter;
+use utoipa::openapi::schema::{AdditionalProperties, ArrayItems, Object};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
+    modifiers(&Rules),
     info(
         title = "Lamina",
         description = "Thin volumes, instant snapshots and clones, exported over NBD."
@@ -93,4 +100,186 @@ struct Doc;
 
 pub fn document() -> utoipa::openapi::OpenApi {
     Doc::openapi()
+}
+
+/// Writes the daemon's input rules into the document.
+struct Rules;
+
+impl Modify for Rules {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        // What is not found is reported by a test, never at serve time.
+        let _ = apply_rules(doc);
+    }
+}
+
+/// A name as [`engine::check_name`] takes it, at most `max` bytes.
+fn name_rule(o: &mut Object, max: usize) {
+    o.pattern = Some(engine::NAME_PATTERN.into());
+    o.min_length = Some(1);
+    o.max_length = Some(max);
+}
+
+/// A volume size as the engine takes it: whole sectors, at most
+/// [`engine::MAX_VOLUME_SIZE`].
+fn size_rule(o: &mut Object) {
+    o.minimum = Some(engine::SECTOR.into());
+    o.maximum = Some(engine::MAX_VOLUME_SIZE.into());
+    o.multiple_of = Some(engine::SECTOR.into());
+}
+
+/// Labels as [`engine::check_labels`] takes them (lengths in UTF-8 bytes:
+/// JSON Schema counts characters, so a non-ASCII key or value can be
+/// refused below its declared length).
+fn labels_rule(o: &mut Object) {
+    let mut key = Object::with_type(utoipa::openapi::schema::Type::String);
+    key.min_length = Some(1);
+    key.max_length = Some(engine::LABEL_KEY_MAX_LEN);
+    key.pattern = Some(engine::LABEL_PATTERN.into());
+    let mut value = Object::with_type(utoipa::openapi::schema::Type::String);
+    value.max_length = Some(engine::LABEL_VALUE_MAX_LEN);
+    value.pattern = Some(engine::LABEL_PATTERN.into());
+    o.property_names = Some(Box::new(Schema::Object(key)));
+    o.additional_properties = Some(Box::new(AdditionalProperties::RefOr(RefOr::T(
+        Schema::Object(value),
+    ))));
+    // The fewest bytes a label takes: a one-byte key and an empty value.
+    o.max_properties = Some(engine::LABELS_MAX_BYTES / (1 + engine::LABEL_OVERHEAD));
+    o.description = Some(format!(
+        "Labels: keys 1-{} bytes, values up to {} bytes (UTF-8), no control characters, \
+         at most {} bytes in all (each key and value plus {}); the `lamina.io/` prefix is the system's.",
+        engine::LABEL_KEY_MAX_LEN,
+        engine::LABEL_VALUE_MAX_LEN,
+        engine::LABELS_MAX_BYTES,
+        engine::LABEL_OVERHEAD
+    ));
+}
+
+/// Apply every rule; what it could not find in the document (a renamed
+/// type or field), for the test that keeps this list honest.
+fn apply_rules(doc: &mut utoipa::openapi::OpenApi) -> Vec<String> {
+    let mut missing = Vec::new();
+    let names: [(&str, &str, usize); 6] = [
+        ("CreateVolume", "name", engine::NAME_MAX_LEN),
+        ("CreateSnapshot", "name", engine::NAME_MAX_LEN),
+        ("CreateSnapshotGroup", "name", engine::NAME_MAX_LEN),
+        ("CreateClone", "name", engine::NAME_MAX_LEN),
+        ("CreateClone", "from_volume", engine::NAME_MAX_LEN),
+        (
+            "ScheduleSpec",
+            "name",
+            crate::schedules::api::MAX_NAME.min(engine::NAME_MAX_LEN),
+        ),
+    ];
+    for (schema, field, max) in names {
+        match object(doc, schema, field) {
+            Some(o) => name_rule(o, max),
+            None => missing.push(format!("{schema}.{field}")),
+        }
+    }
+    for (schema, field) in [
+        ("CreateSnapshotGroup", "volumes"),
+        ("ScheduleSpec", "volumes"),
+    ] {
+        match items(doc, schema, field) {
+            Some(o) => name_rule(o, engine::NAME_MAX_LEN),
+            None => missing.push(format!("{schema}.{field}[]")),
+        }
+    }
+    for (schema, field) in [("CreateVolume", "size"), ("ExpandVolume", "size")] {
+        match object(doc, schema, field) {
+            Some(o) => size_rule(o),
+            None => missing.push(format!("{schema}.{field}")),
+        }
+    }
+    for schema in [
+        "CreateVolume",
+        "SetLabels",
+        "CreateSnapshot",
+        "CreateSnapshotGroup",
+        "ScheduleSpec",
+    ] {
+        match object(doc, schema, "labels") {
+            Some(o) => labels_rule(o),
+            None => missing.push(format!("{schema}.labels")),
+        }
+    }
+    let bounds: [(&str, &str, u64); 4] = [
+        ("/v1/operations", "limit", api::MAX_OPERATIONS_LIMIT as u64),
+        ("/v1/changes", "wait_ms", api::MAX_CHANGES_WAIT_MS),
+        ("/v1/changes", "after", api::MAX_QUERY_ID),
+        ("/v1/snapshots", "id", api::MAX_QUERY_ID),
+    ];
+    for (path, name, max) in bounds {
+        match query(doc, path, name) {
+            Some(o) => o.maximum = Some(max.into()),
+            None => missing.push(format!("GET {path} ?{name}")),
+        }
+    }
+    missing
+}
+
+/// The inline schema of `schema.field` in the components.
+fn object<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    schema: &str,
+    field: &str,
+) -> Option<&'a mut Object> {
+    let comps = doc.components.as_mut()?;
+    let RefOr::T(Schema::Object(o)) = comps.schemas.get_mut(schema)? else {
+        return None;
+    };
+    match o.properties.get_mut(field)? {
+        RefOr::T(Schema::Object(f)) => Some(f),
+        _ => None,
+    }
+}
+
+/// The inline schema of the items of the array `schema.field`.
+fn items<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    schema: &str,
+    field: &str,
+) -> Option<&'a mut Object> {
+    let comps = doc.components.as_mut()?;
+    let RefOr::T(Schema::Object(o)) = comps.schemas.get_mut(schema)? else {
+        return None;
+    };
+    let RefOr::T(Schema::Array(a)) = o.properties.get_mut(field)? else {
+        return None;
+    };
+    match &mut a.items {
+        ArrayItems::RefOrSchema(b) => match b.as_mut() {
+            RefOr::T(Schema::Object(i)) => Some(i),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The schema of query parameter `name` of `GET path`.
+fn query<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    path: &str,
+    name: &str,
+) -> Option<&'a mut Object> {
+    let item = doc.paths.paths.get_mut(path)?;
+    let op = item.get.as_mut()?;
+    let p: &mut Parameter = op
+        .parameters
+        .as_mut()?
+        .iter_mut()
+        .find(|p| p.name == name)?;
+    match p.schema.as_mut()? {
+        RefOr::T(Schema::Object(o)) => Some(o),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_rule_finds_its_place_in_the_document() {
+        let mut doc = super::Doc::openapi();
+        assert_eq!(super::apply_rules(&mut doc), Vec::<String>::new());
+    }
 }

@@ -286,6 +286,13 @@ async fn reconcile(client: &Client, opts: &Options, s: SnapshotSchedule) -> Resu
                     cx.write_status(&status).await?;
                     continue;
                 }
+                Step::ClockSetBack { now, .. } => {
+                    // The clock was set back: start afresh from now, so
+                    // the next slot is taken.
+                    store(&mut status.pvcs[i], &Track::new(now));
+                    cx.write_status(&status).await?;
+                    continue;
+                }
                 Step::Take { slot, skipped, .. } => (slot, skipped),
                 Step::Retry { slot, .. } | Step::Resume { slot } => (slot, false),
             };

@@ -162,10 +162,22 @@ async fn run_volume(
         let now = rt.clock.now();
         match step(timing, &policy, &track, now) {
             Step::Wait { until } => return Ok(until),
+            Step::ClockSetBack { slot, now } => {
+                tracing::warn!(
+                    last_slot = ?slot.map(rfc3339),
+                    now = %rfc3339(now),
+                    "the clock was set back to before this schedule's last run: it resumes at its next slot"
+                );
+                track = Track::new(now);
+                put_track(st, rec, v, &track).await?;
+            }
             Step::GiveUp { slot, why } => {
                 let why = match why {
                     GiveUpWhy::WindowPassed => "its retry window passed",
                     GiveUpWhy::Superseded => "a newer slot is due",
+                    GiveUpWhy::ClockSetBack => {
+                        "the clock was set back to before it: the schedule resumes at its next slot"
+                    }
                 };
                 tracing::warn!(slot = %rfc3339(slot), "gave up on a slot: {why}");
                 record(
