@@ -333,8 +333,7 @@ fn a_clock_set_back_resumes_at_the_next_slot_as_announced() {
     let run = |s: &Value, t: i64| -> Value {
         runs_for(s, "a")
             .into_iter()
-            .filter(|r| r["slot"] == rfc(t).as_str())
-            .last()
+            .rfind(|r| r["slot"] == rfc(t).as_str())
             .cloned()
             .unwrap_or_else(|| panic!("no run for {}: {s}", rfc(t)))
     };

@@ -277,6 +277,8 @@ fn query<'a>(
 
 #[cfg(test)]
 mod tests {
+    use utoipa::OpenApi;
+
     #[test]
     fn every_rule_finds_its_place_in_the_document() {
         let mut doc = super::Doc::openapi();
