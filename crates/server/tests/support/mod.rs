@@ -30,13 +30,21 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir) -> Daemon {
+        Self::start_configured(dir, |_| {})
+    }
+
+    /// [`Daemon::start_in`] with the configuration changed by `set`.
+    pub fn start_configured(
+        dir: tempfile::TempDir,
+        set: impl FnOnce(&mut lamina_server::Config),
+    ) -> Daemon {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let config = lamina_server::Config {
+        let mut config = lamina_server::Config {
             data_dir: dir.path().to_path_buf(),
             listen: None,
             nbd_listen: None,
@@ -46,6 +54,7 @@ impl Daemon {
             high_water: Default::default(),
             volume_io_metrics: true,
         };
+        set(&mut config);
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;
         }));
