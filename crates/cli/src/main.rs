@@ -106,6 +106,21 @@ enum Cmd {
         /// While this node's volumes have I/O, its transfers to other nodes send at most this many bytes a second, together (e.g. 192M); off: always full speed.
         #[arg(long, value_name = "RATE|off", value_parser = rate_or_off, default_value = "192M")]
         transfer_busy_rate: RateOrOff,
+        /// Connections to the transfer listener still in their TLS handshake, in all; more are closed at once.
+        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::HANDSHAKES)]
+        transfer_max_handshakes: usize,
+        /// The same from one IP address.
+        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::HANDSHAKES_PER_ADDRESS)]
+        transfer_max_handshakes_per_address: usize,
+        /// Transfer sessions of authenticated peers, in all; more are refused as busy (their pulls retry).
+        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::SESSIONS)]
+        transfer_max_sessions: usize,
+        /// Transfer sessions of one peer node.
+        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::SESSIONS_PER_PEER)]
+        transfer_max_sessions_per_peer: usize,
+        /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed (seconds, or e.g. 1min).
+        #[arg(long, value_name = "DURATION", value_parser = positive_duration, default_value = "30")]
+        transfer_stall_timeout: std::time::Duration,
         /// Past this the pool warns in `status` and scheduled snapshots pause: a share of what it can hold (90%) or used bytes (500G).
         #[arg(long, value_name = "MARK", default_value = "90%")]
         high_water: lamina_server::HighWater,
@@ -330,6 +345,11 @@ fn run(
             transfer_tls,
             transfer_retry_window,
             transfer_busy_rate,
+            transfer_max_handshakes,
+            transfer_max_handshakes_per_address,
+            transfer_max_sessions,
+            transfer_max_sessions_per_peer,
+            transfer_stall_timeout,
             test_clock,
             test_crash_at,
             high_water,
@@ -345,6 +365,14 @@ fn run(
                 tls_dir: transfer_tls,
                 retry_window: transfer_retry_window,
                 busy_rate: transfer_busy_rate.0,
+                limits: lamina_transfer::Limits {
+                    handshakes: transfer_max_handshakes,
+                    handshakes_per_address: transfer_max_handshakes_per_address,
+                    sessions: transfer_max_sessions,
+                    sessions_per_peer: transfer_max_sessions_per_peer,
+                    stall_timeout: transfer_stall_timeout,
+                    ..lamina_transfer::Limits::default()
+                },
             },
             high_water,
             volume_io_metrics,
@@ -474,8 +502,62 @@ fn seconds_or_duration(s: &str) -> Result<std::time::Duration, String> {
         .map_err(|e| format!("{s:?}: {e} (give seconds, or e.g. 90s, 2min)"))
 }
 
+/// A count of 1 or more.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: a whole number, 1 or more")),
+    }
+}
+
+/// [`seconds_or_duration`], not zero.
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match seconds_or_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: more than zero")),
+        d => Ok(d),
+    }
+}
+
+/// Raise this process's soft limit on open files to its hard limit. The
+/// daemon's descriptors are its connections (API, NBD, transfer peers),
+/// its pool's files and its store's, and the common soft limit of 1,024 is
+/// a default for programs that do not ask; the transfer listener bounds
+/// what peers hold, this leaves room for everything else.
+fn raise_open_files_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct it is given,
+    // which lives on this stack frame.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(error = %e, "cannot read the limit on open files");
+        return;
+    }
+    if r.rlim_cur >= r.rlim_max {
+        return;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: r.rlim_max,
+        rlim_max: r.rlim_max,
+    };
+    // SAFETY: setrlimit reads the rlimit it is given, a valid local.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(error = %e, soft = r.rlim_cur, hard = r.rlim_max, "cannot raise the limit on open files");
+        return;
+    }
+    tracing::info!(
+        from = r.rlim_cur,
+        to = r.rlim_max,
+        "raised the limit on open files to its hard limit"
+    );
+}
+
 /// `lamina serve`: the daemon until SIGTERM or SIGINT.
 fn serve(config: lamina_server::Config) -> Result<()> {
+    raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lamina")

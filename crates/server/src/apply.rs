@@ -625,8 +625,15 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
     let (done_bytes, total_bytes) =
         live.map_or((rec.done_bytes, rec.total_bytes), |l| (l.done, l.total));
     let copy = rec.copy.as_ref();
-    let received = copy.map_or(0, |c| c.received_bytes)
-        + live.map_or(0, |l| l.done.saturating_sub(l.done_at_start));
+    // The pull's own count while it runs (remote.rs), else the recorded
+    // one; records from before it was kept had only what was received.
+    let resent = match (live, copy) {
+        (Some(l), _) => l.resent,
+        (None, Some(c)) => c
+            .resent_bytes
+            .unwrap_or_else(|| c.received_bytes.saturating_sub(done_bytes)),
+        (None, None) => 0,
+    };
     let remote = rec.op.kind() == api::OperationKind::RemoteClone;
     api::Operation {
         id: rec.id.clone(),
@@ -642,11 +649,7 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
             _ => None,
         },
         reason: rec.reason,
-        resent_bytes: if remote {
-            received.saturating_sub(done_bytes)
-        } else {
-            0
-        },
+        resent_bytes: if remote { resent } else { 0 },
         wire_bytes: copy.map_or(0, |c| c.wire_bytes) + live.map_or(0, |l| l.wire),
         rate_bytes_per_sec: live.and_then(|l| l.rate()),
         eta_seconds: live.and_then(|l| l.eta()),
@@ -721,6 +724,7 @@ mod tests {
                 resume_offset: 0,
                 snapshot_id: 0,
                 received_bytes: 0,
+                resent_bytes: None,
                 wire_bytes: 0,
             }),
             reason: None,

@@ -200,6 +200,7 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
                         resume_offset: 0,
                         snapshot_id: 0,
                         received_bytes: 0,
+                        resent_bytes: None,
                         wire_bytes: 0,
                     }
                 }
@@ -215,6 +216,7 @@ async fn full_clone(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Ou
                         resume_offset: 0,
                         snapshot_id: 0,
                         received_bytes: 0,
+                        resent_bytes: None,
                         wire_bytes: 0,
                     }
                 }

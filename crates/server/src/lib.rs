@@ -127,12 +127,17 @@ pub struct TransferConfig {
     pub tls_dir: Option<PathBuf>,
     /// How long a pull keeps retrying a source it lost before it fails
     /// with `source-unreachable`, from when it found the source lost (a
-    /// source silent for 30 s counts as lost); data arriving again ends
-    /// the outage.
+    /// source silent for 30 s counts as lost); only a new durable
+    /// checkpoint ends the outage, not data that arrived and was lost
+    /// again with the connection.
     pub retry_window: std::time::Duration,
     /// Bytes a second this node's transfer streams may send together while
     /// its volumes have I/O (`pacing.rs`); `None`: always full speed.
     pub busy_rate: Option<u64>,
+    /// What peers of this node's transfer listener may hold: handshakes
+    /// and sessions, in all and each, and how long they may keep it
+    /// waiting (docs/transfer.md, Limits).
+    pub limits: lamina_transfer::Limits,
 }
 
 /// Default of [`TransferConfig::busy_rate`]: see `pacing.rs`.
@@ -148,6 +153,7 @@ impl Default for TransferConfig {
             tls_dir: None,
             retry_window: DEFAULT_TRANSFER_RETRY_WINDOW,
             busy_rate: Some(DEFAULT_TRANSFER_BUSY_RATE),
+            limits: lamina_transfer::Limits::default(),
         }
     }
 }

@@ -115,6 +115,7 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
                     resume_offset: a["resume_offset"].as_u64().unwrap_or(0),
                     snapshot_id: 0,
                     received_bytes: 0,
+                    resent_bytes: None,
                     wire_bytes: 0,
                 });
             }

@@ -26,12 +26,13 @@ const CHECKPOINT_BYTES: u64 = 64 << 20;
 /// between checkpoints.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
 
-/// The count of data bytes a pull received, kept in a small file of its own
-/// (`DATA/transfers/OP.received`, 8 bytes little-endian) rewritten with
-/// every piece, without a sync: a kill -9 of the daemon keeps it (the page
-/// cache outlives the process), so a resumed pull knows what it receives a
-/// second time. A power cut may lose the last of it, which only makes
-/// `resent_bytes` smaller; the data is never involved.
+/// The counts of data bytes a pull received and received more than once,
+/// kept in a small file of their own (`DATA/transfers/OP.received`, two
+/// u64 little-endian) rewritten with every piece, without a sync: a kill -9
+/// of the daemon keeps it (the page cache outlives the process), so a
+/// resumed pull knows what it receives a second time. A power cut may lose
+/// the last of it, which only makes `resent_bytes` smaller; the data is
+/// never involved.
 struct ReceivedFile {
     file: Option<std::fs::File>,
     path: std::path::PathBuf,
@@ -55,25 +56,70 @@ impl ReceivedFile {
         ReceivedFile { file, path }
     }
 
-    fn read(&self) -> u64 {
+    /// Received and resent bytes; resent `None` in a file of a version
+    /// that kept only the first.
+    fn read(&self) -> (u64, Option<u64>) {
         use std::os::unix::fs::FileExt;
-        let mut b = [0u8; 8];
-        match &self.file {
-            Some(f) if f.read_exact_at(&mut b, 0).is_ok() => u64::from_le_bytes(b),
-            _ => 0,
+        let mut b = [0u8; 16];
+        let Some(f) = &self.file else {
+            return (0, None);
+        };
+        let n = f.read_at(&mut b, 0).unwrap_or(0);
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        match n {
+            16.. => (word(0), Some(word(8))),
+            8..16 => (word(0), None),
+            _ => (0, None),
         }
     }
 
-    fn write(&self, n: u64) {
+    fn write(&self, c: &Counts) {
         use std::os::unix::fs::FileExt;
         if let Some(f) = &self.file {
-            let _ = f.write_all_at(&n.to_le_bytes(), 0);
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&c.received.to_le_bytes());
+            b[8..].copy_from_slice(&c.resent().to_le_bytes());
+            let _ = f.write_all_at(&b, 0);
         }
     }
 
     fn remove(self) {
         drop(self.file);
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What a pull received over all its attempts. Each attempt resumes from
+/// the last durable offset, so the data between that and the furthest point
+/// an earlier attempt reached comes again: `resent` is what arrived below
+/// that point, counted as it arrives, so it only grows, and stays 0 while
+/// nothing was cut.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    /// Data bytes received.
+    received: u64,
+    /// The furthest `done_bytes` any attempt reached.
+    furthest: u64,
+}
+
+impl Counts {
+    fn resent(&self) -> u64 {
+        self.received.saturating_sub(self.furthest)
+    }
+
+    /// Where a pull starts counting: its record, or the side file if that
+    /// is further (a kill -9 after the last record), at least the durable
+    /// `done` bytes.
+    fn resume(copy: &CopyRec, file: (u64, Option<u64>), done: u64) -> Counts {
+        let recorded = (copy.received_bytes, copy.resent_bytes);
+        let (received, resent) = if file.0 > recorded.0 { file } else { recorded };
+        // Counts of a version that did not keep `resent`: what they
+        // received is taken as reached once.
+        let resent = resent.unwrap_or(0);
+        Counts {
+            received,
+            furthest: received.saturating_sub(resent).max(done),
+        }
     }
 }
 
@@ -149,8 +195,24 @@ pub fn reason_of(rec: &OpRec, f: &Failure) -> Option<FailureReason> {
 fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
     use axum::http::StatusCode;
     let msg = format!("{}: {e}", api_reason(e.reason()).as_str());
+    let busy = matches!(
+        e,
+        TransferError::Remote {
+            code: lamina_transfer::wire::Code::Busy,
+            ..
+        }
+    );
     match e.reason() {
         Reason::SnapshotMissing => Failure::not_found(msg),
+        Reason::SourceUnreachable if busy => Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            msg,
+            Some(&format!(
+                "node {} serves as many transfer sessions as its limits allow; try again later",
+                remote.node
+            )),
+        ),
         Reason::SourceUnreachable => Failure::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -234,6 +296,7 @@ pub async fn remote_clone(
             resume_offset: 0,
             snapshot_id: described.id,
             received_bytes: 0,
+            resent_bytes: Some(0),
             wire_bytes: 0,
         });
         rec.reason = None;
@@ -275,16 +338,17 @@ struct Ctl<'a> {
     rec: &'a mut OpRec,
     live: Live,
     last_record: Instant,
-    /// Data received in this attempt before the last record.
-    recorded_this_attempt: u64,
+    counts: &'a mut Counts,
     failed: Option<String>,
-    /// Whether this attempt moved data (which ends an outage).
-    moved: bool,
+    /// Whether this attempt made more of the copy durable (which ends an
+    /// outage: data received and lost again with the connection does not).
+    advanced: bool,
     received: &'a ReceivedFile,
 }
 
 impl Ctl<'_> {
-    fn publish(&self) {
+    fn publish(&mut self) {
+        self.live.resent = self.counts.resent();
         self.st
             .progress
             .lock()
@@ -292,34 +356,24 @@ impl Ctl<'_> {
             .insert(self.rec.id.clone(), self.live);
     }
 
-    /// Data received in this attempt so far.
-    fn received_now(&self) -> u64 {
-        self.live.done.saturating_sub(self.live.done_at_start)
-    }
-
-    /// Add what this attempt received since the last record to the record.
+    /// Put the counts in the record (to be recorded).
     fn count_received(&mut self) {
-        let now = self.received_now();
         if let Some(c) = self.rec.copy.as_mut() {
-            c.received_bytes += now.saturating_sub(self.recorded_this_attempt);
+            c.received_bytes = self.counts.received;
+            c.resent_bytes = Some(self.counts.resent());
         }
-        self.recorded_this_attempt = now;
     }
 }
 
 impl CopyControl for Ctl<'_> {
     fn progress(&mut self, p: &CopyProgress) {
+        // Data applied since the last report: received once more.
+        self.counts.received += p.done_bytes.saturating_sub(self.live.done);
+        self.counts.furthest = self.counts.furthest.max(p.done_bytes);
         self.live.done = p.done_bytes;
         self.live.total = p.total_bytes;
-        self.moved = true;
         self.publish();
-        let recorded = self.rec.copy.as_ref().map_or(0, |c| c.received_bytes);
-        self.received.write(
-            recorded
-                + self
-                    .received_now()
-                    .saturating_sub(self.recorded_this_attempt),
-        );
+        self.received.write(self.counts);
         if self.last_record.elapsed() >= RECORD_EVERY {
             self.count_received();
             self.last_record = Instant::now();
@@ -331,6 +385,9 @@ impl CopyControl for Ctl<'_> {
     fn durable(&mut self, p: &CopyProgress) -> bool {
         self.count_received();
         self.last_record = Instant::now();
+        if p.done_bytes > self.rec.done_bytes {
+            self.advanced = true;
+        }
         self.rec.done_bytes = p.done_bytes;
         self.rec.total_bytes = p.total_bytes;
         if let Some(c) = self.rec.copy.as_mut() {
@@ -368,13 +425,20 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
         return;
     };
     let received = ReceivedFile::open(st, &rec.id);
-    // A daemon killed mid-pull left its count there: what it received past
+    // A daemon killed mid-pull left its counts there: what it received past
     // the last durable offset comes again.
-    let kept = received.read();
-    if let Some(c) = rec.copy.as_mut() {
-        c.received_bytes = c.received_bytes.max(kept);
-    }
-    // When the current outage was first noticed (none while it moves).
+    let mut counts = match &rec.copy {
+        Some(c) => Counts::resume(c, received.read(), rec.done_bytes),
+        None => Counts {
+            received: 0,
+            furthest: 0,
+        },
+    };
+    // When the current outage was first noticed: none until an attempt
+    // fails, and none again only once an attempt makes more of the copy
+    // durable. An attempt that receives data and loses it with its
+    // connection does not end it, or a source cutting every stream before
+    // a checkpoint would be retried forever.
     let mut outage: Option<Instant> = None;
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -387,9 +451,9 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             live: Live::start(rec.done_bytes, rec.total_bytes),
             rec: &mut rec,
             last_record: Instant::now(),
-            recorded_this_attempt: 0,
+            counts: &mut counts,
             failed: None,
-            moved: false,
+            advanced: false,
             received: &received,
         };
         ctl.publish();
@@ -405,7 +469,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
         let Pulled { end, wire_bytes } =
             lamina_transfer::pull_into(&st.pool, &identity, &pull, &mut ctl);
         ctl.count_received();
-        if ctl.moved {
+        if ctl.advanced {
             outage = None;
             backoff = Duration::from_millis(200);
         }
@@ -460,10 +524,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
 fn succeed(st: &State, rec: &mut OpRec) {
     st.progress.lock().unwrap().remove(&rec.id);
     rec.state = OperationState::Succeeded;
-    let resent = rec
-        .copy
-        .as_ref()
-        .map_or(0, |c| c.received_bytes.saturating_sub(rec.done_bytes));
+    let resent = rec.copy.as_ref().and_then(|c| c.resent_bytes).unwrap_or(0);
     tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
     if let Err(e) = st.record(rec) {
         tracing::error!(error = %e, "could not record the end of a remote clone");

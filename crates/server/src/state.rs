@@ -72,6 +72,8 @@ pub struct Live {
     pub done_at_start: u64,
     /// A remote clone: bytes received on the wire by this run.
     pub wire: u64,
+    /// A remote clone: data bytes received more than once, all runs.
+    pub resent: u64,
 }
 
 impl Live {
@@ -82,6 +84,7 @@ impl Live {
             since: std::time::Instant::now(),
             done_at_start: done,
             wire: 0,
+            resent: 0,
         }
     }
 
@@ -175,10 +178,11 @@ impl State {
                         metrics.transfer_paced.clone(),
                     )) as Arc<dyn lamina_transfer::Pace>
                 });
-                Some(lamina_transfer::Source::paced(
+                Some(lamina_transfer::Source::limited(
                     Arc::new(pool.clone()),
                     id.clone(),
                     pace,
+                    config.transfer.limits,
                 ))
             }
             _ => None,

@@ -245,6 +245,10 @@ pub struct CopyRec {
     /// at each checkpoint and at most a second apart).
     #[serde(default)]
     pub received_bytes: u64,
+    /// A remote clone: of those, bytes received more than once (recorded
+    /// with them; absent in records of versions that did not keep it).
+    #[serde(default)]
+    pub resent_bytes: Option<u64>,
     /// A remote clone: bytes received on the wire over all its attempts.
     #[serde(default)]
     pub wire_bytes: u64,

@@ -205,10 +205,7 @@ impl Conn {
                 code,
                 message,
             },
-            Frame::Data { offset, .. } => {
-                self.protocol(format!("expected {want}, got Data at {offset}"))
-            }
-            f => self.protocol(format!("expected {want}, got {f:?}")),
+            f => self.protocol(format!("expected {want}, got {}", f.summary())),
         }
     }
 

@@ -113,7 +113,8 @@ impl TransferError {
             TransferError::Checksum { .. } => Reason::Checksum,
             TransferError::Remote { code, .. } => match code {
                 Code::SnapshotMissing | Code::SnapshotReplaced => Reason::SnapshotMissing,
-                Code::ShuttingDown => Reason::SourceUnreachable,
+                // Both pass: a pull retries them within its window.
+                Code::ShuttingDown | Code::Busy => Reason::SourceUnreachable,
                 Code::SourceIo => Reason::Io,
                 Code::Version | Code::BadRequest | Code::Other(_) => Reason::Protocol,
             },

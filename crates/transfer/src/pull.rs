@@ -296,7 +296,11 @@ impl Apply<'_> {
                         message,
                     })
                 }
-                f => return Err(self.protocol(format!("unexpected frame in the stream: {f:?}"))),
+                f => {
+                    return Err(
+                        self.protocol(format!("unexpected frame in the stream: {}", f.summary()))
+                    )
+                }
             };
             let at = match &chunk {
                 Chunk::Data { offset, .. } | Chunk::Zero { offset, .. } => *offset,

@@ -2,6 +2,14 @@
 //! allocated extents to them. The engine's reads are blocking: a dedicated
 //! blocking task reads and encodes frames into a bounded channel while the
 //! session's task writes them to the socket.
+//!
+//! Anyone who reaches the port can open connections, so what a peer can
+//! hold is bounded ([`Limits`]): connections still in their TLS handshake,
+//! in all and per address, turned away at accept beyond that; sessions, in
+//! all and per authenticated peer, refused with an Error frame (`Busy`)
+//! beyond that; and each session's frame buffers ([`SESSION_FRAMES`]).
+//! Every wait on a peer has a deadline, after which its connection is
+//! closed.
 
 use crate::error::TransferError;
 use crate::frames::{read_async, write_async, ReadError};
@@ -10,10 +18,10 @@ use crate::wire::{self, Answer, Code, Frame, Mode, Request, VERSION};
 use lamina_engine::{Piece, Pool, Target};
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -21,12 +29,67 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, info_span, warn, Instrument};
 
-/// How long a peer has for the TLS handshake, its Hello and its Request.
-const OPENING_TIMEOUT: Duration = Duration::from_secs(30);
-/// A peer that takes no bytes for this long is taken for gone.
-const STALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Encoded frames waiting for the socket (each at most 1 MiB of data).
-const QUEUE: usize = 8;
+/// Frame buffers a pull session holds at most, each at most 1 MiB of data
+/// and 20 bytes of framing: the ones queued for the socket, the one being
+/// written and the one being read into. They circulate between the
+/// session's reader and writer; none is allocated beyond these.
+pub const SESSION_FRAMES: usize = 4;
+
+/// Connections turned away at accept are logged at most this often (a
+/// flood must not flood the log).
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What a source lets its peers hold. Every connection costs a descriptor
+/// and a task; a session also up to [`SESSION_FRAMES`] frame buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections not yet authenticated (accepted, TLS handshake not
+    /// finished), in all. Beyond it a connection is closed at accept.
+    pub handshakes: usize,
+    /// The same, from one IP address.
+    pub handshakes_per_address: usize,
+    /// Authenticated sessions, in all. Beyond it a peer's Hello is answered
+    /// with an Error frame, code `Busy`.
+    pub sessions: usize,
+    /// Authenticated sessions of one peer (its certificate's node name).
+    pub sessions_per_peer: usize,
+    /// How long a peer has for its TLS handshake, and for each of its
+    /// Hello and Request.
+    pub opening_timeout: Duration,
+    /// A peer that takes nothing for this long (a write, the answer, a
+    /// frame of the stream, the close) is cut off and its connection
+    /// closed.
+    pub stall_timeout: Duration,
+}
+
+impl Limits {
+    /// Default of [`Limits::handshakes`].
+    pub const HANDSHAKES: usize = 64;
+    /// Default of [`Limits::handshakes_per_address`].
+    pub const HANDSHAKES_PER_ADDRESS: usize = 8;
+    /// Default of [`Limits::sessions`].
+    pub const SESSIONS: usize = 32;
+    /// Default of [`Limits::sessions_per_peer`].
+    pub const SESSIONS_PER_PEER: usize = 8;
+    /// Default of [`Limits::opening_timeout`].
+    pub const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default of [`Limits::stall_timeout`]: the target takes a source
+    /// silent this long for gone, too.
+    pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshakes: Limits::HANDSHAKES,
+            handshakes_per_address: Limits::HANDSHAKES_PER_ADDRESS,
+            sessions: Limits::SESSIONS,
+            sessions_per_peer: Limits::SESSIONS_PER_PEER,
+            opening_timeout: Limits::OPENING_TIMEOUT,
+            stall_timeout: Limits::STALL_TIMEOUT,
+        }
+    }
+}
 
 /// Asked by a source before it reads each piece it streams (at most 1 MiB):
 /// how long to hold back first. How the daemon keeps a transfer from
@@ -43,10 +106,91 @@ pub struct Source {
     pool: Arc<Pool>,
     identity: Arc<Identity>,
     pace: Option<Arc<dyn Pace>>,
+    limits: Limits,
     readers: Mutex<HashMap<(String, String), Vec<String>>>,
     sent: Mutex<HashMap<String, u64>>,
     sent_total: AtomicU64,
     refused: AtomicU64,
+    held: Mutex<Held>,
+    turned_away: AtomicU64,
+    busy: AtomicU64,
+    frame_buffers: Arc<AtomicUsize>,
+}
+
+/// The connections a source holds, by kind, and whose they are.
+#[derive(Default)]
+struct Held {
+    handshakes: usize,
+    by_address: HashMap<IpAddr, usize>,
+    sessions: usize,
+    by_peer: HashMap<String, usize>,
+}
+
+/// A connection's place among the handshakes or the sessions of a source,
+/// given back when dropped.
+struct Slot {
+    source: Arc<Source>,
+    kind: SlotKind,
+}
+
+enum SlotKind {
+    Handshake(IpAddr),
+    Session(String),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        fn release<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: &K) {
+            if let Some(n) = m.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(k);
+                }
+            }
+        }
+        let mut h = self.source.held();
+        match &self.kind {
+            SlotKind::Handshake(ip) => {
+                h.handshakes -= 1;
+                release(&mut h.by_address, ip);
+            }
+            SlotKind::Session(node) => {
+                h.sessions -= 1;
+                release(&mut h.by_peer, node);
+            }
+        }
+    }
+}
+
+/// A session's frame buffer, counted while it lives
+/// ([`Source::frame_buffers`]).
+struct FrameBuf {
+    bytes: Vec<u8>,
+    count: Arc<AtomicUsize>,
+}
+
+impl FrameBuf {
+    fn new(count: &Arc<AtomicUsize>) -> FrameBuf {
+        count.fetch_add(1, Ordering::Relaxed);
+        FrameBuf {
+            bytes: Vec::new(),
+            count: count.clone(),
+        }
+    }
+}
+
+impl Drop for FrameBuf {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How a session's exchange ended: whether its peer still takes data (and
+/// is worth an Error frame or a close_notify), or stalled or went away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    Open,
+    Gone,
 }
 
 /// Removes a peer from a snapshot's readers when its session ends.
@@ -107,15 +251,35 @@ impl Source {
         identity: Arc<Identity>,
         pace: Option<Arc<dyn Pace>>,
     ) -> Arc<Source> {
+        Source::limited(pool, identity, pace, Limits::default())
+    }
+
+    /// A paced source holding at most what `limits` allow.
+    pub fn limited(
+        pool: Arc<Pool>,
+        identity: Arc<Identity>,
+        pace: Option<Arc<dyn Pace>>,
+        limits: Limits,
+    ) -> Arc<Source> {
         Arc::new(Source {
             pool,
             identity,
             pace,
+            limits,
             readers: Mutex::default(),
             sent: Mutex::default(),
             sent_total: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            held: Mutex::default(),
+            turned_away: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
+            frame_buffers: Arc::default(),
         })
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Peers (node names) reading `volume`/`snapshot` right now: the daemon
@@ -144,6 +308,85 @@ impl Source {
         self.refused.load(Ordering::Relaxed)
     }
 
+    /// Connections closed at accept so far, over the handshake limits.
+    pub fn turned_away(&self) -> u64 {
+        self.turned_away.load(Ordering::Relaxed)
+    }
+
+    /// Authenticated peers refused so far because the sessions were at
+    /// their limits (answered `Busy`).
+    pub fn busy(&self) -> u64 {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Peer connections the source holds now: in their handshake or in a
+    /// session.
+    pub fn connections(&self) -> usize {
+        let h = self.held();
+        h.handshakes + h.sessions
+    }
+
+    /// Frame buffers the sessions hold now (at most [`SESSION_FRAMES`] a
+    /// session).
+    pub fn frame_buffers(&self) -> usize {
+        self.frame_buffers.load(Ordering::Relaxed)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place among the handshakes for a connection from `ip`, if the
+    /// limits leave one.
+    fn take_handshake(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let mut h = self.held();
+        let mine = h.by_address.get(&ip).copied().unwrap_or(0);
+        if h.handshakes >= self.limits.handshakes || mine >= self.limits.handshakes_per_address {
+            return None;
+        }
+        h.handshakes += 1;
+        *h.by_address.entry(ip).or_default() += 1;
+        Some(Slot {
+            source: self.clone(),
+            kind: SlotKind::Handshake(ip),
+        })
+    }
+
+    /// A place among the sessions for `node`, or why there is none.
+    fn take_session(self: &Arc<Self>, node: &str) -> Result<Slot, String> {
+        let mut h = self.held();
+        let mine = h.by_peer.get(node).copied().unwrap_or(0);
+        if mine >= self.limits.sessions_per_peer {
+            return Err(format!(
+                "this source holds {mine} sessions of node {node}, its limit per peer: try again later"
+            ));
+        }
+        if h.sessions >= self.limits.sessions {
+            return Err(format!(
+                "this source holds {} sessions, its limit: try again later",
+                h.sessions
+            ));
+        }
+        h.sessions += 1;
+        *h.by_peer.entry(node.to_string()).or_default() += 1;
+        Ok(Slot {
+            source: self.clone(),
+            kind: SlotKind::Session(node.to_string()),
+        })
+    }
+
+    /// `io` within the stall limit; a timeout is an error like the others.
+    async fn timed<T>(&self, io: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+        let limit = self.limits.stall_timeout;
+        match tokio::time::timeout(limit, io).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the peer took nothing for {} s", limit.as_secs_f64()),
+            )),
+        }
+    }
+
     /// Accept peers on `listener` until `shutdown` completes; then the
     /// sessions still running are cut off.
     pub async fn serve(
@@ -153,15 +396,31 @@ impl Source {
     ) -> Result<(), TransferError> {
         let acceptor = TlsAcceptor::from(self.identity.server_config()?);
         let mut sessions = tokio::task::JoinSet::new();
+        let mut warned: Option<Instant> = None;
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
                 r = listener.accept() => match r {
-                    Ok((tcp, addr)) => {
-                        sessions.spawn(self.clone().session(acceptor.clone(), tcp, addr));
-                    }
+                    Ok((tcp, addr)) => match self.take_handshake(addr.ip()) {
+                        Some(slot) => {
+                            sessions.spawn(self.clone().session(acceptor.clone(), tcp, addr, slot));
+                        }
+                        None => {
+                            // Closed at once: its descriptor is back
+                            // before the next accept.
+                            drop(tcp);
+                            let n = self.turned_away.fetch_add(1, Ordering::Relaxed) + 1;
+                            if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                                warned = Some(Instant::now());
+                                warn!(peer = %addr, turned_away = n,
+                                      handshakes = self.limits.handshakes,
+                                      per_address = self.limits.handshakes_per_address,
+                                      "transfer: closed connections over the handshake limits");
+                            }
+                        }
+                    },
                     Err(e) => {
                         // Out of descriptors and the like: let it pass.
                         warn!(error = %e, "transfer: accept failed");
@@ -174,9 +433,16 @@ impl Source {
         Ok(())
     }
 
-    async fn session(self: Arc<Self>, acceptor: TlsAcceptor, tcp: TcpStream, addr: SocketAddr) {
+    async fn session(
+        self: Arc<Self>,
+        acceptor: TlsAcceptor,
+        tcp: TcpStream,
+        addr: SocketAddr,
+        handshake: Slot,
+    ) {
         let _ = tcp.set_nodelay(true);
-        let tls = match tokio::time::timeout(OPENING_TIMEOUT, acceptor.accept(tcp)).await {
+        let opening = self.limits.opening_timeout;
+        let mut tls = match tokio::time::timeout(opening, acceptor.accept(tcp)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -188,36 +454,81 @@ impl Source {
                 return;
             }
         };
-        let node = tls
+        // The verifier refuses a certificate that names no node.
+        let Some(node) = tls
             .get_ref()
             .1
             .peer_certificates()
             .and_then(|c| c.first())
             .and_then(cert_node)
-            .unwrap_or_default();
+        else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(peer = %addr, "transfer: refused a peer (its certificate names no node)");
+            return;
+        };
         let span = info_span!("transfer_session", peer = %addr, node = %node);
         async move {
+            let session = match self.take_session(&node) {
+                Ok(s) => s,
+                Err(why) => {
+                    // Still counted among the handshakes until it is gone.
+                    self.busy.fetch_add(1, Ordering::Relaxed);
+                    warn!("transfer: refused a session: {why}");
+                    self.turn_away(&mut tls, why).await;
+                    return;
+                }
+            };
+            drop(handshake);
             info!("transfer: accepted a session");
-            let mut tls = tls;
-            match self.run(&mut tls, &node).await {
-                Ok(()) => {}
+            let ended = match self.run(&mut tls, &node).await {
+                Ok(ended) => ended,
                 Err(r) => {
                     warn!(code = ?r.code, "transfer: session failed: {}", r.message);
                     let f = Frame::Error {
                         code: r.code,
                         message: r.message,
                     };
-                    let _ = write_async(&mut tls, &f).await;
+                    self.send(&mut tls, &f).await
                 }
+            };
+            if ended == Ended::Open {
+                let _ = self.timed(tls.shutdown()).await;
             }
-            let _ = tls.shutdown().await;
+            drop(session);
         }
         .instrument(span)
         .await
     }
 
+    /// Answer a peer the sessions have no room for: its Hello is read (an
+    /// unread one would turn the close into a reset that can destroy the
+    /// answer), then an Error frame `Busy` saying why.
+    async fn turn_away(&self, tls: &mut TlsStream<TcpStream>, why: String) {
+        if self.opening(tls).await.is_err() {
+            return;
+        }
+        let f = Frame::Error {
+            code: Code::Busy,
+            message: why,
+        };
+        if self.send(tls, &f).await == Ended::Open {
+            let _ = self.timed(tls.shutdown()).await;
+        }
+    }
+
+    /// Write one frame within the stall limit.
+    async fn send(&self, tls: &mut TlsStream<TcpStream>, f: &Frame) -> Ended {
+        match self.timed(write_async(tls, f)).await {
+            Ok(()) => Ended::Open,
+            Err(e) => {
+                warn!(error = %e, "transfer: peer gone");
+                Ended::Gone
+            }
+        }
+    }
+
     async fn opening(&self, tls: &mut TlsStream<TcpStream>) -> Result<Frame, Refusal> {
-        match tokio::time::timeout(OPENING_TIMEOUT, read_async(tls)).await {
+        match tokio::time::timeout(self.limits.opening_timeout, read_async(tls)).await {
             Ok(Ok((f, _))) => Ok(f),
             Ok(Err(ReadError::Wire(e))) => Err(refuse(Code::BadRequest, e.to_string())),
             Ok(Err(ReadError::Io(e))) => Err(refuse(Code::BadRequest, format!("read: {e}"))),
@@ -225,7 +536,7 @@ impl Source {
         }
     }
 
-    async fn run(&self, tls: &mut TlsStream<TcpStream>, node: &str) -> Result<(), Refusal> {
+    async fn run(&self, tls: &mut TlsStream<TcpStream>, node: &str) -> Result<Ended, Refusal> {
         match self.opening(tls).await? {
             Frame::Hello { version } if version == VERSION => {}
             Frame::Hello { version } => {
@@ -234,18 +545,22 @@ impl Source {
                     format!("this source speaks transfer protocol version {VERSION}, the peer version {version}"),
                 ))
             }
-            f => return Err(refuse(Code::BadRequest, format!("expected Hello, got {f:?}"))),
+            f => {
+                return Err(refuse(
+                    Code::BadRequest,
+                    format!("expected Hello, got {}", f.summary()),
+                ))
+            }
         }
-        let hello = Frame::Hello { version: VERSION };
-        write_async(tls, &hello)
-            .await
-            .map_err(|e| refuse(Code::BadRequest, format!("write: {e}")))?;
+        if self.send(tls, &Frame::Hello { version: VERSION }).await == Ended::Gone {
+            return Ok(Ended::Gone);
+        }
         let req = match self.opening(tls).await? {
             Frame::Request(r) => r,
             f => {
                 return Err(refuse(
                     Code::BadRequest,
-                    format!("expected Request, got {}", short(&f)),
+                    format!("expected Request, got {}", f.summary()),
                 ))
             }
         };
@@ -256,21 +571,19 @@ impl Source {
               from = req.from_offset, "transfer: request");
         let (answer, export) = self.open(&req).map_err(engine_or)?;
         let reading = (req.mode == Mode::Pull).then(|| self.register(&req, node));
-        let f = Frame::Answer(answer);
-        write_async(tls, &f)
-            .await
-            .map_err(|e| refuse(Code::BadRequest, format!("write: {e}")))?;
+        if self.send(tls, &Frame::Answer(answer)).await == Ended::Gone {
+            return Ok(Ended::Gone);
+        }
         if req.mode == Mode::Describe {
             let end = Frame::End {
                 frames: 0,
                 data_bytes: 0,
             };
-            let _ = write_async(tls, &end).await;
-            return Ok(());
+            return Ok(self.send(tls, &end).await);
         }
-        self.stream(tls, export, node).await;
+        let ended = self.stream(tls, export, node).await;
         drop(reading);
-        Ok(())
+        Ok(ended)
     }
 
     /// Look up the snapshot, check its id, and start its export at the
@@ -334,39 +647,50 @@ impl Source {
         tls: &mut TlsStream<TcpStream>,
         export: lamina_engine::Export,
         node: &str,
-    ) {
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUE);
-        let (give_back, spare) = std::sync::mpsc::channel();
+    ) -> Ended {
+        // The session's only frame buffers: they go to the reader on
+        // `spare`, come back filled on `rx`, and return to `spare` once
+        // written.
+        let (tx, mut rx) = mpsc::channel::<FrameBuf>(SESSION_FRAMES);
+        let (give_back, spare) = std::sync::mpsc::sync_channel(SESSION_FRAMES);
+        for _ in 0..SESSION_FRAMES {
+            let _ = give_back.try_send(FrameBuf::new(&self.frame_buffers));
+        }
         let pace = self.pace.clone();
         let reader = tokio::task::spawn_blocking(move || read_frames(export, tx, spare, pace));
         let mut failed = None;
         while let Some(buf) = rx.recv().await {
             // A target that takes nothing for this long (its link cut, its
-            // host gone) is let go: the snapshot is not held for it.
-            let wrote = tokio::time::timeout(STALL_TIMEOUT, tls.write_all(&buf)).await;
-            let wrote = wrote.unwrap_or_else(|_| {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the peer took nothing for {} s", STALL_TIMEOUT.as_secs()),
-                ))
-            });
-            if let Err(e) = wrote {
+            // host gone, or it stopped reading) is let go: the snapshot is
+            // not held for it, nor its connection.
+            if let Err(e) = self.timed(tls.write_all(&buf.bytes)).await {
                 failed = Some(e);
                 break;
             }
-            let n = buf.len() as u64;
-            let _ = give_back.send(buf);
+            let n = buf.bytes.len() as u64;
+            let _ = give_back.try_send(buf);
             self.sent_total.fetch_add(n, Ordering::Relaxed);
             let mut s = self.sent.lock().unwrap_or_else(|p| p.into_inner());
             *s.entry(node.to_string()).or_default() += n;
         }
+        // The reader stops at its next send or its next wait for a buffer.
         drop(rx);
+        drop(give_back);
         let _ = reader.await;
         match failed {
-            Some(e) => warn!(error = %e, "transfer: peer gone mid-stream"),
-            None => match tls.flush().await {
-                Ok(()) => info!("transfer: stream sent"),
-                Err(e) => warn!(error = %e, "transfer: peer gone at the end of the stream"),
+            Some(e) => {
+                warn!(error = %e, "transfer: peer gone mid-stream");
+                Ended::Gone
+            }
+            None => match self.timed(tls.flush()).await {
+                Ok(()) => {
+                    info!("transfer: stream sent");
+                    Ended::Open
+                }
+                Err(e) => {
+                    warn!(error = %e, "transfer: peer gone at the end of the stream");
+                    Ended::Gone
+                }
             },
         }
     }
@@ -384,21 +708,15 @@ fn engine_or(o: Opened) -> Refusal {
     }
 }
 
-fn short(f: &Frame) -> String {
-    match f {
-        Frame::Data { offset, payload } => format!("Data at {offset} ({} bytes)", payload.len()),
-        f => format!("{f:?}"),
-    }
-}
-
-/// The blocking half: read pieces straight into frame buffers, queue them.
-/// Buffers come back on `spare` once written, so a stream reuses a few
-/// warm ones rather than allocating (and copying into) a new one per MiB.
-/// Stops when the channel closes (the peer is gone).
+/// The blocking half: read pieces straight into the session's frame
+/// buffers, queue them. Buffers come back on `spare` once written, so a
+/// stream reuses its few warm ones rather than allocating (and copying
+/// into) a new one per MiB. Stops when either channel closes (the peer is
+/// gone).
 fn read_frames(
     mut export: lamina_engine::Export,
-    tx: mpsc::Sender<Vec<u8>>,
-    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    tx: mpsc::Sender<FrameBuf>,
+    spare: std::sync::mpsc::Receiver<FrameBuf>,
     pace: Option<Arc<dyn Pace>>,
 ) {
     let (mut frames, mut data_bytes) = (0u64, 0u64);
@@ -413,10 +731,13 @@ fn read_frames(
                 std::thread::sleep(wait);
             }
         }
-        let mut buf = spare.try_recv().unwrap_or_default();
+        let Ok(mut frame) = spare.recv() else {
+            return;
+        };
+        let buf = &mut frame.bytes;
         match piece {
             Piece::Data { offset, len } => {
-                let payload = wire::data_frame_start(&mut buf, offset, len as usize);
+                let payload = wire::data_frame_start(buf, offset, len as usize);
                 if let Err(e) = export.read_piece(offset, payload) {
                     warn!(error = %e, "transfer: reading the snapshot failed");
                     let r = engine_refusal(e);
@@ -425,24 +746,27 @@ fn read_frames(
                         message: r.message,
                     };
                     buf.clear();
-                    wire::encode(&f, &mut buf);
-                    let _ = tx.blocking_send(buf);
+                    wire::encode(&f, buf);
+                    let _ = tx.blocking_send(frame);
                     return;
                 }
-                wire::seal_data(&mut buf);
+                wire::seal_data(buf);
                 data_bytes += len;
             }
             Piece::Zero { offset, len } => {
                 buf.clear();
-                wire::encode(&Frame::Zero { offset, len }, &mut buf);
+                wire::encode(&Frame::Zero { offset, len }, buf);
             }
         }
         frames += 1;
-        if tx.blocking_send(buf).is_err() {
+        if tx.blocking_send(frame).is_err() {
             return;
         }
     }
-    let mut buf = Vec::new();
-    wire::encode(&Frame::End { frames, data_bytes }, &mut buf);
-    let _ = tx.blocking_send(buf);
+    let Ok(mut frame) = spare.recv() else {
+        return;
+    };
+    frame.bytes.clear();
+    wire::encode(&Frame::End { frames, data_bytes }, &mut frame.bytes);
+    let _ = tx.blocking_send(frame);
 }

@@ -3,10 +3,15 @@
 //! CA.
 
 use crate::error::TransferError;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
+    RootCertStore, ServerConfig, SignatureScheme,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,14 +59,86 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-/// The first DNS subjectAltName of a certificate: the node it names.
+/// The first DNS subjectAltName of a certificate: the node it names (none
+/// if that name is empty).
 pub fn cert_node(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, x) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let san = x.subject_alternative_name().ok()??;
-    san.value.general_names.iter().find_map(|n| match n {
+    let name = san.value.general_names.iter().find_map(|n| match n {
         x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
         _ => None,
-    })
+    })?;
+    (!name.is_empty()).then_some(name)
+}
+
+/// A client certificate of the cluster's CA that names no node.
+#[derive(thiserror::Error)]
+#[error("the certificate names no node (it has no DNS subjectAltName)")]
+struct NoNodeName;
+
+/// As its message: rustls shows the error inside its own with `{:?}`, and
+/// that is what the source's log line says.
+impl std::fmt::Debug for NoNodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// The CA's verifier of client certificates, and one check more: the
+/// certificate must name a node. A source keys its readers and its session
+/// limits by that name, so a peer without one is refused in the handshake
+/// (a certificate_unknown alert) rather than served under an empty name.
+#[derive(Debug)]
+struct NamedClients(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for NamedClients {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.0.verify_client_cert(end_entity, intermediates, now)?;
+        if cert_node(end_entity).is_none() {
+            let e = CertificateError::Other(OtherError(Arc::new(NoNodeName)));
+            return Err(rustls::Error::InvalidCertificate(e));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TransferError> {
@@ -118,12 +195,13 @@ impl Identity {
     }
 
     /// The TLS configuration of a source: TLS 1.3, and a client
-    /// certificate signed by the CA is required.
+    /// certificate signed by the CA and naming a node is required.
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TransferError> {
         let p = provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), p.clone())
+        let ca = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), p.clone())
             .build()
             .map_err(|e| bad(&self.dir.join(CA_FILE), e))?;
+        let verifier = Arc::new(NamedClients(ca));
         let cfg = ServerConfig::builder_with_provider(p)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| bad(&self.dir, e))?

@@ -101,6 +101,9 @@ pub enum Code {
     BadRequest,
     SourceIo,
     ShuttingDown,
+    /// The source holds as many sessions as its limits allow (in all, or
+    /// of this peer): try again later.
+    Busy,
     /// A code this version does not know.
     Other(u16),
 }
@@ -114,6 +117,7 @@ impl Code {
             Code::BadRequest => 4,
             Code::SourceIo => 5,
             Code::ShuttingDown => 6,
+            Code::Busy => 7,
             Code::Other(n) => n,
         }
     }
@@ -126,6 +130,7 @@ impl Code {
             4 => Code::BadRequest,
             5 => Code::SourceIo,
             6 => Code::ShuttingDown,
+            7 => Code::Busy,
             n => Code::Other(n),
         }
     }
@@ -156,6 +161,50 @@ pub enum Frame {
         code: Code,
         message: String,
     },
+}
+
+/// Most bytes of a peer's text (a name, an Error message), quoted, that
+/// [`Frame::summary`] shows.
+const ECHO: usize = 128;
+
+/// `s` quoted and escaped, cut to at most [`ECHO`] bytes.
+fn echo(s: &str) -> String {
+    let mut q = format!("{s:?}");
+    if q.len() > ECHO {
+        let mut end = ECHO;
+        while !q.is_char_boundary(end) {
+            end -= 1;
+        }
+        q.truncate(end);
+        q.push_str("...");
+    }
+    q
+}
+
+impl Frame {
+    /// The frame in a few words, for a log line or an error message about
+    /// a peer's input: bounded whatever the frame holds (a payload by its
+    /// length, names and messages cut short), where `{:?}` would print a
+    /// MiB of payload.
+    pub fn summary(&self) -> String {
+        match self {
+            Frame::Data { offset, payload } => {
+                format!("Data at {offset} ({} bytes)", payload.len())
+            }
+            Frame::Request(r) => format!(
+                "Request ({:?} of {}/{} from {})",
+                r.mode,
+                echo(&r.volume),
+                echo(&r.snapshot),
+                r.from_offset
+            ),
+            Frame::Error { code, message } => format!("Error ({code:?}: {})", echo(message)),
+            // Numbers only.
+            Frame::Hello { .. } | Frame::Answer(_) | Frame::Zero { .. } | Frame::End { .. } => {
+                format!("{self:?}")
+            }
+        }
+    }
 }
 
 /// A frame that cannot be decoded.

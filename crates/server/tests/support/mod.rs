@@ -30,27 +30,38 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir) -> Daemon {
-        Self::start_with(dir, Default::default())
+        Self::start_configured(dir, |_| {})
     }
 
     /// A daemon with test-only knobs (`lamina_server::Testing`).
+    #[allow(dead_code)]
     pub fn start_with(dir: tempfile::TempDir, testing: lamina_server::Testing) -> Daemon {
+        Self::start_configured(dir, |c| c.testing = testing)
+    }
+
+    /// [`Daemon::start_in`] with the configuration changed by `set`.
+    #[allow(dead_code)]
+    pub fn start_configured(
+        dir: tempfile::TempDir,
+        set: impl FnOnce(&mut lamina_server::Config),
+    ) -> Daemon {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let config = lamina_server::Config {
+        let mut config = lamina_server::Config {
             data_dir: dir.path().to_path_buf(),
             listen: None,
             nbd_listen: None,
             operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
             transfer: Default::default(),
-            testing,
+            testing: Default::default(),
             high_water: Default::default(),
             volume_io_metrics: true,
         };
+        set(&mut config);
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;
         }));

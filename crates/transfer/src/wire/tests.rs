@@ -140,3 +140,45 @@ fn a_hello_without_the_magic_is_refused() {
     let e = decode(&buf).unwrap_err().to_string();
     assert!(e.contains("wrong magic"), "{e}");
 }
+
+proptest! {
+    /// What a log line or an error message shows of a peer's frame stays
+    /// short, whatever the frame holds.
+    #[test]
+    fn a_summary_is_short_whatever_the_frame_holds(
+        f in frame(),
+        name in "\\PC{0,255}",
+        message in "(.|\\PC){0,4096}",
+    ) {
+        let request = Frame::Request(Request {
+            mode: Mode::Pull,
+            expect_id: 0,
+            from_offset: u64::MAX,
+            volume: name.clone(),
+            snapshot: name,
+        });
+        let error = Frame::Error { code: Code::Other(u16::MAX), message };
+        for f in [f, request, error] {
+            let s = f.summary();
+            prop_assert!(s.len() <= 512, "{} bytes: {s}", s.len());
+        }
+    }
+}
+
+#[test]
+fn a_megabyte_of_payload_is_summarized_by_its_length() {
+    let f = Frame::Data {
+        offset: 4096,
+        payload: vec![0; MAX_DATA],
+    };
+    assert_eq!(f.summary(), "Data at 4096 (1048576 bytes)");
+    let e = Frame::Error {
+        code: Code::Busy,
+        message: "x".repeat(MAX_MESSAGE),
+    };
+    let s = e.summary();
+    assert!(
+        s.starts_with("Error (Busy: \"xxx") && s.ends_with("...)"),
+        "{s}"
+    );
+}

@@ -167,10 +167,20 @@ impl Served {
         identity: Arc<Identity>,
         pace: Option<Arc<dyn lamina_transfer::Pace>>,
     ) -> Served {
+        Served::limited(pool, identity, pace, lamina_transfer::Limits::default())
+    }
+
+    /// A source holding at most what `limits` allow.
+    pub fn limited(
+        pool: Arc<Pool>,
+        identity: Arc<Identity>,
+        pace: Option<Arc<dyn lamina_transfer::Pace>>,
+        limits: lamina_transfer::Limits,
+    ) -> Served {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
-        let source = Source::paced(pool, identity, pace);
+        let source = Source::limited(pool, identity, pace, limits);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let s = source.clone();
         let thread = std::thread::spawn(move || {
