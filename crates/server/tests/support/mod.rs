@@ -34,13 +34,11 @@ impl Daemon {
     }
 
     /// A daemon with test-only knobs (`lamina_server::Testing`).
-    #[allow(dead_code)]
     pub fn start_with(dir: tempfile::TempDir, testing: lamina_server::Testing) -> Daemon {
         Self::start_configured(dir, |c| c.testing = testing)
     }
 
     /// [`Daemon::start_in`] with the configuration changed by `set`.
-    #[allow(dead_code)]
     pub fn start_configured(
         dir: tempfile::TempDir,
         set: impl FnOnce(&mut lamina_server::Config),
