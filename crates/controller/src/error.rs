@@ -57,7 +57,8 @@ impl Error {
 
 /// A daemon error's event reason.
 pub fn engine_reason(e: &lamina_client::Error) -> &'static str {
-    if matches!(e, lamina_client::Error::Unreachable { .. }) {
+    // Not reached, or cut off mid-call (the daemon stopped or died).
+    if e.is_unavailable() {
         return "DaemonUnreachable";
     }
     match e.code() {
