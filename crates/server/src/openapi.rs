@@ -224,14 +224,23 @@ fn object<'a>(
     schema: &str,
     field: &str,
 ) -> Option<&'a mut Object> {
+    match property(doc, schema, field)? {
+        RefOr::T(Schema::Object(f)) => Some(f),
+        _ => None,
+    }
+}
+
+/// The schema of the property `schema.field`, as the document has it.
+fn property<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    schema: &str,
+    field: &str,
+) -> Option<&'a mut RefOr<Schema>> {
     let comps = doc.components.as_mut()?;
     let RefOr::T(Schema::Object(o)) = comps.schemas.get_mut(schema)? else {
         return None;
     };
-    match o.properties.get_mut(field)? {
-        RefOr::T(Schema::Object(f)) => Some(f),
-        _ => None,
-    }
+    o.properties.get_mut(field)
 }
 
 /// The inline schema of the items of the array `schema.field`.
@@ -240,11 +249,7 @@ fn items<'a>(
     schema: &str,
     field: &str,
 ) -> Option<&'a mut Object> {
-    let comps = doc.components.as_mut()?;
-    let RefOr::T(Schema::Object(o)) = comps.schemas.get_mut(schema)? else {
-        return None;
-    };
-    let RefOr::T(Schema::Array(a)) = o.properties.get_mut(field)? else {
+    let RefOr::T(Schema::Array(a)) = property(doc, schema, field)? else {
         return None;
     };
     match &mut a.items {
