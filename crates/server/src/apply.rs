@@ -618,10 +618,23 @@ impl State {
 /// An operation record as the API shows it, with live progress if a job is
 /// working for it.
 pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
-    let live = match st.progress.lock().unwrap().get(&rec.id) {
-        Some(&p) if rec.state == api::OperationState::Running => Some(p),
-        _ => None,
+    let live = st.progress.lock().unwrap().get(&rec.id).copied();
+    // A job records its end before it drops its live progress, so a running
+    // record read before this look at the progress, with none there now, may
+    // be one the job has since ended: read it again, or the counts shown
+    // would go back to the last running record's.
+    let again;
+    let rec = match (live, rec.state) {
+        (None, api::OperationState::Running) => match st.store.op(&rec.id) {
+            Ok(Some(r)) => {
+                again = r;
+                &again
+            }
+            _ => rec,
+        },
+        _ => rec,
     };
+    let live = live.filter(|_| rec.state == api::OperationState::Running);
     let (done_bytes, total_bytes) =
         live.map_or((rec.done_bytes, rec.total_bytes), |l| (l.done, l.total));
     let copy = rec.copy.as_ref();

@@ -42,7 +42,6 @@ pub fn watch_flatten(
             st2.progress.lock().unwrap().insert(rec.id.clone(), *l);
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        st2.progress.lock().unwrap().remove(&rec.id);
         rec.done_bytes = progress.done.load(Ordering::SeqCst);
         rec.total_bytes = progress.total.load(Ordering::SeqCst);
         match progress.error.lock().unwrap().clone() {
@@ -55,6 +54,7 @@ pub fn watch_flatten(
         if let Err(e) = st2.record(&rec) {
             tracing::error!(op = %rec.id, error = %e, "could not record the end of a flatten");
         }
+        st2.progress.lock().unwrap().remove(&rec.id);
     })
     .map_err(|e| Failure::internal(format!("cannot follow the flatten: {e}")))
 }
@@ -316,9 +316,9 @@ fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
         .pool
         .copy_into(&src, name, copy.resume_offset, CHECKPOINT_BYTES, &mut ctl);
     let failed = ctl.failed.take();
-    st.progress.lock().unwrap().remove(&rec.id);
     let error = match (end, failed) {
         (Ok(CopyEnd::Stopped(_)), None) => {
+            st.progress.lock().unwrap().remove(&rec.id);
             tracing::info!("daemon stopping: the copy resumes at the next start");
             return;
         }
@@ -342,9 +342,12 @@ fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
         Some(_) => OperationState::Failed,
     };
     rec.error = error;
+    // Recorded before the live progress goes, so that no reader sees the
+    // last running record in between (its done bytes behind the live ones).
     if let Err(e) = st.record(&rec) {
         tracing::error!(error = %e, "could not record the end of a full clone");
     }
+    st.progress.lock().unwrap().remove(&rec.id);
 }
 
 /// Delete the system snapshot a copy took (a user's snapshot is never

@@ -521,19 +521,21 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
     }
 }
 
+/// The end is recorded before the live progress goes: in between, a reader
+/// would see the last record of the running pull, with counts behind what
+/// it was already shown.
 fn succeed(st: &State, rec: &mut OpRec) {
-    st.progress.lock().unwrap().remove(&rec.id);
     rec.state = OperationState::Succeeded;
     let resent = rec.copy.as_ref().and_then(|c| c.resent_bytes).unwrap_or(0);
     tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
     if let Err(e) = st.record(rec) {
         tracing::error!(error = %e, "could not record the end of a remote clone");
     }
+    st.progress.lock().unwrap().remove(&rec.id);
 }
 
 /// End the pull as failed: the partial volume goes first.
 fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: String) {
-    st.progress.lock().unwrap().remove(&rec.id);
     tracing::error!(reason = reason.as_str(), error = %error, "remote clone failed; removing the partial volume");
     if let Err(d) = st.pool.delete_volume(name, true) {
         if !matches!(d, lamina_engine::Error::VolumeNotFound(_)) {
@@ -546,4 +548,5 @@ fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: S
     if let Err(e) = st.record(rec) {
         tracing::error!(error = %e, "could not record the end of a remote clone");
     }
+    st.progress.lock().unwrap().remove(&rec.id);
 }
