@@ -6,14 +6,28 @@
 
 mod cmd_certs;
 mod cmd_clone;
+#[cfg(feature = "kubernetes")]
 mod cmd_controller;
+#[cfg(feature = "kubernetes")]
 mod cmd_csi;
+#[cfg(feature = "kubernetes")]
 mod cmd_node;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_schedule;
+#[cfg(feature = "kubernetes")]
 mod cmd_schedule_controller;
 mod cmd_snapshot;
+#[cfg(not(feature = "kubernetes"))]
+mod without_kubernetes;
+#[cfg(not(feature = "kubernetes"))]
+use without_kubernetes as cmd_controller;
+#[cfg(not(feature = "kubernetes"))]
+use without_kubernetes as cmd_csi;
+#[cfg(not(feature = "kubernetes"))]
+use without_kubernetes as cmd_node;
+#[cfg(not(feature = "kubernetes"))]
+use without_kubernetes as cmd_schedule_controller;
 mod cmd_volume;
 mod failure;
 mod output;
