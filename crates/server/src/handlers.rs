@@ -137,17 +137,19 @@ async fn json_errors(req: Request, next: Next) -> Response {
     } else {
         text
     };
-    let code = if status.is_server_error() {
-        "internal"
-    } else {
-        "invalid"
-    };
+    // The framework's status stays (405, 413, 415...); the code is the
+    // one that status falls under.
     let code = match status {
-        StatusCode::NOT_FOUND => "not_found",
-        StatusCode::METHOD_NOT_ALLOWED => "invalid",
-        _ => code,
+        StatusCode::NOT_FOUND => api::ErrorCode::NotFound,
+        s if s.is_server_error() => api::ErrorCode::Internal,
+        _ => api::ErrorCode::Invalid,
     };
-    Failure::new(status, code, message, None).into_response()
+    let error = api::ApiError {
+        code,
+        message,
+        hint: None,
+    };
+    Failure(status, error).into_response()
 }
 
 /// On TCP every request needs `Authorization: Bearer TOKEN` (the token is in
@@ -161,8 +163,7 @@ async fn auth(st: St, req: Request, next: Next) -> Response {
     match (want, got) {
         (Some(w), Some(g)) if constant_time_eq(w.as_bytes(), g.as_bytes()) => next.run(req).await,
         _ => Failure::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            api::ErrorCode::Unauthorized,
             "missing or wrong bearer token",
             Some("pass the token from the daemon's data directory (file `token`) with --token or LAMINA_TOKEN"),
         )
@@ -660,8 +661,7 @@ pub async fn detach_snapshot(
         (status = 403, description = "from another node: the peers refused each other's certificates", body = api::ApiError),
         (status = 409, description = "a volume of that name exists and is not this clone", body = api::ApiError),
         (status = 500, body = api::ApiError),
-        (status = 502, description = "from another node: the peer broke the protocol", body = api::ApiError),
-        (status = 503, description = "the daemon is latched, or the other node is unreachable", body = api::ApiError),
+        (status = 503, description = "the daemon is latched; or from another node: it is unreachable, broke the protocol, or a copy failed", body = api::ApiError),
         (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_clone(
     st: St,

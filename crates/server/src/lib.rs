@@ -181,7 +181,10 @@ pub async fn run(
         let st = state.clone();
         tokio::task::spawn_blocking(move || st.prune_operations(retention))
             .await
-            .map_err(|e| ServerError::Store(format!("pruning operation records: {e}")))??;
+            .map_err(|source| ServerError::Task {
+                what: "pruning operation records",
+                source,
+            })??;
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
