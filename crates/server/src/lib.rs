@@ -9,6 +9,7 @@ mod background;
 mod changes;
 mod device;
 mod error;
+mod extract;
 mod groups;
 mod handlers;
 mod jobs;

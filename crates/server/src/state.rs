@@ -355,7 +355,7 @@ impl State {
     /// [`State::space_warning`] from stats already read.
     pub fn space_warning_of(&self, stats: &lamina_engine::PoolStats) -> Option<String> {
         let used = stats.used_bytes;
-        let room = crate::handlers::capacity_bytes(&self.layout.root, stats);
+        let room = crate::paths::capacity_bytes(&self.layout.root, stats);
         let total = used.saturating_add(room);
         let past = used >= self.high_water.threshold(total);
         past.then(|| {

@@ -6,7 +6,7 @@ use super::runner::{self, covers, pinned, timing};
 use super::{rfc3339, ScheduleRec, SLOT_LABEL};
 use crate::apply;
 use crate::error::Failure;
-use crate::handlers::{body, created, St};
+use crate::extract::{body, created, St};
 use crate::state::{blocking, State};
 use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
