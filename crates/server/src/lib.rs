@@ -13,6 +13,8 @@ mod extract;
 mod groups;
 mod handlers;
 mod jobs;
+#[cfg(test)]
+mod layers;
 pub mod metrics;
 mod migrate;
 mod openapi;
