@@ -3,10 +3,12 @@
 //! resources. It owns the wire shapes and the size syntax only; it must not
 //! depend on the engine or do I/O.
 
+mod code;
 mod schedule;
 mod selector;
 mod size;
 mod space;
+pub use code::ErrorCode;
 pub use schedule::{
     DeleteScheduleQuery, KeptSnapshot, RunOutcome, Schedule, ScheduleDeleted, ScheduleRun,
     ScheduleSpec, ScheduleVolume, SnapshotsAction,
@@ -445,10 +447,8 @@ pub struct Removed {
 /// Every error the API returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApiError {
-    /// One of: invalid, not_found, already_exists, conflict, no_space,
-    /// unauthorized, refused (another node refused this one's
-    /// credentials, or this one its), unavailable, internal.
-    pub code: String,
+    /// What kind of error: [`ErrorCode`], snake_case on the wire.
+    pub code: ErrorCode,
     /// What was wrong.
     pub message: String,
     /// What to do about it, when there is something to say.

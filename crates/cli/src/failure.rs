@@ -1,8 +1,10 @@
 //! What the user sees when a command fails: one `error:` line, then a
 //! `hint:` line when there is something to do about it. The daemon's
 //! message and hint stay apart, each printed once; a daemon that cannot be
-//! reached gets a hint that fits why.
+//! reached gets a hint that fits why. The exit status says what kind of
+//! failure it was ([`exit_status`]).
 
+use lamina_api::ErrorCode;
 use lamina_client::{Client, Error as ClientError, StatusCode, Unreachable};
 use std::path::Path;
 
@@ -43,11 +45,34 @@ pub fn explain(e: &anyhow::Error, data_dir: &Path, client: Option<&Client>) -> F
             exit_code: f.exit_code,
         };
     }
-    let hint = match e.downcast_ref::<ClientError>() {
-        Some(ce) => client_hint(ce, data_dir, client),
-        None => None,
+    let Some(ce) = e.downcast_ref::<ClientError>() else {
+        return Failure::new(message, None);
     };
-    Failure::new(message, hint)
+    Failure {
+        message,
+        hint: client_hint(ce, data_dir, client),
+        exit_code: ce.code().map_or(1, exit_status),
+    }
+}
+
+/// The exit status of a command the daemon refused with `code` (no
+/// wildcard: a new code must be given one; docs/daemon.md lists them). 1 is
+/// any other failure, 2 also a usage error clap or the CLI finds, 130 an
+/// interrupted wait.
+pub fn exit_status(code: &ErrorCode) -> i32 {
+    match code {
+        ErrorCode::Invalid => 2,
+        ErrorCode::NotFound => 3,
+        ErrorCode::AlreadyExists => 4,
+        ErrorCode::Conflict => 5,
+        ErrorCode::NoSpace => 6,
+        ErrorCode::Unauthorized => 7,
+        ErrorCode::Refused => 8,
+        ErrorCode::Unavailable => 9,
+        ErrorCode::Internal => 10,
+        // A code from a newer daemon.
+        ErrorCode::Unknown(_) => 1,
+    }
 }
 
 fn client_hint(e: &ClientError, data_dir: &Path, client: Option<&Client>) -> Option<String> {
@@ -126,7 +151,7 @@ mod tests {
         let e: anyhow::Error = ClientError::Api {
             status: StatusCode::CONFLICT,
             error: lamina_api::ApiError {
-                code: "conflict".into(),
+                code: ErrorCode::Conflict,
                 message: "volume \"a\" is attached".into(),
                 hint: Some("detach it first: lamina volume detach a".into()),
             },
@@ -139,7 +164,7 @@ mod tests {
             f.hint.as_deref(),
             Some("detach it first: lamina volume detach a")
         );
-        assert_eq!(f.exit_code, 1);
+        assert_eq!(f.exit_code, 5);
     }
 
     #[test]
@@ -147,7 +172,7 @@ mod tests {
         let e: anyhow::Error = ClientError::Api {
             status: StatusCode::UNAUTHORIZED,
             error: lamina_api::ApiError {
-                code: "unauthorized".into(),
+                code: ErrorCode::Unauthorized,
                 message: "missing or wrong bearer token".into(),
                 hint: Some("pass the token".into()),
             },
@@ -159,6 +184,56 @@ mod tests {
         let c = Client::tcp("http://h:1", Some("t")).unwrap();
         let f = explain(&e, Path::new("/d"), Some(&c));
         assert_eq!(f.hint.as_deref(), Some("pass the token"));
+    }
+
+    /// `Code::InvalidArgument` as the CSI spec writes it: INVALID_ARGUMENT.
+    fn grpc_name(c: tonic::Code) -> String {
+        let mut out = String::new();
+        for (i, ch) in format!("{c:?}").chars().enumerate() {
+            if ch.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_uppercase());
+        }
+        out
+    }
+
+    /// Walks every code the daemon answers: each has its row in
+    /// docs/daemon.md's table, and the row says the HTTP status, gRPC code
+    /// and exit status the code's mappings give. A new code does not
+    /// compile until each mapping (an exhaustive match) gives it a value,
+    /// and fails here until the table lists it.
+    #[test]
+    fn every_code_has_its_documented_status_grpc_code_and_exit_status() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/daemon.md"))
+                .unwrap();
+        let rows: Vec<Vec<&str>> = doc
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| l.split('|').map(str::trim).collect())
+            .collect();
+        let mut exits = std::collections::HashSet::new();
+        for code in ErrorCode::KNOWN {
+            let name = format!("`{}`", code.as_str());
+            let row = rows
+                .iter()
+                .find(|r| r[1] == name && r.len() == 7)
+                .unwrap_or_else(|| panic!("docs/daemon.md has no row for {name}"));
+            assert_eq!(row[2], code.http_status().to_string(), "{name}: HTTP");
+            assert_eq!(
+                row[3],
+                grpc_name(lamina_csi::grpc_code(&code)),
+                "{name}: gRPC"
+            );
+            let exit = exit_status(&code);
+            assert_eq!(row[4], exit.to_string(), "{name}: exit status");
+            assert!(exits.insert(exit), "{name}: exit status {exit} is taken");
+            assert!(![0, 1, 130].contains(&exit), "{name}: exit status {exit}");
+        }
+        let unknown = ErrorCode::Unknown("newer".into());
+        assert_eq!(exit_status(&unknown), 1);
+        assert_eq!(lamina_csi::grpc_code(&unknown), tonic::Code::Internal);
     }
 
     #[test]

@@ -566,9 +566,9 @@ fn deleting_the_source_snapshot_mid_copy_never_leaves_a_partial_clone() {
             dst.has_no_volume("c");
         }
     } else {
-        // Refused (a conflict, exit 1) naming the node reading it; the
+        // Refused (a conflict, exit 5) naming the node reading it; the
         // clone goes on.
-        assert_eq!(del.code(), Some(1), "{del:?}");
+        assert_eq!(del.code(), Some(5), "{del:?}");
         assert!(del.stderr.contains(&dst.name), "{del:?}");
         assert_eq!(op["state"], "succeeded", "{op}");
         same_data(&src, &dst, "c");

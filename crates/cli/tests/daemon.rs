@@ -159,7 +159,7 @@ fn snapshots_labels_tree_revert_and_delete() {
         "--label",
         "tier=gold",
     ]);
-    let err = d.lamina(&["snapshot", "create", "db", "base"]).fails(1);
+    let err = d.lamina(&["snapshot", "create", "db", "base"]).fails(4);
     assert!(err.contains("already exists with other labels"), "{err}");
     let err = d
         .lamina(&["snapshot", "create", "db", "x", "--label", "novalue"])
@@ -344,7 +344,7 @@ fn tcp_needs_the_token() {
         "volume",
         "list",
     ]));
-    let err = o.fails(1);
+    let err = o.fails(7);
     assert!(err.starts_with("error: ") && err.contains("token"), "{err}");
     assert!(err.contains("hint: ") && err.contains("--token"), "{err}");
 
@@ -357,7 +357,7 @@ fn tcp_needs_the_token() {
         "volume",
         "list",
     ]));
-    let err = o.fails(1);
+    let err = o.fails(7);
     assert!(err.contains("token"), "{err}");
 
     // The right one, as an option and from the environment.

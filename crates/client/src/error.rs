@@ -4,7 +4,7 @@
 //! the API's contract. Every message names where the daemon was looked for.
 
 use hyper::StatusCode;
-use lamina_api::ApiError;
+use lamina_api::{ApiError, ErrorCode};
 
 /// Why the daemon could not be reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,9 +90,9 @@ impl Error {
         }
     }
 
-    /// The daemon's stable error code (`not_found`, `conflict`...).
-    pub fn code(&self) -> Option<&str> {
-        self.api().map(|e| e.code.as_str())
+    /// The daemon's stable error code, when it refused the request.
+    pub fn code(&self) -> Option<&ErrorCode> {
+        self.api().map(|e| &e.code)
     }
 
     /// The daemon's hint: what to do about it.
@@ -153,14 +153,14 @@ mod tests {
         let e = Error::Api {
             status: StatusCode::CONFLICT,
             error: ApiError {
-                code: "conflict".into(),
+                code: ErrorCode::Conflict,
                 message: "volume \"a\" is attached".into(),
                 hint: Some("detach it first".into()),
             },
         };
         assert_eq!(e.to_string(), "volume \"a\" is attached");
         assert_eq!(e.hint(), Some("detach it first"));
-        assert_eq!(e.code(), Some("conflict"));
+        assert_eq!(e.code(), Some(&ErrorCode::Conflict));
         assert!(e.is_conflict() && !e.is_not_found());
         let u = Error::Unreachable {
             target: "/d/api.sock".into(),

@@ -533,7 +533,7 @@ mod tests {
             br#"{"code":"not_found","message":"volume \"x\" not found","hint":"list volumes"}"#;
         let e = api_error(&target(), StatusCode::NOT_FOUND, body);
         assert!(e.is_not_found());
-        assert_eq!(e.code(), Some("not_found"));
+        assert_eq!(e.code(), Some(&api::ErrorCode::NotFound));
         assert_eq!(e.to_string(), "volume \"x\" not found");
         assert_eq!(e.hint(), Some("list volumes"));
 

@@ -61,14 +61,19 @@ pub fn engine_reason(e: &lamina_client::Error) -> &'static str {
     if e.is_unavailable() {
         return "DaemonUnreachable";
     }
-    match e.code() {
-        Some("not_found") => "NotFound",
-        Some("no_space") => "NoSpace",
-        Some("invalid") if e.to_string().contains("name") => "InvalidName",
-        Some("invalid") => "Invalid",
-        Some("conflict") | Some("already_exists") => "Conflict",
-        Some("unauthorized") => "Unauthorized",
-        _ => "DaemonError",
+    use lamina_api::ErrorCode as C;
+    let Some(code) = e.code() else {
+        return "DaemonError";
+    };
+    match code {
+        C::NotFound => "NotFound",
+        C::NoSpace => "NoSpace",
+        C::Invalid if e.to_string().contains("name") => "InvalidName",
+        C::Invalid => "Invalid",
+        C::Conflict | C::AlreadyExists => "Conflict",
+        C::Unauthorized => "Unauthorized",
+        C::Refused => "Refused",
+        C::Unavailable | C::Internal | C::Unknown(_) => "DaemonError",
     }
 }
 

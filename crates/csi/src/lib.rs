@@ -28,6 +28,7 @@ mod status;
 pub use controller::ControllerService;
 pub use nodes::{NodeSet, NodeSource, StorageNode};
 pub use serve::{serve, socket_path, Error, Mode, Options};
+pub use status::grpc_code;
 
 /// The driver's name, as CSIDriver objects and StorageClasses name it.
 pub const DRIVER_NAME: &str = "lamina.csi.io";

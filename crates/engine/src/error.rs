@@ -97,7 +97,52 @@ impl std::fmt::Display for IoFailure {
     }
 }
 
+/// What kind of failure an [`Error`] is: the one classification every
+/// caller maps from (the daemon to its API codes, the data path to NBD
+/// errors). Every variant of [`Error`] has exactly one kind
+/// ([`Error::kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request is malformed: a bad name or argument, a range outside
+    /// the volume.
+    Invalid,
+    /// The volume or snapshot named does not exist.
+    NotFound,
+    /// The volume or snapshot named exists already.
+    AlreadyExists,
+    /// The request conflicts with the object's current state.
+    Conflict,
+    /// A write to something read-only.
+    ReadOnly,
+    /// The pool is full.
+    NoSpace,
+    /// The pool's latch is set: nothing works until it is reopened.
+    Unavailable,
+    /// The engine itself failed: an I/O error, corrupt metadata, not a pool.
+    Internal,
+}
+
 impl Error {
+    /// The kind of this error (no wildcard: a new variant must be given one).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidName { .. } | Error::InvalidArgument(_) | Error::OutOfRange { .. } => {
+                ErrorKind::Invalid
+            }
+            Error::VolumeNotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
+            Error::VolumeExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
+            Error::Conflict(_) | Error::HasSnapshots { .. } | Error::HasLinkedClones { .. } => {
+                ErrorKind::Conflict
+            }
+            Error::ReadOnly(_) => ErrorKind::ReadOnly,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
+            Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::Io { .. } | Error::Corrupt { .. } | Error::NotAPool { .. } => {
+                ErrorKind::Internal
+            }
+        }
+    }
+
     pub(crate) fn io(
         op: &'static str,
         path: &std::path::Path,
@@ -122,7 +167,7 @@ impl Error {
 
     /// True when the error means the disk or pool is full (ENOSPC).
     pub fn is_no_space(&self) -> bool {
-        matches!(self, Error::NoSpace { .. })
+        self.kind() == ErrorKind::NoSpace
     }
 
     pub(crate) fn corrupt(block: u64, detail: impl Into<String>) -> Self {

@@ -39,7 +39,7 @@ mod wal;
 
 pub use check::CheckReport;
 pub use copy::{Applier, CopyControl, CopyEnd, CopyProgress};
-pub use error::{Error, IoFailure, Result};
+pub use error::{Error, ErrorKind, IoFailure, Result};
 pub use extents::{Chunk, Export, Extent, ExtentKind, Piece, Target};
 pub use format::{
     check_labels, check_name, BLOCK, LABELS_MAX_BYTES, LABEL_KEY_MAX_LEN, LABEL_OVERHEAD,

@@ -572,7 +572,7 @@ impl State {
             Ok(ops)
         })
         .await
-        .map_err(|f| crate::ServerError::Store(f.1.message))?;
+        .map_err(crate::ServerError::from)?;
         for rec in ops
             .into_iter()
             .filter(|o| o.state == api::OperationState::Running)
@@ -592,7 +592,7 @@ impl State {
                         .await
                     }
                 };
-                end.map_err(|f| crate::ServerError::Store(f.1.message))
+                end.map_err(crate::ServerError::from)
             }
             .instrument(span)
             .await?;
@@ -611,7 +611,7 @@ impl State {
             Ok(())
         })
         .await
-        .map_err(|f| crate::ServerError::Store(f.1.message))
+        .map_err(crate::ServerError::from)
     }
 }
 

@@ -4,7 +4,7 @@
 //! only when it moved, so an idle pool costs them no engine calls.
 
 use crate::error::Failure;
-use crate::handlers::St;
+use crate::extract::St;
 use axum::extract::Query;
 use axum::Json;
 use lamina_api as api;

@@ -7,7 +7,7 @@ use crate::pacing::Activity;
 use lamina_blockio::{
     BlockIo, Completion, InlineIo, IoError, IoErrorKind, IoObserver, IoOp, Observed,
 };
-use lamina_engine::{Error as E, ExtentKind, Volume};
+use lamina_engine::{Error as E, ErrorKind, ExtentKind, Volume};
 use lamina_nbd::{Exports, Extent};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -56,13 +56,18 @@ impl EngineDevice {
     }
 }
 
+/// The data path's error for an engine error, by its kind (no wildcard: a
+/// new kind must be given one).
 fn map(e: E) -> IoError {
-    let kind = match e {
-        E::NoSpace { .. } => IoErrorKind::NoSpace,
-        E::OutOfRange { .. } | E::InvalidArgument(_) => IoErrorKind::Invalid,
-        E::ReadOnly(_) => IoErrorKind::ReadOnly,
-        E::VolumeNotFound(_) | E::SnapshotNotFound { .. } => IoErrorKind::Gone,
-        _ => IoErrorKind::Io,
+    let kind = match e.kind() {
+        ErrorKind::NoSpace => IoErrorKind::NoSpace,
+        ErrorKind::Invalid => IoErrorKind::Invalid,
+        ErrorKind::ReadOnly => IoErrorKind::ReadOnly,
+        ErrorKind::NotFound => IoErrorKind::Gone,
+        ErrorKind::AlreadyExists
+        | ErrorKind::Conflict
+        | ErrorKind::Unavailable
+        | ErrorKind::Internal => IoErrorKind::Io,
     };
     IoError::new(kind, e.to_string())
 }

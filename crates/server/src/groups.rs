@@ -8,7 +8,7 @@
 
 use crate::apply::{self, labels_vec, Outcome};
 use crate::error::Failure;
-use crate::handlers::{body, created, removed};
+use crate::extract::{body, created, removed};
 use crate::state::{blocking, rfc3339, snapshot_export, State};
 use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
@@ -38,7 +38,7 @@ pub fn check_create(
     labels: &BTreeMap<String, String>,
 ) -> Result<(), Failure> {
     lamina_engine::check_name(name)?;
-    crate::handlers::refuse_schedule_labels(labels)?;
+    crate::schedules::refuse_schedule_labels(labels)?;
     if volumes.is_empty() {
         return Err(Failure::invalid(
             "a group snapshot needs at least one volume",

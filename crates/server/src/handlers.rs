@@ -7,10 +7,13 @@
 
 use crate::apply::{self, operation, Outcome};
 use crate::error::Failure;
+use crate::extract::{body, created, removed, St, R};
+use crate::paths::capacity_bytes;
+use crate::schedules::refuse_schedule_labels;
 use crate::state::{blocking, State};
 use crate::store::{CloneSource, Op};
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, Request, State as S};
+use axum::extract::{Path, Query, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -20,14 +23,6 @@ use lamina_api as api;
 use serde::Deserialize;
 use std::sync::Arc;
 use tracing::Instrument;
-
-pub(crate) type St = S<Arc<State>>;
-type R<T> = Result<T, Failure>;
-
-pub(crate) fn body<T>(b: Result<Json<T>, JsonRejection>) -> R<T> {
-    b.map(|Json(v)| v)
-        .map_err(|e| Failure::invalid(format!("malformed request body: {}", e.body_text())))
-}
 
 pub fn router(state: Arc<State>, tcp: bool) -> Router {
     let r = Router::new()
@@ -137,17 +132,19 @@ async fn json_errors(req: Request, next: Next) -> Response {
     } else {
         text
     };
-    let code = if status.is_server_error() {
-        "internal"
-    } else {
-        "invalid"
-    };
+    // The framework's status stays (405, 413, 415...); the code is the
+    // one that status falls under.
     let code = match status {
-        StatusCode::NOT_FOUND => "not_found",
-        StatusCode::METHOD_NOT_ALLOWED => "invalid",
-        _ => code,
+        StatusCode::NOT_FOUND => api::ErrorCode::NotFound,
+        s if s.is_server_error() => api::ErrorCode::Internal,
+        _ => api::ErrorCode::Invalid,
     };
-    Failure::new(status, code, message, None).into_response()
+    let error = api::ApiError {
+        code,
+        message,
+        hint: None,
+    };
+    Failure(status, error).into_response()
 }
 
 /// On TCP every request needs `Authorization: Bearer TOKEN` (the token is in
@@ -161,8 +158,7 @@ async fn auth(st: St, req: Request, next: Next) -> Response {
     match (want, got) {
         (Some(w), Some(g)) if constant_time_eq(w.as_bytes(), g.as_bytes()) => next.run(req).await,
         _ => Failure::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            api::ErrorCode::Unauthorized,
             "missing or wrong bearer token",
             Some("pass the token from the daemon's data directory (file `token`) with --token or LAMINA_TOKEN"),
         )
@@ -224,27 +220,6 @@ pub async fn metrics(st: St) -> R<Response> {
         .into_response())
 }
 
-pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
-    let fs_free = fs_available(dir).unwrap_or(0);
-    let grow = match stats.max_bytes {
-        Some(max) => max.saturating_sub(stats.total_bytes).min(fs_free),
-        None => fs_free,
-    };
-    stats.free_bytes.saturating_add(grow)
-}
-
-/// Bytes an unprivileged writer may still add to the filesystem of `dir`.
-fn fs_available(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
-    // statvfs the call fills in; both outlive the call.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
-}
-
 #[utoipa::path(get, path = "/v1/volumes", params(api::VolumeFilter),
     responses((status = 200, body = Vec<api::Volume>), (status = 400, description = "a malformed selector", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
@@ -283,14 +258,6 @@ pub async fn set_volume_labels(
         labels: req.labels,
     };
     volume_out(&st, apply::run(&st, op).await?).await
-}
-
-pub(crate) fn created(c: bool) -> StatusCode {
-    if c {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    }
 }
 
 #[utoipa::path(post, path = "/v1/volumes", request_body = api::CreateVolume,
@@ -353,13 +320,6 @@ pub async fn delete_volume(
         with_snapshots: q.with_snapshots,
     };
     removed(what, apply::run(&st, op).await?)
-}
-
-pub(crate) fn removed(what: String, o: Outcome) -> R<Json<api::Removed>> {
-    match o {
-        Outcome::Removed(existed) => Ok(Json(api::Removed { what, existed })),
-        _ => Err(Failure::internal("a delete yielded something else")),
-    }
 }
 
 async fn volume_out(st: &Arc<State>, o: Outcome) -> R<Json<api::Volume>> {
@@ -554,19 +514,6 @@ pub async fn create_snapshot(
     }
 }
 
-/// The labels a schedule puts on its snapshots are the schedule's: a
-/// user's snapshot carrying them would fall under its retention.
-pub(crate) fn refuse_schedule_labels(labels: &std::collections::BTreeMap<String, String>) -> R<()> {
-    for k in [api::SCHEDULE_LABEL, crate::schedules::SLOT_LABEL] {
-        if labels.contains_key(k) {
-            return Err(Failure::invalid(format!(
-                "the label {k:?} is reserved for scheduled snapshots (lamina schedule create)"
-            )));
-        }
-    }
-    Ok(())
-}
-
 #[utoipa::path(get, path = "/v1/volumes/{name}/snapshots/{snap}",
     params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
     responses((status = 200, body = api::Snapshot), (status = 404, body = api::ApiError),
@@ -660,8 +607,7 @@ pub async fn detach_snapshot(
         (status = 403, description = "from another node: the peers refused each other's certificates", body = api::ApiError),
         (status = 409, description = "a volume of that name exists and is not this clone", body = api::ApiError),
         (status = 500, body = api::ApiError),
-        (status = 502, description = "from another node: the peer broke the protocol", body = api::ApiError),
-        (status = 503, description = "the daemon is latched, or the other node is unreachable", body = api::ApiError),
+        (status = 503, description = "the daemon is latched; or from another node: it is unreachable, broke the protocol, or a copy failed", body = api::ApiError),
         (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_clone(
     st: St,

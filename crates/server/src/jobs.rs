@@ -44,17 +44,8 @@ pub fn watch_flatten(
         }
         rec.done_bytes = progress.done.load(Ordering::SeqCst);
         rec.total_bytes = progress.total.load(Ordering::SeqCst);
-        match progress.error.lock().unwrap().clone() {
-            None => rec.state = OperationState::Succeeded,
-            Some(e) => {
-                rec.state = OperationState::Failed;
-                rec.error = Some(e);
-            }
-        }
-        if let Err(e) = st2.record(&rec) {
-            tracing::error!(op = %rec.id, error = %e, "could not record the end of a flatten");
-        }
-        st2.progress.lock().unwrap().remove(&rec.id);
+        let error = progress.error.lock().unwrap().clone();
+        let _ = st2.end(rec, error);
     })
     .map_err(|e| Failure::internal(format!("cannot follow the flatten: {e}")))
 }
@@ -337,17 +328,7 @@ fn run_copy(st: &Arc<State>, mut rec: OpRec, name: &str) {
         }
     }
     release(st, &copy, &rec.id);
-    rec.state = match error {
-        None => OperationState::Succeeded,
-        Some(_) => OperationState::Failed,
-    };
-    rec.error = error;
-    // Recorded before the live progress goes, so that no reader sees the
-    // last running record in between (its done bytes behind the live ones).
-    if let Err(e) = st.record(&rec) {
-        tracing::error!(error = %e, "could not record the end of a full clone");
-    }
-    st.progress.lock().unwrap().remove(&rec.id);
+    let _ = st.end(rec, error);
 }
 
 /// Delete the system snapshot a copy took (a user's snapshot is never

@@ -9,9 +9,12 @@ mod background;
 mod changes;
 mod device;
 mod error;
+mod extract;
 mod groups;
 mod handlers;
 mod jobs;
+#[cfg(test)]
+mod layers;
 pub mod metrics;
 mod migrate;
 mod openapi;
@@ -181,7 +184,10 @@ pub async fn run(
         let st = state.clone();
         tokio::task::spawn_blocking(move || st.prune_operations(retention))
             .await
-            .map_err(|e| ServerError::Store(format!("pruning operation records: {e}")))??;
+            .map_err(|source| ServerError::Task {
+                what: "pruning operation records",
+                source,
+            })??;
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -79,3 +79,26 @@ impl Layout {
         Ok(token)
     }
 }
+
+/// Bytes new data can still take in a pool with `stats` in `dir`: its free
+/// space plus what its filesystem can still give, up to its cap if it has one.
+pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {
+    let fs_free = fs_available(dir).unwrap_or(0);
+    let grow = match stats.max_bytes {
+        Some(max) => max.saturating_sub(stats.total_bytes).min(fs_free),
+        None => fs_free,
+    };
+    stats.free_bytes.saturating_add(grow)
+}
+
+/// Bytes an unprivileged writer may still add to the filesystem of `dir`.
+fn fs_available(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
+    // statvfs the call fills in; both outlive the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}

@@ -14,7 +14,7 @@ use crate::apply::Outcome;
 use crate::error::Failure;
 use crate::state::{blocking, Live, State};
 use crate::store::{CloneSource, CopyRec, Op, OpRec};
-use lamina_api::{FailureReason, OperationState, PeerNode};
+use lamina_api::{FailureReason, PeerNode};
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
 use lamina_transfer::{Pull, Pulled, Reason, Remote, TransferError};
 use std::sync::Arc;
@@ -193,7 +193,7 @@ pub fn reason_of(rec: &OpRec, f: &Failure) -> Option<FailureReason> {
 /// A failure of the request itself (before anything is copied), as the API
 /// answers it.
 fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
-    use axum::http::StatusCode;
+    use lamina_api::ErrorCode;
     let msg = format!("{}: {e}", api_reason(e.reason()).as_str());
     let busy = matches!(
         e,
@@ -205,8 +205,7 @@ fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
     match e.reason() {
         Reason::SnapshotMissing => Failure::not_found(msg),
         Reason::SourceUnreachable if busy => Failure::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             msg,
             Some(&format!(
                 "node {} serves as many transfer sessions as its limits allow; try again later",
@@ -214,22 +213,24 @@ fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
             )),
         ),
         Reason::SourceUnreachable => Failure::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             msg,
             Some(&format!(
                 "is node {} serving transfers at {}? (lamina serve --transfer-listen)",
                 remote.node, remote.address
             )),
         ),
-        Reason::NoSpace => Failure::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", msg, None),
+        Reason::NoSpace => Failure::new(ErrorCode::NoSpace, msg, None),
         Reason::Refused => Failure::new(
-            StatusCode::FORBIDDEN,
-            "refused",
+            ErrorCode::Refused,
             msg,
             Some("both nodes need certificates from the same CA (lamina certs issue)"),
         ),
-        _ => Failure::new(StatusCode::BAD_GATEWAY, "unavailable", msg, None),
+        // The peer broke the protocol, a chunk arrived damaged, or an I/O
+        // error on either side: a later attempt may succeed.
+        Reason::Protocol | Reason::Checksum | Reason::Io => {
+            Failure::new(ErrorCode::Unavailable, msg, None)
+        }
     }
 }
 
@@ -525,13 +526,9 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
 /// would see the last record of the running pull, with counts behind what
 /// it was already shown.
 fn succeed(st: &State, rec: &mut OpRec) {
-    rec.state = OperationState::Succeeded;
     let resent = rec.copy.as_ref().and_then(|c| c.resent_bytes).unwrap_or(0);
     tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
-    if let Err(e) = st.record(rec) {
-        tracing::error!(error = %e, "could not record the end of a remote clone");
-    }
-    st.progress.lock().unwrap().remove(&rec.id);
+    let _ = st.end(rec.clone(), None);
 }
 
 /// End the pull as failed: the partial volume goes first.
@@ -542,11 +539,6 @@ fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: S
             tracing::error!(error = %d, "could not remove the partial volume");
         }
     }
-    rec.state = OperationState::Failed;
     rec.reason = Some(reason);
-    rec.error = Some(format!("{}: {error}", reason.as_str()));
-    if let Err(e) = st.record(rec) {
-        tracing::error!(error = %e, "could not record the end of a remote clone");
-    }
-    st.progress.lock().unwrap().remove(&rec.id);
+    let _ = st.end(rec.clone(), Some(format!("{}: {error}", reason.as_str())));
 }

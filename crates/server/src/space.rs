@@ -7,7 +7,8 @@
 
 use crate::apply;
 use crate::error::Failure;
-use crate::handlers::{body, capacity_bytes, St};
+use crate::extract::{body, St};
+use crate::paths::capacity_bytes;
 use crate::schedules::runner::{pinned, slot_of};
 use crate::state::{blocking, rfc3339};
 use crate::store::Op;

@@ -355,7 +355,7 @@ impl State {
     /// [`State::space_warning`] from stats already read.
     pub fn space_warning_of(&self, stats: &lamina_engine::PoolStats) -> Option<String> {
         let used = stats.used_bytes;
-        let room = crate::handlers::capacity_bytes(&self.layout.root, stats);
+        let room = crate::paths::capacity_bytes(&self.layout.root, stats);
         let total = used.saturating_add(room);
         let past = used >= self.high_water.threshold(total);
         past.then(|| {
@@ -529,9 +529,11 @@ impl State {
         self.exports.contains(export)
     }
 
-    /// Write an operation record, keeping the index of running ones in step.
-    /// Blocking: from async code use `record_async`.
+    /// Write the record of a running operation (its start, or its progress),
+    /// keeping the index of running ones in step. Its end is written by
+    /// [`State::end`] only. Blocking: from async code use `record_async`.
     pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
+        debug_assert_eq!(op.state, api::OperationState::Running, "{op:?}");
         self.store.put_op(op)?;
         self.recorded(op);
         Ok(())
@@ -541,7 +543,7 @@ impl State {
     /// failed and changed nothing), so a store that cannot write the
     /// record now keeps it and writes it when it reopens
     /// (`Store::put_op_end`): the operation ends here either way.
-    pub fn record_end(&self, op: &OpRec) -> Result<(), ServerError> {
+    fn record_end(&self, op: &OpRec) -> Result<(), ServerError> {
         self.store.put_op_end(op)?;
         self.recorded(op);
         Ok(())
@@ -570,14 +572,23 @@ impl State {
         blocking(move || st.record(&op).map_err(Failure::from)).await
     }
 
-    /// Mark an operation done: succeeded, or failed with `error`. Fails
-    /// only on a record that cannot be encoded: one the store cannot write
-    /// now is written when it reopens (`State::record_end`).
-    pub async fn finish(
-        self: &Arc<Self>,
-        mut op: OpRec,
-        error: Option<String>,
-    ) -> Result<(), Failure> {
+    /// [`State::end`] from async code.
+    pub async fn finish(self: &Arc<Self>, op: OpRec, error: Option<String>) -> Result<(), Failure> {
+        let st = self.clone();
+        blocking(move || st.end(op, error).map_err(Failure::from)).await
+    }
+
+    /// End an operation: succeeded, or failed with `error` (a failure's
+    /// `reason`, if it has one, set on `op` by the caller). The only writer
+    /// of an operation's end, whether a request or a background job (a full
+    /// clone's copy, a pull, a flatten) ends it: it records the end, counts
+    /// it in `lamina_operations_total` and its duration, logs it, and only
+    /// then drops the live progress, so that no reader sees the last
+    /// running record in between (its counts behind the live ones it was
+    /// shown). Fails only on a record that cannot be encoded: one the store
+    /// cannot write now is written when it reopens (`State::record_end`).
+    /// Blocking.
+    pub fn end(&self, mut op: OpRec, error: Option<String>) -> Result<(), ServerError> {
         op.state = match error {
             None => api::OperationState::Succeeded,
             Some(_) => api::OperationState::Failed,
@@ -591,11 +602,24 @@ impl State {
             .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
             .and_then(|t| t.elapsed().ok())
             .map(|d| d.as_secs_f64());
+        let kind = op.op.kind();
         self.metrics
-            .operation(op.op.kind().as_str(), error.is_none(), seconds);
+            .operation(kind.as_str(), error.is_none(), seconds);
+        match &error {
+            None => {
+                tracing::info!(op = %op.id, kind = %kind, volume = %op.volume(), "operation succeeded")
+            }
+            Some(e) => {
+                tracing::warn!(op = %op.id, kind = %kind, volume = %op.volume(), error = %e, "operation failed")
+            }
+        }
         op.error = error;
-        let st = self.clone();
-        blocking(move || st.record_end(&op).map_err(Failure::from)).await
+        let recorded = self.record_end(&op);
+        if let Err(e) = &recorded {
+            tracing::error!(op = %op.id, error = %e, "could not record the end of an operation");
+        }
+        self.progress.lock().unwrap().remove(&op.id);
+        recorded
     }
 
     /// Operation records, filtered, newest first.

@@ -644,7 +644,7 @@ impl Store {
             1 => store.migrate_v1()?,
             2..=4 => store.set_version(version)?,
             newer => {
-                return Err(ServerError::Store(format!(
+                return Err(ServerError::Unreadable(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",
                     path.display()
                 )))
@@ -702,7 +702,7 @@ impl Store {
     }
 
     fn unreadable(&self, id: &str, e: &str) -> ServerError {
-        ServerError::Store(format!(
+        ServerError::Unreadable(format!(
             "{}: operation record {id:?} cannot be read: {e}. Volumes and snapshots live in the pool and are not affected; to start without the operation history, move this file aside",
             self.path.display()
         ))
@@ -750,11 +750,11 @@ impl Store {
             for item in t.iter()? {
                 let (k, v) = item?;
                 let rec = serde_json::from_str(v.value()).map_err(|e| {
-                    Fail::other(ServerError::Store(format!(
-                        "{}: export record {:?} cannot be read: {e}",
+                    Fail::other(ServerError::record(format!(
+                        "{}: export record {:?}",
                         self.path.display(),
                         k.value()
-                    )))
+                    ))(e))
                 })?;
                 out.push((k.value().to_string(), rec));
             }

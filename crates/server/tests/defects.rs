@@ -42,6 +42,17 @@ fn wait_op(d: &Daemon, id: &str) -> Value {
     last
 }
 
+/// The count of operations of `kind` that ended with `outcome` in
+/// `/metrics` (0 while the series does not exist).
+fn ended(d: &Daemon, kind: &str, outcome: &str) -> u64 {
+    let (s, _, text) = d.raw(Method::GET, "/metrics", "");
+    assert_eq!(s, StatusCode::OK, "{text}");
+    let series = format!("lamina_operations_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
 #[test]
 fn a_clone_of_a_volume_copies_it_as_it_is_and_never_touches_a_user_snapshot() {
     let d = Daemon::start();
@@ -94,6 +105,8 @@ fn a_clone_of_a_volume_copies_it_as_it_is_and_never_touches_a_user_snapshot() {
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     assert_eq!(v["operation"]["kind"], "full-clone", "{v}");
     wait_op(&d, v["operation"]["id"].as_str().unwrap());
+    // Its end, in the background, is counted as every operation's is.
+    assert_eq!(ended(&d, "full-clone", "succeeded"), 1);
     let y = d.attach("/v1/volumes/y");
     qemu_io(&y, &["read -P 0x4e 0 4k"]);
     assert_eq!(
@@ -148,6 +161,7 @@ fn a_flattened_clone_leaves_no_system_snapshot_behind() {
     );
     let v = d.ok(Method::POST, "/v1/volumes/c/flatten", None);
     wait_op(&d, v["operation"].as_str().unwrap());
+    assert_eq!(ended(&d, "flatten", "succeeded"), 1);
     assert_eq!(snapshots(&d, "src"), vec![]);
     let c = d.ok(Method::GET, "/v1/volumes/c", None);
     assert_eq!(

@@ -6,7 +6,7 @@ use super::runner::{self, covers, pinned, timing};
 use super::{rfc3339, ScheduleRec, SLOT_LABEL};
 use crate::apply;
 use crate::error::Failure;
-use crate::handlers::{body, created, St};
+use crate::extract::{body, created, St};
 use crate::state::{blocking, State};
 use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
@@ -69,8 +69,7 @@ fn check(spec: &api::ScheduleSpec) -> R<()> {
 
 fn no_such(name: &str) -> Failure {
     Failure::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
+        api::ErrorCode::NotFound,
         format!("no schedule {name:?}"),
         Some("list schedules with `lamina schedule list`"),
     )
@@ -269,8 +268,7 @@ pub async fn delete_schedule(
         let id = rec.id.clone();
         let count = blocking(move || Ok(own_snapshots(&s, &id)?.len())).await?;
         return Err(Failure::new(
-            StatusCode::BAD_REQUEST,
-            "invalid",
+            api::ErrorCode::Invalid,
             format!("schedule {name:?} has {count} snapshots: say whether to keep or delete them"),
             Some(&format!(
                 "lamina schedule delete {name} --keep-snapshots (or --delete-snapshots)"
@@ -364,7 +362,7 @@ pub async fn recover(st: &Arc<State>) -> Result<(), crate::ServerError> {
         tracing::info!(schedule = %rec.spec.name, id = %rec.id, "finishing a schedule delete interrupted by a restart");
         finish_delete(st, &rec, api::SnapshotsAction::Delete)
             .await
-            .map_err(|f| crate::ServerError::Store(f.1.message))?;
+            .map_err(crate::ServerError::from)?;
     }
     Ok(())
 }

@@ -21,6 +21,21 @@ use std::sync::Arc;
 /// time retention counts from.
 pub const SLOT_LABEL: &str = "lamina.io/slot";
 
+/// The labels a schedule puts on its snapshots are the schedule's: a
+/// user's snapshot carrying them would fall under its retention.
+pub(crate) fn refuse_schedule_labels(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<(), crate::error::Failure> {
+    for k in [lamina_api::SCHEDULE_LABEL, SLOT_LABEL] {
+        if labels.contains_key(k) {
+            return Err(crate::error::Failure::invalid(format!(
+                "the label {k:?} is reserved for scheduled snapshots (lamina schedule create)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What the daemon's schedules share: the clock, the loop's wake-up, the
 /// lock that serialises schedule changes, and the test-only crash points.
 pub struct Runtime {

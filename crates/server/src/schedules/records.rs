@@ -59,12 +59,9 @@ impl Store {
         let mut out = Vec::new();
         for e in t.iter()? {
             let (k, v) = e?;
-            let rec: ScheduleRec = serde_json::from_str(v.value()).map_err(|e| {
-                ServerError::Store(format!(
-                    "schedule record {} does not decode: {e}",
-                    k.value()
-                ))
-            })?;
+            let rec: ScheduleRec = serde_json::from_str(v.value()).map_err(ServerError::record(
+                format!("schedule record {}", k.value()),
+            ))?;
             out.push(rec);
         }
         out.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
@@ -131,9 +128,10 @@ impl Store {
         let key = track_key(id, volume_id);
         match t.get(key.as_str())? {
             None => Ok(None),
-            Some(v) => Ok(Some(serde_json::from_str(v.value()).map_err(|e| {
-                ServerError::Store(format!("schedule track {key} does not decode: {e}"))
-            })?)),
+            Some(v) => Ok(Some(
+                serde_json::from_str(v.value())
+                    .map_err(ServerError::record(format!("schedule track {key}")))?,
+            )),
         }
     }
 
@@ -227,9 +225,10 @@ impl Store {
             if !k.value().starts_with(&prefix) {
                 break;
             }
-            out.push(serde_json::from_str(v.value()).map_err(|e| {
-                ServerError::Store(format!("schedule run {} does not decode: {e}", k.value()))
-            })?);
+            out.push(
+                serde_json::from_str(v.value())
+                    .map_err(ServerError::record(format!("schedule run {}", k.value())))?,
+            );
         }
         out.reverse();
         Ok(out)
