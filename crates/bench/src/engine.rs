@@ -409,6 +409,12 @@ impl lamina_blockio::InlineIo for Null {
     fn read_only(&self) -> bool {
         false
     }
+    fn caps(&self) -> lamina_blockio::Caps {
+        lamina_blockio::Caps::ALL
+    }
+    fn activate(&self, _: u64) -> Result<(), lamina_blockio::IoError> {
+        Ok(())
+    }
     fn read(&self, _o: u64, _b: &mut [u8]) -> Result<(), lamina_blockio::IoError> {
         Ok(())
     }

@@ -46,12 +46,66 @@
 //! 7. **Zeroes.** After trim or write-zeroes completes, the range reads as
 //!    zeros (Lamina's volumes have no backing chain, so a trimmed block is a
 //!    hole that reads as zeros).
+//! 8. **Capabilities.** [`BlockIo::caps`] says which of flush, FUA, trim,
+//!    native write-zeroes and block status the volume does; a frontend
+//!    offers its clients exactly those (the NBD handshake advertises them)
+//!    and submits no operation the volume did not declare.
+//! 9. **Generations.** [`BlockIo::activate`] makes a handle the holder of an
+//!    activation generation. Once `activate(g)` has returned on any handle,
+//!    every request from a handle of a lower generation (a handle never
+//!    activated holds generation 0) fails with [`IoErrorKind::Fenced`], and
+//!    no request such a handle submitted earlier is still in flight. An
+//!    activation below the highest generation the volume has seen is refused
+//!    the same way. The highest generation is durable before `activate`
+//!    returns, so a restart keeps it (see [`generation`]).
 
+pub mod generation;
 mod observed;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use generation::{Admitted, Fence, GenerationStore, Holder};
 pub use observed::{IoObserver, Observed, OpKind};
+
+/// What a volume does beyond reads and writes. A frontend offers exactly
+/// these and sends nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// [`IoOp::Flush`] makes completed writes durable (without it, a
+    /// completed write is already durable and no flush is sent).
+    pub flush: bool,
+    /// A write with `fua` is durable when it completes.
+    pub fua: bool,
+    /// [`IoOp::Trim`].
+    pub trim: bool,
+    /// [`IoOp::WriteZeroes`] zeroes natively (fast, without writing the
+    /// zeros); without it a frontend writes zeros itself.
+    pub write_zeroes: bool,
+    /// [`IoOp::BlockStatus`] reports allocation.
+    pub block_status: bool,
+}
+
+impl Caps {
+    /// Everything.
+    pub const ALL: Caps = Caps {
+        flush: true,
+        fua: true,
+        trim: true,
+        write_zeroes: true,
+        block_status: true,
+    };
+
+    /// Only what both volumes do (a volume composed of the two).
+    pub fn and(self, o: Caps) -> Caps {
+        Caps {
+            flush: self.flush && o.flush,
+            fua: self.fua && o.fua,
+            trim: self.trim && o.trim,
+            write_zeroes: self.write_zeroes && o.write_zeroes,
+            block_status: self.block_status && o.block_status,
+        }
+    }
+}
 
 /// One extent of an allocation map, in order from the asked offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +192,10 @@ pub enum IoErrorKind {
     NotSupported,
     /// The volume was detached or deleted under its handle.
     Gone,
+    /// The handle's activation generation is lower than one the volume has
+    /// been activated at since: another holder took the volume over. Nothing
+    /// happened, and nothing will through this handle again.
+    Fenced,
 }
 
 impl std::fmt::Display for IoErrorKind {
@@ -149,6 +207,7 @@ impl std::fmt::Display for IoErrorKind {
             IoErrorKind::ReadOnly => "read-only",
             IoErrorKind::NotSupported => "not supported",
             IoErrorKind::Gone => "volume gone",
+            IoErrorKind::Fenced => "fenced by a newer generation",
         })
     }
 }
@@ -195,6 +254,14 @@ pub trait BlockIo: Send + Sync + 'static {
     fn size(&self) -> Result<u64, IoError>;
     /// Whether writes are refused.
     fn read_only(&self) -> bool;
+    /// What the volume does beyond reads and writes.
+    fn caps(&self) -> Caps;
+    /// Make this handle the holder of activation `generation` (contract
+    /// item 9): refused with [`IoErrorKind::Fenced`] below the highest the
+    /// volume has seen; otherwise durable when it returns, after every
+    /// request of a lower generation still in flight has completed. A
+    /// volume that cannot be written (a snapshot) answers `NotSupported`.
+    fn activate(&self, generation: u64) -> Result<(), IoError>;
     /// Start `op`; `done` gets its outcome, exactly once, on any thread,
     /// possibly before this returns. Submit from a thread that may block.
     fn submit(&self, op: IoOp, done: Completion);
@@ -208,6 +275,8 @@ pub trait BlockIo: Send + Sync + 'static {
 pub trait InlineIo: Send + Sync + 'static {
     fn size(&self) -> Result<u64, IoError>;
     fn read_only(&self) -> bool;
+    fn caps(&self) -> Caps;
+    fn activate(&self, generation: u64) -> Result<(), IoError>;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError>;
     fn flush(&self) -> Result<(), IoError>;
@@ -223,6 +292,14 @@ impl<T: InlineIo> BlockIo for T {
 
     fn read_only(&self) -> bool {
         InlineIo::read_only(self)
+    }
+
+    fn caps(&self) -> Caps {
+        InlineIo::caps(self)
+    }
+
+    fn activate(&self, generation: u64) -> Result<(), IoError> {
+        InlineIo::activate(self, generation).map_err(|e| e.at(("activate", 0, 0)))
     }
 
     fn submit(&self, op: IoOp, done: Completion) {
@@ -282,6 +359,12 @@ mod tests {
         }
         fn read_only(&self) -> bool {
             false
+        }
+        fn caps(&self) -> Caps {
+            Caps::ALL
+        }
+        fn activate(&self, _: u64) -> Result<(), IoError> {
+            Err(IoError::new(IoErrorKind::NotSupported, "no generations"))
         }
         fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
             let d = self.0.lock().unwrap();

@@ -85,6 +85,14 @@ impl<V: BlockIo> BlockIo for Observed<V> {
         self.inner.read_only()
     }
 
+    fn caps(&self) -> crate::Caps {
+        self.inner.caps()
+    }
+
+    fn activate(&self, generation: u64) -> Result<(), IoError> {
+        self.inner.activate(generation)
+    }
+
     fn submit(&self, op: IoOp, done: Completion) {
         let (kind, bytes) = OpKind::of(&op);
         let observer = self.observer.clone();
@@ -114,6 +122,12 @@ mod tests {
         }
         fn read_only(&self) -> bool {
             false
+        }
+        fn caps(&self) -> crate::Caps {
+            crate::Caps::ALL
+        }
+        fn activate(&self, _: u64) -> Result<(), IoError> {
+            Ok(())
         }
         fn read(&self, _offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
             buf.fill(7);

@@ -1,11 +1,22 @@
-//! A volume wrapper for tests (feature `testing`): it holds operations a
-//! test chooses until the test releases them, and fails operations it
-//! chooses with an injected error. Held operations run, and complete, on
-//! the thread that releases them, so callers meet completions that arrive
-//! late, out of order and from another thread, exactly as a networked
-//! volume will give them. No timing is involved: a test decides the order.
+//! Test scaffolding (feature `testing`), never product code:
+//! - [`Gated`], a volume wrapper that holds operations a test chooses until
+//!   the test releases them, and fails operations it chooses with an
+//!   injected error. Held operations run, and complete, on the thread that
+//!   releases them, so callers meet completions that arrive late, out of
+//!   order and from another thread, exactly as a networked volume will give
+//!   them. No timing is involved: a test decides the order.
+//! - [`Mirror`], a volume composed of two (writes both, reads one): the
+//!   second implementation of the trait, standing in for a replicated
+//!   volume until there is one.
+//! - [`contract`], the one suite of the trait's contract, run against every
+//!   implementation.
 
-use crate::{BlockIo, Completion, IoError, IoErrorKind, IoOp};
+pub mod contract;
+mod mirror;
+
+pub use mirror::Mirror;
+
+use crate::{BlockIo, Caps, Completion, IoError, IoErrorKind, IoOp};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -102,6 +113,14 @@ impl<V: BlockIo> BlockIo for Gated<V> {
         self.inner.read_only()
     }
 
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+
+    fn activate(&self, generation: u64) -> Result<(), IoError> {
+        self.inner.activate(generation)
+    }
+
     fn submit(&self, op: IoOp, done: Completion) {
         let (fail, hold) = {
             let r = self.rules.lock().unwrap();
@@ -136,6 +155,12 @@ mod tests {
         }
         fn read_only(&self) -> bool {
             false
+        }
+        fn caps(&self) -> Caps {
+            Caps::ALL
+        }
+        fn activate(&self, _: u64) -> Result<(), IoError> {
+            Ok(())
         }
         fn read(&self, _: u64, buf: &mut [u8]) -> Result<(), IoError> {
             buf.fill(0);

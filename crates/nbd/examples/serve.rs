@@ -28,6 +28,12 @@ impl InlineIo for FileDevice {
     fn read_only(&self) -> bool {
         false
     }
+    fn caps(&self) -> lamina_nbd::Caps {
+        lamina_nbd::Caps::ALL
+    }
+    fn activate(&self, _: u64) -> Result<(), IoError> {
+        Err(IoError::new(IoErrorKind::NotSupported, "no generations"))
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.0.read_exact_at(buf, offset).map_err(io)
     }

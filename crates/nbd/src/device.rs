@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-pub use lamina_blockio::{BlockIo, Extent, InlineIo, IoError, IoErrorKind};
+pub use lamina_blockio::{BlockIo, Caps, Extent, InlineIo, IoError, IoErrorKind};
 
 /// The named exports a server offers.
 pub trait Exports: Send + Sync + 'static {

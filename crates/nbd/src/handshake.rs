@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::device::{BlockIo, Exports};
+use crate::device::{BlockIo, Caps, Exports};
 use crate::proto::*;
 use crate::NbdError;
 
@@ -29,14 +29,28 @@ pub(crate) struct Session {
     pub meta_context: Option<u32>,
 }
 
-/// The transmission flags of an export.
-pub(crate) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
-    let mut f =
-        FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
+/// The transmission flags of an export: exactly what its volume declares
+/// (`caps`), and WRITE_ZEROES on every writable export (the server writes
+/// zeros itself for a volume that cannot zero natively; FAST_ZERO only when
+/// it can).
+pub(crate) fn transmission_flags(caps: Caps, read_only: bool, structured: bool) -> u16 {
+    let mut f = FLAG_HAS_FLAGS | FLAG_SEND_CACHE;
+    if caps.flush {
+        f |= FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN;
+    }
+    if caps.fua {
+        f |= FLAG_SEND_FUA;
+    }
     if read_only {
         f |= FLAG_READ_ONLY;
     } else {
-        f |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        f |= FLAG_SEND_WRITE_ZEROES;
+        if caps.trim {
+            f |= FLAG_SEND_TRIM;
+        }
+        if caps.write_zeroes {
+            f |= FLAG_SEND_FAST_ZERO;
+        }
     }
     if structured {
         f |= FLAG_SEND_DF;
@@ -192,7 +206,7 @@ impl Negotiation {
             name: name.to_string(),
             source,
         })?;
-        let flags = transmission_flags(device.read_only(), self.structured);
+        let flags = transmission_flags(device.caps(), device.read_only(), self.structured);
         Ok((device, size, flags))
     }
 
@@ -314,21 +328,25 @@ impl Negotiation {
         let Some((name, queries)) = parsed else {
             return self.error(option, REP_ERR_INVALID, "malformed meta context request");
         };
-        if self.exports.lookup(name).is_none() {
+        let Some(device) = self.exports.lookup(name) else {
             return self.error(
                 option,
                 REP_ERR_UNKNOWN,
                 &format!("no export named {name:?}"),
             );
-        }
-        let selected = if set {
-            queries.contains(&BASE_ALLOCATION)
-        } else {
-            queries.is_empty()
-                || queries
-                    .iter()
-                    .any(|q| *q == BASE_ALLOCATION || *q == "base:")
         };
+        // base:allocation only for a volume that reports allocation.
+        let offered = device.caps().block_status;
+        drop(device);
+        let selected = offered
+            && if set {
+                queries.contains(&BASE_ALLOCATION)
+            } else {
+                queries.is_empty()
+                    || queries
+                        .iter()
+                        .any(|q| *q == BASE_ALLOCATION || *q == "base:")
+            };
         let name = name.to_string();
         if selected {
             let id = if set { BASE_ALLOCATION_ID } else { 0 };
@@ -432,7 +450,7 @@ mod tests {
             )
             .await;
         assert_eq!(r.len(), 5, "{r:?}");
-        let flags = transmission_flags(false, false);
+        let flags = transmission_flags(Caps::ALL, false, false);
         assert_eq!(
             r[0].data,
             [
@@ -615,7 +633,7 @@ mod tests {
         assert_eq!(&h[0..8], &(SIZE as u64).to_be_bytes());
         assert_eq!(
             u16::from_be_bytes([h[8], h[9]]),
-            transmission_flags(false, false)
+            transmission_flags(Caps::ALL, false, false)
         );
         assert!(h[10..].iter().all(|b| *b == 0));
         c.request(CMD_DISC, 0, 1, 0, 0).await;

@@ -28,6 +28,6 @@ mod writer;
 #[cfg(test)]
 mod testkit;
 
-pub use device::{BlockIo, Exports, Extent, InlineIo, IoError, IoErrorKind};
+pub use device::{BlockIo, Caps, Exports, Extent, InlineIo, IoError, IoErrorKind};
 pub use error::NbdError;
 pub use server::{serve_connection, serve_tcp, serve_unix, ServerOptions};

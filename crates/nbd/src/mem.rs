@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::device::{BlockIo, Exports, Extent, InlineIo, IoError, IoErrorKind};
+use crate::device::{BlockIo, Caps, Exports, Extent, InlineIo, IoError, IoErrorKind};
 use crate::proto::*;
 use crate::{serve_connection, NbdError, ServerOptions};
 
@@ -20,7 +20,7 @@ pub const MEM_BLOCK: u64 = 4096;
 pub struct MemDevice {
     state: Mutex<State>,
     read_only: bool,
-    native_zeroes: bool,
+    caps: Caps,
     failing: Option<(u64, u64)>,
     flushes: AtomicU64,
 }
@@ -41,7 +41,7 @@ impl MemDevice {
                 allocated: vec![false; blocks],
             }),
             read_only: false,
-            native_zeroes: true,
+            caps: Caps::ALL,
             failing: None,
             flushes: AtomicU64::new(0),
         }
@@ -56,8 +56,26 @@ impl MemDevice {
     /// `write_zeroes` fails with `NotSupported`, as a device that cannot
     /// zero quickly would.
     pub fn without_native_zeroes(mut self) -> Self {
-        self.native_zeroes = false;
+        self.caps.write_zeroes = false;
         self
+    }
+
+    /// Declares `caps` instead of everything; operations it leaves out
+    /// fail with `NotSupported` (the server must not send them).
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    fn supports(&self, has: bool, what: &str) -> Result<(), IoError> {
+        if has {
+            Ok(())
+        } else {
+            Err(IoError::new(
+                IoErrorKind::NotSupported,
+                format!("in-memory device declared no {what}"),
+            ))
+        }
     }
 
     /// Any operation touching `[start, end)` fails with `IoError::Io`.
@@ -162,6 +180,17 @@ impl InlineIo for MemDevice {
         self.read_only
     }
 
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn activate(&self, _generation: u64) -> Result<(), IoError> {
+        Err(IoError::new(
+            IoErrorKind::NotSupported,
+            "an in-memory device keeps no generation",
+        ))
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.check(offset, buf.len() as u64, false)?;
         let s = self.lock();
@@ -169,7 +198,8 @@ impl InlineIo for MemDevice {
         Ok(())
     }
 
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), IoError> {
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
+        self.supports(!fua || self.caps.fua, "FUA")?;
         self.check(offset, data.len() as u64, true)?;
         let mut s = self.lock();
         s.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
@@ -178,18 +208,20 @@ impl InlineIo for MemDevice {
     }
 
     fn flush(&self) -> Result<(), IoError> {
+        self.supports(self.caps.flush, "flush")?;
         self.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        self.supports(self.caps.trim, "trim")?;
         self.check(offset, len, true)?;
         self.zero(offset, len, true);
         Ok(())
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), IoError> {
-        if !self.native_zeroes {
+        if !self.caps.write_zeroes {
             return Err(IoError::new(IoErrorKind::NotSupported, "no native zeroing"));
         }
         self.check(offset, len, true)?;
@@ -201,6 +233,7 @@ impl InlineIo for MemDevice {
     /// runs to the end of its run, possibly past the request, which the
     /// trait allows and the server must clip.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+        self.supports(self.caps.block_status, "block status")?;
         self.check(offset, len, false)?;
         let s = self.lock();
         let size = s.data.len() as u64;

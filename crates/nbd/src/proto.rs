@@ -163,7 +163,7 @@ pub const REQUEST_LEN: usize = 28;
 /// The NBD error code for a volume's error.
 pub fn errno(e: &IoError) -> u32 {
     match e.kind {
-        IoErrorKind::Io | IoErrorKind::Gone => EIO,
+        IoErrorKind::Io | IoErrorKind::Gone | IoErrorKind::Fenced => EIO,
         IoErrorKind::NoSpace => ENOSPC,
         IoErrorKind::Invalid => EINVAL,
         IoErrorKind::ReadOnly => EPERM,
@@ -578,6 +578,7 @@ mod tests {
         let e = |k| IoError::new(k, s());
         assert_eq!(errno(&e(IoErrorKind::Io)), 5);
         assert_eq!(errno(&e(IoErrorKind::Gone)), 5);
+        assert_eq!(errno(&e(IoErrorKind::Fenced)), 5);
         assert_eq!(errno(&e(IoErrorKind::NoSpace)), 28);
         assert_eq!(errno(&e(IoErrorKind::Invalid)), 22);
         assert_eq!(errno(&e(IoErrorKind::ReadOnly)), 1);

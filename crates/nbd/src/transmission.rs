@@ -74,6 +74,10 @@ impl Epochs {
 /// Request validation against the negotiated session.
 struct Checker {
     size: u64,
+    /// The transmission flags advertised: commands and flags beyond them
+    /// are refused, so the volume never gets an operation it did not
+    /// declare.
+    flags: u16,
     read_only: bool,
     structured: bool,
     block_status: bool,
@@ -98,6 +102,21 @@ impl Checker {
         }
         if writes && self.read_only {
             return Err((EPERM, "the export is read-only"));
+        }
+        let needs = match req.kind {
+            CMD_FLUSH => FLAG_SEND_FLUSH,
+            CMD_TRIM => FLAG_SEND_TRIM,
+            CMD_WRITE_ZEROES => FLAG_SEND_WRITE_ZEROES,
+            _ => 0,
+        };
+        if self.flags & needs != needs {
+            return Err((EINVAL, "command not advertised for this export"));
+        }
+        if req.flags & CMD_FLAG_FUA != 0 && self.flags & FLAG_SEND_FUA == 0 {
+            return Err((EINVAL, "FUA not advertised for this export"));
+        }
+        if req.flags & CMD_FLAG_FAST_ZERO != 0 && self.flags & FLAG_SEND_FAST_ZERO == 0 {
+            return Err((EINVAL, "fast zeroing not advertised for this export"));
         }
         if req.kind == CMD_FLUSH {
             return Ok(());
@@ -152,6 +171,7 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(
 ) -> Result<(), NbdError> {
     let checker = Checker {
         size: session.size,
+        flags: session.flags,
         read_only: session.flags & FLAG_READ_ONLY != 0,
         structured: session.structured,
         block_status: session.meta_context.is_some(),

@@ -268,7 +268,11 @@ async fn fast_zero_and_emulated_zeroes() {
     c.request(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 1, 0, 4096)
         .await;
     let ch = c.chunk().await;
-    assert_eq!((ch.kind, ch.errno()), (REPLY_TYPE_ERROR, ENOTSUP));
+    assert_eq!(
+        (ch.kind, ch.errno()),
+        (REPLY_TYPE_ERROR, EINVAL),
+        "FAST_ZERO is not advertised for a volume without native zeroing"
+    );
     assert!(
         nz.contents()[..4096].iter().all(|b| *b == 0xff),
         "fast zero must not write"
@@ -277,6 +281,60 @@ async fn fast_zero_and_emulated_zeroes() {
     assert_eq!(c.chunk().await.errno(), 0);
     assert!(nz.contents()[..4096].iter().all(|b| *b == 0));
     assert!(nz.contents()[4096..8192].iter().all(|b| *b == 0xff));
+    disc(c).await;
+}
+
+#[tokio::test]
+async fn an_export_offers_exactly_what_its_volume_declares() {
+    let bare = Arc::new(MemDevice::new(SIZE).with_caps(crate::Caps {
+        flush: false,
+        fua: false,
+        trim: false,
+        write_zeroes: false,
+        block_status: false,
+    }));
+    bare.load(0, &[0xff; 8192]);
+    let exports: Arc<dyn Exports> = Arc::new(MemExports::new().with("bare", "", bare.clone()));
+    let mut c = Client::start(exports, ServerOptions::default()).await;
+    c.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .await;
+    assert_eq!(c.option(OPT_STRUCTURED_REPLY, &[]).await[0].kind, REP_ACK);
+    let r = c
+        .option(
+            OPT_SET_META_CONTEXT,
+            &meta_request("bare", &[BASE_ALLOCATION]),
+        )
+        .await;
+    assert_eq!(
+        r.iter().map(|r| r.kind).collect::<Vec<_>>(),
+        [REP_ACK],
+        "no base:allocation for a volume without block status"
+    );
+    let r = c.option(OPT_GO, &info_request("bare", &[])).await;
+    assert_eq!(r.last().unwrap().kind, REP_ACK);
+    let f = u16::from_be_bytes(r[0].data[10..12].try_into().unwrap());
+    assert_eq!(
+        f,
+        FLAG_HAS_FLAGS | FLAG_SEND_CACHE | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_DF,
+        "{f:#x}"
+    );
+    // What was not advertised is refused before it reaches the volume.
+    c.request(CMD_FLUSH, 0, 1, 0, 0).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    c.request(CMD_TRIM, 0, 2, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    c.request(CMD_WRITE, CMD_FLAG_FUA, 3, 0, 4).await;
+    c.send(&[1, 2, 3, 4]).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    c.request(CMD_BLOCK_STATUS, 0, 4, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), EINVAL);
+    assert_eq!(bare.flush_count(), 0);
+    assert!(bare.contents()[..4096].iter().all(|b| *b == 0xff));
+    // WRITE_ZEROES is the server's: zeros written for the volume.
+    c.request(CMD_WRITE_ZEROES, 0, 5, 0, 4096).await;
+    assert_eq!(c.chunk().await.errno(), 0);
+    assert!(bare.contents()[..4096].iter().all(|b| *b == 0));
+    assert!(bare.contents()[4096..8192].iter().all(|b| *b == 0xff));
     disc(c).await;
 }
 
@@ -489,6 +547,12 @@ impl InlineIo for StuckRead {
     }
     fn read_only(&self) -> bool {
         false
+    }
+    fn caps(&self) -> crate::Caps {
+        crate::Caps::ALL
+    }
+    fn activate(&self, _: u64) -> Result<(), IoError> {
+        Err(IoError::new(IoErrorKind::NotSupported, "no generations"))
     }
     fn read(&self, o: u64, b: &mut [u8]) -> Result<(), IoError> {
         if o == 0 {

@@ -1,7 +1,7 @@
 //! The daemon's shared state: the pool, the store, the export registry, the
 //! per-volume operation locks, and conversions to API types.
 
-use crate::device::{EngineDevice, Registry};
+use crate::device::Registry;
 use crate::error::{Failure, ServerError};
 use crate::paths::Layout;
 use crate::store::{ExportRec, OpRec, Store};
@@ -16,7 +16,7 @@ use tracing::Instrument;
 pub struct State {
     pub layout: Layout,
     pub pool: Pool,
-    pub store: Store,
+    pub store: Arc<Store>,
     pub exports: Arc<Registry>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub token: Option<String>,
@@ -151,7 +151,7 @@ impl State {
         })
         .await
         .expect("pool open task")?;
-        let store = Store::open(&layout.store)?;
+        let store = Arc::new(Store::open(&layout.store)?);
         let token = match config.listen {
             Some(_) => Some(layout.token()?),
             None => None,
@@ -187,11 +187,12 @@ impl State {
             }
             _ => None,
         };
+        let exports = Arc::new(Registry::new(store.clone()));
         let state = State {
             layout: layout.clone(),
             pool,
             store,
-            exports: Arc::new(Registry::default()),
+            exports,
             locks: Mutex::new(HashMap::new()),
             token,
             nbd_tcp: config.nbd_listen,
@@ -223,23 +224,21 @@ impl State {
             }
         }
         for (name, rec) in state.store.exports()? {
-            let handle = match &rec.snapshot {
-                None => state.pool.open_volume(&rec.volume),
-                Some(s) => state.pool.open_snapshot(&rec.volume, s),
-            };
-            match handle {
-                Ok(h) => state.exports.insert(
+            match state
+                .exports
+                .open_engine(&state.pool, &rec.volume, rec.snapshot.as_deref())
+            {
+                Ok(dev) => state.exports.insert(
                     &name,
-                    Arc::new(EngineDevice::new(
-                        h,
-                        state.volume_io(&name),
-                        state.activity.clone(),
-                    )),
+                    Arc::new(dev),
+                    state.volume_io(&name),
+                    state.activity.clone(),
                 ),
-                Err(e) => {
+                Err(ServerError::Engine(e)) => {
                     tracing::warn!(export = %name, error = %e, "dropping export of a volume that is gone");
                     state.store.remove_export(&name)?;
                 }
+                Err(e) => return Err(e),
             }
         }
         Ok(state)
@@ -448,10 +447,7 @@ impl State {
             Some(s) => snapshot_export(volume, s),
         };
         if !self.exports.contains(&name) {
-            let h = match snapshot {
-                None => self.pool.open_volume(volume)?,
-                Some(s) => self.pool.open_snapshot(volume, s)?,
-            };
+            let dev = self.exports.open_engine(&self.pool, volume, snapshot)?;
             self.store
                 .put_export(
                     &name,
@@ -463,11 +459,9 @@ impl State {
                 .map_err(Failure::from)?;
             self.exports.insert(
                 &name,
-                Arc::new(EngineDevice::new(
-                    h,
-                    self.volume_io(&name),
-                    self.activity.clone(),
-                )),
+                Arc::new(dev),
+                self.volume_io(&name),
+                self.activity.clone(),
             );
             self.changes.bump();
         }
@@ -511,7 +505,10 @@ impl State {
             ));
         }
         self.store.remove_export(&name).map_err(Failure::from)?;
-        let removed = self.exports.remove(&name)?;
+        let removed = self
+            .exports
+            .remove(&name)
+            .map_err(|e| Failure::internal(format!("flushing export {name} at its detach: {e}")))?;
         if removed {
             self.metrics.forget_volume(&name);
             self.changes.bump();
