@@ -301,7 +301,7 @@ impl Registry {
                 let fence = self
                     .generations
                     .fence(id, volume)
-                    .map_err(|e| ServerError::Store(e.to_string()))?;
+                    .map_err(|e| ServerError::StoreUnavailable(e.to_string()))?;
                 EngineDevice::new(handle, Some(fence))
             }
         })
