@@ -115,7 +115,9 @@ impl From<E> for Failure {
                 StatusCode::NOT_FOUND,
                 "not_found",
                 msg,
-                Some(&format!("list its snapshots with `lamina snapshot list {volume}`")),
+                Some(&format!(
+                    "list its snapshots with `lamina snapshot list {volume}`"
+                )),
             ),
             E::VolumeExists(_) | E::SnapshotExists { .. } => Failure::new(
                 StatusCode::CONFLICT,
@@ -126,21 +128,13 @@ impl From<E> for Failure {
             E::Conflict(_) | E::ReadOnly(_) => {
                 Failure::new(StatusCode::CONFLICT, "conflict", msg, None)
             }
-            E::HasSnapshots { ref volume, .. } => Failure::new(
+            E::AmbiguousVolume { ref references, .. } => Failure::new(
                 StatusCode::CONFLICT,
                 "conflict",
                 msg,
                 Some(&format!(
-                    "delete them first, or delete them with the volume: lamina volume delete {volume} --with-snapshots"
-                )),
-            ),
-            E::HasLinkedClones { ref clones, .. } => Failure::new(
-                StatusCode::CONFLICT,
-                "conflict",
-                msg,
-                Some(&format!(
-                    "flatten them first (lamina volume flatten {}) or delete them",
-                    clones.first().map(String::as_str).unwrap_or("CLONE")
+                    "name the deleted volume by name and id, e.g. {}",
+                    references.first().map(String::as_str).unwrap_or("NAME@ID")
                 )),
             ),
             E::NoSpace { .. } => Failure::new(
