@@ -111,6 +111,13 @@ pub struct Snapshot {
     /// The pool's id of the snapshot's volume.
     #[serde(default)]
     pub volume_id: u64,
+    /// Its volume was deleted (the snapshot stays): `volume` is the name
+    /// it had, which a new volume may have taken since. `VOLUME@VOLUME_ID`
+    /// names the deleted volume alone wherever a snapshot's volume is
+    /// named (`VOLUME` alone does while no live volume has the name and
+    /// one deleted volume had it).
+    #[serde(default)]
+    pub volume_deleted: bool,
     pub name: String,
     /// Creation time, RFC 3339.
     pub created: String,
@@ -134,6 +141,18 @@ pub struct Snapshot {
     #[serde(default)]
     pub clones: Vec<String>,
     pub export: Option<Export>,
+}
+
+impl Snapshot {
+    /// How to name this snapshot's volume so that the daemon reaches it
+    /// alone: its name, or `NAME@ID` once the volume was deleted.
+    pub fn volume_reference(&self) -> String {
+        if self.volume_deleted {
+            format!("{}@{}", self.volume, self.volume_id)
+        } else {
+            self.volume.clone()
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

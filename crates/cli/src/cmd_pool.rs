@@ -52,6 +52,8 @@ struct Check {
     tree_nodes: u64,
     data_blocks: u64,
     volumes: u64,
+    /// Deleted volumes whose records stay for their snapshots or clones.
+    retired_volumes: u64,
     snapshots: u64,
     dead_nodes: u64,
     leaked_blocks: u64,
@@ -184,6 +186,7 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
                 tree_nodes: r.tree_nodes,
                 data_blocks: r.data_blocks,
                 volumes: r.volumes,
+                retired_volumes: r.retired_volumes,
                 snapshots: r.snapshots,
                 dead_nodes: r.dead_nodes,
                 leaked_blocks: r.leaked,
@@ -197,6 +200,12 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
                     "{}: {} blocks, {} volumes, {} snapshots, {} tree nodes, {} data blocks, {} awaiting reclaim\n",
                     c.pool, c.total_blocks, c.volumes, c.snapshots, c.tree_nodes, c.data_blocks, c.dead_nodes
                 );
+                if c.retired_volumes > 0 {
+                    s.push_str(&format!(
+                        "{} deleted volumes kept for their snapshots or linked clones\n",
+                        c.retired_volumes
+                    ));
+                }
                 if c.journal_records > 0 || c.log_transactions > 0 {
                     s.push_str(&format!(
                         "checked with what the last run left to apply ({} log transactions, {} journal records), applied in memory: the pool's files are unchanged, and the next open applies it\n",

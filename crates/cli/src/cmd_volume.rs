@@ -46,7 +46,10 @@ pub enum VolumeCmd {
         #[arg(long, value_parser = volume_size, allow_negative_numbers = true)]
         size: u64,
     },
-    /// Delete a volume (succeeds if it does not exist).
+    /// Delete a volume (succeeds if it does not exist). Its snapshots stay,
+    /// usable, under the volume's old name and id (`NAME@ID` names them
+    /// once the name is taken again), and clones made from them keep their
+    /// data; its name is free at once.
     Delete {
         /// The volume.
         name: String,
@@ -186,7 +189,9 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
             let r = c.delete_volume(&name, with_snapshots).await?;
             output::show(ctx.fmt, &r, |r| match (r.existed, with_snapshots) {
                 (true, true) => format!("deleted volume {name} and its snapshots"),
-                (true, false) => format!("deleted volume {name}"),
+                (true, false) => format!(
+                    "deleted volume {name} (snapshots of it stay: lamina snapshot list {name})"
+                ),
                 (false, _) => format!("volume {name} does not exist: nothing to delete"),
             })
         }

@@ -140,6 +140,7 @@ mod tests {
         Snapshot {
             id: 2,
             volume_id: 1,
+            volume_deleted: false,
             volume: "v".into(),
             name: name.into(),
             created: created.into(),

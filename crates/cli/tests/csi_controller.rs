@@ -2,7 +2,8 @@
 //! daemon and the real `lamina csi`: restores and clones hold their source's
 //! data (read back through NBD), linked and full; retried calls answer the
 //! same volume; a name reused with another source is refused; deleting
-//! with dependents; stale ids after a name is reused.
+//! with dependents (a deleted PVC's snapshot restores after its name is
+//! reused); stale ids after a name is reused.
 
 mod csi_support;
 
@@ -212,74 +213,76 @@ fn deleting_with_dependents_and_ids_that_outlive_their_volume() {
         false,
     ));
 
-    // A linked restore depends on the volume's snapshot: refused, naming it.
-    let e = csi
-        .block_on(c.delete_volume(DeleteVolumeRequest {
-            volume_id: src.volume_id.clone(),
-            ..Default::default()
-        }))
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
-    assert!(e.message().contains("pvc-b"), "{e}");
-    // The snapshot goes; the restore made from it keeps its data.
-    let del = DeleteSnapshotRequest {
-        snapshot_id: snap.snapshot_id.clone(),
-        ..Default::default()
-    };
-    csi.block_on(c.delete_snapshot(del.clone())).unwrap();
-    csi.block_on(c.delete_snapshot(del)).unwrap(); // again: already gone
-    let uri = csi.uri("pvc-b");
-    qemu_io(&uri, &["read -P 0x5a 0 64k"]);
-    csi.detach("pvc-b");
-    let get = GetSnapshotRequest {
-        snapshot_id: snap.snapshot_id.clone(),
-        ..Default::default()
-    };
-    assert_eq!(
-        csi.block_on(c.get_snapshot(get)).unwrap_err().code(),
-        Code::NotFound
-    );
-
-    // With no clone depending on it, a snapshot alone still holds it back.
-    let snap2 = csi.snapshot_ok("snap-a2", &src.volume_id);
-    let e = csi
-        .block_on(c.delete_volume(DeleteVolumeRequest {
-            volume_id: src.volume_id.clone(),
-            ..Default::default()
-        }))
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
-    assert!(e.message().contains("snap-a2"), "{e}");
-    let del = DeleteSnapshotRequest {
-        snapshot_id: snap2.snapshot_id.clone(),
-        ..Default::default()
-    };
-    csi.block_on(c.delete_snapshot(del)).unwrap();
-
+    // DeleteVolume succeeds with a snapshot and a linked restore of it
+    // present (a retry too); both keep working.
     let del = |id: &str| DeleteVolumeRequest {
         volume_id: id.into(),
         ..Default::default()
     };
     csi.block_on(c.delete_volume(del(&src.volume_id))).unwrap();
     csi.block_on(c.delete_volume(del(&src.volume_id))).unwrap();
+    let get = |id: &str| GetSnapshotRequest {
+        snapshot_id: id.into(),
+        ..Default::default()
+    };
+    let kept = csi
+        .block_on(c.get_snapshot(get(&snap.snapshot_id)))
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(
+        kept.source_volume_id, src.volume_id,
+        "listed under the old id"
+    );
+    let uri = csi.uri("pvc-b");
+    qemu_io(&uri, &["read -P 0x5a 0 64k"]);
+    csi.detach("pvc-b");
+
     // Same name again: a new id; the old one names nothing.
     let again = csi.create_ok(create("pvc-a", 4 * MIB, None, false));
     assert_ne!(again.volume_id, src.volume_id);
-    let get = ControllerGetVolumeRequest {
-        volume_id: src.volume_id.clone(),
+    let get_volume = |id: &str| ControllerGetVolumeRequest {
+        volume_id: id.into(),
     };
     assert_eq!(
-        csi.block_on(c.controller_get_volume(get))
+        csi.block_on(c.controller_get_volume(get_volume(&src.volume_id)))
             .unwrap_err()
             .code(),
         Code::NotFound
     );
-    csi.block_on(c.delete_volume(del(&src.volume_id))).unwrap();
-    let get = ControllerGetVolumeRequest {
-        volume_id: again.volume_id.clone(),
+    // The deleted volume's snapshot still restores, though a new volume has
+    // its name (a full copy this time), and reads its data back.
+    let full = csi.create_ok(create(
+        "pvc-c",
+        4 * MIB,
+        from_snapshot(&snap.snapshot_id),
+        true,
+    ));
+    let uri = csi.uri(name_of(&full.volume_id));
+    qemu_io(&uri, &["read -P 0x5a 0 64k", "read -P 0 64k 1M"]);
+    csi.detach(name_of(&full.volume_id));
+
+    // The snapshot goes (a retry too); the restores made from it keep their data.
+    let del_snap = DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
     };
+    csi.block_on(c.delete_snapshot(del_snap.clone())).unwrap();
+    csi.block_on(c.delete_snapshot(del_snap)).unwrap();
+    assert_eq!(
+        csi.block_on(c.get_snapshot(get(&snap.snapshot_id)))
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    let uri = csi.uri("pvc-b");
+    qemu_io(&uri, &["read -P 0x5a 0 64k"]);
+    csi.detach("pvc-b");
+
+    csi.block_on(c.delete_volume(del(&src.volume_id))).unwrap();
     let got = csi
-        .block_on(c.controller_get_volume(get))
+        .block_on(c.controller_get_volume(get_volume(&again.volume_id)))
         .unwrap()
         .into_inner();
     assert_eq!(
@@ -299,6 +302,9 @@ fn deleting_with_dependents_and_ids_that_outlive_their_volume() {
     );
     csi.block_on(c.delete_volume(del(&restored.volume_id)))
         .unwrap();
+    csi.block_on(c.delete_volume(del(&full.volume_id))).unwrap();
+    let left = csi.daemon.json(&["snapshot", "list"]);
+    assert_eq!(left.as_array().unwrap().len(), 0, "{left}");
 }
 
 #[test]

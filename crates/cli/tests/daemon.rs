@@ -228,16 +228,6 @@ fn snapshots_labels_tree_revert_and_delete() {
     assert_eq!(t["volume"]["name"], "db");
     assert_eq!(t["snapshots"].as_array().unwrap().len(), 3);
 
-    // A volume with snapshots is not deleted unless asked, and the message names them.
-    let err = d.err(&["volume", "delete", "db"]);
-    for s in ["base", "second", "third"] {
-        assert!(err.contains(s), "{err}");
-    }
-    assert!(
-        err.contains("hint: ") && err.contains("--with-snapshots"),
-        "{err}"
-    );
-
     let out = d.ok(&["snapshot", "delete", "db", "second"]);
     assert!(out.contains("deleted snapshot db/second"), "{out}");
     d.err(&["snapshot", "get", "db", "second"]);
@@ -252,6 +242,33 @@ fn snapshots_labels_tree_revert_and_delete() {
     d.err(&["volume", "get", "db"]);
     let left = d.json(&["snapshot", "list"]);
     assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+
+    // Without --with-snapshots the snapshots stay, under the old name and
+    // id; the name is free at once, and `NAME@ID` names the deleted volume.
+    d.ok(&["volume", "create", "keep", "--size", "16M"]);
+    d.ok(&["snapshot", "create", "keep", "k1"]);
+    let id = d.json(&["volume", "get", "keep"])["id"].as_u64().unwrap();
+    let out = d.ok(&["volume", "delete", "keep"]);
+    assert!(out.contains("snapshots of it stay"), "{out}");
+    let kept = d.json(&["snapshot", "list", "keep"]);
+    assert_eq!(kept[0]["name"], "k1", "{kept}");
+    assert_eq!(kept[0]["volume_deleted"], true, "{kept}");
+    assert_eq!(kept[0]["volume_id"], id, "{kept}");
+    d.ok(&["volume", "create", "keep", "--size", "16M"]);
+    let live = d.json(&["snapshot", "list", "keep"]);
+    assert_eq!(live.as_array().unwrap().len(), 0, "the new keep's: {live}");
+    let old = format!("keep@{id}");
+    d.ok(&[
+        "clone",
+        "create",
+        "restored",
+        "--from-snapshot",
+        &format!("{old}/k1"),
+    ]);
+    d.ok(&["snapshot", "delete", &old, "k1"]);
+    d.err(&["snapshot", "list", &old]);
+    d.ok(&["volume", "delete", "restored"]);
+    d.ok(&["volume", "delete", "keep"]);
 
     // Operations were recorded.
     let ops = d.json(&["operation", "list"]);

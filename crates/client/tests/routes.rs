@@ -127,6 +127,7 @@ fn snapshot(v: &str, name: &str) -> api::Snapshot {
     api::Snapshot {
         id: 2,
         volume_id: 1,
+        volume_deleted: false,
         volume: v.into(),
         name: name.into(),
         created: "2025-01-01T00:00:00Z".into(),

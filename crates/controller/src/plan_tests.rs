@@ -32,6 +32,7 @@ fn snap(v: &str, name: &str, system: bool) -> api::Snapshot {
         id: 7,
         volume: v.into(),
         volume_id: 1,
+        volume_deleted: false,
         name: name.into(),
         created: "2026-11-23T10:00:00Z".into(),
         parent: None,

@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 pub struct Catalog {
     records: BTreeMap<u64, Record>,
     vol_by_name: HashMap<String, u64>,
+    /// Retired volumes by name: several may share one, and a live volume
+    /// may have it too.
+    retired_by_name: HashMap<String, BTreeSet<u64>>,
     snap_by_name: HashMap<(u64, String), u64>,
     snaps_by_vol: HashMap<u64, BTreeSet<u64>>,
     pub(crate) blocks: HashMap<u64, u64>,
@@ -31,7 +34,106 @@ impl Catalog {
                 self.snap_by_name.insert((s.volume, s.name.clone()), s.id);
                 self.snaps_by_vol.entry(s.volume).or_default().insert(s.id);
             }
+            Record::Retired(r) => {
+                self.retired_by_name
+                    .entry(r.name.clone())
+                    .or_default()
+                    .insert(r.id);
+            }
         }
+    }
+
+    fn unindex(&mut self, rec: &Record) {
+        match rec {
+            Record::Volume(v) => {
+                self.vol_by_name.remove(&v.name);
+            }
+            Record::Snapshot(s) => {
+                self.snap_by_name.remove(&(s.volume, s.name.clone()));
+                if let Some(set) = self.snaps_by_vol.get_mut(&s.volume) {
+                    set.remove(&s.id);
+                    if set.is_empty() {
+                        self.snaps_by_vol.remove(&s.volume);
+                    }
+                }
+            }
+            Record::Retired(r) => {
+                if let Some(set) = self.retired_by_name.get_mut(&r.name) {
+                    set.remove(&r.id);
+                    if set.is_empty() {
+                        self.retired_by_name.remove(&r.name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The volume, live or retired, that a reference names, for the
+    /// operations on its snapshots. A reference is `NAME@ID` (the volume
+    /// with pool id ID, which must be named NAME: unambiguous whatever else
+    /// has the name) or `NAME`: the live volume of that name, else the one
+    /// retired volume of that name; several retired and no live one is an
+    /// error that lists their references. The naming rule has no `@`, so
+    /// the two forms never meet.
+    pub fn owner_id(&self, reference: &str) -> Result<u64> {
+        if let Some((name, id)) = reference.rsplit_once('@') {
+            let found = id
+                .parse::<u64>()
+                .ok()
+                .filter(|n| n.to_string() == id && self.owner_name(*n) == Some(name));
+            return found.ok_or_else(|| Error::VolumeNotFound(reference.to_string()));
+        }
+        if let Some(&id) = self.vol_by_name.get(reference) {
+            return Ok(id);
+        }
+        match self.retired_by_name.get(reference) {
+            Some(ids) if ids.len() == 1 => Ok(*ids.first().expect("one")),
+            Some(ids) => Err(Error::AmbiguousVolume {
+                name: reference.to_string(),
+                references: ids.iter().map(|id| format!("{reference}@{id}")).collect(),
+            }),
+            None => Err(Error::VolumeNotFound(reference.to_string())),
+        }
+    }
+
+    /// The name of volume `id`, live or retired.
+    pub fn owner_name(&self, id: u64) -> Option<&str> {
+        match self.records.get(&id) {
+            Some(Record::Volume(v)) => Some(&v.name),
+            Some(Record::Retired(r)) => Some(&r.name),
+            _ => None,
+        }
+    }
+
+    /// How to name volume `id` so that it resolves to it alone: its name
+    /// when it is live, `NAME@ID` when it is retired.
+    pub fn owner_reference(&self, id: u64) -> String {
+        match self.records.get(&id) {
+            Some(Record::Retired(r)) => format!("{}@{}", r.name, r.id),
+            Some(Record::Volume(v)) => v.name.clone(),
+            _ => format!("#{id}"),
+        }
+    }
+
+    pub fn is_retired(&self, id: u64) -> bool {
+        matches!(self.records.get(&id), Some(Record::Retired(_)))
+    }
+
+    pub fn retired(&self) -> impl Iterator<Item = &RetiredRec> {
+        self.records.values().filter_map(|r| match r {
+            Record::Retired(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// Live volumes that still share blocks with a snapshot of volume
+    /// `vid` (their clone link names it, and is not yet flattened away).
+    pub fn linked_clones_of_volume(&self, vid: u64) -> impl Iterator<Item = &VolumeRec> {
+        self.volumes().filter(move |v| {
+            v.origin
+                .as_ref()
+                .is_some_and(|o| o.volume == vid && o.root != 0)
+        })
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u64> {
@@ -62,14 +164,15 @@ impl Catalog {
             .get(&(vol, name.to_string()))
             .copied()
             .ok_or_else(|| Error::SnapshotNotFound {
-                volume: self.volume(vol).name.clone(),
+                volume: self.owner_reference(vol),
                 snapshot: name.to_string(),
             })
     }
 
-    /// (volume id, snapshot id) of `volume/snapshot`.
+    /// (volume id, snapshot id) of `volume/snapshot`, where `volume` is a
+    /// reference to a live or retired volume ([`Catalog::owner_id`]).
     pub fn snapshot_ids(&self, volume: &str, snapshot: &str) -> Result<(u64, u64)> {
-        let vid = self.volume_id(volume)?;
+        let vid = self.owner_id(volume)?;
         Ok((vid, self.snapshot_id(vid, snapshot)?))
     }
 
@@ -110,7 +213,7 @@ impl Catalog {
         })
     }
 
-    /// Volumes and snapshots, in O(1).
+    /// Volumes (live and retired) and snapshots, in O(1).
     pub fn record_count(&self) -> usize {
         self.records.len()
     }
@@ -185,21 +288,28 @@ impl Meta {
         self.catalog.blocks.remove(&id);
         self.catalog.dirty.remove(&id);
         self.catalog.touched = true;
-        match self.catalog.records.remove(&id) {
-            Some(Record::Volume(v)) => {
-                self.catalog.vol_by_name.remove(&v.name);
-            }
-            Some(Record::Snapshot(s)) => {
-                self.catalog.snap_by_name.remove(&(s.volume, s.name));
-                if let Some(set) = self.catalog.snaps_by_vol.get_mut(&s.volume) {
-                    set.remove(&s.id);
-                    if set.is_empty() {
-                        self.catalog.snaps_by_vol.remove(&s.volume);
-                    }
-                }
-            }
-            None => {}
+        if let Some(rec) = self.catalog.records.remove(&id) {
+            self.catalog.unindex(&rec);
         }
+        Ok(())
+    }
+
+    /// Put `rec` in place of the record with its id, in the same page
+    /// (written when the transaction commits).
+    pub fn replace_record(&mut self, rec: Record) -> Result<()> {
+        let mut scratch = new_page();
+        rec.encode(&mut scratch)?;
+        let id = rec.id();
+        let old = self
+            .catalog
+            .records
+            .remove(&id)
+            .expect("replace_record of a record that exists");
+        self.catalog.unindex(&old);
+        self.catalog.index(&rec);
+        self.catalog.records.insert(id, rec);
+        self.catalog.dirty.insert(id);
+        self.catalog.touched = true;
         Ok(())
     }
 
@@ -235,9 +345,9 @@ impl Meta {
             self.catalog.blocks.insert(id, block);
             self.catalog.records.insert(id, rec);
         }
-        // Every snapshot must belong to a volume.
+        // Every snapshot must belong to a volume, live or retired.
         for s in self.catalog.snapshots() {
-            if !matches!(self.catalog.records.get(&s.volume), Some(Record::Volume(_))) {
+            if self.catalog.owner_name(s.volume).is_none() {
                 let block = self.catalog.blocks[&s.id];
                 return Err(Error::corrupt(
                     block,

@@ -28,6 +28,8 @@ pub struct CheckReport {
     pub catalog_nodes: u64,
     pub catalog_pages: u64,
     pub volumes: u64,
+    /// Deleted volumes whose records remain for their snapshots and clones.
+    pub retired_volumes: u64,
     pub snapshots: u64,
     pub dead_nodes: u64,
     /// Blocks whose refcount says used but nothing references (leaked).
@@ -162,11 +164,32 @@ impl Meta {
         w.report.catalog_pages = w.report.data_blocks;
         let records: Vec<Record> = w.m.catalog_records();
         let ids: HashSet<u64> = records.iter().map(|r| r.id()).collect();
+        // Volumes, live and retired: what a snapshot may belong to.
+        let volume_ids: HashSet<u64> = records
+            .iter()
+            .filter(|r| !matches!(r, Record::Snapshot(_)))
+            .map(|r| r.id())
+            .collect();
+        // Retired volumes something still names (a snapshot of theirs, a
+        // linked clone sharing blocks with one): any other is a leaked record.
+        let named: HashSet<u64> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Snapshot(s) => Some(s.volume),
+                Record::Volume(v) => v.origin.as_ref().filter(|o| o.root != 0).map(|o| o.volume),
+                Record::Retired(_) => None,
+            })
+            .collect();
+        let mut live_names = HashSet::new();
         for r in &records {
             match r {
                 Record::Volume(v) => {
                     w.report.volumes += 1;
                     let what = format!("volume {:?}", v.name);
+                    if !live_names.insert(v.name.clone()) {
+                        w.report
+                            .problem(format!("{what}: two live volumes have the name"));
+                    }
                     if crate::tree::span(v.levels) < crate::ops::blocks_of(v.size) {
                         w.report.problem(format!(
                             "{what}: tree of height {} cannot hold {} bytes",
@@ -179,6 +202,12 @@ impl Meta {
                     if let Some(o) = &v.origin {
                         if o.root != 0 {
                             w.node(o.root, o.levels - 1, &format!("{what} (clone link)"));
+                            if !volume_ids.contains(&o.volume) {
+                                w.report.problem(format!(
+                                    "{what}: linked clone of volume #{}, which has no record",
+                                    o.volume
+                                ));
+                            }
                         }
                     }
                     if v.parent != 0 && !ids.contains(&v.parent) {
@@ -194,13 +223,22 @@ impl Meta {
                     if s.root != 0 {
                         w.node(s.root, s.levels - 1, &what);
                     }
-                    if !ids.contains(&s.volume) {
+                    if !volume_ids.contains(&s.volume) {
                         w.report
                             .problem(format!("{what}: its volume #{} does not exist", s.volume));
                     }
                     if s.parent != 0 && !ids.contains(&s.parent) {
                         w.report
                             .problem(format!("{what}: parent #{} does not exist", s.parent));
+                    }
+                }
+                Record::Retired(r) => {
+                    w.report.retired_volumes += 1;
+                    if !named.contains(&r.id) {
+                        w.report.problem(format!(
+                            "retired volume {:?} (#{}): no snapshot or linked clone names it, yet its record remains",
+                            r.name, r.id
+                        ));
                     }
                 }
             }
@@ -275,6 +313,7 @@ impl Meta {
             .volumes()
             .cloned()
             .map(Record::Volume)
+            .chain(self.catalog.retired().cloned().map(Record::Retired))
             .chain(self.catalog.snapshots().cloned().map(Record::Snapshot))
             .collect()
     }

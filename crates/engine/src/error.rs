@@ -44,6 +44,13 @@ pub enum Error {
     },
     #[error("volume {0:?} not found")]
     VolumeNotFound(String),
+    /// A name that several deleted volumes had, and no live one has: their
+    /// snapshots are named through one of `references` (`NAME@ID`).
+    #[error("volume {name:?} is not live and several deleted volumes had the name: name one of {}", references.join(", "))]
+    AmbiguousVolume {
+        name: String,
+        references: Vec<String>,
+    },
     #[error("volume {0:?} already exists")]
     VolumeExists(String),
     #[error("snapshot {volume:?}/{snapshot:?} not found")]
@@ -53,15 +60,6 @@ pub enum Error {
     /// The operation conflicts with the object's current state.
     #[error("{0}")]
     Conflict(String),
-    /// A volume with snapshots is deleted only with them.
-    #[error("volume {volume:?} has {} snapshot(s): {}", snapshots.len(), snapshots.join(", "))]
-    HasSnapshots {
-        volume: String,
-        snapshots: Vec<String>,
-    },
-    /// A volume whose snapshots linked clones still share cannot be deleted.
-    #[error("linked clones depend on volume {volume:?}: {}", clones.join(", "))]
-    HasLinkedClones { volume: String, clones: Vec<String> },
     /// The snapshot or volume is read-only here.
     #[error("{0} is read-only")]
     ReadOnly(String),
@@ -131,9 +129,7 @@ impl Error {
             }
             Error::VolumeNotFound(_) | Error::SnapshotNotFound { .. } => ErrorKind::NotFound,
             Error::VolumeExists(_) | Error::SnapshotExists { .. } => ErrorKind::AlreadyExists,
-            Error::Conflict(_) | Error::HasSnapshots { .. } | Error::HasLinkedClones { .. } => {
-                ErrorKind::Conflict
-            }
+            Error::Conflict(_) | Error::AmbiguousVolume { .. } => ErrorKind::Conflict,
             Error::ReadOnly(_) => ErrorKind::ReadOnly,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
             Error::Unavailable(_) => ErrorKind::Unavailable,

@@ -130,6 +130,10 @@ impl Pool {
                 .map(|o| std::mem::replace(&mut o.root, 0))
                 .unwrap_or(0);
             m.release_root(root)?;
+            // The link held a retired origin volume that nothing else holds.
+            if let Some((vol, _)) = origin.filter(|_| root != 0) {
+                Self::drop_retired_if_unused(m, vol)?;
+            }
             Ok(origin)
         })?;
         self.commit()?;

@@ -306,10 +306,27 @@ pub struct SnapshotRec {
     pub labels: Vec<(String, String)>,
 }
 
+/// A deleted ("retired") volume that snapshots or linked clones still
+/// name: its data, clone link and name are gone (a new volume may take the
+/// name), and the record goes with the last snapshot of it and the last
+/// linked clone made from one (docs/design.md, "Retired volumes").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetiredRec {
+    pub id: u64,
+    pub name: String,
+    /// The volume's size when it was deleted.
+    pub size: u64,
+    /// When the volume was created, and when it was deleted (ns).
+    pub created: u64,
+    pub deleted: u64,
+    pub labels: Vec<(String, String)>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Volume(VolumeRec),
     Snapshot(SnapshotRec),
+    Retired(RetiredRec),
 }
 
 impl Record {
@@ -317,12 +334,14 @@ impl Record {
         match self {
             Record::Volume(v) => v.id,
             Record::Snapshot(s) => s.id,
+            Record::Retired(r) => r.id,
         }
     }
 }
 
 const KIND_VOLUME: u8 = 1;
 const KIND_SNAPSHOT: u8 = 2;
+const KIND_RETIRED: u8 = 3;
 const RECORD_VERSION: u8 = 1;
 /// A volume record with labels after its origin.
 const RECORD_VERSION_LABELS: u8 = 2;
@@ -485,6 +504,16 @@ impl Record {
                 w.u64(s.mapped)?;
                 write_labels(&mut w, &s.labels)?;
             }
+            Record::Retired(r) => {
+                w.u8(KIND_RETIRED)?;
+                w.u8(RECORD_VERSION)?;
+                w.u64(r.id)?;
+                w.str(&r.name)?;
+                w.u64(r.size)?;
+                w.u64(r.created)?;
+                w.u64(r.deleted)?;
+                write_labels(&mut w, &r.labels)?;
+            }
         }
         Ok(())
     }
@@ -550,6 +579,14 @@ impl Record {
                 s.labels = read_labels(&mut r)?;
                 Record::Snapshot(s)
             }
+            KIND_RETIRED => Record::Retired(RetiredRec {
+                id: r.u64()?,
+                name: r.str()?,
+                size: r.u64()?,
+                created: r.u64()?,
+                deleted: r.u64()?,
+                labels: read_labels(&mut r)?,
+            }),
             k => return Err(Error::corrupt(block, format!("unknown record kind {k}"))),
         };
         Ok(rec)
@@ -584,6 +621,27 @@ pub fn check_name(name: &str) -> Result<()> {
             },
             rule: NAME_RULE,
         })
+    }
+}
+
+/// A reference to a volume whose snapshots are named: a name, or
+/// `NAME@ID` (a live or deleted volume by its pool id; see
+/// `Pool::list_snapshots`).
+pub fn check_volume_reference(reference: &str) -> Result<()> {
+    match reference.rsplit_once('@') {
+        Some((name, id)) => {
+            check_name(name)?;
+            if id.is_empty()
+                || !id.bytes().all(|c| c.is_ascii_digit())
+                || id.parse::<u64>().is_err()
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "{reference:?}: a volume is named NAME or NAME@ID, ID its pool id in decimal"
+                )));
+            }
+            Ok(())
+        }
+        None => check_name(reference),
     }
 }
 
@@ -701,6 +759,14 @@ mod tests {
                 system: true,
                 mapped: 0,
                 labels: vec![("k".into(), "v".repeat(1000))],
+            }),
+            Record::Retired(RetiredRec {
+                id: 6,
+                name: "r".repeat(255),
+                size: 1 << 30,
+                created: 2,
+                deleted: 3,
+                labels: vec![("app".into(), "db".into())],
             }),
         ];
         for r in recs {

@@ -369,7 +369,7 @@ impl Volume {
             (Some(Record::Snapshot(s)), Kind::Snapshot) => Ok((s.root, s.levels, s.size)),
             (_, Kind::Volume) => Err(Error::VolumeNotFound(self.name.clone())),
             (_, Kind::Snapshot) => {
-                let (v, s) = self.name.split_once('@').unwrap_or((&self.name, ""));
+                let (v, s) = self.name.rsplit_once('@').unwrap_or((&self.name, ""));
                 Err(Error::SnapshotNotFound {
                     volume: v.into(),
                     snapshot: s.into(),

@@ -59,7 +59,8 @@ pub enum CloneState {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OriginInfo {
-    /// Volume the origin snapshot belongs to (None if deleted since).
+    /// Volume the origin snapshot belongs to (None once its record is
+    /// gone; a retired volume's name while it is retired).
     pub volume: Option<String>,
     /// The origin snapshot (None if deleted since).
     pub snapshot: Option<String>,
@@ -88,6 +89,9 @@ pub struct SnapshotInfo {
     pub volume: String,
     /// Id of the volume it belongs to.
     pub volume_id: u64,
+    /// The volume was deleted and is retired: `volume` is the name it had
+    /// (a live volume may have it now), and `NAME@ID` names it alone.
+    pub volume_deleted: bool,
     pub name: String,
     /// Size of the volume when the snapshot was taken (its restore size).
     pub restore_size: u64,
@@ -132,6 +136,9 @@ pub struct PoolStats {
     pub free_bytes: u64,
     pub volumes: u64,
     pub snapshots: u64,
+    /// Deleted volumes kept as records because snapshots or linked clones
+    /// of theirs remain (not counted in `volumes`).
+    pub retired_volumes: u64,
     /// Tree nodes deleted but not yet reclaimed.
     pub reclaim_pending: bool,
     /// The most the pool may grow to, if capped (else it grows while its
@@ -179,10 +186,7 @@ impl Pool {
             .as_ref()
             .filter(|o| o.root != 0)
             .map(|o| OriginInfo {
-                volume: m.catalog.get(o.volume).and_then(|r| match r {
-                    Record::Volume(v) => Some(v.name.clone()),
-                    _ => None,
-                }),
+                volume: m.catalog.owner_name(o.volume).map(str::to_string),
                 snapshot: m.catalog.snapshot(o.snapshot).map(|s| s.name.clone()),
             });
         let clone_state = match &v.origin {
@@ -245,8 +249,13 @@ impl Pool {
     ) -> SnapshotInfo {
         SnapshotInfo {
             id: s.id,
-            volume: m.catalog.volume(s.volume).name.clone(),
+            volume: m
+                .catalog
+                .owner_name(s.volume)
+                .unwrap_or_default()
+                .to_string(),
             volume_id: s.volume,
+            volume_deleted: m.catalog.is_retired(s.volume),
             name: s.name.clone(),
             restore_size: s.size,
             created: s.created,
@@ -364,73 +373,87 @@ impl Pool {
         Ok(info)
     }
 
-    /// Delete a volume. Its snapshots go with it only with `with_snapshots`.
-    /// Refused while linked clones share blocks with any of its snapshots
-    /// (flatten or delete them first). A linked clone's system snapshot goes
-    /// with the clone.
+    /// Delete a volume. Its live data goes at once, and so does its name (a
+    /// new volume may take it). Its snapshots stay unless `with_snapshots`
+    /// (a linked clone's system snapshot stays either way while a clone
+    /// needs it; one no clone needs goes): if any snapshot stays, or a
+    /// linked clone still shares blocks with one deleted, the volume is
+    /// **retired**: a record under its id keeps the snapshots' volume name
+    /// and id, and goes with the last of them (docs/design.md, "Retired
+    /// volumes"). A linked clone's system snapshot goes with the clone.
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
         let _g = gate.write().unwrap_or_else(|p| p.into_inner());
-        let (snaps, origin) = self.with_meta(|m| {
-            m.catalog.volume_id(name)?;
-            let mut clones: Vec<String> = m
-                .catalog
-                .snapshots_of(id)
-                .iter()
-                .flat_map(|s| Self::linked_clones_of(m, s.id))
-                .collect();
-            clones.sort();
-            if !clones.is_empty() {
-                return Err(Error::HasLinkedClones {
-                    volume: name.into(),
-                    clones,
-                });
-            }
-            let snaps: Vec<_> = m
-                .catalog
-                .snapshots_of(id)
-                .iter()
-                .map(|s| (s.id, s.root))
-                .collect();
-            // System snapshots no linked clone needs (none does: checked
-            // above) go with the volume; only a user's snapshot holds it.
-            let users: Vec<String> = m
-                .catalog
-                .snapshots_of(id)
-                .iter()
-                .filter(|s| !s.system)
-                .map(|s| s.name.clone())
-                .collect();
-            if !users.is_empty() && !with_snapshots {
-                return Err(Error::HasSnapshots {
-                    volume: name.into(),
-                    snapshots: users,
-                });
+        let (gone, origin, retired) = self.with_meta(|m| {
+            if m.catalog.volume_id(name)? != id {
+                // Deleted and made again while this waited for the gate.
+                return Err(Error::VolumeNotFound(name.into()));
             }
             // Stop a flatten of this volume before it goes.
             self.stop_flatten(id);
             let v = m.catalog.volume(id).clone();
-            for &(sid, root) in &snaps {
-                m.delete_record(sid)?;
-                m.release_root(root)?;
+            let doomed: Vec<SnapshotRec> = m
+                .catalog
+                .snapshots_of(id)
+                .into_iter()
+                .filter(|s| {
+                    if s.system {
+                        Self::linked_clones_of(m, s.id).is_empty()
+                    } else {
+                        with_snapshots
+                    }
+                })
+                .cloned()
+                .collect();
+            let mut gone = Vec::with_capacity(doomed.len());
+            for s in &doomed {
+                Self::unlink_snapshot(m, id, s.id)?;
+                gone.push(s.id);
             }
-            if let Some(o) = &v.origin {
+            let origin = v.origin.clone();
+            if let Some(o) = &origin {
                 m.release_root(o.root)?;
             }
-            m.delete_record(id)?;
             m.release_root(v.root)?;
             m.bases.remove(&id);
-            m.bases.retain(|_, b| !snaps.iter().any(|&(s, _)| s == *b));
-            Ok((snaps, v.origin))
+            let kept = !m.catalog.snapshots_of(id).is_empty()
+                || m.catalog.linked_clones_of_volume(id).next().is_some();
+            if kept {
+                m.replace_record(Record::Retired(RetiredRec {
+                    id,
+                    name: v.name.clone(),
+                    size: v.size,
+                    created: v.created,
+                    deleted: now_ns(),
+                    labels: v.labels.clone(),
+                }))?;
+            } else {
+                m.delete_record(id)?;
+            }
+            // Its clone link held a retired volume that nothing else holds.
+            if let Some(o) = &origin {
+                if o.root != 0 && Self::drop_retired_if_unused(m, o.volume)? {
+                    gone.push(o.volume);
+                }
+            }
+            Ok((gone, origin, kept))
         })?;
-        for (sid, _) in snaps {
+        for sid in gone {
             self.drop_gate(sid);
         }
         self.drop_gate(id);
         self.commit()?;
         self.wake_background();
-        tracing::info!(volume = name, "volume deleted");
+        if retired {
+            tracing::info!(
+                volume = name,
+                id,
+                "volume deleted; retired: snapshots or clones of it remain"
+            );
+        } else {
+            tracing::info!(volume = name, "volume deleted");
+        }
         // Also when the clone shares nothing (`root == 0`: its origin was
         // empty, or it was flattened): the snapshot goes if it is a system
         // one and no other linked clone needs it.
@@ -440,6 +463,48 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Remove the record of snapshot `sid` of volume `vid` (live or
+    /// retired) and its reference on its tree: its children, and the
+    /// volume if it descends from it, take its parent.
+    fn unlink_snapshot(m: &mut crate::meta::Meta, vid: u64, sid: u64) -> Result<SnapshotRec> {
+        let s = m.catalog.snapshot(sid).cloned().expect("indexed");
+        let children: Vec<u64> = m
+            .catalog
+            .snapshots_of(vid)
+            .iter()
+            .filter(|c| c.parent == sid)
+            .map(|c| c.id)
+            .collect();
+        for c in children {
+            m.catalog.snapshot_mut(c).parent = s.parent;
+        }
+        if matches!(m.catalog.get(vid), Some(Record::Volume(v)) if v.parent == sid) {
+            m.catalog.volume_mut(vid).parent = s.parent;
+        }
+        m.delete_record(sid)?;
+        m.bases.retain(|_, b| *b != sid);
+        m.release_root(s.root)?;
+        Ok(s)
+    }
+
+    /// Delete the record of volume `vid` if it is retired and nothing
+    /// names it any more: no snapshot of it, no linked clone sharing blocks
+    /// with one. Returns whether it went.
+    pub(crate) fn drop_retired_if_unused(m: &mut crate::meta::Meta, vid: u64) -> Result<bool> {
+        if !m.catalog.is_retired(vid)
+            || !m.catalog.snapshots_of(vid).is_empty()
+            || m.catalog.linked_clones_of_volume(vid).next().is_some()
+        {
+            return Ok(false);
+        }
+        m.delete_record(vid)?;
+        tracing::info!(
+            volume = vid,
+            "retired volume's record deleted: nothing names it"
+        );
+        Ok(true)
     }
 
     /// Take a snapshot: O(1), whatever the volume's size or snapshot count.
@@ -607,10 +672,14 @@ impl Pool {
         })
     }
 
-    /// A volume's snapshots, oldest first.
+    /// A volume's snapshots, oldest first. `volume` names a live volume,
+    /// or a retired one: as `NAME@ID`, or as `NAME` when no live volume has
+    /// the name and one retired volume had it. Every operation on a
+    /// snapshot (describe, open, clone, export, diff, delete) takes the
+    /// same references; those on a volume's data take live volumes only.
     pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
         self.describe_snapshots(|m| {
-            let vid = m.catalog.volume_id(volume)?;
+            let vid = m.catalog.owner_id(volume)?;
             Ok((
                 Some(vid),
                 m.catalog.snapshots_of(vid).into_iter().cloned().collect(),
@@ -770,33 +839,20 @@ impl Pool {
         let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
         let removed = self.with_meta(|m| {
             if !still(m)? {
-                return Ok(false);
+                return Ok(None);
             }
-            let s = m.catalog.snapshot(sid).cloned().expect("checked by still");
-            let children: Vec<u64> = m
-                .catalog
-                .snapshots_of(vid)
-                .iter()
-                .filter(|c| c.parent == sid)
-                .map(|c| c.id)
-                .collect();
-            for c in children {
-                m.catalog.snapshot_mut(c).parent = s.parent;
-            }
-            if m.catalog.volume(vid).parent == sid {
-                m.catalog.volume_mut(vid).parent = s.parent;
-            }
-            m.delete_record(sid)?;
-            m.bases.retain(|_, b| *b != sid);
-            m.release_root(s.root)?;
-            Ok(true)
+            Self::unlink_snapshot(m, vid, sid)?;
+            Ok(Some(Self::drop_retired_if_unused(m, vid)?))
         })?;
-        if removed {
+        if let Some(retired_gone) = removed {
             self.drop_gate(sid);
+            if retired_gone {
+                self.drop_gate(vid);
+            }
             self.commit()?;
             self.wake_background();
         }
-        Ok(removed)
+        Ok(removed.is_some())
     }
 
     /// Volumes that still share blocks with snapshot `sid` (linked clones,
@@ -830,25 +886,35 @@ impl Pool {
 
     /// System snapshots no linked clone needs, as (volume, snapshot): left
     /// by a crash between a clone's end and its snapshot's deletion, or
-    /// taken for a full copy. The daemon deletes those no running copy
+    /// taken for a full copy. The volume is named by a reference that
+    /// resolves to it alone (`NAME@ID` for a retired one: see
+    /// [`Pool::delete_system_snapshot`]). The daemon deletes those no running copy
     /// of its own uses when it starts.
     pub fn unneeded_system_snapshots(&self) -> Vec<(String, String)> {
         let m = self.lock_meta();
         m.catalog
             .snapshots()
             .filter(|s| s.system && Self::linked_clones_of(&m, s.id).is_empty())
-            .map(|s| (m.catalog.volume(s.volume).name.clone(), s.name.clone()))
+            .map(|s| (m.catalog.owner_reference(s.volume), s.name.clone()))
             .collect()
     }
 
     /// Make the volume's data the snapshot's again. Later snapshots stay;
     /// the volume now grows a new branch from this snapshot.
     pub fn revert_volume(&self, volume: &str, snapshot: &str) -> Result<VolumeInfo> {
-        let (vid, sid) = self.lock_meta().catalog.snapshot_ids(volume, snapshot)?;
+        let (vid, sid) = {
+            // A live volume only: a retired one has no data to revert.
+            let m = self.lock_meta();
+            let vid = m.catalog.volume_id(volume)?;
+            (vid, m.catalog.snapshot_id(vid, snapshot)?)
+        };
         let gate = self.gate(vid);
         let _g = gate.write().unwrap_or_else(|p| p.into_inner());
         let info = self.with_meta(|m| {
             let s = m.catalog.snapshot_still(sid, volume, snapshot)?;
+            if m.catalog.is_retired(vid) {
+                return Err(Error::VolumeNotFound(volume.into()));
+            }
             if s.root != 0 {
                 m.incref(s.root)?;
             }
@@ -942,17 +1008,17 @@ impl Pool {
         })
     }
 
-    /// Space used by a volume, or by one of its snapshots.
+    /// Space used by a volume, or by one of its snapshots (of a live or
+    /// retired volume: see [`Pool::list_snapshots`]).
     pub fn usage(&self, volume: &str, snapshot: Option<&str>) -> Result<Usage> {
         let mut m = self.lock_meta();
-        let vid = m.catalog.volume_id(volume)?;
         let (root, levels, mapped) = match snapshot {
             None => {
-                let v = m.catalog.volume(vid);
+                let v = m.catalog.volume(m.catalog.volume_id(volume)?);
                 (v.root, v.levels, v.mapped)
             }
             Some(s) => {
-                let sid = m.catalog.snapshot_id(vid, s)?;
+                let (_, sid) = m.catalog.snapshot_ids(volume, s)?;
                 let s = m.catalog.snapshot(sid).expect("indexed");
                 (s.root, s.levels, s.mapped)
             }
@@ -976,6 +1042,7 @@ impl Pool {
                 free_bytes: (total - used) * BLOCK as u64,
                 volumes: m.catalog.volumes().count() as u64,
                 snapshots: m.catalog.snapshots().count() as u64,
+                retired_volumes: m.catalog.retired().count() as u64,
                 reclaim_pending: m.sb.dead_head != 0,
                 max_bytes: (m.sb.max_blocks != 0).then_some(m.sb.max_blocks * BLOCK as u64),
             })

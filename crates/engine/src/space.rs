@@ -261,7 +261,7 @@ impl Meta {
             Some(n) => (n.root, n.levels),
             None => match self.catalog.get(vol)? {
                 Record::Volume(v) => (v.root, v.levels),
-                Record::Snapshot(_) => return None,
+                Record::Snapshot(_) | Record::Retired(_) => return None,
             },
         };
         (root != 0 && l == levels).then_some(root)
@@ -612,7 +612,7 @@ impl Pool {
     /// A name given twice counts once.
     pub fn freed_by_deleting(&self, volume: &str, snapshots: &[String]) -> Result<Freed> {
         self.with_meta(|m| {
-            let vid = m.catalog.volume_id(volume)?;
+            let vid = m.catalog.owner_id(volume)?;
             let mut ids = Vec::with_capacity(snapshots.len());
             for s in snapshots {
                 ids.push(m.catalog.snapshot_id(vid, s)?);

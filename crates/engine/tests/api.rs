@@ -195,21 +195,29 @@ fn clones_survive_their_origin_and_flatten() {
         "a clone from a volume takes a system snapshot"
     );
     assert_eq!(c.origin.as_ref().unwrap().volume.as_deref(), Some("v"));
-    // The origin cannot go while the clone shares its blocks.
-    match p.delete_volume("v", true) {
-        Err(Error::HasLinkedClones { clones, .. }) => assert_eq!(clones, ["c"]),
-        other => panic!("delete of a volume with a linked clone: {other:?}"),
-    }
+    // The origin goes while the clone shares its blocks: it is retired,
+    // keeping the system snapshot the clone still needs.
+    p.delete_volume("v", true).unwrap();
+    assert!(matches!(
+        p.volume_info_by_name("v"),
+        Err(Error::VolumeNotFound(_))
+    ));
+    let c = p.volume_info_by_name("c").unwrap();
+    assert_eq!(c.origin.as_ref().unwrap().volume.as_deref(), Some("v"));
+    let sys = p.list_snapshots("v").unwrap();
+    assert!(sys.len() == 1 && sys[0].system && sys[0].volume_deleted);
+    assert_eq!(p.stats().unwrap().retired_volumes, 1);
     p.flatten("c").unwrap();
     let c = p.volume_info_by_name("c").unwrap();
     assert_eq!(c.clone_state, CloneState::Independent);
     assert_eq!(c.origin, None, "a flattened clone shows no origin");
-    assert!(
-        p.list_snapshots("v").unwrap().is_empty(),
-        "the clone's system snapshot went when the flatten ended"
-    );
-    // Now the origin goes entirely; the clone keeps its data.
-    p.delete_volume("v", false).unwrap();
+    // The clone's system snapshot went when the flatten ended, and the
+    // retired volume's record with it.
+    assert!(matches!(
+        p.list_snapshots("v"),
+        Err(Error::VolumeNotFound(_))
+    ));
+    assert_eq!(p.stats().unwrap().retired_volumes, 0);
     p.reclaim_all().unwrap();
     let mut buf = [0u8; BLOCK];
     p.open_volume("c").unwrap().read(99 * BS, &mut buf).unwrap();
@@ -372,10 +380,6 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     let snap = p.open_snapshot("v", "s").unwrap();
     assert!(matches!(snap.write(0, &[1]), Err(Error::ReadOnly(_))));
-    assert!(
-        matches!(p.delete_volume("v", false), Err(Error::HasSnapshots { .. })),
-        "has snapshots"
-    );
     assert!(matches!(
         p.delete_snapshot("v", "nope"),
         Err(Error::SnapshotNotFound { .. })
@@ -471,4 +475,141 @@ fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapsho
     fill(&p, "c", 0..1, 4);
     fill(&p, "v", 1..2, 4);
     cached_exclusive_sizes_are_exact(&p);
+}
+
+fn read_block(p: &Pool, t: &Target, b: u64) -> u8 {
+    let mut buf = [0u8; BLOCK];
+    p.open_target(t).unwrap().read(b * BS, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|&x| x == buf[0]),
+        "block {b} of {t:?} is uniform"
+    );
+    buf[0]
+}
+
+/// Deleting a volume with snapshots always succeeds: the volume is retired.
+/// Its name is free at once, the data only it held is freed, and its
+/// snapshots stay, listed under its old name and id, usable for restore,
+/// linked and full clones, diff and export, as group members, across a
+/// reopen; the record goes with its last snapshot and its last linked
+/// clone. (docs/design.md, invariant "retired volumes".)
+#[test]
+fn a_deleted_volumes_snapshots_stay_usable_and_its_name_is_free() {
+    let (d, p) = pool();
+    p.create_volume("v", 1 << 24).unwrap();
+    p.create_volume("w", 1 << 20).unwrap();
+    fill(&p, "v", 0..10, 1);
+    p.create_snapshot("v", "s1", &[]).unwrap();
+    fill(&p, "v", 0..4, 2);
+    p.create_snapshot("v", "s2", &[]).unwrap();
+    p.create_snapshot_group(&["v", "w"], "g", &[]).unwrap();
+    // Five blocks only the live volume holds.
+    fill(&p, "v", 40..45, 4);
+    p.commit().unwrap();
+    p.reclaim_all().unwrap();
+    let before = p.check().unwrap();
+    let id = p.volume_info_by_name("v").unwrap().id;
+
+    p.delete_volume("v", false).unwrap();
+    p.reclaim_all().unwrap();
+    let after = p.check().unwrap();
+    assert!(after.is_ok(), "{:?}", after.problems);
+    assert_eq!(
+        before.tree_blocks().1 - after.tree_blocks().1,
+        5,
+        "the data only the deleted volume held is freed, no more"
+    );
+    assert_eq!((after.volumes, after.retired_volumes), (1, 1));
+
+    // The name is free at once; `NAME@ID` names the deleted one alone.
+    p.create_volume("v", 1 << 20).unwrap();
+    let old = format!("v@{id}");
+    assert!(p.list_snapshots("v").unwrap().is_empty(), "the live v's");
+    let snaps = p.list_snapshots(&old).unwrap();
+    let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["s1", "s2", "g"]);
+    assert!(snaps
+        .iter()
+        .all(|s| s.volume == "v" && s.volume_id == id && s.volume_deleted));
+    assert!(matches!(
+        p.list_snapshots(&format!("w@{id}")),
+        Err(Error::VolumeNotFound(_))
+    ));
+
+    // Restore: a linked and a full clone; diff and export; usage.
+    p.clone_snapshot(&old, "s2", "restored").unwrap();
+    let r = Target::volume("restored");
+    assert_eq!((read_block(&p, &r, 0), read_block(&p, &r, 5)), (2, 1));
+    p.full_clone(&old, "s1", "full", &mut |_, _| {}).unwrap();
+    assert_eq!(read_block(&p, &Target::volume("full"), 0), 1);
+    let (s1, s2) = (Target::snapshot(&old, "s1"), Target::snapshot(&old, "s2"));
+    let changed = p.diff(Some(&s1), &s2).unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!((changed[0].offset, changed[0].len), (0, 4 * BS));
+    let pieces = p.export(Some(&s1), &s2).unwrap().count();
+    assert!(pieces >= 1);
+    assert_eq!(p.usage(&old, Some("s1")).unwrap().exclusive_bytes, 4 * BS);
+    // The group's members, the deleted volume's among them.
+    let g = p.find_snapshots(Some("g"), None).unwrap();
+    assert_eq!(g.len(), 2);
+    assert_eq!(g.iter().filter(|s| s.volume_deleted).count(), 1);
+    // Nothing writes to a deleted volume: no revert, no new snapshot.
+    assert!(p.revert_volume(&old, "s1").is_err());
+    assert!(p.create_snapshot(&old, "x", &[]).is_err());
+    assert!(p.open_volume(&old).is_err());
+
+    // Without a live v and with one retired v, the name alone reaches it;
+    // with two retired, it is ambiguous and the error names both.
+    p.create_snapshot("v", "t", &[]).unwrap();
+    let id2 = p.volume_info_by_name("v").unwrap().id;
+    p.delete_volume("v", false).unwrap();
+    match p.list_snapshots("v") {
+        Err(e @ Error::AmbiguousVolume { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&old) && text.contains(&format!("v@{id2}")),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    p.delete_snapshot(&format!("v@{id2}"), "t").unwrap();
+    assert_eq!(
+        p.list_snapshots("v").unwrap().len(),
+        3,
+        "one retired v left"
+    );
+
+    // All of it survives a reopen.
+    p.close().unwrap();
+    let p = Pool::open_dir(
+        d.path(),
+        PoolOptions {
+            background: false,
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.list_snapshots(&old).unwrap().len(), 3);
+    assert_eq!(read_block(&p, &Target::snapshot(&old, "s1"), 9), 1);
+
+    // The record goes with the last snapshot and the last linked clone.
+    for s in ["s1", "s2", "g"] {
+        p.delete_snapshot(&old, s).unwrap();
+    }
+    assert!(
+        p.list_snapshots(&old).unwrap().is_empty(),
+        "held by restored"
+    );
+    assert_eq!(p.stats().unwrap().retired_volumes, 1);
+    assert!(p.check().unwrap().is_ok());
+    p.delete_volume("restored", false).unwrap();
+    assert!(matches!(
+        p.list_snapshots(&old),
+        Err(Error::VolumeNotFound(_))
+    ));
+    assert_eq!(p.stats().unwrap().retired_volumes, 0);
+    p.reclaim_all().unwrap();
+    let report = p.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
 }

@@ -164,10 +164,81 @@ fn script() -> Vec<Step> {
                 m.snaps.retain(|(v, _), _| v != "b");
             },
         ),
+        // Retirement: a volume deleted with snapshots and a linked clone
+        // of one keeps them, named `a@ID`; its name is free at once; its
+        // record goes with the last of them.
+        step(
+            "clone a@s2 -> c",
+            |p| p.clone_snapshot("a", "s2", "c").map(drop),
+            move |m| {
+                let mut c = m.snaps[&k("a", "s2")].clone();
+                c.clone = true;
+                m.vols.insert("c".into(), c);
+            },
+        ),
+        step(
+            "delete a, keeping its snapshots",
+            |p| p.delete_volume("a", false),
+            move |m| {
+                m.vols.remove("a");
+                let old = format!("a@{}", A_ID);
+                for s in ["s2", "g"] {
+                    let snap = m.snaps.remove(&k("a", s)).unwrap();
+                    m.snaps.insert(k(&old, s), snap);
+                }
+            },
+        ),
+        step(
+            "create a again",
+            |p| p.create_volume("a", BIG).map(drop),
+            |m| {
+                m.vols.insert("a".into(), MVol::new(BIG));
+            },
+        ),
+        step(
+            "clone a@ID/g -> d",
+            |p| p.clone_snapshot(&format!("a@{A_ID}"), "g", "d").map(drop),
+            move |m| {
+                let mut c = m.snaps[&k(&format!("a@{A_ID}"), "g")].clone();
+                c.clone = true;
+                m.vols.insert("d".into(), c);
+            },
+        ),
+        step(
+            "delete a@ID/s2",
+            |p| p.delete_snapshot(&format!("a@{A_ID}"), "s2"),
+            move |m| {
+                m.snaps.remove(&k(&format!("a@{A_ID}"), "s2"));
+            },
+        ),
+        step(
+            "delete a@ID/g",
+            |p| p.delete_snapshot(&format!("a@{A_ID}"), "g"),
+            move |m| {
+                m.snaps.remove(&k(&format!("a@{A_ID}"), "g"));
+            },
+        ),
+        step(
+            "delete c",
+            |p| p.delete_volume("c", false),
+            |m| {
+                m.vols.remove("c");
+            },
+        ),
+        step(
+            "delete d, the retired a's last clone",
+            |p| p.delete_volume("d", false),
+            |m| {
+                m.vols.remove("d");
+            },
+        ),
         step("reclaim", |p| p.reclaim_all().map(drop), |_| {}),
         step("checkpoint", |p| p.checkpoint(), |_| {}),
     ]
 }
+
+/// The pool id of the script's first volume `a` (the first object made).
+const A_ID: u64 = 1;
 
 /// (volume, block) pairs whose content differs between two models.
 fn differing(a: &Model, b: &Model) -> BTreeSet<(String, u64)> {

@@ -133,7 +133,8 @@ fn copy_dir(from: &Path, to: &Path) {
 /// journal (format version 1), killed with `kill -9` after a flush, so its
 /// log holds committed transactions: volume `v` (4 MiB) had block `i` of
 /// its first 64 filled with byte `i % 251 + 1`, then snapshot `s1`, then
-/// its first 32 KiB written with 0xAB and flushed.
+/// its first 32 KiB written with 0xAB and flushed. It opens upgraded, and
+/// then works as any pool, deleting a volume with snapshots included.
 #[test]
 fn a_version_1_pool_opens_upgraded_with_its_data() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-pool");
@@ -183,6 +184,20 @@ fn a_version_1_pool_opens_upgraded_with_its_data() {
     check(&pool);
     let s2 = pool.open_snapshot("v", "s2").unwrap();
     assert!(read_block(&s2, 70) == vec![0xCD; BLOCK]);
+    drop(s2);
+    // A pool of the old format retires a volume like a new one (retired
+    // records need no upgrade): its snapshots stay, across a reopen.
+    let id = pool.volume_info_by_name("v").unwrap().id;
+    pool.delete_volume("v", false).unwrap();
+    pool.close().unwrap();
+    let pool = Pool::open_dir(dir.path(), opts()).unwrap();
+    let old = format!("v@{id}");
+    let s1 = pool.open_snapshot(&old, "s1").unwrap();
+    assert!(read_block(&s1, 3) == vec![4; BLOCK]);
+    assert_eq!(pool.list_snapshots(&old).unwrap().len(), 2);
+    assert!(pool.open_volume("v").is_err());
+    let report = pool.check().unwrap();
+    assert!(report.is_ok() && report.retired_volumes == 1, "{report:?}");
 }
 
 #[test]

@@ -3,8 +3,12 @@
 //! writes, flushes and snapshots a volume in generations and reports each
 //! flush on stdout; the parent kills it after a random number of flushes,
 //! reopens the pool, and checks every block against what was flushed, and
-//! every reported snapshot against its generation. The one test is both
-//! halves, so neither can pass without doing its work.
+//! every reported snapshot against its generation. With each snapshot the
+//! child also restores it as a linked clone, snapshots the clone and
+//! deletes the clone (which is retired, its snapshot kept under `NAME@ID`),
+//! and deletes the retired clone's snapshot twenty generations on (the
+//! retired record goes with it): those are checked too. The one test is
+//! both halves, so neither can pass without doing its work.
 
 use lamina_engine::{Pool, PoolOptions, BLOCK};
 use std::collections::HashMap;
@@ -72,6 +76,7 @@ fn child_workload(dir: &str) -> ! {
     let pool = Pool::open_dir(dir, opts()).unwrap();
     let vol = pool.open_volume("v").unwrap();
     let mut out = std::io::stdout().lock();
+    let mut retired = HashMap::new();
     for g in 1.. {
         for b in gen_blocks(g) {
             vol.write(b * BLOCK as u64, &content(b, g)).unwrap();
@@ -81,8 +86,19 @@ fn child_workload(dir: &str) -> ! {
             if g > 20 {
                 pool.delete_snapshot("v", &format!("g{}", g - 20)).unwrap();
                 writeln!(out, "deleted {}", g - 20).unwrap();
+                let old: u64 = retired.remove(&(g - 20)).unwrap();
+                pool.delete_snapshot(&format!("x{}@{old}", g - 20), "keep")
+                    .unwrap();
+                writeln!(out, "gone {}", g - 20).unwrap();
             }
             writeln!(out, "snap {g}").unwrap();
+            let x = format!("x{g}");
+            pool.clone_snapshot("v", &format!("g{g}"), &x).unwrap();
+            pool.create_snapshot(&x, "keep", &[]).unwrap();
+            let id = pool.volume_info_by_name(&x).unwrap().id;
+            pool.delete_volume(&x, false).unwrap();
+            retired.insert(g, id);
+            writeln!(out, "retired {g} {id}").unwrap();
         } else {
             vol.flush().unwrap();
         }
@@ -153,6 +169,8 @@ fn round(seed: u64) {
 
     let mut last = 0;
     let mut snaps = std::collections::BTreeSet::new();
+    let mut retired = std::collections::BTreeMap::new();
+    let mut gone = Vec::new();
     for l in &lines {
         if let Some(g) = l.strip_prefix("flushed ") {
             last = g.parse().unwrap();
@@ -160,6 +178,12 @@ fn round(seed: u64) {
             snaps.insert(g.parse::<u64>().unwrap());
         } else if let Some(g) = l.strip_prefix("deleted ") {
             snaps.remove(&g.parse::<u64>().unwrap());
+        } else if let Some(r) = l.strip_prefix("retired ") {
+            let (g, id) = r.split_once(' ').unwrap();
+            retired.insert(g.parse::<u64>().unwrap(), id.parse::<u64>().unwrap());
+        } else if let Some(g) = l.strip_prefix("gone ") {
+            let g = g.parse::<u64>().unwrap();
+            gone.push((g, retired.remove(&g).unwrap()));
         }
     }
     let pool = Pool::open_dir(dir.path(), opts()).unwrap();
@@ -176,11 +200,29 @@ fn round(seed: u64) {
             .unwrap_or_else(|e| panic!("snapshot g{g} lost: {e}"));
         verify(&pool, snap, *g, None, &format!("snapshot g{g}"));
     }
+    for (g, id) in &retired {
+        let x = format!("x{g}@{id}");
+        assert!(
+            pool.open_volume(&format!("x{g}")).is_err(),
+            "x{g} was deleted"
+        );
+        let snap = pool
+            .open_snapshot(&x, "keep")
+            .unwrap_or_else(|e| panic!("snapshot {x}/keep of a deleted volume lost: {e}"));
+        verify(&pool, snap, *g, None, &format!("snapshot {x}/keep"));
+    }
+    for (g, id) in &gone {
+        assert!(
+            pool.list_snapshots(&format!("x{g}@{id}")).is_err(),
+            "the retired x{g} went with its last snapshot"
+        );
+    }
     let report = pool.check().unwrap();
     assert!(report.is_ok(), "check after kill -9: {:?}", report.problems);
     eprintln!(
-        "seed {seed}: killed after generation {last}, {} snapshots verified",
-        snaps.len()
+        "seed {seed}: killed after generation {last}, {} snapshots and {} of deleted volumes verified",
+        snaps.len(),
+        retired.len()
     );
     pool.close().unwrap();
 }

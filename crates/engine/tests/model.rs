@@ -36,6 +36,10 @@ enum Op {
     Clone(usize, usize, usize),
     Flatten(usize),
     DelVol(usize, bool),
+    /// On a snapshot of a deleted (retired) volume, the `pick`-th in the
+    /// model: 0 delete it, 1 clone it into the volume `n`, 2 name its
+    /// volume by the old name alone (list its snapshots, delete this one).
+    OnRetired(usize, usize, usize),
     Expand(usize),
     Reclaim,
     /// Copy up to this many committed log images home ahead of the
@@ -62,7 +66,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (v.clone(), s.clone()).prop_map(|(a, b)| Op::Revert(a, b)),
         2 => (v.clone(), s.clone(), v.clone()).prop_map(|(a, b, c)| Op::Clone(a, b, c)),
         1 => v.clone().prop_map(Op::Flatten),
-        1 => (v.clone(), any::<bool>()).prop_map(|(a, b)| Op::DelVol(a, b)),
+        2 => (v.clone(), any::<bool>()).prop_map(|(a, b)| Op::DelVol(a, b)),
+        3 => (0..8usize, 0..3usize, v.clone()).prop_map(|(a, b, c)| Op::OnRetired(a, b, c)),
         1 => v.clone().prop_map(Op::Expand),
         1 => Just(Op::Reclaim),
         2 => (1..200usize).prop_map(Op::Home),
@@ -115,6 +120,55 @@ struct Run {
 impl Run {
     fn pool(&self) -> &Pool {
         self.pool.as_ref().unwrap()
+    }
+
+    /// The model's references (`NAME@ID`) of retired volumes once named `name`.
+    fn retired_refs(&self, name: &str) -> BTreeSet<String> {
+        self.model
+            .snaps
+            .keys()
+            .filter(|(r, _)| r.split_once('@').is_some_and(|(n, _)| n == name))
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+
+    /// An operation on snapshot `snap` of volume `name` (no live volume in
+    /// the model has it) answered `r`: the name reaches the one retired
+    /// volume that had it, or an error. The pool may hold retired volumes
+    /// the model does not know (kept for their linked clones alone), so a
+    /// name the model sees once may still be ambiguous. Returns the model's
+    /// key of the snapshot reached.
+    fn by_old_name<T: std::fmt::Debug>(
+        &self,
+        name: &str,
+        snap: &str,
+        r: &lamina_engine::Result<T>,
+    ) -> Option<(String, String)> {
+        let refs = self.retired_refs(name);
+        let key = |r: &String| (r.clone(), snap.to_string());
+        match r {
+            Ok(_) => {
+                assert_eq!(refs.len(), 1, "{name} reached one retired volume: {r:?}");
+                let k = key(refs.first().unwrap());
+                assert!(self.model.snaps.contains_key(&k), "{k:?}");
+                Some(k)
+            }
+            Err(lamina_engine::Error::AmbiguousVolume { references, .. }) => {
+                assert!(references.len() >= 2, "{references:?}");
+                assert!(
+                    refs.iter().all(|r| references.contains(r)),
+                    "{refs:?} {references:?}"
+                );
+                None
+            }
+            Err(e) => {
+                assert!(
+                    refs.len() != 1 || !self.model.snaps.contains_key(&key(refs.first().unwrap())),
+                    "{name}/{snap} is in the model as {refs:?}, yet: {e}"
+                );
+                None
+            }
+        }
     }
 
     /// A commit happened: the model as it is now is durable.
@@ -227,7 +281,12 @@ impl Run {
             Op::DelSnap(v, s) => {
                 let key = (VOLS[v].to_string(), SNAPS[s].to_string());
                 let r = p.delete_snapshot(VOLS[v], SNAPS[s]);
-                if self.model.snaps.remove(&key).is_some() {
+                if !self.model.vols.contains_key(VOLS[v]) {
+                    if let Some(k) = self.by_old_name(VOLS[v], SNAPS[s], &r) {
+                        self.model.snaps.remove(&k);
+                        self.committed();
+                    }
+                } else if self.model.snaps.remove(&key).is_some() {
                     r.unwrap();
                     self.committed();
                 } else {
@@ -281,8 +340,20 @@ impl Run {
                 }
             }
             Op::Clone(v, s, n) => {
-                let key = (VOLS[v].to_string(), SNAPS[s].to_string());
+                let mut key = (VOLS[v].to_string(), SNAPS[s].to_string());
                 let r = p.clone_snapshot(VOLS[v], SNAPS[s], VOLS[n]);
+                if !self.model.vols.contains_key(VOLS[v]) {
+                    let taken = self.model.vols.contains_key(VOLS[n]);
+                    match (&r, taken) {
+                        (Ok(_), true) => panic!("a clone took the live name {}", VOLS[n]),
+                        (Err(lamina_engine::Error::VolumeExists(_)), true) => return,
+                        _ => {}
+                    }
+                    match self.by_old_name(VOLS[v], SNAPS[s], &r) {
+                        Some(k) => key = k,
+                        None => return,
+                    }
+                }
                 match self.model.snaps.get(&key) {
                     Some(snap) if !self.model.vols.contains_key(VOLS[n]) => {
                         r.unwrap();
@@ -312,28 +383,95 @@ impl Run {
                 }
             }
             Op::DelVol(v, with) => {
+                // Always done, snapshots and linked clones or not: without
+                // `with`, the snapshots stay, named `NAME@ID` (the volume
+                // is retired), and the name is free at once.
                 let name = VOLS[v];
+                let id = p.volume_info_by_name(name).map(|i| i.id);
                 let r = p.delete_volume(name, with);
-                let has_snaps = self.model.snaps.keys().any(|(vv, _)| vv == name);
-                // A volume whose snapshots linked clones still share blocks
-                // with is refused (a clone of an empty snapshot shares none).
-                let has_linked_clones = self.model.vols.keys().any(|c| {
-                    p.volume_info_by_name(c).is_ok_and(|i| {
-                        matches!(
-                            i.clone_state,
-                            lamina_engine::CloneState::Linked
-                                | lamina_engine::CloneState::Flattening
-                        ) && i.origin.and_then(|o| o.volume).as_deref() == Some(name)
-                    })
-                });
-                if self.model.vols.contains_key(name) && (with || !has_snaps) && !has_linked_clones
-                {
+                if self.model.vols.remove(name).is_some() {
                     r.unwrap();
-                    self.model.vols.remove(name);
-                    self.model.snaps.retain(|(vv, _), _| vv != name);
+                    let id = id.unwrap();
+                    let mine: Vec<(String, String)> = self
+                        .model
+                        .snaps
+                        .keys()
+                        .filter(|(vv, _)| vv == name)
+                        .cloned()
+                        .collect();
+                    for k in mine {
+                        let snap = self.model.snaps.remove(&k).unwrap();
+                        if !with {
+                            self.model.snaps.insert((format!("{name}@{id}"), k.1), snap);
+                        }
+                    }
                     self.committed();
+                    assert!(p.volume_info_by_name(name).is_err());
                 } else {
                     assert!(r.is_err());
+                }
+            }
+            Op::OnRetired(pick, what, n) => {
+                let keys: Vec<(String, String)> = self
+                    .model
+                    .snaps
+                    .keys()
+                    .filter(|(v, _)| v.contains('@'))
+                    .cloned()
+                    .collect();
+                if keys.is_empty() {
+                    return;
+                }
+                let key = keys[pick % keys.len()].clone();
+                let (vref, snap) = (&key.0, &key.1);
+                match what {
+                    0 => {
+                        p.delete_snapshot(vref, snap).unwrap();
+                        self.model.snaps.remove(&key);
+                        self.committed();
+                    }
+                    1 => {
+                        let r = p.clone_snapshot(vref, snap, VOLS[n]);
+                        if self.model.vols.contains_key(VOLS[n]) {
+                            assert!(r.is_err());
+                        } else {
+                            // (A clone of an empty snapshot shares nothing: no origin.)
+                            if let Some(o) = r.unwrap().origin {
+                                assert_eq!(
+                                    o.volume.as_deref(),
+                                    vref.split_once('@').map(|(n, _)| n)
+                                );
+                            }
+                            let mut c = self.model.snaps[&key].clone();
+                            c.clone = true;
+                            self.model.vols.insert(VOLS[n].into(), c);
+                            self.committed();
+                        }
+                    }
+                    _ => {
+                        let name = vref.split_once('@').unwrap().0;
+                        if self.model.vols.contains_key(name) {
+                            // The live volume has the name: checked elsewhere.
+                            return;
+                        }
+                        let listed = p.list_snapshots(name);
+                        if let Some(k) = self.by_old_name(name, snap, &listed) {
+                            let mut names: Vec<String> =
+                                listed.unwrap().into_iter().map(|s| s.name).collect();
+                            names.sort();
+                            let want: Vec<String> = self
+                                .model
+                                .snaps
+                                .keys()
+                                .filter(|(v, _)| *v == k.0)
+                                .map(|(_, s)| s.clone())
+                                .collect();
+                            assert_eq!(names, want);
+                            p.delete_snapshot(name, snap).unwrap();
+                            self.model.snaps.remove(&k);
+                            self.committed();
+                        }
+                    }
                 }
             }
             Op::Expand(v) => {
@@ -444,24 +582,22 @@ fn run(ops: Vec<Op>) {
         common::cached_exclusive_sizes_are_exact(r.pool());
         snapshot_only_by_difference_is_exact(r.pool());
     }
-    // Delete everything: every block must come back.
+    // Delete everything: every block must come back. A volume goes
+    // whatever depends on it; the snapshots of deleted volumes go last, and
+    // the retired volumes' records with them.
     let p = r.pool().clone();
-    // (Linked clones first: a volume they depend on cannot go before them.)
-    while !p.list_volumes().is_empty() {
-        let before = p.list_volumes().len();
-        for v in p.list_volumes() {
-            match p.delete_volume(&v.name, true) {
-                Ok(()) | Err(lamina_engine::Error::HasLinkedClones { .. }) => {}
-                Err(e) => panic!("delete {}: {e}", v.name),
-            }
-        }
-        assert!(p.list_volumes().len() < before, "some volume can always go");
+    for v in p.list_volumes() {
+        p.delete_volume(&v.name, true).unwrap();
+    }
+    for s in p.list_all_snapshots().unwrap() {
+        assert!(s.volume_deleted, "{s:?}");
+        p.delete_snapshot(&volume_reference(&s), &s.name).unwrap();
     }
     p.reclaim_all().unwrap();
     let report = p.check().unwrap();
     assert!(report.is_ok(), "final check: {:?}", report.problems);
     let stats = p.stats().unwrap();
-    assert_eq!(stats.volumes + stats.snapshots, 0);
+    assert_eq!(stats.volumes + stats.snapshots + stats.retired_volumes, 0);
     // What remains in use is the catalog tree's skeleton only.
     assert!(stats.used_bytes < 64 * BS, "blocks not freed: {stats:?}");
     r.pool.take().unwrap().close().unwrap();

@@ -460,7 +460,10 @@ pub async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Out
                 if recovering && p.volume_info_by_name(&name).is_err() {
                     return Ok(Outcome::Removed(true));
                 }
-                for s in p.list_snapshots(&name)? {
+                // The live volume's own snapshots (`NAME@ID`: deleted
+                // volumes of the same name keep theirs apart).
+                let id = p.volume_info_by_name(&name)?.id;
+                for s in p.list_snapshots(&format!("{name}@{id}"))? {
                     if st2.is_attached(&snapshot_export(&name, &s.name)) {
                         return Err(Failure::conflict(
                             format!("snapshot {name}/{} is attached", s.name),

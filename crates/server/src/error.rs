@@ -158,12 +158,9 @@ fn engine_hint(e: &E) -> Option<String> {
             format!("list its snapshots with `lamina snapshot list {volume}`")
         }
         E::VolumeExists(_) | E::SnapshotExists { .. } => "pick another name".into(),
-        E::HasSnapshots { volume, .. } => format!(
-            "delete them first, or delete them with the volume: lamina volume delete {volume} --with-snapshots"
-        ),
-        E::HasLinkedClones { clones, .. } => format!(
-            "flatten them first (lamina volume flatten {}) or delete them",
-            clones.first().map(String::as_str).unwrap_or("CLONE")
+        E::AmbiguousVolume { references, .. } => format!(
+            "name the deleted volume by name and id, e.g. {}",
+            references.first().map(String::as_str).unwrap_or("NAME@ID")
         ),
         E::NoSpace { .. } => "free space by deleting snapshots or volumes".into(),
         E::Unavailable(_) => "restart the daemon: it recovers the pool from its log".into(),

@@ -307,7 +307,7 @@ pub struct DeleteParams {
 #[utoipa::path(delete, path = "/v1/volumes/{name}", params(("name" = String, Path, description = "volume name"), DeleteParams),
     responses((status = 200, description = "deleted, or was already absent (`existed: false`)", body = api::Removed),
         (status = 400, body = api::ApiError),
-        (status = 409, description = "attached, has snapshots, has linked clones, or a full clone is copying into it", body = api::ApiError),
+        (status = 409, description = "attached (it or one of its snapshots), or a full clone is copying into it or from one of its snapshots", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn delete_volume(
     st: St,

@@ -369,10 +369,18 @@ impl State {
     }
 
     pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {
+        // A deleted volume's snapshot is attached under `VOLUME@ID`, the
+        // name that reaches it alone.
+        let reference = if s.volume_deleted {
+            format!("{}@{}", s.volume, s.volume_id)
+        } else {
+            s.volume.clone()
+        };
         api::Snapshot {
-            export: self.export_of(&snapshot_export(&s.volume, &s.name)),
+            export: self.export_of(&snapshot_export(&reference, &s.name)),
             id: s.id,
             volume_id: s.volume_id,
+            volume_deleted: s.volume_deleted,
             volume: s.volume,
             name: s.name,
             created: rfc3339(s.created),

@@ -564,9 +564,10 @@ impl Source {
                 ))
             }
         };
-        for n in [&req.volume, &req.snapshot] {
-            lamina_engine::check_name(n).map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
-        }
+        // The volume may be a deleted one's `NAME@ID` (its snapshots stay).
+        lamina_engine::check_volume_reference(&req.volume)
+            .and_then(|_| lamina_engine::check_name(&req.snapshot))
+            .map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
         info!(volume = %req.volume, snapshot = %req.snapshot, mode = ?req.mode,
               from = req.from_offset, "transfer: request");
         let (answer, export) = self.open(&req).map_err(engine_or)?;

@@ -144,11 +144,17 @@ impl ControllerService {
                 )));
             }
             node.client
-                .detach_snapshot(&s.volume, &s.name, false)
+                .detach_snapshot(&s.volume_reference(), &s.name, false)
                 .await
                 .map_err(|e| from_client(&e))?;
         }
-        match node.client.delete_snapshot(&s.volume, &s.name).await {
+        // The volume may have been deleted since (its snapshots stay):
+        // `NAME@ID` reaches it alone.
+        match node
+            .client
+            .delete_snapshot(&s.volume_reference(), &s.name)
+            .await
+        {
             Ok(_) => Ok(DeleteSnapshotResponse {}),
             Err(e) if e.is_not_found() => Ok(DeleteSnapshotResponse {}),
             Err(e) => Err(from_client(&e)),

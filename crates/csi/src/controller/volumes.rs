@@ -81,7 +81,7 @@ fn range(r: Option<&CapacityRange>) -> Result<(u64, u64), Status> {
 /// A requested source, resolved: with the node it is on.
 enum Resolved {
     None,
-    Snapshot(SnapshotId, api::Snapshot, Picked),
+    Snapshot(api::Snapshot, Picked),
     Volume(VolumeId, api::Volume, Picked),
 }
 
@@ -116,7 +116,7 @@ impl ControllerService {
         let source = self.resolve(req.volume_content_source.as_ref()).await?;
         let source_size = match &source {
             Resolved::None => None,
-            Resolved::Snapshot(_, s, _) => Some(s.restore_size),
+            Resolved::Snapshot(s, _) => Some(s.restore_size),
             Resolved::Volume(_, v, _) => Some(v.size),
         };
         let size = match source_size {
@@ -164,7 +164,11 @@ impl ControllerService {
             }
             Resolved::Snapshot(..) | Resolved::Volume(..) => {
                 let (from_snapshot, from_volume) = match &source {
-                    Resolved::Snapshot(id, ..) => (Some(id.source()), None),
+                    // The volume may have been deleted since (its snapshots
+                    // stay): `NAME@ID` reaches it alone.
+                    Resolved::Snapshot(s, _) => {
+                        (Some(format!("{}/{}", s.volume_reference(), s.name)), None)
+                    }
                     Resolved::Volume(id, ..) => (None, Some(id.name.clone())),
                     Resolved::None => (None, None),
                 };
@@ -373,7 +377,7 @@ impl ControllerService {
                 let id = SnapshotId::parse(snapshot_id).ok_or_else(not_found)?;
                 let node = self.node(id.node.as_deref())?;
                 let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
-                Ok(Resolved::Snapshot(id, s, node))
+                Ok(Resolved::Snapshot(s, node))
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
                 let not_found = || {

@@ -156,7 +156,7 @@ impl Model {
             .list_all_snapshots()
             .map_err(|e| e.to_string())?
             .into_iter()
-            .map(|s| (s.volume, s.name))
+            .map(|s| (volume_reference(&s), s.name))
             .collect();
         let want: BTreeSet<(String, String)> = self.snaps.keys().cloned().collect();
         if snaps != want {
@@ -167,6 +167,16 @@ impl Model {
             compare_one(&format!("{v}@{s}"), &h, m, &BTreeSet::new())?;
         }
         Ok(())
+    }
+}
+
+/// How a snapshot's volume is named so that the name resolves to it alone:
+/// its name while live, `NAME@ID` once it is deleted (retired).
+pub fn volume_reference(s: &lamina_engine::SnapshotInfo) -> String {
+    if s.volume_deleted {
+        format!("{}@{}", s.volume, s.volume_id)
+    } else {
+        s.volume.clone()
     }
 }
 

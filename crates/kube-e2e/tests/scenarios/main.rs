@@ -35,6 +35,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("restore-from-snapshot", snapshots::restore_from_snapshot),
     ("clone-from-pvc", snapshots::clone_from_pvc),
     ("deletion-policy", snapshots::deletion_policy),
+    (
+        "snapshot-outlives-its-pvc",
+        snapshots::snapshot_outlives_its_pvc,
+    ),
     ("group-snapshot", groups::group_snapshot),
     (
         "pre-provisioned-content",

@@ -1,6 +1,7 @@
 //! The standard snapshot API on one volume: a VolumeSnapshot becomes ready,
-//! restores and clones hold the right data, deletion policies, and a
-//! pre-provisioned VolumeSnapshotContent importing a CLI-made snapshot.
+//! restores and clones hold the right data, deletion policies, a snapshot
+//! that outlives its PVC, and a pre-provisioned VolumeSnapshotContent
+//! importing a CLI-made snapshot.
 
 use crate::env::{pvc, volume_snapshot, wait, Env, DRIVER};
 use anyhow::{bail, ensure, Context, Result};
@@ -140,6 +141,90 @@ pub fn deletion_policy(env: &Env) -> Result<()> {
     ensure!(
         c.is_some(),
         "the Retain class's VolumeSnapshotContent {rcontent} is gone"
+    );
+    Ok(())
+}
+
+/// The pool's used bytes (`lamina pool stats`).
+fn used_bytes(env: &Env) -> Result<u64> {
+    env.lamina_json(&["pool", "stats"])?["used_bytes"]
+        .as_u64()
+        .context("pool: no used_bytes")
+}
+
+/// e. A VolumeSnapshot outlives its PVC, as a backup does: deleting the
+/// PVC deletes its volume at once (the PV does not linger `Released`);
+/// the snapshot restores into a new PVC whose data is read back through
+/// NBD; deleting the restore and then the VolumeSnapshot frees the space
+/// the data took.
+pub fn snapshot_outlives_its_pvc(env: &Env) -> Result<()> {
+    let ns = "snapshot-outlives-its-pvc";
+    env.namespace(ns)?;
+    env.apply(&pvc(ns, "data", "lamina", "64Mi", None))?;
+    let vol = env.wait_bound(ns, "data", T)?;
+    // 8 MiB of data, so that its going shows in the pool's used bytes.
+    env.write_pattern(&vol, 0xe1, "8M")?;
+    env.apply(&volume_snapshot(ns, "snap", "data", "lamina"))?;
+    env.wait_snapshot_ready(ns, "snap", T)?;
+    let (svol, snap, _) = env.engine_snapshot(ns, "snap")?;
+    ensure!(svol == vol, "the snapshot is of {svol}, not {vol}");
+    let pv = env
+        .get(ns, "persistentvolumeclaim", "data")?
+        .context("no PVC data")?["spec"]["volumeName"]
+        .as_str()
+        .context("PVC data: no volumeName")?
+        .to_string();
+
+    env.kubectl(&["delete", "pvc", "-n", ns, "data", "--wait=false"])?;
+    env.wait_gone(ns, "persistentvolumeclaim", "data", T)?;
+    env.wait_gone("", "persistentvolume", &pv, T)
+        .with_context(|| env.events("", &pv))?;
+    let vols = env.lamina_json(&["volume", "list"])?;
+    ensure!(
+        !vols.to_string().contains(&format!("\"{vol}\"")),
+        "volume {vol} is still listed: {vols}"
+    );
+    let kept = env.lamina_json(&["snapshot", "list", &vol])?;
+    ensure!(
+        kept[0]["name"] == snap.as_str() && kept[0]["volume_deleted"] == true,
+        "the snapshot of the deleted {vol}: {kept}"
+    );
+
+    env.apply(&pvc(
+        ns,
+        "restored",
+        "lamina",
+        "64Mi",
+        Some(("VolumeSnapshot", "snap")),
+    ))?;
+    let restored = env.wait_bound(ns, "restored", T)?;
+    env.check_pattern(&restored, 0xe1, "8M")
+        .context("the restore of a deleted PVC's snapshot")?;
+
+    // The restore (a linked clone) shares the data: it goes first, then
+    // the VolumeSnapshot, and the data's space with it.
+    env.kubectl(&["delete", "pvc", "-n", ns, "restored"])?;
+    wait("the restored volume to go", T, |last| {
+        let vols = env.lamina_json(&["volume", "list"])?;
+        *last = vols.to_string();
+        Ok((!last.contains(&format!("\"{restored}\""))).then_some(()))
+    })?;
+    let before = used_bytes(env)?;
+    env.kubectl(&["delete", "volumesnapshot", "-n", ns, "snap"])?;
+    wait("the engine snapshot to go", T, |last| {
+        let all = env.engine_snapshots()?;
+        *last = format!("{all:?}");
+        Ok((!all.contains(&(vol.clone(), snap.clone()))).then_some(()))
+    })?;
+    // Freed blocks go back to the pool as reclaim runs: wait for it.
+    wait("the snapshot's 8 MiB to be freed", T, |last| {
+        let now = used_bytes(env)?;
+        *last = format!("used {before} bytes before, {now} now");
+        Ok((now + (8 << 20) <= before).then_some(()))
+    })?;
+    ensure!(
+        env.lamina(&["snapshot", "list", &vol]).is_err(),
+        "the deleted volume's record outlived its last snapshot"
     );
     Ok(())
 }
