@@ -5,7 +5,8 @@ use crate::failure::Failure;
 
 fn missing() -> anyhow::Result<()> {
     anyhow::bail!(Failure::new(
-        "this lamina was built without its Kubernetes commands (the `kubernetes` feature)".to_string(),
+        "this lamina was built without its Kubernetes commands (the `kubernetes` feature)"
+            .to_string(),
         Some("build it with default features: cargo build --release -p lamina-cli".into()),
     ))
 }
