@@ -46,6 +46,23 @@ impl Out {
         self.stdout
     }
 
+    /// It must have been refused: an exit status of the CLI's own (1, or
+    /// 2 to 10 for a daemon's error code: docs/daemon.md's table, which
+    /// `lamina`'s unit tests hold it to), never success or a signal, and an
+    /// `error: ` on stderr. Returns stderr.
+    #[track_caller]
+    pub fn refused(self) -> String {
+        assert!(
+            matches!(self.code(), Some(1..=10)) && self.stderr.contains("error: "),
+            "{} should have been refused (exit status 1 to 10, `error: ` on stderr), got {:?}:\nstdout: {}\nstderr: {}",
+            self.what,
+            self.code(),
+            self.stdout,
+            self.stderr
+        );
+        self.stderr
+    }
+
     /// It must have failed with exit code `code`; returns stderr.
     #[track_caller]
     pub fn fails(self, code: i32) -> String {

@@ -140,10 +140,11 @@ impl Daemon {
             .ok_else(|| format!("\ndaemon log:\n{}", tail(&self.log())))
     }
 
-    /// Run the CLI; it must fail with exit code 1. Returns stderr.
+    /// Run the CLI; it must be refused (see `Out::refused`).
+    /// Returns stderr.
     #[track_caller]
     pub fn err(&self, args: &[&str]) -> String {
-        self.lamina(args).fails(1)
+        self.lamina(args).refused()
     }
 
     /// Run the CLI with `-o json`; it must succeed and print one JSON document.
