@@ -666,7 +666,7 @@ pub fn operation(st: &State, rec: &OpRec) -> api::Operation {
         },
         reason: rec.reason,
         resent_bytes: if remote { resent } else { 0 },
-        wire_bytes: copy.map_or(0, |c| c.wire_bytes) + live.map_or(0, |l| l.wire),
+        wire_bytes: live.map_or(copy.map_or(0, |c| c.wire_bytes), |l| l.wire),
         rate_bytes_per_sec: live.and_then(|l| l.rate()),
         eta_seconds: live.and_then(|l| l.eta()),
     }

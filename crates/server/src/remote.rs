@@ -17,6 +17,7 @@ use crate::store::{CloneSource, CopyRec, Op, OpRec};
 use lamina_api::{FailureReason, PeerNode};
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
 use lamina_transfer::{Pull, Pulled, Reason, Remote, TransferError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -345,11 +346,16 @@ struct Ctl<'a> {
     /// outage: data received and lost again with the connection does not).
     advanced: bool,
     received: &'a ReceivedFile,
+    /// Bytes received on the wire, every run and attempt of this copy: the
+    /// recorded count when this run began, and what the pulls add as bytes
+    /// arrive (so the live figure grows with them and never goes back).
+    wire: &'a Arc<AtomicU64>,
 }
 
 impl Ctl<'_> {
     fn publish(&mut self) {
         self.live.resent = self.counts.resent();
+        self.live.wire = self.wire.load(Ordering::Relaxed);
         self.st
             .progress
             .lock()
@@ -362,6 +368,7 @@ impl Ctl<'_> {
         if let Some(c) = self.rec.copy.as_mut() {
             c.received_bytes = self.counts.received;
             c.resent_bytes = Some(self.counts.resent());
+            c.wire_bytes = self.wire.load(Ordering::Relaxed);
         }
     }
 }
@@ -441,6 +448,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
     // connection does not end it, or a source cutting every stream before
     // a checkpoint would be retried forever.
     let mut outage: Option<Instant> = None;
+    let wire = Arc::new(AtomicU64::new(rec.copy.as_ref().map_or(0, |c| c.wire_bytes)));
     let mut backoff = Duration::from_millis(200);
     loop {
         let copy = rec
@@ -456,6 +464,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             failed: None,
             advanced: false,
             received: &received,
+            wire: &wire,
         };
         ctl.publish();
         let pull = Pull {
@@ -467,18 +476,15 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             resume_offset: copy.resume_offset,
             checkpoint_bytes: CHECKPOINT_BYTES,
         };
-        let Pulled { end, wire_bytes } =
-            lamina_transfer::pull_into(&st.pool, &identity, &pull, &mut ctl);
+        let Pulled { end, .. } =
+            lamina_transfer::pull_into_counting(&st.pool, &identity, &pull, &mut ctl, &wire);
+        // Every attempt's bytes count, a cut-off one's too.
         ctl.count_received();
         if ctl.advanced {
             outage = None;
             backoff = Duration::from_millis(200);
         }
         let failed = ctl.failed.take();
-        // Every attempt's bytes count, a cut-off one's too.
-        if let Some(c) = rec.copy.as_mut() {
-            c.wire_bytes += wire_bytes;
-        }
         match (end, failed) {
             (_, Some(e)) => {
                 received.remove();

@@ -70,7 +70,7 @@ pub struct Live {
     /// counts only what this run did.
     pub since: std::time::Instant,
     pub done_at_start: u64,
-    /// A remote clone: bytes received on the wire by this run.
+    /// A remote clone: bytes received on the wire, all runs and attempts.
     pub wire: u64,
     /// A remote clone: data bytes received more than once, all runs.
     pub resent: u64,

@@ -289,6 +289,8 @@ impl Pace for Gate {
 
 #[test]
 fn resent_bytes_is_zero_until_a_cut_then_the_bytes_received_again_and_never_decreases() {
+    // wire_bytes is checked beside it: live, at least the data applied, and
+    // never decreasing (it read 0 until the pull ended).
     let nodes = Nodes::new();
     let src_dir = tempfile::tempdir().unwrap();
     // 96 MiB of data in 1 MiB pieces; the stream is held after 80 of them,
@@ -308,14 +310,14 @@ fn resent_bytes_is_zero_until_a_cut_then_the_bytes_received_again_and_never_decr
     let d = target(&nodes, Duration::from_secs(60));
     let id = clone_from(&d, relay.addr);
 
-    // Everything the operation showed while it ran: (done, resent).
-    let seen: Mutex<Vec<(u64, u64)>> = Mutex::default();
+    // Everything the operation showed while it ran: (done, resent, wire).
+    let seen: Mutex<Vec<(u64, u64, u64)>> = Mutex::default();
     let look = || {
         let op = operation(&d, &id);
-        let (done, resent) = (op["done_bytes"].as_u64(), op["resent_bytes"].as_u64());
-        let pair = (done.unwrap(), resent.unwrap());
-        seen.lock().unwrap().push(pair);
-        (op, pair)
+        let num = |k: &str| op[k].as_u64().unwrap_or_else(|| panic!("{k}: {op}"));
+        let (done, resent, wire) = (num("done_bytes"), num("resent_bytes"), num("wire_bytes"));
+        seen.lock().unwrap().push((done, resent, wire));
+        (op, (done, resent))
     };
     // An uninterrupted pull: nothing is received twice, at any moment.
     let t = Instant::now();
@@ -344,6 +346,8 @@ fn resent_bytes_is_zero_until_a_cut_then_the_bytes_received_again_and_never_decr
     assert_eq!(op["state"], "succeeded", "{op}");
     assert_eq!(op["done_bytes"], 96 * MIB, "{op}");
     assert_eq!(op["resent_bytes"], 16 * MIB, "{op}");
+    // Every data byte came over the wire, 64..80 MiB twice.
+    assert!(op["wire_bytes"].as_u64().unwrap() >= 112 * MIB, "{op}");
     let seen = seen.into_inner().unwrap();
     for w in seen.windows(2) {
         assert!(
@@ -352,6 +356,14 @@ fn resent_bytes_is_zero_until_a_cut_then_the_bytes_received_again_and_never_decr
             w[0].1,
             w[1].1
         );
+        assert!(
+            w[1].2 >= w[0].2,
+            "wire_bytes went from {} to {}",
+            w[0].2,
+            w[1].2
+        );
     }
-    assert!(seen.iter().all(|&(_, r)| r <= 16 * MIB), "{seen:?}");
+    assert!(seen.iter().all(|&(_, r, _)| r <= 16 * MIB), "{seen:?}");
+    // While it ran, the wire carried at least the data applied.
+    assert!(seen.iter().all(|&(done, _, wire)| wire >= done), "{seen:?}");
 }

@@ -21,6 +21,6 @@ pub mod wire;
 
 pub use conn::Remote;
 pub use error::{Reason, TransferError};
-pub use pull::{describe, pull_into, Pull, Pulled, RemoteSnapshot};
+pub use pull::{describe, pull_into, pull_into_counting, Pull, Pulled, RemoteSnapshot};
 pub use source::{Limits, Pace, Source, SESSION_FRAMES};
 pub use tls::{cert_node, Identity, CA_FILE, CERT_FILE, KEY_FILE};

@@ -86,6 +86,19 @@ pub fn pull_into(
     pull: &Pull<'_>,
     ctl: &mut dyn CopyControl,
 ) -> Pulled {
+    pull_into_counting(pool, identity, pull, ctl, &Arc::new(AtomicU64::new(0)))
+}
+
+/// [`pull_into`], adding the bytes received on the socket to `wire` as they
+/// arrive, so that a caller can show them while the pull runs (the daemon's
+/// live `wire_bytes`); [`Pulled::wire_bytes`] is still this attempt's.
+pub fn pull_into_counting(
+    pool: &Pool,
+    identity: &Identity,
+    pull: &Pull<'_>,
+    ctl: &mut dyn CopyControl,
+    wire: &Arc<AtomicU64>,
+) -> Pulled {
     let span = info_span!(
         "transfer_pull",
         source = %pull.remote.node,
@@ -94,9 +107,9 @@ pub fn pull_into(
         into = pull.into
     );
     let _e = span.enter();
-    let received = Arc::new(AtomicU64::new(0));
-    let end = pull_counted(pool, identity, pull, ctl, &received);
-    let wire_bytes = received.load(Ordering::Relaxed);
+    let before = wire.load(Ordering::Relaxed);
+    let end = pull_counted(pool, identity, pull, ctl, wire);
+    let wire_bytes = wire.load(Ordering::Relaxed).saturating_sub(before);
     info!(?end, wire_bytes, "pull ended");
     Pulled { end, wire_bytes }
 }
