@@ -284,10 +284,13 @@ pub struct Store {
     path: PathBuf,
 }
 
+/// A table of string keys and values (the records' tables).
+pub(crate) type StrTable = TableDefinition<'static, &'static str, &'static str>;
+
 /// One key of a string table as it must be after the store reopens: a
 /// value, or none (removed).
 struct Fixup {
-    table: TableDefinition<'static, &'static str, &'static str>,
+    table: StrTable,
     key: String,
     value: Option<String>,
     /// The write's place in commit order ([`Db::seq`]).
@@ -296,7 +299,7 @@ struct Fixup {
 
 /// What a write that fails on an I/O error leaves behind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OnFailure {
+pub(crate) enum OnFailure {
     /// Nothing: its caller answers an error, so after the store reopens
     /// every key it touched holds what it held before (redb cannot say
     /// whether a commit that failed reached the disk).
@@ -500,16 +503,16 @@ impl Db {
         })
     }
 
-    /// Set (`Some`) or remove (`None`) keys of `table` in one transaction.
-    fn write(
+    /// Set (`Some`) or remove (`None`) keys of string tables in one
+    /// transaction.
+    pub(crate) fn write(
         &self,
-        table: TableDefinition<'static, &'static str, &'static str>,
-        changes: &[(&str, Option<&str>)],
+        changes: &[(StrTable, &str, Option<&str>)],
         durability: redb::Durability,
         on_failure: OnFailure,
     ) -> Result<(), ServerError> {
         let fixups = |seq: u64| {
-            changes.iter().map(move |(k, v)| Fixup {
+            changes.iter().map(move |&(table, k, v)| Fixup {
                 table,
                 key: k.to_string(),
                 value: v.map(str::to_string),
@@ -535,12 +538,12 @@ impl Db {
             let mut w = db.begin_write()?;
             seq = self.seq.fetch_add(1, Ordering::Relaxed);
             w.set_durability(durability);
-            {
+            for &(table, k, v) in changes {
                 let mut t = w.open_table(table)?;
-                for (k, v) in changes {
+                {
                     let old = match v {
-                        Some(v) => t.insert(*k, *v)?,
-                        None => t.remove(*k)?,
+                        Some(v) => t.insert(k, v)?,
+                        None => t.remove(k)?,
                     };
                     before.push(Fixup {
                         table,
@@ -716,8 +719,7 @@ impl Store {
     ) -> Result<(), ServerError> {
         let json = serde_json::to_string(v)?;
         self.db.write(
-            table,
-            &[(key, Some(&json))],
+            &[(table, key, Some(&json))],
             redb::Durability::Immediate,
             OnFailure::Undo,
         )
@@ -728,9 +730,8 @@ impl Store {
         table: TableDefinition<'static, &'static str, &'static str>,
         keys: &[&str],
     ) -> Result<(), ServerError> {
-        let changes: Vec<(&str, Option<&str>)> = keys.iter().map(|k| (*k, None)).collect();
+        let changes: Vec<_> = keys.iter().map(|k| (table, *k, None)).collect();
         self.db.write(
-            table,
             &changes,
             redb::Durability::Immediate,
             OnFailure::Undo,
@@ -801,8 +802,7 @@ impl Store {
         };
         let json = serde_json::to_string(op)?;
         self.db.write(
-            OPERATIONS,
-            &[(op.id.as_str(), Some(json.as_str()))],
+            &[(OPERATIONS, op.id.as_str(), Some(json.as_str()))],
             durability,
             on_failure,
         )

@@ -16,7 +16,7 @@
 //! whole story.
 
 use crate::error::ServerError;
-use crate::store::Store;
+use crate::store::{OnFailure, Store};
 use lamina_api as api;
 use lamina_schedule::Track;
 use redb::{ReadableTable, TableDefinition};
@@ -85,37 +85,44 @@ impl Store {
         Ok(format!("sch-{n}"))
     }
 
+    /// Write a schedule (its create or update): durable when it returns,
+    /// and if the store fails on it, not there (or as it was) when the
+    /// store reopens, since its caller answers an error.
     pub fn put_schedule(&self, rec: &ScheduleRec) -> Result<(), ServerError> {
         let json = serde_json::to_string(rec)?;
-        let w = self.db.begin_write()?;
-        w.open_table(SCHEDULES)?
-            .insert(rec.id.as_str(), json.as_str())?;
-        w.commit()?;
-        Ok(())
+        self.db.write(
+            &[(SCHEDULES, rec.id.as_str(), Some(json.as_str()))],
+            redb::Durability::Immediate,
+            OnFailure::Undo,
+        )
     }
 
-    /// Remove a schedule with its tracks and runs.
+    /// Remove a schedule with its tracks and runs, in one transaction
+    /// undone as a whole if the store fails on it. The caller holds the
+    /// schedules' lock, so no run of it adds a key meanwhile.
     pub fn remove_schedule(&self, id: &str) -> Result<(), ServerError> {
-        let w = self.db.begin_write()?;
+        let prefix = format!("{id}/");
+        let mut keys: Vec<(crate::store::StrTable, String)> = Vec::new();
         {
-            w.open_table(SCHEDULES)?.remove(id)?;
-            let prefix = format!("{id}/");
+            let r = self.db.begin_read()?;
             for table in [TRACKS, RUNS] {
-                let mut t = w.open_table(table)?;
-                let keys: Vec<String> = t
-                    .range(prefix.as_str()..)?
-                    .map_while(|e| {
-                        let k = e.ok()?.0.value().to_string();
-                        k.starts_with(&prefix).then_some(k)
-                    })
-                    .collect();
-                for k in keys {
-                    t.remove(k.as_str())?;
+                let t = match r.open_table(table) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                for e in t.range(prefix.as_str()..)? {
+                    let k = e?.0.value().to_string();
+                    if !k.starts_with(&prefix) {
+                        break;
+                    }
+                    keys.push((table, k));
                 }
             }
         }
-        w.commit()?;
-        Ok(())
+        let mut changes = vec![(SCHEDULES, id, None)];
+        changes.extend(keys.iter().map(|(t, k)| (*t, k.as_str(), None)));
+        self.db.write(&changes, redb::Durability::Immediate, OnFailure::Undo)
     }
 
     pub fn track(&self, id: &str, volume_id: u64) -> Result<Option<Track>, ServerError> {
@@ -255,5 +262,39 @@ mod tests {
         // "sch-10/..." shares the prefix text "sch-1" but not "sch-1/".
         assert!(s.track("sch-10", 2).unwrap().is_some());
         assert_eq!(s.forget_tracks_except("sch-1", &live).unwrap(), 0);
+    }
+
+    #[test]
+    fn removing_a_schedule_removes_its_tracks_and_runs_and_no_other() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(&d.path().join("store.redb")).unwrap();
+        let run = |slot: &str| lamina_api::ScheduleRun {
+            time: slot.into(),
+            slot: slot.into(),
+            volume: "v".into(),
+            outcome: lamina_api::RunOutcome::Taken,
+            snapshot: Some("v-s".into()),
+            error: None,
+            catch_up: false,
+            deleted: vec![],
+            kept: vec![],
+        };
+        for id in ["sch-1", "sch-10"] {
+            s.put_track(id, 1, &Track::new(100)).unwrap();
+            s.put_track(id, 2, &Track::new(100)).unwrap();
+            for t in ["2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"] {
+                s.add_run(id, &run(t)).unwrap();
+            }
+        }
+        s.remove_schedule("sch-1").unwrap();
+        assert!(s.track("sch-1", 1).unwrap().is_none());
+        assert!(s.track("sch-1", 2).unwrap().is_none());
+        assert!(s.runs("sch-1").unwrap().is_empty());
+        // "sch-10/..." shares the text "sch-1" but is another schedule's.
+        assert!(s.track("sch-10", 1).unwrap().is_some());
+        assert!(s.track("sch-10", 2).unwrap().is_some());
+        assert_eq!(s.runs("sch-10").unwrap().len(), 2);
+        // A schedule with nothing recorded yet goes too.
+        s.remove_schedule("sch-2").unwrap();
     }
 }
