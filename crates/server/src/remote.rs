@@ -448,7 +448,9 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
     // connection does not end it, or a source cutting every stream before
     // a checkpoint would be retried forever.
     let mut outage: Option<Instant> = None;
-    let wire = Arc::new(AtomicU64::new(rec.copy.as_ref().map_or(0, |c| c.wire_bytes)));
+    let wire = Arc::new(AtomicU64::new(
+        rec.copy.as_ref().map_or(0, |c| c.wire_bytes),
+    ));
     let mut backoff = Duration::from_millis(200);
     loop {
         let copy = rec

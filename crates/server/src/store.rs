@@ -731,11 +731,8 @@ impl Store {
         keys: &[&str],
     ) -> Result<(), ServerError> {
         let changes: Vec<_> = keys.iter().map(|k| (table, *k, None)).collect();
-        self.db.write(
-            &changes,
-            redb::Durability::Immediate,
-            OnFailure::Undo,
-        )
+        self.db
+            .write(&changes, redb::Durability::Immediate, OnFailure::Undo)
     }
 
     pub fn put_export(&self, name: &str, rec: &ExportRec) -> Result<(), ServerError> {

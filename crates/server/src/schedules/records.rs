@@ -122,7 +122,8 @@ impl Store {
         }
         let mut changes = vec![(SCHEDULES, id, None)];
         changes.extend(keys.iter().map(|(t, k)| (*t, k.as_str(), None)));
-        self.db.write(&changes, redb::Durability::Immediate, OnFailure::Undo)
+        self.db
+            .write(&changes, redb::Durability::Immediate, OnFailure::Undo)
     }
 
     pub fn track(&self, id: &str, volume_id: u64) -> Result<Option<Track>, ServerError> {
