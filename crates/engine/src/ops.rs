@@ -548,9 +548,9 @@ impl Pool {
         let vid = self.lock_meta().catalog.volume_id(volume)?;
         // No data sync before the gate: the commit's is the one that makes
         // the snapshot durable, and writers never wait for it (the gate is
-        // let go before the commit). A sync here as well (kept until
-        // 2026-11-26) put two syncs under a busy volume in series:
-        // docs/design.md, "The journal of index changes".
+        // let go before the commit). A sync here as well would put two
+        // syncs of a busy volume's data in series (docs/design.md,
+        // "Concurrency").
         let gate = self.gate(vid);
         let g = gate.write().unwrap_or_else(|p| p.into_inner());
         let gated = started.elapsed();
@@ -735,9 +735,9 @@ impl Pool {
         })?;
         // The walks go in slices of about a millisecond, with a pause
         // between: std's mutex is not fair, and a thread that unlocks and
-        // locks again at once keeps it from a waiter that has not woken yet
-        // (measured: a read waited out a whole 44 ms listing made of 2 ms
-        // holds). A slice can end inside one snapshot's tree
+        // locks again at once keeps it from a waiter that has not woken yet,
+        // so without the pause a read could wait out a whole listing made
+        // of short holds. A slice can end inside one snapshot's tree
         // (`ExclusiveWalk`).
         const SLICE: std::time::Duration = std::time::Duration::from_millis(1);
         const PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
