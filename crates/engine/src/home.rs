@@ -27,6 +27,7 @@
 
 use crate::error::Result;
 use crate::format::{new_page, BLOCK};
+use crate::order::Rank;
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 
@@ -48,12 +49,16 @@ impl Pool {
     /// call it by hand.
     #[doc(hidden)]
     pub fn home_ahead(&self, max: usize) -> Result<usize> {
-        let _batch = self.inner.homing.read().unwrap_or_else(|p| p.into_inner());
+        let _batch = crate::order::hold(Rank::Homing, 0, || {
+            self.inner.homing.read().unwrap_or_else(|p| p.into_inner())
+        });
         // The next images in log order (commits queue them), not a walk of
         // the whole log index: this runs beside the I/O path, which takes
         // the metadata mutex too.
         let next: Vec<(u64, u64)> = {
-            let mut q = self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = crate::order::hold(Rank::Leaf, 0, || {
+                self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+            });
             let n = q.len().min(max);
             q.drain(..n).collect()
         };
@@ -96,11 +101,10 @@ impl Pool {
                 .io("write copies home", pool.path(), at, r)?;
         }
         let n = batch.len();
-        self.inner
-            .homed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(batch);
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.homed.lock().unwrap_or_else(|p| p.into_inner())
+        })
+        .extend(batch);
         Ok(n)
     }
 
@@ -112,12 +116,10 @@ impl Pool {
         let mut total = 0;
         while self.inner.log_used.load(Ordering::Relaxed) > capacity / 4 && !self.stopping() {
             total += self.home_ahead(HOME_BATCH)?;
-            if self
-                .inner
-                .to_home
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+            if crate::order::hold(Rank::Leaf, 0, || {
+                self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+            })
+            .is_empty()
             {
                 break;
             }

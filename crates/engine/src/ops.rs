@@ -335,7 +335,7 @@ impl Pool {
         check_size(size)?;
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&gate, id);
         let info = self.with_meta(|m| {
             let v = m.catalog.volume(id).clone();
             if size < v.size {
@@ -384,7 +384,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&gate, id);
         let (gone, origin, retired) = self.with_meta(|m| {
             if m.catalog.volume_id(name)? != id {
                 // Deleted and made again while this waited for the gate.
@@ -552,7 +552,7 @@ impl Pool {
         // syncs of a busy volume's data in series (docs/design.md,
         // "Concurrency").
         let gate = self.gate(vid);
-        let g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let g = crate::order::gate_exclusive(&gate, vid);
         let gated = started.elapsed();
         let out = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
@@ -834,9 +834,9 @@ impl Pool {
         still: impl FnOnce(&mut crate::meta::Meta) -> Result<bool>,
     ) -> Result<bool> {
         let vgate = self.gate(vid);
-        let _g = vgate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&vgate, vid);
         let sgate = self.gate(sid);
-        let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
+        let _s = crate::order::gate_exclusive(&sgate, sid);
         let removed = self.with_meta(|m| {
             if !still(m)? {
                 return Ok(None);
@@ -909,7 +909,7 @@ impl Pool {
             (vid, m.catalog.snapshot_id(vid, snapshot)?)
         };
         let gate = self.gate(vid);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&gate, vid);
         let info = self.with_meta(|m| {
             let s = m.catalog.snapshot_still(sid, volume, snapshot)?;
             if m.catalog.is_retired(vid) {

@@ -15,6 +15,7 @@ use crate::format::*;
 use crate::journal::Journal;
 use crate::latch::Latch;
 use crate::meta::Meta;
+use crate::order::{hold, Held, Rank};
 use crate::storage::{Backend, BlockFile, DirBackend};
 use crate::wal::Wal;
 use std::collections::HashMap;
@@ -493,47 +494,49 @@ impl Pool {
         self.inner.latch.io(op, f.path(), 0, f.sync())
     }
 
-    pub(crate) fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.inner.meta.lock().unwrap_or_else(|p| {
-            // A panic under the lock may have left a charge set.
-            let mut m = p.into_inner();
-            m.end_charge();
-            m
+    pub(crate) fn lock_meta(&self) -> Held<MutexGuard<'_, Meta>> {
+        hold(Rank::Meta, 0, || {
+            self.inner.meta.lock().unwrap_or_else(|p| {
+                // A panic under the lock may have left a charge set.
+                let mut m = p.into_inner();
+                m.end_charge();
+                m
+            })
         })
     }
 
     pub(crate) fn gate(&self, id: u64) -> Arc<RwLock<()>> {
-        self.inner
-            .gates
-            .lock()
-            .unwrap()
+        hold(Rank::Leaf, 0, || self.inner.gates.lock().unwrap())
             .entry(id)
             .or_default()
             .clone()
     }
 
     pub(crate) fn drop_gate(&self, id: u64) {
-        self.inner.gates.lock().unwrap().remove(&id);
+        hold(Rank::Leaf, 0, || self.inner.gates.lock().unwrap()).remove(&id);
     }
 
-    pub(crate) fn stripe(&self, vol: u64, idx: u64) -> MutexGuard<'_, ()> {
-        self.inner.stripes[stripe_of(vol, idx)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn stripe(&self, vol: u64, idx: u64) -> Held<MutexGuard<'_, ()>> {
+        let i = stripe_of(vol, idx);
+        hold(Rank::Stripe, i as u64, || {
+            self.inner.stripes[i].lock().unwrap_or_else(|p| p.into_inner())
+        })
     }
 
     /// The stripes of blocks `first..first + n` of a volume, taken in
     /// ascending stripe order (so two runs never wait on each other in a
     /// cycle; single-block lockers hold no stripe while waiting for one).
-    pub(crate) fn stripes(&self, vol: u64, first: u64, n: u64) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn stripes(&self, vol: u64, first: u64, n: u64) -> Vec<Held<MutexGuard<'_, ()>>> {
         let mut ids: Vec<usize> = (first..first + n).map(|i| stripe_of(vol, i)).collect();
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter()
             .map(|i| {
-                self.inner.stripes[i]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                hold(Rank::Stripe, i as u64, || {
+                    self.inner.stripes[i]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                })
             })
             .collect()
     }
