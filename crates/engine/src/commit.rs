@@ -108,8 +108,8 @@ impl Pool {
         // Once the journal holds only records this commit holds too, and
         // is a quarter full, start it afresh.
         let mut journal = crate::order::hold(Rank::Journal, 0, || {
-                self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
-            });
+            self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         if journal.pos > journal.capacity / 4 && journal.next <= c.covered + 1 {
             journal.reset(c.covered + 1)?;
         }
@@ -184,7 +184,10 @@ impl Pool {
                 .into_iter()
                 .partition(|b| !m.wal_index.contains_key(b))
         };
-        crate::order::hold(Rank::Leaf, 0, || self.inner.awaiting_checkpoint.lock().unwrap()).extend(later);
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.awaiting_checkpoint.lock().unwrap()
+        })
+        .extend(later);
         if self.punch(&now).is_err() {
             // The latch is set: nothing is allocated any more.
             return;
@@ -230,8 +233,7 @@ impl Pool {
             self.inner.homing.write().unwrap_or_else(|p| p.into_inner())
         });
         let index = self.lock_meta().wal_index.clone();
-        let homed =
-            std::mem::take(&mut **crate::order::hold(Rank::Leaf, 0, || {
+        let homed = std::mem::take(&mut **crate::order::hold(Rank::Leaf, 0, || {
             self.inner.homed.lock().unwrap_or_else(|p| p.into_inner())
         }));
         crate::order::hold(Rank::Leaf, 0, || {
@@ -274,8 +276,8 @@ impl Pool {
         });
         self.checkpoint_locked(&mut wal)?;
         let mut journal = crate::order::hold(Rank::Journal, 0, || {
-                self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
-            });
+            self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         // With the log held, no commit is under way: the last page-log
         // commit is the state just checkpointed. Writes since then may
         // have reached the journal; it is emptied only if they did not.
@@ -290,7 +292,10 @@ impl Pool {
     /// (`max_dirty_pages`); checkpoint if too many freed blocks wait for one.
     pub(crate) fn maybe_commit(&self) -> Result<()> {
         let dirty = self.lock_meta().cache.dirty_count();
-        let held = crate::order::hold(Rank::Leaf, 0, || self.inner.awaiting_checkpoint.lock().unwrap()).len();
+        let held = crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.awaiting_checkpoint.lock().unwrap()
+        })
+        .len();
         if dirty > self.inner.opts.max_dirty_pages {
             // The writeback thread commits pages from half of this on;
             // past it, writers wait for a page-log commit themselves.

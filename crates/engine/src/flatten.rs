@@ -35,7 +35,9 @@ impl Pool {
             Ok(id)
         })?;
         self.commit()?;
-        if let Some(p) = crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id) {
+        if let Some(p) =
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id)
+        {
             if !p.finished.load(Ordering::SeqCst) {
                 return Ok(p.clone());
             }
@@ -44,7 +46,8 @@ impl Pool {
             Ok(self.start_flatten_thread(id))
         } else {
             let p = Arc::new(FlattenProgress::default());
-            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).insert(id, p.clone());
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap())
+                .insert(id, p.clone());
             self.run_flatten(id, &p)?;
             Ok(p)
         }
@@ -52,14 +55,16 @@ impl Pool {
 
     pub(crate) fn start_flatten_thread(&self, id: u64) -> Arc<FlattenProgress> {
         let p = Arc::new(FlattenProgress::default());
-        crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).insert(id, p.clone());
+        crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap())
+            .insert(id, p.clone());
         let (pool, prog) = (self.clone(), p.clone());
         let t = std::thread::Builder::new()
             .name("lamina-flatten".into())
             .spawn(move || {
                 if let Err(e) = pool.run_flatten(id, &prog) {
                     tracing::warn!(volume = id, error = %e, "flatten stopped");
-                    **crate::order::hold(Rank::FlattenError, 0, || prog.error.lock().unwrap()) = Some(e.to_string());
+                    **crate::order::hold(Rank::FlattenError, 0, || prog.error.lock().unwrap()) =
+                        Some(e.to_string());
                 }
                 prog.finished.store(true, Ordering::SeqCst);
             })
@@ -69,13 +74,17 @@ impl Pool {
     }
 
     pub(crate) fn stop_flatten(&self, id: u64) {
-        if let Some(p) = crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id) {
-            **crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()) = Some("volume deleted".into());
+        if let Some(p) =
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id)
+        {
+            **crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()) =
+                Some("volume deleted".into());
         }
     }
 
     fn flatten_cancelled(&self, p: &FlattenProgress) -> bool {
-        self.stopping() || crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()).is_some()
+        self.stopping()
+            || crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()).is_some()
     }
 
     fn run_flatten(&self, id: u64, p: &FlattenProgress) -> Result<()> {

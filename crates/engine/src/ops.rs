@@ -384,7 +384,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
-        let _g = crate::order::gate_exclusive(&gate, id);
+        let g = crate::order::gate_exclusive(&gate, id);
         let (gone, origin, retired) = self.with_meta(|m| {
             if m.catalog.volume_id(name)? != id {
                 // Deleted and made again while this waited for the gate.
@@ -444,6 +444,9 @@ impl Pool {
         }
         self.drop_gate(id);
         self.commit()?;
+        // The volume is gone: let go of its gate before its origin's gates
+        // (lower ids) are taken below, as the lock order asks.
+        drop(g);
         self.wake_background();
         if retired {
             tracing::info!(

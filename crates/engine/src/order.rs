@@ -62,13 +62,17 @@ pub(crate) fn hold<G>(rank: Rank, key: u64, take: impl FnOnce() -> G) -> Held<G>
 
 /// A gate (`Pool::gate`) of volume or snapshot `id`, shared (I/O).
 pub(crate) fn gate_shared(gate: &RwLock<()>, id: u64) -> Held<RwLockReadGuard<'_, ()>> {
-    hold(Rank::Gate, id, || gate.read().unwrap_or_else(|p| p.into_inner()))
+    hold(Rank::Gate, id, || {
+        gate.read().unwrap_or_else(|p| p.into_inner())
+    })
 }
 
 /// A gate of volume or snapshot `id`, exclusive (snapshot, revert,
 /// expand, delete, a flatten's end).
 pub(crate) fn gate_exclusive(gate: &RwLock<()>, id: u64) -> Held<RwLockWriteGuard<'_, ()>> {
-    hold(Rank::Gate, id, || gate.write().unwrap_or_else(|p| p.into_inner()))
+    hold(Rank::Gate, id, || {
+        gate.write().unwrap_or_else(|p| p.into_inner())
+    })
 }
 
 impl<G> Deref for Held<G> {
