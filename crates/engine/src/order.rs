@@ -50,9 +50,12 @@ pub(crate) struct Held<G> {
 /// `key`: a gate's id, a stripe's index; 0 otherwise) by running `take`.
 /// In a debug build, first check that `(rank, key)` comes after every lock
 /// this thread holds.
+#[inline]
 pub(crate) fn hold<G>(rank: Rank, key: u64, take: impl FnOnce() -> G) -> Held<G> {
     #[cfg(debug_assertions)]
     debug::enter(rank, key);
+    #[cfg(not(debug_assertions))]
+    let _ = (rank, key);
     Held {
         guard: take(),
         #[cfg(debug_assertions)]
