@@ -1,6 +1,6 @@
 //! Lamina's resource types as they cross a process boundary: the daemon's
-//! HTTP/JSON API, the `lamina` CLI, and later CSI and the Kubernetes custom
-//! resources. It owns the wire shapes and the size syntax only; it must not
+//! HTTP/JSON API, read by the `lamina` CLI (through `lamina-client`), the
+//! CSI driver and the Kubernetes controllers. It owns the wire shapes and the size syntax only; it must not
 //! depend on the engine or do I/O.
 
 mod code;

@@ -2,8 +2,9 @@
 //! per route, taking and returning `lamina_api` types, and one error type
 //! ([`Error`]) carrying the daemon's status and `ApiError`. Every program
 //! that drives the daemon (the `lamina` command, the benchmarks, the CSI
-//! driver and the Kubernetes controllers to come) goes through it, so that
-//! no path, query or request body is written anywhere else.
+//! driver and the Kubernetes controllers of `lamina-controller`) goes
+//! through it, so that no path, query or request body is written anywhere
+//! else.
 //!
 //! It owns the transport (unix socket, or TCP with the bearer token), the
 //! routes, their encoding and the decoding of answers. It must not know

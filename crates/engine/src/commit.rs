@@ -10,6 +10,7 @@
 use crate::error::Result;
 use crate::format::{BLOCK, GROUP};
 use crate::journal::Journal;
+use crate::order::Rank;
 use crate::pool::Pool;
 use crate::wal::Wal;
 use std::sync::atomic::Ordering;
@@ -41,7 +42,9 @@ impl Pool {
             // records taken here never depend on it: it leaves them queued
             // until it is durable, and a change it holds that no record
             // describes keeps this path closed until then.
-            let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
+            let mut journal = crate::order::hold(Rank::Journal, 0, || {
+                self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
+            });
             let max_dirty = self.inner.opts.max_dirty_pages;
             let taken = self.with_meta(|m| {
                 let room = m
@@ -57,7 +60,9 @@ impl Pool {
                 return self.commit_journal(&mut journal, records, freed, started);
             }
         }
-        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wal = crate::order::hold(Rank::Wal, 0, || {
+            self.inner.wal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         let txn = wal.next_txn;
         let c = self.with_meta(|m| m.collect(txn))?;
         let collected = started.elapsed();
@@ -95,15 +100,16 @@ impl Pool {
         self.inner.commits.pages.fetch_add(1, Ordering::Relaxed);
         self.lock_meta().committed(&c, &offsets);
         self.inner.log_used.store(wal.pos, Ordering::Relaxed);
-        self.inner
-            .to_home
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(c.pages.iter().map(|(b, _)| *b).zip(offsets.iter().copied()));
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+        })
+        .extend(c.pages.iter().map(|(b, _)| *b).zip(offsets.iter().copied()));
         drop(wal);
         // Once the journal holds only records this commit holds too, and
         // is a quarter full, start it afresh.
-        let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut journal = crate::order::hold(Rank::Journal, 0, || {
+            self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         if journal.pos > journal.capacity / 4 && journal.next <= c.covered + 1 {
             journal.reset(c.covered + 1)?;
         }
@@ -178,16 +184,20 @@ impl Pool {
                 .into_iter()
                 .partition(|b| !m.wal_index.contains_key(b))
         };
-        self.inner.awaiting_checkpoint.lock().unwrap().extend(later);
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.awaiting_checkpoint.lock().unwrap()
+        })
+        .extend(later);
         if self.punch(&now).is_err() {
             // The latch is set: nothing is allocated any more.
             return;
         }
-        let _barrier = self
-            .inner
-            .read_barrier
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let _barrier = crate::order::hold(Rank::ReadBarrier, 0, || {
+            self.inner
+                .read_barrier
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+        });
         self.lock_meta().release(&now);
     }
 
@@ -219,26 +229,31 @@ impl Pool {
         let _span = span.enter();
         let started = Instant::now();
         // No copy ahead reads the log while it is reset (`home.rs`).
-        let _homing = self.inner.homing.write().unwrap_or_else(|p| p.into_inner());
+        let _homing = crate::order::hold(Rank::Homing, 0, || {
+            self.inner.homing.write().unwrap_or_else(|p| p.into_inner())
+        });
         let index = self.lock_meta().wal_index.clone();
-        let homed =
-            std::mem::take(&mut *self.inner.homed.lock().unwrap_or_else(|p| p.into_inner()));
-        self.inner
-            .to_home
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let homed = std::mem::take(&mut **crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.homed.lock().unwrap_or_else(|p| p.into_inner())
+        }));
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+        })
+        .clear();
         let written = wal.checkpoint(&index, &homed, self.inner.file.as_ref())?;
         self.lock_meta().wal_index.clear();
         self.inner.log_used.store(wal.pos, Ordering::Relaxed);
-        let held = std::mem::take(&mut *self.inner.awaiting_checkpoint.lock().unwrap());
+        let held = std::mem::take(&mut **crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.awaiting_checkpoint.lock().unwrap()
+        }));
         // The checkpoint itself is done: a failed punch only sets the latch.
         if self.punch(&held).is_ok() {
-            let _barrier = self
-                .inner
-                .read_barrier
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let _barrier = crate::order::hold(Rank::ReadBarrier, 0, || {
+                self.inner
+                    .read_barrier
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+            });
             self.lock_meta().release(&held);
         }
         tracing::debug!(
@@ -256,9 +271,13 @@ impl Pool {
     /// the log and the journal.
     pub fn checkpoint(&self) -> Result<()> {
         self.commit_pages()?;
-        let mut wal = self.inner.wal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wal = crate::order::hold(Rank::Wal, 0, || {
+            self.inner.wal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         self.checkpoint_locked(&mut wal)?;
-        let mut journal = self.inner.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut journal = crate::order::hold(Rank::Journal, 0, || {
+            self.inner.journal.lock().unwrap_or_else(|p| p.into_inner())
+        });
         // With the log held, no commit is under way: the last page-log
         // commit is the state just checkpointed. Writes since then may
         // have reached the journal; it is emptied only if they did not.
@@ -273,7 +292,10 @@ impl Pool {
     /// (`max_dirty_pages`); checkpoint if too many freed blocks wait for one.
     pub(crate) fn maybe_commit(&self) -> Result<()> {
         let dirty = self.lock_meta().cache.dirty_count();
-        let held = self.inner.awaiting_checkpoint.lock().unwrap().len();
+        let held = crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.awaiting_checkpoint.lock().unwrap()
+        })
+        .len();
         if dirty > self.inner.opts.max_dirty_pages {
             // The writeback thread commits pages from half of this on;
             // past it, writers wait for a page-log commit themselves.

@@ -122,7 +122,7 @@ impl Pool {
     pub fn diff(&self, from: Option<&Target>, to: &Target) -> Result<Vec<Extent>> {
         let tv = self.open_target(to)?;
         let fv = from.map(|f| self.open_target(f)).transpose()?;
-        let _g = tv.gate.read().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_shared(&tv.gate, tv.id);
         let (blocks, size) = self.with_meta(|m| {
             let (tr, tl, ts) = tv.view(m)?;
             let (fr, fl, fs) = match &fv {

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::ops::blocks_of;
+use crate::order::Rank;
 use crate::pool::{FlattenProgress, Pool};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,7 +35,9 @@ impl Pool {
             Ok(id)
         })?;
         self.commit()?;
-        if let Some(p) = self.inner.flatten.lock().unwrap().get(&id) {
+        if let Some(p) =
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id)
+        {
             if !p.finished.load(Ordering::SeqCst) {
                 return Ok(p.clone());
             }
@@ -43,7 +46,8 @@ impl Pool {
             Ok(self.start_flatten_thread(id))
         } else {
             let p = Arc::new(FlattenProgress::default());
-            self.inner.flatten.lock().unwrap().insert(id, p.clone());
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap())
+                .insert(id, p.clone());
             self.run_flatten(id, &p)?;
             Ok(p)
         }
@@ -51,14 +55,16 @@ impl Pool {
 
     pub(crate) fn start_flatten_thread(&self, id: u64) -> Arc<FlattenProgress> {
         let p = Arc::new(FlattenProgress::default());
-        self.inner.flatten.lock().unwrap().insert(id, p.clone());
+        crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap())
+            .insert(id, p.clone());
         let (pool, prog) = (self.clone(), p.clone());
         let t = std::thread::Builder::new()
             .name("lamina-flatten".into())
             .spawn(move || {
                 if let Err(e) = pool.run_flatten(id, &prog) {
                     tracing::warn!(volume = id, error = %e, "flatten stopped");
-                    *prog.error.lock().unwrap() = Some(e.to_string());
+                    **crate::order::hold(Rank::FlattenError, 0, || prog.error.lock().unwrap()) =
+                        Some(e.to_string());
                 }
                 prog.finished.store(true, Ordering::SeqCst);
             })
@@ -68,13 +74,17 @@ impl Pool {
     }
 
     pub(crate) fn stop_flatten(&self, id: u64) {
-        if let Some(p) = self.inner.flatten.lock().unwrap().get(&id) {
-            *p.error.lock().unwrap() = Some("volume deleted".into());
+        if let Some(p) =
+            crate::order::hold(Rank::Flatten, 0, || self.inner.flatten.lock().unwrap()).get(&id)
+        {
+            **crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()) =
+                Some("volume deleted".into());
         }
     }
 
     fn flatten_cancelled(&self, p: &FlattenProgress) -> bool {
-        self.stopping() || p.error.lock().unwrap().is_some()
+        self.stopping()
+            || crate::order::hold(Rank::FlattenError, 0, || p.error.lock().unwrap()).is_some()
     }
 
     fn run_flatten(&self, id: u64, p: &FlattenProgress) -> Result<()> {
@@ -88,7 +98,7 @@ impl Pool {
             }
             let hi = (lo + CHUNK_BLOCKS).min(blocks);
             {
-                let _g = gate.read().unwrap_or_else(|p| p.into_inner());
+                let _g = crate::order::gate_shared(&gate, id);
                 let shared = self.with_meta(|m| {
                     let Some(crate::format::Record::Volume(v)) = m.catalog.get(id).cloned() else {
                         return Err(Error::VolumeNotFound(format!("#{id}")));
@@ -119,7 +129,7 @@ impl Pool {
             lo = hi;
             p.done.store(lo * BLOCK as u64, Ordering::SeqCst);
         }
-        let g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let g = crate::order::gate_exclusive(&gate, id);
         let origin = self.with_meta(|m| {
             let v = m.catalog.volume_mut(id);
             v.flattening = false;

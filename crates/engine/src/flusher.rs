@@ -3,13 +3,12 @@
 //! Every commit (a snapshot, a client's flush, a create or delete) syncs
 //! the data file, and each of the daemon's durable store records syncs its
 //! own file; a sync ends with a flush of the device's write cache. On the
-//! virtual disks Lamina is measured on, that flush takes about as long as
-//! the writes it covers took to arrive: under a 4 KiB random-write load, a
-//! sync 0.1 s after the last one took about 0.1 s, one 20 ms after took
-//! 24 ms, and syncs back to back took 2 ms (docs/design.md, "Syncing
-//! ahead"). Starting writeback early, as the writeback thread did until
-//! then, moves data from the page cache to the device but leaves it in the
-//! device's cache, where the next flush pays for it.
+//! virtual disks Lamina runs on, that flush takes about as long as the
+//! writes it covers took to arrive, so the longer since the last sync, the
+//! longer the next (docs/design.md, "Syncing ahead"; the figures are in
+//! docs/bench-history.md). Starting writeback early instead moves data from
+//! the page cache to the device but leaves it in the device's cache, where
+//! the next flush pays for it.
 //!
 //! So the flusher thread syncs the data file every `SYNC_AHEAD_EVERY`
 //! while data is being written, and a commit's own sync, or a store
@@ -28,10 +27,10 @@ use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// How often the data file is synced while data is written. Tried at 5 ms
-/// and 10 ms (with the old start of writeback still beside it), two runs
-/// each: the same median snapshot time, and at 5 ms two slow commits (340
-/// and 412 ms) where 10 ms had none past 60 ms.
+/// How often the data file is synced while data is written: short enough
+/// that a commit finds little to flush, long enough that the syncs do not
+/// crowd the commits' own (a shorter period gave the same median snapshot
+/// time and slower outliers: docs/bench-history.md, "Syncing ahead").
 const SYNC_AHEAD_EVERY: Duration = Duration::from_millis(10);
 
 impl Pool {

@@ -77,10 +77,10 @@ impl Pool {
         ids.sort_unstable();
         // As for one snapshot, the commit's sync is the only one (see
         // `Pool::snapshot_then`).
-        let gates: Vec<_> = ids.iter().map(|&(id, _)| self.gate(id)).collect();
+        let gates: Vec<_> = ids.iter().map(|&(id, _)| (self.gate(id), id)).collect();
         let held: Vec<_> = gates
             .iter()
-            .map(|g| g.write().unwrap_or_else(|p| p.into_inner()))
+            .map(|(g, id)| crate::order::gate_exclusive(g, *id))
             .collect();
         let out = self.with_meta(|m| {
             // A volume deleted (and maybe made again) since it was resolved.

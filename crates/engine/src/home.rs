@@ -2,11 +2,12 @@
 //!
 //! A checkpoint copies every page image in the log to its home in the pool
 //! file, syncs, and starts the log afresh; it runs inside the commit that
-//! finds the log full, so under a write load one commit in a dozen or so
-//! (a snapshot's, a client's flush) waited for tens of megabytes of page
-//! writes (docs/design.md, "Where a snapshot's commit spends its time under
-//! load"). Here the writeback thread copies committed images home while the
-//! log fills, so the checkpoint writes only the images logged since.
+//! finds the log full, so under a write load, without this file, one commit
+//! in a dozen or so (a snapshot's, a client's flush) would wait for tens of
+//! megabytes of page writes (docs/design.md, "Copies home, written out a
+//! few at a time"). Here the writeback thread copies committed images home
+//! while the log fills, so the checkpoint writes only the images logged
+//! since.
 //!
 //! Why this is safe without changing the log: a committed image written
 //! home early is exactly what a replay (or the checkpoint) would write
@@ -26,6 +27,7 @@
 
 use crate::error::Result;
 use crate::format::{new_page, BLOCK};
+use crate::order::Rank;
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 
@@ -33,12 +35,11 @@ use std::sync::atomic::Ordering;
 pub(crate) const HOME_BATCH: usize = 512;
 
 /// Copies written out together before the next are written: what a
-/// commit's sync that starts meanwhile may find in flight. Left to the
-/// writeback thread's start of writeback, 2,100-4,400 copies were all
-/// in flight at once, and a snapshot's sync that started then waited for
-/// all of them (41-57 ms of its 52-67 ms in the slowest, measured in
-/// docs/design.md, "Copies home, written out a few at a time"). While a
-/// batch is written out, a checkpoint waits for it (it takes `homing`).
+/// commit's sync that starts meanwhile may find in flight. A whole batch
+/// in flight at once would make a snapshot's sync that starts then wait
+/// for all of it (docs/design.md, "Copies home, written out a few at a
+/// time"). While a batch is written out, a checkpoint waits for it (it
+/// takes `homing`).
 const HOME_IN_FLIGHT: usize = 64;
 
 impl Pool {
@@ -48,12 +49,16 @@ impl Pool {
     /// call it by hand.
     #[doc(hidden)]
     pub fn home_ahead(&self, max: usize) -> Result<usize> {
-        let _batch = self.inner.homing.read().unwrap_or_else(|p| p.into_inner());
+        let _batch = crate::order::hold(Rank::Homing, 0, || {
+            self.inner.homing.read().unwrap_or_else(|p| p.into_inner())
+        });
         // The next images in log order (commits queue them), not a walk of
         // the whole log index: this runs beside the I/O path, which takes
         // the metadata mutex too.
         let next: Vec<(u64, u64)> = {
-            let mut q = self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = crate::order::hold(Rank::Leaf, 0, || {
+                self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+            });
             let n = q.len().min(max);
             q.drain(..n).collect()
         };
@@ -96,11 +101,10 @@ impl Pool {
                 .io("write copies home", pool.path(), at, r)?;
         }
         let n = batch.len();
-        self.inner
-            .homed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(batch);
+        crate::order::hold(Rank::Leaf, 0, || {
+            self.inner.homed.lock().unwrap_or_else(|p| p.into_inner())
+        })
+        .extend(batch);
         Ok(n)
     }
 
@@ -112,12 +116,10 @@ impl Pool {
         let mut total = 0;
         while self.inner.log_used.load(Ordering::Relaxed) > capacity / 4 && !self.stopping() {
             total += self.home_ahead(HOME_BATCH)?;
-            if self
-                .inner
-                .to_home
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+            if crate::order::hold(Rank::Leaf, 0, || {
+                self.inner.to_home.lock().unwrap_or_else(|p| p.into_inner())
+            })
+            .is_empty()
             {
                 break;
             }

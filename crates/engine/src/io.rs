@@ -404,14 +404,15 @@ impl Volume {
 
     /// Read `buf.len()` bytes at `offset`; unmapped ranges read as zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_shared(&self.gate, self.id);
         let len = buf.len() as u64;
-        let _barrier = self
-            .pool
-            .inner
-            .read_barrier
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let _barrier = crate::order::hold(crate::order::Rank::ReadBarrier, 0, || {
+            self.pool
+                .inner
+                .read_barrier
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+        });
         let (map, first) = self.pool.with_meta(|m| {
             let (root, levels, size) = self.view(m)?;
             self.check_range(size, offset, len)?;
@@ -461,7 +462,7 @@ impl Volume {
 
     fn write_with(&self, offset: u64, data: &[u8], bulk: bool) -> Result<()> {
         self.writable()?;
-        let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_shared(&self.gate, self.id);
         {
             let m = self.pool.lock_meta();
             self.pool.inner.latch.check()?;
@@ -497,7 +498,7 @@ impl Volume {
     /// block reads as zeros, since the index is flat and has no backing file.
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.writable()?;
-        let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_shared(&self.gate, self.id);
         {
             let m = self.pool.lock_meta();
             self.pool.inner.latch.check()?;

@@ -29,6 +29,7 @@ mod journal;
 mod latch;
 mod meta;
 mod ops;
+mod order;
 mod pool;
 mod replay;
 pub mod sim;

@@ -335,7 +335,7 @@ impl Pool {
         check_size(size)?;
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&gate, id);
         let info = self.with_meta(|m| {
             let v = m.catalog.volume(id).clone();
             if size < v.size {
@@ -384,7 +384,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         let id = self.lock_meta().catalog.volume_id(name)?;
         let gate = self.gate(id);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let g = crate::order::gate_exclusive(&gate, id);
         let (gone, origin, retired) = self.with_meta(|m| {
             if m.catalog.volume_id(name)? != id {
                 // Deleted and made again while this waited for the gate.
@@ -444,6 +444,9 @@ impl Pool {
         }
         self.drop_gate(id);
         self.commit()?;
+        // The volume is gone: let go of its gate before its origin's gates
+        // (lower ids) are taken below, as the lock order asks.
+        drop(g);
         self.wake_background();
         if retired {
             tracing::info!(
@@ -548,11 +551,11 @@ impl Pool {
         let vid = self.lock_meta().catalog.volume_id(volume)?;
         // No data sync before the gate: the commit's is the one that makes
         // the snapshot durable, and writers never wait for it (the gate is
-        // let go before the commit). A sync here as well (kept until
-        // 2026-11-26) put two syncs under a busy volume in series:
-        // docs/design.md, "The journal of index changes".
+        // let go before the commit). A sync here as well would put two
+        // syncs of a busy volume's data in series (docs/design.md,
+        // "Concurrency").
         let gate = self.gate(vid);
-        let g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let g = crate::order::gate_exclusive(&gate, vid);
         let gated = started.elapsed();
         let out = self.with_meta(|m| {
             m.catalog.volume_id(volume)?;
@@ -735,9 +738,9 @@ impl Pool {
         })?;
         // The walks go in slices of about a millisecond, with a pause
         // between: std's mutex is not fair, and a thread that unlocks and
-        // locks again at once keeps it from a waiter that has not woken yet
-        // (measured: a read waited out a whole 44 ms listing made of 2 ms
-        // holds). A slice can end inside one snapshot's tree
+        // locks again at once keeps it from a waiter that has not woken yet,
+        // so without the pause a read could wait out a whole listing made
+        // of short holds. A slice can end inside one snapshot's tree
         // (`ExclusiveWalk`).
         const SLICE: std::time::Duration = std::time::Duration::from_millis(1);
         const PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
@@ -834,9 +837,9 @@ impl Pool {
         still: impl FnOnce(&mut crate::meta::Meta) -> Result<bool>,
     ) -> Result<bool> {
         let vgate = self.gate(vid);
-        let _g = vgate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&vgate, vid);
         let sgate = self.gate(sid);
-        let _s = sgate.write().unwrap_or_else(|p| p.into_inner());
+        let _s = crate::order::gate_exclusive(&sgate, sid);
         let removed = self.with_meta(|m| {
             if !still(m)? {
                 return Ok(None);
@@ -909,7 +912,7 @@ impl Pool {
             (vid, m.catalog.snapshot_id(vid, snapshot)?)
         };
         let gate = self.gate(vid);
-        let _g = gate.write().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::order::gate_exclusive(&gate, vid);
         let info = self.with_meta(|m| {
             let s = m.catalog.snapshot_still(sid, volume, snapshot)?;
             if m.catalog.is_retired(vid) {

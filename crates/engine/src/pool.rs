@@ -3,9 +3,8 @@
 //! threads (reclaim of deleted trees, flatten of clones). Operations on
 //! volumes and snapshots are in `ops.rs`, the I/O path in `io.rs`.
 //!
-//! Lock order, outermost first: a volume's gate, a block stripe, the log
-//! (commit lock), the read barrier, the metadata mutex. Data is read and
-//! written with the metadata mutex released.
+//! The locks and the one order they are taken in are on [`Inner`]. Data is
+//! read and written with the metadata mutex released.
 //!
 //! Every write, sync and punch of the pool's files goes through the pool's
 //! latch (`latch.rs`): the first failure makes the pool refuse requests
@@ -16,6 +15,7 @@ use crate::format::*;
 use crate::journal::Journal;
 use crate::latch::Latch;
 use crate::meta::Meta;
+use crate::order::{hold, Held, Rank};
 use crate::storage::{Backend, BlockFile, DirBackend};
 use crate::wal::Wal;
 use std::collections::HashMap;
@@ -69,6 +69,59 @@ impl Default for PoolOptions {
     }
 }
 
+/// The state of an open pool, shared by every handle.
+///
+/// # Lock order
+///
+/// Every lock the engine takes, outermost first. A thread holding one may
+/// take only locks further down the list; locks of the same rank are taken
+/// only in the order given. `docs/design.md` ("Concurrency") refers here.
+///
+/// 1. A **gate** (`gates`' entries, one `RwLock` per volume or snapshot id;
+///    `Volume` keeps its own): I/O holds it shared, snapshot,
+///    revert, expand, delete and a flatten's end exclusively. Several only
+///    in ascending id: a group snapshot takes its volumes' in ascending id
+///    (`group.rs`), a snapshot delete its volume's, then the snapshot's,
+///    whose id is higher (`ops.rs`, `remove_snapshot`). No other path holds
+///    two gates.
+/// 2. A block **stripe** (`stripes`). Several only in ascending stripe
+///    index (`Pool::stripes`); a single-block writer holds one at a time.
+///    Under it only `meta` is taken (and files are read and written).
+/// 3. The **log** (`wal`): the commit lock. A page-log commit and a
+///    checkpoint hold it while they take `meta` and `to_home`, and a
+///    checkpoint `homing` (and what is under it), then `journal`
+///    (`commit.rs`).
+/// 4. The **journal** (`journal`). A journal commit holds it while it takes
+///    `meta`, `awaiting_checkpoint` and `read_barrier` (then `meta`)
+///    (`commit_with`, `release_freed`); a checkpoint takes it under `wal`.
+///    Never held while `wal` is taken.
+/// 5. **`homing`**: a batch of copies home holds it shared, a checkpoint
+///    (under `wal`) exclusively; under it `to_home`, `homed`,
+///    `awaiting_checkpoint`, `read_barrier` and `meta` are taken
+///    (`home.rs`, `checkpoint_locked`).
+/// 6. The **read barrier** (`read_barrier`): a read holds it shared (under
+///    its gate) while it looks blocks up under `meta` and reads them;
+///    releasing freed blocks holds it exclusively while it takes `meta`.
+/// 7. The **metadata mutex** (`meta`). Under it only leaves are taken: a
+///    volume's delete stops its flatten (`flatten`, then that flatten's
+///    `FlattenProgress::error`).
+/// 8. Leaves, under which no other lock is taken: `gates` (the table; a
+///    gate is looked up while another gate may be held), `flatten`, then a
+///    `FlattenProgress`'s `error`, `to_home`, `homed`,
+///    `awaiting_checkpoint`, `wake`'s mutex and `threads`; inside the file
+///    layer, `storage.rs`'s bulk-write window and the simulated
+///    files' state (`sim.rs`), taken only within one file call.
+///
+/// Commits (`Pool::commit` and what calls it) run with a gate held or
+/// none, never with a stripe, the read barrier or `meta` held.
+///
+/// Checked in debug builds (`order.rs`): every one of these locks is taken
+/// through `order::hold` with its rank (gates by id, stripes by index), and
+/// taking one that does not come after every lock the thread holds panics
+/// before it waits, so every engine test checks the order on the paths it
+/// runs. Not instrumented: `wake`'s mutex (its guard goes to its condition
+/// variable) and `threads`, each taken in one statement that takes nothing
+/// else.
 pub(crate) struct Inner {
     pub backend: Arc<dyn Backend>,
     pub meta: Mutex<Meta>,
@@ -445,47 +498,51 @@ impl Pool {
         self.inner.latch.io(op, f.path(), 0, f.sync())
     }
 
-    pub(crate) fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.inner.meta.lock().unwrap_or_else(|p| {
-            // A panic under the lock may have left a charge set.
-            let mut m = p.into_inner();
-            m.end_charge();
-            m
+    pub(crate) fn lock_meta(&self) -> Held<MutexGuard<'_, Meta>> {
+        hold(Rank::Meta, 0, || {
+            self.inner.meta.lock().unwrap_or_else(|p| {
+                // A panic under the lock may have left a charge set.
+                let mut m = p.into_inner();
+                m.end_charge();
+                m
+            })
         })
     }
 
     pub(crate) fn gate(&self, id: u64) -> Arc<RwLock<()>> {
-        self.inner
-            .gates
-            .lock()
-            .unwrap()
+        hold(Rank::Leaf, 0, || self.inner.gates.lock().unwrap())
             .entry(id)
             .or_default()
             .clone()
     }
 
     pub(crate) fn drop_gate(&self, id: u64) {
-        self.inner.gates.lock().unwrap().remove(&id);
+        hold(Rank::Leaf, 0, || self.inner.gates.lock().unwrap()).remove(&id);
     }
 
-    pub(crate) fn stripe(&self, vol: u64, idx: u64) -> MutexGuard<'_, ()> {
-        self.inner.stripes[stripe_of(vol, idx)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn stripe(&self, vol: u64, idx: u64) -> Held<MutexGuard<'_, ()>> {
+        let i = stripe_of(vol, idx);
+        hold(Rank::Stripe, i as u64, || {
+            self.inner.stripes[i]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        })
     }
 
     /// The stripes of blocks `first..first + n` of a volume, taken in
     /// ascending stripe order (so two runs never wait on each other in a
     /// cycle; single-block lockers hold no stripe while waiting for one).
-    pub(crate) fn stripes(&self, vol: u64, first: u64, n: u64) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn stripes(&self, vol: u64, first: u64, n: u64) -> Vec<Held<MutexGuard<'_, ()>>> {
         let mut ids: Vec<usize> = (first..first + n).map(|i| stripe_of(vol, i)).collect();
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter()
             .map(|i| {
-                self.inner.stripes[i]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                hold(Rank::Stripe, i as u64, || {
+                    self.inner.stripes[i]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                })
             })
             .collect()
     }

@@ -70,10 +70,10 @@ impl BlockSet {
 /// two nodes and go on in a later hold of the metadata lock, or of any tree
 /// in one go. A listing walks the sizes its cache lacks in slices of about
 /// a millisecond of the lock; a walk that could stop only between two
-/// snapshots held it for a whole snapshot's tree, which on a volume 1,000
-/// snapshots deep with a cold page cache was 73 ms a snapshot, and the
-/// volume's reads fell from 68k IOPS to about 100 for the 74 s of the
-/// listing (docs/space.md).
+/// snapshots would hold it for a whole snapshot's tree, tens of
+/// milliseconds a snapshot on a deep volume with a cold page cache, and
+/// the volume's reads would all but stop for the whole listing
+/// (docs/space.md).
 ///
 /// Between two holds a snapshot's own tree does not change (no snapshot's
 /// tree does while it exists), but refcounts and the tree walked beside may:

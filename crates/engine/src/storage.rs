@@ -208,12 +208,10 @@ pub struct OsFile {
 
 /// Most bulk data ([`BlockFile::write_bulk`]) left in the page cache:
 /// written, its writeback started, not yet waited for. Why a window, not
-/// `O_DIRECT` (what copies used before): measured on the two-node copy
-/// (2 GiB in a 10 GiB volume, this project's 2-core machine, interleaved
-/// rounds against nbdcopy onto a raw file), direct 1 MiB writes one at a
-/// time took 2.93 s where nbdcopy took 2.33 s and this code 2.49 s; a
-/// throwaway build with a 512 MiB window took 2.36 s (nbdcopy 2.30 s). Writeback keeps several large writes
-/// in flight, and dropping written pages lets the next writes reuse them
+/// `O_DIRECT`: direct writes one at a time leave the device one write deep
+/// and copy slower than nbdcopy, where writeback keeps several large writes
+/// in flight (docs/design.md, "Data movement"; the figures are in
+/// docs/bench-history.md). Dropping written pages lets the next writes reuse them
 /// instead of faulting in fresh memory, which on these virtual machines
 /// costs a host page fault per page. The window bounds what a copy takes
 /// of the page cache (the volumes' hot pages stay) and what the next
@@ -234,11 +232,11 @@ struct Bulk {
 /// buffered write in a folio as large as the write (up to 2 MiB), and every
 /// later 4 KiB write into that folio walks all of its buffer heads
 /// (`ext4_block_write_begin`), as writeback does (`mpage_process_page_bufs`).
-/// On a volume filled with 1 MiB writes that walk was 27 % of the daemon's
+/// On a volume filled with 1 MiB writes that walk dominates the daemon's
 /// CPU under 4 KiB random writes. Pieces of 64 KiB keep it at 16 buffer
-/// heads: random 4 KiB writes gained about a third, 1 MiB writes lost about
-/// a fifth in side-by-side runs and 6 % in the bench's I/O case
-/// (docs/design.md, "Client writes", has the figures).
+/// heads: random 4 KiB writes gain about a third, 1 MiB writes lose some
+/// throughput (docs/design.md, "Client writes"; the figures are in
+/// docs/bench-history.md).
 const CACHED_PIECE: u64 = 64 << 10;
 
 impl OsFile {

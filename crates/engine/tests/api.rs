@@ -492,7 +492,7 @@ fn read_block(p: &Pool, t: &Target, b: u64) -> u8 {
 /// snapshots stay, listed under its old name and id, usable for restore,
 /// linked and full clones, diff and export, as group members, across a
 /// reopen; the record goes with its last snapshot and its last linked
-/// clone. (docs/design.md, invariant "retired volumes".)
+/// clone. (docs/design.md, "Invariants", 13: retired volumes.)
 #[test]
 fn a_deleted_volumes_snapshots_stay_usable_and_its_name_is_free() {
     let (d, p) = pool();

@@ -767,8 +767,8 @@ impl Store {
     /// durable one, and at a clean stop when the database closes), and if
     /// the daemon dies first, the restart finds the operation running,
     /// runs it again and marks it done. It saves a snapshot one sync of
-    /// the store (docs/design.md, "Copies home, written out a few at a
-    /// time", has the figures). A record that fails to be written is not
+    /// the store (docs/bench-history.md, "Copies home, written out a few at
+    /// a time", has the figures). A record that fails to be written is not
     /// there when the store reopens.
     pub fn put_op(&self, op: &OpRec) -> Result<(), ServerError> {
         self.write_op(op, OnFailure::Undo)

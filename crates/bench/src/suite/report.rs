@@ -118,7 +118,10 @@ fn markdown(ctx: &Ctx, machine: &Value, run: &RunSoFar, ratios: &[Ratio], plotte
     }
     let _ = writeln!(
         m,
-        "Written by the suite itself: `{command}` ({} profile, {:.0} min, {}). \
+        "This page is the benchmark suite's last full run: Lamina against the \
+         tools a user would pick instead, as ratios, case by case. The dated \
+         measurements behind the design are in [bench-history.md](bench-history.md).\n\n\
+         Written by the suite itself: `{command}` ({} profile, {:.0} min, {}). \
          Every figure here comes from that one run, on this machine:\n",
         ctx.p.name,
         secs / 60.0,

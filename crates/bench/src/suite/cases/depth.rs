@@ -113,9 +113,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
         // Each depth's reads start with the volume's data in the page
         // cache, for both: one sequential read of the whole volume. Without
-        // it the ratio most likely measured what the growing pool and qcow2 chain had
-        // pushed out of the cache (rounds rising 43k, 54k, 61k IOPS at
-        // depth 1000 in the run of 2026-11-27), not what snapshots cost.
+        // it the ratio would measure what the growing pool and qcow2 chain
+        // pushed out of the cache, not what snapshots cost
+        // (docs/bench-history.md, "Reads 1,000 snapshots deep").
         if on_lamina {
             nbdcopy(&uri, "null:")?;
         }
