@@ -167,9 +167,7 @@ fn a_daemon_in_a_chosen_directory_logs_where_told_and_leaves_the_directory() {
 #[test]
 fn a_daemon_that_ignores_sigterm_is_an_error_to_try_stop() {
     let mut d = IGNORES_SIGTERM.start();
-    wait_until("the stand-in's log", Duration::from_secs(30), || {
-        d.log().contains("fake daemon up").then_some(())
-    });
+    wait_up(&d);
     d.stop_limit = Duration::from_millis(300);
     match d.try_stop() {
         Err(StopError::Hung { log, .. }) => assert!(log.contains("fake daemon up"), "{log}"),
