@@ -1,8 +1,11 @@
 //! The `lamina` binary, and `lamina serve` as a guarded child process.
 
+use crate::command::try_run_for;
 use crate::{poll_until, run, Out};
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How long the daemon may take to answer after it starts (a restart after
@@ -10,24 +13,66 @@ use std::time::Duration;
 pub const START_LIMIT: Duration = Duration::from_secs(60);
 /// How long the daemon may take to exit after SIGTERM.
 pub const STOP_LIMIT: Duration = Duration::from_secs(60);
+/// How long [`Lamina::built`]'s `cargo build` may take (a cold build of the
+/// CLI on two busy cores).
+const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// How much of the daemon's log a failing test prints (its end).
 const LOG_TAIL: usize = 64 << 10;
 
-/// The `lamina` binary under test. A test file holds one as
-/// `const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));`.
-#[derive(Clone, Copy, Debug)]
+/// The `lamina` binary to run. A test of the package that builds it holds
+/// one as `const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));`,
+/// another package's test gets it from [`Lamina::built`], and a program
+/// that chose its own binary (the benchmarks' release build) from
+/// [`Lamina::from_path`].
+#[derive(Clone, Debug)]
 pub struct Lamina {
-    bin: &'static str,
+    bin: Bin,
+}
+
+#[derive(Clone, Debug)]
+enum Bin {
+    Static(&'static str),
+    Owned(PathBuf),
 }
 
 impl Lamina {
     pub const fn new(bin: &'static str) -> Lamina {
-        Lamina { bin }
+        Lamina {
+            bin: Bin::Static(bin),
+        }
+    }
+
+    /// The binary at `bin`.
+    pub fn from_path(bin: impl Into<PathBuf>) -> Lamina {
+        Lamina {
+            bin: Bin::Owned(bin.into()),
+        }
+    }
+
+    /// This workspace's `lamina`, brought up to date first: `cargo build -p
+    /// lamina-cli --bin lamina` (the cargo that builds this harness, in the
+    /// workspace it belongs to), once per process, and the binary cargo
+    /// reports it built. For the tests of a package other than the CLI's,
+    /// for which cargo sets no `CARGO_BIN_EXE_lamina`: cargo decides
+    /// whether the binary is stale, never a guess from a target directory.
+    /// The test fails with cargo's output if the build does.
+    #[track_caller]
+    pub fn built() -> Lamina {
+        static BUILT: OnceLock<PathBuf> = OnceLock::new();
+        Lamina::from_path(BUILT.get_or_init(build_lamina).clone())
+    }
+
+    /// Where the binary is.
+    pub fn bin(&self) -> &Path {
+        match &self.bin {
+            Bin::Static(s) => Path::new(s),
+            Bin::Owned(p) => p,
+        }
     }
 
     /// The CLI with none of the caller's `LAMINA_*` settings.
     pub fn cmd(&self) -> Command {
-        clear_lamina_vars(Command::new(self.bin))
+        clear_lamina_vars(Command::new(self.bin()))
     }
 
     /// The CLI pointed at a data directory.
@@ -45,9 +90,8 @@ impl Lamina {
     }
 
     /// Start with extra `serve` arguments. An error if the daemon exited
-    /// before answering (e.g. its port was taken in the meantime); the test
-    /// fails if it neither exits nor answers within [`START_LIMIT`].
-    #[track_caller]
+    /// before answering (e.g. its port was taken in the meantime) or did
+    /// not answer within [`START_LIMIT`].
     pub fn start_with(&self, extra: &[&str]) -> Result<Daemon, StartError> {
         self.start_in(&[], extra)
     }
@@ -56,24 +100,46 @@ impl Lamina {
     /// `ip netns exec NS`, see [`crate::netns::Host::prefix`]) that must
     /// exec it, so that the pid it gets is the daemon's; the CLI still
     /// reaches it on its data directory's unix socket.
-    #[track_caller]
     pub fn start_in(&self, prefix: &[String], extra: &[&str]) -> Result<Daemon, StartError> {
-        // A short path: unix socket paths are limited to 108 bytes.
-        let dir = tempfile::Builder::new()
-            .prefix("lamina-test")
-            .tempdir_in("/tmp")
-            .expect("temp dir");
-        let mut d = Daemon {
-            lamina: *self,
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            prefix: prefix.to_vec(),
-            child: None,
-            stop_limit: STOP_LIMIT,
-        };
-        d.spawn()?;
-        Ok(d)
+        self.serve().prefix(prefix).args(extra).start()
     }
+
+    /// `lamina serve` to be set up further: where its data and log go,
+    /// what runs it, its arguments and environment.
+    pub fn serve(&self) -> Serve {
+        Serve {
+            lamina: self.clone(),
+            data: None,
+            log: None,
+            prefix: Vec::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+/// Run `cargo build` for the `lamina` binary; the path cargo reports.
+fn build_lamina() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "-p", "lamina-cli", "--bin", "lamina"])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(&workspace);
+    let out = try_run_for(&mut c, BUILD_LIMIT).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}",
+        out.what,
+        out.status,
+        out.stderr
+    );
+    // One JSON message a line; the binary's artifact names its executable.
+    let exe = out.stdout.lines().find_map(|l| {
+        let m: serde_json::Value = serde_json::from_str(l).ok()?;
+        let is_bin = m["reason"] == "compiler-artifact" && m["target"]["name"] == "lamina";
+        is_bin.then(|| m["executable"].as_str().map(PathBuf::from))?
+    });
+    exe.unwrap_or_else(|| panic!("{} named no lamina executable:\n{}", out.what, out.stdout))
 }
 
 /// `c` with none of the caller's `LAMINA_*` variables.
@@ -86,40 +152,164 @@ fn clear_lamina_vars(mut c: Command) -> Command {
     c
 }
 
+/// `lamina serve` before it starts ([`Lamina::serve`]): by default in a new
+/// temporary directory under `/tmp` (removed with the [`Daemon`]), its
+/// stderr in `daemon.log` there, run by nothing, with no extra arguments.
+pub struct Serve {
+    lamina: Lamina,
+    data: Option<PathBuf>,
+    log: Option<PathBuf>,
+    prefix: Vec<String>,
+    args: Vec<String>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Serve {
+    /// The data directory to use (made if missing, kept after the daemon
+    /// stops; a pool already there is opened as it is). Unix socket paths
+    /// are limited to 108 bytes: keep it short.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Serve {
+        self.data = Some(dir.into());
+        self
+    }
+
+    /// Where the daemon's stderr and stdout go (appended to).
+    pub fn log(mut self, file: impl Into<PathBuf>) -> Serve {
+        self.log = Some(file.into());
+        self
+    }
+
+    /// A command prefix that execs the daemon (`ip netns exec NS`).
+    pub fn prefix(mut self, prefix: &[String]) -> Serve {
+        self.prefix = prefix.to_vec();
+        self
+    }
+
+    /// More `serve` arguments.
+    pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Serve {
+        self.args
+            .extend(args.into_iter().map(|s| s.as_ref().to_string()));
+        self
+    }
+
+    /// An environment variable of the daemon (the caller's `LAMINA_*` are
+    /// never passed on; one set here is).
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Serve {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Start it and wait until it answers. An error if it could not be
+    /// started, exited before answering, or did not answer within
+    /// [`START_LIMIT`] (it is killed then).
+    pub fn start(self) -> Result<Daemon, StartError> {
+        let dir = match self.data {
+            Some(d) => {
+                std::fs::create_dir_all(&d).map_err(|source| StartError::DataDir {
+                    dir: d.clone(),
+                    source,
+                })?;
+                DataDir::Given(d)
+            }
+            // A short path: unix socket paths are limited to 108 bytes.
+            None => DataDir::Temp(
+                tempfile::Builder::new()
+                    .prefix("lamina-test")
+                    .tempdir_in("/tmp")
+                    .map_err(|source| StartError::DataDir {
+                        dir: "/tmp".into(),
+                        source,
+                    })?,
+            ),
+        };
+        let log = self.log.unwrap_or_else(|| dir.path().join("daemon.log"));
+        let mut d = Daemon {
+            lamina: self.lamina,
+            dir,
+            log,
+            extra: self.args,
+            prefix: self.prefix,
+            env: self.env,
+            child: None,
+            stop_limit: STOP_LIMIT,
+        };
+        d.spawn()?;
+        Ok(d)
+    }
+}
+
+/// Where a daemon keeps its data.
+enum DataDir {
+    /// Made for it, removed with it.
+    Temp(tempfile::TempDir),
+    /// The caller's.
+    Given(PathBuf),
+}
+
+impl DataDir {
+    fn path(&self) -> &Path {
+        match self {
+            DataDir::Temp(t) => t.path(),
+            DataDir::Given(p) => p,
+        }
+    }
+}
+
 /// Why a daemon did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("lamina serve exited with {status} before answering; its log:\n{log}")]
     Exited { status: ExitStatus, log: String },
+    #[error("lamina serve did not answer within {limit:?} (killed); its log:\n{log}")]
+    Silent { limit: Duration, log: String },
+    #[error("cannot run {bin}: {source}")]
+    Spawn { bin: String, source: std::io::Error },
+    #[error("cannot make the data directory {dir}: {source}")]
+    DataDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
-/// `lamina serve` in a temporary data directory. Dropping it stops it
-/// (SIGTERM); the test fails if it has not exited within [`STOP_LIMIT`], and
-/// if the test is failing already, the daemon's log is printed.
+/// Why a daemon did not stop.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    #[error("lamina serve did not exit within {limit:?} of SIGTERM (killed); its log:\n{log}")]
+    Hung { limit: Duration, log: String },
+}
+
+/// `lamina serve`, a child process. Dropping it stops it (SIGTERM); the
+/// test fails if it has not exited within [`STOP_LIMIT`], and if the test
+/// is failing already, the daemon's log is printed. A program that must
+/// not panic stops it first with [`Daemon::try_stop`].
 pub struct Daemon {
     lamina: Lamina,
-    dir: tempfile::TempDir,
+    dir: DataDir,
+    log: PathBuf,
     extra: Vec<String>,
     /// What runs `lamina serve` (empty: nothing, it runs itself).
     prefix: Vec<String>,
+    env: Vec<(OsString, OsString)>,
     child: Option<Child>,
     /// [`STOP_LIMIT`], shorter in the harness's own tests.
     pub(crate) stop_limit: Duration,
 }
 
 impl Daemon {
-    /// The data directory (removed when the daemon is dropped).
+    /// The data directory (removed when the daemon is dropped, unless the
+    /// caller chose it: [`Serve::data_dir`]).
     pub fn data(&self) -> &Path {
         self.dir.path()
     }
 
-    /// Everything the daemon wrote to stderr so far.
+    /// Everything the daemon wrote to its log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn log_path(&self) -> std::path::PathBuf {
-        self.dir.path().join("daemon.log")
+    /// The end of the log, as a failure prints it.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log()).to_string()
     }
 
     /// The CLI pointed at this daemon.
@@ -168,33 +358,39 @@ impl Daemon {
     }
 
     /// Start the daemon process and wait until it answers.
-    #[track_caller]
     fn spawn(&mut self) -> Result<(), StartError> {
+        let bin = self.lamina.bin().display().to_string();
+        let spawn_error = |source| StartError::Spawn {
+            bin: bin.clone(),
+            source,
+        };
         // Appended to, so that a restarted daemon's log follows the first one's.
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_path())
-            .expect("daemon log file");
+            .open(&self.log)
+            .map_err(spawn_error)?;
+        let out = log.try_clone().map_err(spawn_error)?;
         let mut cmd = match self.prefix.split_first() {
             None => self.lamina.cmd(),
             Some((program, args)) => {
                 // The prefix passes its environment on to the daemon.
                 let mut c = clear_lamina_vars(Command::new(program));
-                c.args(args).arg(self.lamina.bin);
+                c.args(args).arg(self.lamina.bin());
                 c
             }
         };
         let child = cmd
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("serve")
             .arg("--data-dir")
             .arg(self.dir.path())
             .args(&self.extra)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start lamina serve: {e}"));
+            .map_err(spawn_error)?;
         self.child = Some(child);
         let answered = poll_until(START_LIMIT, || {
             if self.lamina(&["volume", "list"]).status.success() {
@@ -216,10 +412,10 @@ impl Daemon {
             Some(r) => r,
             None => {
                 self.kill9();
-                panic!(
-                    "lamina serve did not answer within {START_LIMIT:?}; its log:\n{}",
-                    tail(&self.log())
-                );
+                Err(StartError::Silent {
+                    limit: START_LIMIT,
+                    log: self.log_tail(),
+                })
             }
         }
     }
@@ -277,7 +473,7 @@ impl Daemon {
     /// test fails if it has not exited within [`STOP_LIMIT`].
     #[track_caller]
     pub fn stop(&mut self) -> Option<ExitStatus> {
-        self.terminate().unwrap_or_else(|e| panic!("{e}"))
+        self.try_stop().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Stop with SIGTERM; it must exit 0.
@@ -291,8 +487,9 @@ impl Daemon {
         );
     }
 
-    /// SIGTERM, then wait at most `stop_limit`; past it, SIGKILL and an error.
-    fn terminate(&mut self) -> Result<Option<ExitStatus>, String> {
+    /// SIGTERM, then wait at most [`STOP_LIMIT`]; past it, SIGKILL and an
+    /// error. Its exit status, `None` if it was not running.
+    pub fn try_stop(&mut self) -> Result<Option<ExitStatus>, StopError> {
         let Some(mut c) = self.child.take() else {
             return Ok(None);
         };
@@ -305,10 +502,10 @@ impl Daemon {
             None => {
                 let _ = c.kill();
                 let _ = c.wait();
-                Err(format!(
-                    "lamina serve did not exit within {limit:?} of SIGTERM (killed); its log:\n{}",
-                    tail(&self.log())
-                ))
+                Err(StopError::Hung {
+                    limit,
+                    log: self.log_tail(),
+                })
             }
         }
     }
@@ -324,7 +521,7 @@ impl Drop for Daemon {
                 tail(&self.log())
             );
         }
-        match self.terminate() {
+        match self.try_stop() {
             Ok(_) => {}
             // A second panic while unwinding would abort the test binary.
             Err(e) if failing => eprintln!("{e}"),

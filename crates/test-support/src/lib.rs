@@ -1,9 +1,10 @@
-//! The one harness Lamina's daemon tests share: it starts `lamina serve` in a
-//! temporary data directory, runs the `lamina` CLI and system tools against
-//! it, and makes sure none of that can hang a test run or pass on a machine
-//! that lacks what the test needs. It owns process handling for tests only:
-//! it must not link the engine, the server or the CLI, so that what the tests
-//! drive is always the real binary, as a user runs it.
+//! The one harness Lamina's daemon tests and benchmarks share: it starts
+//! `lamina serve` (in a temporary data directory, or one the caller
+//! chooses), runs the `lamina` CLI and system tools against it, puts
+//! daemons in network namespaces of their own, and makes sure none of that
+//! can hang a run or pass on a machine that lacks what it needs. It owns
+//! process handling only: it must not link the engine, the server or the
+//! CLI, so that what it drives is always the real binary, as a user runs it.
 //!
 //! The rules it keeps:
 //! - every command, the daemon's start and its stop run under a time limit
@@ -19,20 +20,24 @@
 //!   the daemon does not exit in time, and when the test is already failing
 //!   it prints the daemon's log.
 //!
-//! The binary comes from the caller, as
-//! `Lamina::new(env!("CARGO_BIN_EXE_lamina"))`. Cargo sets that variable only
-//! for integration tests of the package that builds the binary, and builds the
-//! binary fresh before running them; that is why every daemon test lives in
-//! `crates/cli/tests/`. A lookup next to the test executable (as the old
-//! end-to-end package did) could find a binary left by an earlier build and
-//! silently test old code, or none at all.
+//! The binary comes from the caller ([`Lamina`]): the CLI's own tests pass
+//! `env!("CARGO_BIN_EXE_lamina")`, which cargo sets only for integration
+//! tests of the package that builds the binary, building it fresh first;
+//! the tests of other packages (`crates/e2e`) take [`Lamina::built`], which
+//! has cargo bring the binary up to date and say where it is; the
+//! benchmarks pass the release build they chose. A lookup next to the test
+//! executable could find a binary left by an earlier build and silently
+//! test old code, or none at all.
 //!
 //! [`netns`] puts several daemons on one machine, each in a network
-//! namespace of its own joined to one switch, for the cross-node tests.
+//! namespace of its own joined to one switch, for the cross-node tests and
+//! the benchmarks' cross-node case.
 //!
-//! Failures are panics with context, not errors: a failure here is a failed
-//! test. The one error type, [`StartError`], is for a start the caller may
-//! retry (a TCP port taken between choosing and binding it).
+//! In tests, failures are panics with context: a failure here is a failed
+//! test. What a program that reports errors needs has a fallible form:
+//! starting and stopping a daemon ([`Serve::start`], [`StartError`] — also
+//! for a start a test may retry, a TCP port taken between choosing and
+//! binding it —, [`Daemon::try_stop`]), making a net ([`netns::Net::try_new`]).
 
 mod clock;
 mod command;
@@ -44,7 +49,7 @@ mod tools;
 
 pub use clock::{prometheus_sample, TestClock};
 pub use command::{run, try_run, Out, COMMAND_LIMIT};
-pub use daemon::{Daemon, Lamina, StartError, START_LIMIT, STOP_LIMIT};
+pub use daemon::{Daemon, Lamina, Serve, StartError, StopError, START_LIMIT, STOP_LIMIT};
 pub use tools::{need, qemu_img_compare, qemu_io};
 
 use std::time::{Duration, Instant};

@@ -24,16 +24,37 @@
 //! (`A.B` from the pid and K) differ between the instances of a run; each
 //! instance is isolated anyway, its hosts reaching only its own switch.
 //!
-//! Everything here needs root and iproute2 (`ip`, `tc`): without them the
+//! Everything here needs root and iproute2 (`ip`, `tc`): without them a
 //! test fails saying so, it is never skipped. Links are slowed with `tbf`
 //! ([`Host::shape`]); `netem` is used only where the kernel has it
 //! ([`Host::delay`] says whether it did).
+//!
+//! A test calls [`Net::new`] and the counters, which fail the test; a
+//! program that reports errors instead (the benchmarks' cross-node case)
+//! calls [`Net::try_new`] and [`Host::try_tx_bytes`].
 
-use crate::{need, run, try_run, Daemon, Lamina};
+use crate::{run, try_run, Daemon, Lamina};
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+/// Why a [`Net`] could not be made, or a counter read.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("network namespaces need root (they make namespaces, veth links and a bridge); run as root, as CI does (effective uid here: {uid})")]
+    NotRoot { uid: u32 },
+    #[error("`{tool}` is not installed: apt-get install {package}")]
+    Missing {
+        tool: &'static str,
+        package: &'static str,
+    },
+    /// A command that failed or could not run, with its output.
+    #[error("{0}")]
+    Command(String),
+    #[error("{what} printed {out:?}, not the figure wanted")]
+    Output { what: String, out: String },
+}
 
 /// What every namespace made here is named after.
 const PREFIX: &str = "lamina-";
@@ -56,10 +77,24 @@ pub struct Host {
     addr: Ipv4Addr,
 }
 
+/// `ip ARGS`: its stdout, or an error with its output.
+fn try_ip(args: &[&str]) -> Result<String, NetError> {
+    let o = try_run(Command::new("ip").args(args)).map_err(NetError::Command)?;
+    if !o.status.success() {
+        return Err(NetError::Command(format!(
+            "{} failed ({}): {}",
+            o.what,
+            o.status,
+            o.stderr.trim()
+        )));
+    }
+    Ok(o.stdout)
+}
+
 /// `ip ARGS`; the test fails if it does.
 #[track_caller]
 fn ip(args: &[&str]) -> String {
-    run(Command::new("ip").args(args)).ok()
+    try_ip(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `tc ARGS`; the test fails if it does.
@@ -68,21 +103,20 @@ fn tc(args: &[&str]) -> String {
     run(Command::new("tc").args(args)).ok()
 }
 
-/// The namespaces `ip netns list` shows.
-fn namespaces() -> Vec<String> {
-    let out = run(Command::new("ip").args(["netns", "list"])).ok();
-    out.lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
+/// Every namespace named by this module, whichever process made it.
+#[track_caller]
+pub fn lamina_namespaces() -> Vec<String> {
+    try_lamina_namespaces().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Every namespace named by this module, whichever process made it.
-pub fn lamina_namespaces() -> Vec<String> {
-    namespaces()
-        .into_iter()
+fn try_lamina_namespaces() -> Result<Vec<String>, NetError> {
+    let out = try_ip(&["netns", "list"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
         .filter(|n| n.starts_with(PREFIX))
-        .collect()
+        .map(str::to_string)
+        .collect())
 }
 
 /// The pid in a name `lamina-PID-...`.
@@ -91,37 +125,49 @@ fn owner(ns: &str) -> Option<u32> {
 }
 
 /// Remove the namespaces left by processes that are no longer running.
-fn remove_stale() {
-    for ns in lamina_namespaces() {
+fn remove_stale() -> Result<(), NetError> {
+    for ns in try_lamina_namespaces()? {
         if let Some(pid) = owner(&ns) {
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 let _ = try_run(Command::new("ip").args(["netns", "delete", &ns]));
             }
         }
     }
+    Ok(())
 }
 
-/// Fail, saying why, unless this test can make namespaces.
-#[track_caller]
-fn need_root() {
-    need("ip", "iproute2");
-    need("tc", "iproute2");
+/// An error, saying why, unless this process can make namespaces.
+fn need_root() -> Result<(), NetError> {
+    for tool in ["ip", "tc"] {
+        if !crate::tools::on_path(tool) {
+            return Err(NetError::Missing {
+                tool,
+                package: "iproute2",
+            });
+        }
+    }
     // SAFETY: geteuid(2) reads the caller's effective uid; no memory involved.
     let uid = unsafe { libc::geteuid() };
-    assert!(
-        uid == 0,
-        "the network-namespace tests need root (they make namespaces, veth links and a bridge); \
-         run them as root, as CI does (effective uid here: {uid})"
-    );
+    if uid != 0 {
+        return Err(NetError::NotRoot { uid });
+    }
+    Ok(())
 }
 
 impl Net {
-    /// A switch and `n` hosts joined to it, each with `lo` and its link up.
+    /// A switch and `n` hosts joined to it, each with `lo` and its link up;
+    /// the test fails if they cannot be made.
     #[track_caller]
     pub fn new(n: usize) -> Net {
+        Net::try_new(n).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Net::new`], an error if the net cannot be made (what was made of
+    /// it is removed).
+    pub fn try_new(n: usize) -> Result<Net, NetError> {
         assert!((1..=250).contains(&n), "a Net has 1 to 250 hosts, not {n}");
-        need_root();
-        remove_stale();
+        need_root()?;
+        remove_stale()?;
         let pid = std::process::id();
         let k = NETS.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{PREFIX}{pid}-{k}");
@@ -134,31 +180,31 @@ impl Net {
             switch: switch.clone(),
             hosts: Vec::new(),
         };
-        ip(&["netns", "add", &switch]);
-        ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
-        ip(&["-n", &switch, "link", "set", "br0", "up"]);
+        try_ip(&["netns", "add", &switch])?;
+        try_ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
+        try_ip(&["-n", &switch, "link", "set", "br0", "up"])?;
         for i in 0..n {
             let ns = format!("{tag}-h{i}");
             let port = format!("h{i}");
-            ip(&["netns", "add", &ns]);
+            try_ip(&["netns", "add", &ns])?;
             net.hosts.push(Host {
                 ns: ns.clone(),
                 switch: switch.clone(),
                 port: port.clone(),
                 addr: Ipv4Addr::new(10, a, b, i as u8 + 1),
             });
-            ip(&[
+            try_ip(&[
                 "link", "add", "name", "eth0", "netns", &ns, "type", "veth", "peer", "name", &port,
                 "netns", &switch,
-            ]);
-            ip(&["-n", &switch, "link", "set", &port, "master", "br0"]);
-            ip(&["-n", &switch, "link", "set", &port, "up"]);
+            ])?;
+            try_ip(&["-n", &switch, "link", "set", &port, "master", "br0"])?;
+            try_ip(&["-n", &switch, "link", "set", &port, "up"])?;
             let cidr = format!("10.{a}.{b}.{}/24", i + 1);
-            ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"]);
-            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            try_ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
+            try_ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            try_ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         }
-        net
+        Ok(net)
     }
 
     pub fn host(&self, i: usize) -> &Host {
@@ -297,14 +343,26 @@ impl Host {
         self.stat("rx")
     }
 
+    /// [`Host::tx_bytes`], an error if it cannot be read.
+    pub fn try_tx_bytes(&self) -> Result<u64, NetError> {
+        self.try_stat("tx")
+    }
+
     #[track_caller]
     fn stat(&self, way: &str) -> u64 {
-        let out = ip(&["-n", &self.ns, "-s", "-j", "link", "show", "dev", "eth0"]);
-        let v: serde_json::Value = serde_json::from_str(&out)
-            .unwrap_or_else(|e| panic!("ip -j link show printed {out:?}: {e}"));
-        v[0]["stats64"][way]["bytes"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no {way} bytes in {out}"))
+        self.try_stat(way).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_stat(&self, way: &str) -> Result<u64, NetError> {
+        let args = ["-n", &self.ns, "-s", "-j", "link", "show", "dev", "eth0"];
+        let out = try_ip(&args)?;
+        let bytes = serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v[0]["stats64"][way]["bytes"].as_u64());
+        bytes.ok_or_else(|| NetError::Output {
+            what: format!("ip {}", args.join(" ")),
+            out,
+        })
     }
 
     /// The statistics of the host's root qdisc on `eth0` (as `tc -s -j`

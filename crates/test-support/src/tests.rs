@@ -112,6 +112,7 @@ fn a_daemon_that_exits_at_start_is_an_error_with_its_log() {
             assert!(log.contains("cannot bind"), "{log}");
         }
         Ok(_) => panic!("the stand-in cannot answer"),
+        Err(e) => panic!("not the error wanted: {e}"),
     }
     let e = panic_of(|| drop(EXITS.start()));
     assert!(
@@ -139,4 +140,38 @@ fn a_wait_gives_up_naming_what_it_waited_for() {
         wait_until("the moon", Duration::from_millis(100), || None::<()>);
     });
     assert!(e.contains("the moon"), "{e}");
+}
+
+#[test]
+fn a_daemon_in_a_chosen_directory_logs_where_told_and_leaves_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+    let mut d = STOPS
+        .serve()
+        .data_dir(&data)
+        .log(&log)
+        .env("RUST_LOG", "warn")
+        .start()
+        .unwrap();
+    wait_up(&d);
+    assert_eq!(d.data(), data);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("RUST_LOG=warn"), "{text}");
+    assert!(!data.join("daemon.log").exists());
+    assert!(d.try_stop().unwrap().is_some_and(|s| s.success()));
+    drop(d);
+    assert!(data.is_dir(), "the caller's data directory is kept");
+}
+
+#[test]
+fn a_daemon_that_ignores_sigterm_is_an_error_to_try_stop() {
+    let mut d = IGNORES_SIGTERM.start();
+    wait_up(&d);
+    d.stop_limit = Duration::from_millis(300);
+    match d.try_stop() {
+        Err(StopError::Hung { log, .. }) => assert!(log.contains("fake daemon up"), "{log}"),
+        other => panic!("not the error wanted: {other:?}"),
+    }
+    assert!(!d.running(), "killed after the limit");
 }

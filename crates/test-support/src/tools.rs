@@ -8,19 +8,23 @@ use std::process::Command;
 /// `package` is the Debian package that installs it.
 #[track_caller]
 pub fn need(tool: &str, package: &str) {
+    assert!(
+        on_path(tool),
+        "`{tool}` is not installed: apt-get install {package}"
+    );
+}
+
+/// Whether an executable file `tool` is in a directory of `PATH`.
+pub(crate) fn on_path(tool: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let found = std::env::var_os("PATH")
+    std::env::var_os("PATH")
         .map(|p| {
             std::env::split_paths(&p).any(|d| {
                 std::fs::metadata(d.join(tool))
                     .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
             })
         })
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is not installed: apt-get install {package}"
-    );
+        .unwrap_or(false)
 }
 
 /// Run qemu-io commands (`-c`) on a raw NBD URI; they must all succeed

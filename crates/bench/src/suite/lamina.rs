@@ -1,19 +1,21 @@
-//! A real `lamina serve` in its own data directory, driven through its HTTP
-//! API through `lamina-client`, as the `lamina` command drives it.
+//! A real `lamina serve` in its own data directory, started and stopped by
+//! the daemon launcher the tests use (`lamina-test-support`), and driven
+//! through its HTTP API through `lamina-client`, as the `lamina` command
+//! drives it.
 
-use super::proc::{self, Server};
-use anyhow::{bail, Result};
+use super::proc;
+use anyhow::{bail, Context, Result};
 use lamina_api::{
     CloneCreated, CreateClone, CreateSnapshot, CreateVolume, Operation, OperationState, Snapshot,
 };
 use lamina_client::Client;
+use lamina_test_support::Daemon;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub struct Lamina {
-    pub server: Server,
+    daemon: Daemon,
     pub data: PathBuf,
     client: Client,
     rt: tokio::runtime::Runtime,
@@ -28,7 +30,8 @@ impl Lamina {
 
     /// [`Lamina::start`] run by a command prefix that execs it (`ip netns
     /// exec NS`), with extra `serve` arguments; the API and NBD sockets are
-    /// still unix sockets in `data`.
+    /// still unix sockets in `data`. Its log is `log_dir/lamina-NAME.log`,
+    /// NAME the data directory's.
     pub fn start_in(
         bin: &Path,
         data: &Path,
@@ -36,33 +39,27 @@ impl Lamina {
         prefix: &[String],
         extra: &[String],
     ) -> Result<Lamina> {
-        std::fs::create_dir_all(data)?;
-        let layout = lamina_server::Layout::new(data);
-        let mut cmd = match prefix.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
-        cmd.arg("serve")
-            .arg("--data-dir")
-            .arg(data)
-            .args(extra)
-            .env("RUST_LOG", "warn");
         let name = format!(
             "lamina-{}",
             data.file_name().unwrap_or_default().to_string_lossy()
         );
-        let server = Server::start(&name, cmd, log_dir, &layout.api_socket)?;
+        let daemon = lamina_test_support::Lamina::from_path(bin)
+            .serve()
+            .data_dir(data)
+            .log(log_dir.join(format!("{name}.log")))
+            .prefix(prefix)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .start()
+            .with_context(|| format!("starting {name}"))?;
         // The NBD socket comes up beside the API socket.
+        let layout = lamina_server::Layout::new(data);
         let t = Instant::now();
         while !layout.nbd_socket.exists() && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(Lamina {
-            server,
+            daemon,
             data: data.to_path_buf(),
             client: Client::unix(layout.api_socket),
             rt: tokio::runtime::Builder::new_current_thread()
@@ -72,7 +69,7 @@ impl Lamina {
     }
 
     pub fn pid(&self) -> u32 {
-        self.server.pid()
+        self.daemon.pid().unwrap_or(0)
     }
 
     /// Run one client call to its end.
@@ -243,5 +240,15 @@ impl Lamina {
 
     pub fn written(&self) -> u64 {
         proc::written(self.pid())
+    }
+}
+
+impl Drop for Lamina {
+    /// SIGTERM, SIGKILL after the launcher's limit; a daemon that had to be
+    /// killed is reported, and the run goes on.
+    fn drop(&mut self) {
+        if let Err(e) = self.daemon.try_stop() {
+            eprintln!("  {e}");
+        }
     }
 }

@@ -10,7 +10,6 @@ mod fio;
 mod lamina;
 mod machine;
 mod nbd_client;
-mod netns;
 mod plot;
 mod proc;
 mod qmp;

@@ -3,7 +3,7 @@
 //! daemon runs inside its host, and nothing is left behind.
 
 use super::*;
-use crate::{run, wait_until};
+use crate::{need, run, wait_until};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,7 +1,8 @@
 //! Cross-node clone: a volume of `crossnode_size` holding
 //! `crossnode_allocated` bytes (half at its start, half in 1 MiB extents
 //! spread over the rest) copied from host A to host B, two network
-//! namespaces joined by one veth link. Lamina (`lamina clone create
+//! namespaces each with one veth link to a bridge in a third (the harness's
+//! `lamina_test_support::netns`, as the cross-node tests use). Lamina (`lamina clone create
 //! --from-node`, the target pulling over its transfer protocol) against
 //! nbdcopy run in B from a qemu-nbd raw export on A over TCP, into a
 //! qemu-nbd raw export in B (the issue's anchor and the goal's) and onto a
@@ -21,11 +22,11 @@
 use crate::suite::alternate::{alternate, Alternated};
 use crate::suite::fio::{Job, Target};
 use crate::suite::lamina::Lamina;
-use crate::suite::netns::{Host, Link};
 use crate::suite::proc;
 use crate::suite::record::Better;
 use crate::suite::{path_str, Ctx, MIB};
 use anyhow::{bail, ensure, Context, Result};
+use lamina_test_support::netns::{Host, Net};
 use serde_json::Value;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -204,11 +205,11 @@ struct Anchor<'a> {
 }
 
 impl<'a> Anchor<'a> {
-    fn start(link: &'a Link, src: &Path, dir: &Path, logs: &Path, size: u64) -> Result<Anchor<'a>> {
+    fn start(link: &'a Net, src: &Path, dir: &Path, logs: &Path, size: u64) -> Result<Anchor<'a>> {
         let log = std::fs::File::create(logs.join("crossnode-qemu-nbd.log"))?;
-        let addr = link.a.addr.to_string();
+        let addr = link.host(0).addr().to_string();
         let child = link
-            .a
+            .host(0)
             .cmd("qemu-nbd")
             .args(["--persistent", "--shared=8", "--export-name=disk"])
             .args(["-f", "raw", "-b", &addr, "-p", &NBD_PORT.to_string()])
@@ -226,7 +227,7 @@ impl<'a> Anchor<'a> {
         let sock = dir.join("anchor-export.sock");
         let log = std::fs::File::create(logs.join("crossnode-qemu-nbd-b.log"))?;
         let child = link
-            .b
+            .host(1)
             .cmd("qemu-nbd")
             .args([
                 "--persistent",
@@ -256,8 +257,8 @@ impl<'a> Anchor<'a> {
             uri,
             dst_uri,
             dst_export,
-            a: &link.a,
-            b: &link.b,
+            a: link.host(0),
+            b: link.host(1),
             dst: dir.join("anchor-dst.raw"),
             size,
         })
@@ -285,7 +286,7 @@ impl<'a> Anchor<'a> {
     /// One timed nbdcopy in B from A's export to `dst` (a file or a URI),
     /// with the bytes A sent on the link meanwhile.
     fn nbdcopy_to(&self, dst: &std::ffi::OsStr) -> Result<Copy> {
-        let tx = self.a.tx_bytes()?;
+        let tx = self.a.try_tx_bytes()?;
         let t = Instant::now();
         proc::run(
             self.b
@@ -298,7 +299,7 @@ impl<'a> Anchor<'a> {
         let took = t.elapsed();
         Ok(Copy {
             took,
-            link: self.a.tx_bytes()? - tx,
+            link: self.a.try_tx_bytes()? - tx,
         })
     }
 
@@ -311,10 +312,10 @@ impl<'a> Anchor<'a> {
 }
 
 /// Waits until an NBD server answers on `uri` from host B.
-fn answers(link: &Link, uri: &str, what: &str) -> Result<()> {
+fn answers(link: &Net, uri: &str, what: &str) -> Result<()> {
     let t = Instant::now();
     while !link
-        .b
+        .host(1)
         .cmd("nbdinfo")
         .args(["--size", uri])
         .stdout(Stdio::null())
@@ -337,13 +338,13 @@ struct Nodes<'a> {
     /// The source node: kept running while the struct lives.
     _a: Lamina,
     b: Lamina,
-    link: &'a Link,
+    link: &'a Net,
     src_uri: String,
     mapped: u64,
 }
 
 impl<'a> Nodes<'a> {
-    fn start(ctx: &Ctx, link: &'a Link, src: &Path, size: u64) -> Result<Nodes<'a>> {
+    fn start(ctx: &Ctx, link: &'a Net, src: &Path, size: u64) -> Result<Nodes<'a>> {
         let bin = ctx.lamina_bin.clone();
         let certs = ctx.scratch("crossnode-certs")?;
         let ca = certs.join("ca");
@@ -359,9 +360,9 @@ impl<'a> Nodes<'a> {
             )?;
             let mut extra = vec![
                 "--listen".to_string(),
-                format!("{}:{API_PORT}", h.addr),
+                format!("{}:{API_PORT}", h.addr()),
                 "--transfer-listen".to_string(),
-                format!("{}:{TRANSFER_PORT}", h.addr),
+                format!("{}:{TRANSFER_PORT}", h.addr()),
                 "--transfer-tls".to_string(),
                 path_str(&tls),
             ];
@@ -371,8 +372,8 @@ impl<'a> Nodes<'a> {
             let data = ctx.scratch(&format!("crossnode-{name}"))?;
             Lamina::start_in(&bin, &data, &ctx.logs, &h.prefix(), &extra)
         };
-        let a = node("a", &link.a)?;
-        let b = node("b", &link.b)?;
+        let a = node("a", link.host(0))?;
+        let b = node("b", link.host(1))?;
         a.create_volume("src", size)?;
         let src_uri = a.attach("src")?;
         proc::run(
@@ -408,8 +409,8 @@ impl<'a> Nodes<'a> {
 
     /// Clone `src/gold` from A into a new volume `name` on B, to its end.
     fn copy(&self, name: &str) -> Result<(Copy, Value)> {
-        let from = format!("{}:{TRANSFER_PORT}", self.link.a.addr);
-        let tx = self.link.a.tx_bytes()?;
+        let from = format!("{}:{TRANSFER_PORT}", self.link.host(0).addr());
+        let tx = self.link.host(0).try_tx_bytes()?;
         let t = Instant::now();
         let j = self.cli_b(&[
             "clone",
@@ -430,7 +431,7 @@ impl<'a> Nodes<'a> {
         let op = self.cli_b(&["operation", "wait", &id])?;
         let took = t.elapsed();
         ensure!(op["state"] == "succeeded", "the remote clone failed: {op}");
-        let link = self.link.a.tx_bytes()? - tx;
+        let link = self.link.host(0).try_tx_bytes()? - tx;
         Ok((Copy { took, link }, op))
     }
 }
@@ -443,7 +444,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let dir = ctx.scratch("crossnode")?;
     let src = dir.join("src.raw");
     source_file(&src, size, allocated)?;
-    let link = Link::new()?;
+    let link = Net::try_new(2)?;
 
     let nodes = if anchor_only {
         None
@@ -492,7 +493,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     ctx,
                     &target,
                     &ctx.logs.join(format!("crossnode-fio-lamina-{round}")),
-                    || link.a.tx_bytes().unwrap_or(0),
+                    || link.host(0).try_tx_bytes().unwrap_or(0),
                     |i| {
                         let name = format!("load{round}-{i}");
                         n.copy(&name)?;
@@ -535,7 +536,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     ctx,
                     &anchor.fio_target(),
                     &ctx.logs.join(format!("crossnode-fio-nbdcopy-{round}")),
-                    || link.a.tx_bytes().unwrap_or(0),
+                    || link.host(0).try_tx_bytes().unwrap_or(0),
                     |_| anchor.copy().map(drop),
                 )?;
                 record_writes(ctx, NBDCOPY, &w);
@@ -615,7 +616,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     r.note(
         CASE,
         format!(
-            "Two network namespaces A and B joined by one veth pair (no shaping). Source: a {sz} MiB volume \
+            "Two network namespaces A and B, each with one veth link to a bridge in a third namespace (no shaping). Source: a {sz} MiB volume \
              holding {al} MiB of random data, half at its start and half in 1 MiB extents spread evenly over \
              the rest. Lamina: nodes `a` and `b` (`lamina serve` in each namespace, certificates from one \
              `lamina certs create-ca`), the source volume filled over NBD and snapshot `src/gold`; a copy is \

@@ -3,14 +3,13 @@
 //! authenticate cannot take the descriptors its API needs. The daemon is
 //! started under `prlimit`, with the common soft limit of 1,024 open files.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::io::Read;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 /// The soft and hard limits on open files of process `pid`.
 fn open_files(pid: u32) -> (u64, u64) {

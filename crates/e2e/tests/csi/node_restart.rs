@@ -4,9 +4,7 @@
 //! unstages it leaving nothing behind (no mount, loop device, nbdfuse or
 //! export). The in-process version of this is crates/csi/tests/node.rs.
 
-mod csi_support;
-
-use csi_support::Csi;
+use crate::support::Csi;
 use lamina_csi::proto::volume_capability::{
     access_mode::Mode, AccessMode, AccessType, MountVolume,
 };

@@ -2,12 +2,11 @@
 //! still stops (after the NBD drain time, 10 s), and every write it
 //! acknowledged is there after a restart. Before issue 9 it waited forever.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;

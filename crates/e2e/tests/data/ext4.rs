@@ -3,12 +3,11 @@
 //! more changes, then a clone of the snapshot mounted and every file checked.
 //! Needs root (loop devices and mount), as CI has.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 /// An NBD export mounted as a file by nbdfuse, on a loop device, mounted.
 struct Mounted {

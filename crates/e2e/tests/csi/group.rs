@@ -5,9 +5,7 @@
 //! to its volume's data; the same name asks again answers the same group,
 //! other volumes are refused; deleting is idempotent.
 
-mod csi_support;
-
-use csi_support::Csi;
+use crate::support::Csi;
 use lamina_csi::proto::volume_capability::{
     access_mode::Mode, AccessMode, AccessType, BlockVolume,
 };

@@ -10,21 +10,19 @@
 //! emptyDir) works, and into one it filled before (the init container run
 //! again in the same pod) replaces the certificate.
 
-#[path = "../../controller/tests/support/mod.rs"]
-mod support;
-
+use crate::kube_env::{eventually, Env, NS};
+use crate::LAMINA;
 use k8s_openapi::api::core::v1::Secret;
 use lamina_node_secrets::{node_of, NodeSpec};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::{eventually, Env, NS};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// `lamina node register ARGS` as the node ServiceAccount.
 fn register(env: &Env, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lamina"))
+    Command::new(LAMINA.bin())
         .args(["node", "register", "--namespace", NS])
         .args(args)
         .env("KUBECONFIG", env.dir.join("node.kubeconfig"))
@@ -70,7 +68,7 @@ fn labelled(env: &Env, node: &str) -> Vec<String> {
 fn nodes_register_themselves_against_a_real_api_server() {
     if std::env::var_os("LAMINA_BIN").is_none() {
         // kube-env/up's daemons: the binary this test is built with
-        std::env::set_var("LAMINA_BIN", env!("CARGO_BIN_EXE_lamina"));
+        std::env::set_var("LAMINA_BIN", LAMINA.bin());
     }
     let env = Env::up("register");
     let token = env.dir.join("node-token");
@@ -211,7 +209,7 @@ fn nodes_register_themselves_against_a_real_api_server() {
 }
 
 fn lamina(args: &[&str], out_dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lamina"))
+    Command::new(LAMINA.bin())
         .args(args)
         .arg(out_dir)
         .output()

@@ -9,6 +9,7 @@
 //! never on a sleep; a copy that must still be running while something is
 //! checked is frozen by cutting the source's link first.
 
+use crate::LAMINA;
 use lamina_test_support::netns::{Host, Net};
 use lamina_test_support::*;
 use serde_json::Value;
@@ -16,7 +17,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 const MIB: u64 = 1 << 20;
 /// The ports every node listens on (each node has its own namespace).
 const API_PORT: u16 = 7400;

@@ -6,12 +6,11 @@
 //! must work, and after space is freed writes must work again. And `pool
 //! check` changes no file of a pool that needs no space either.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 const MIB: u64 = 1 << 20;
 /// Blocks per index leaf: writes this far apart each need a new node.

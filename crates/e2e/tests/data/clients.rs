@@ -1,10 +1,9 @@
 //! `lamina serve` driven by NBD clients nobody here wrote: nbdinfo,
 //! qemu-io, qemu-img and fio's nbd engine.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::process::Command;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 fn compare(a: &str, b: &str) -> bool {
     qemu_img_compare(a, b).status.success()

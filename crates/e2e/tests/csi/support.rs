@@ -3,16 +3,15 @@
 
 #![allow(dead_code)]
 
+use crate::LAMINA;
 use lamina_csi::proto::controller_client::ControllerClient;
 use lamina_csi::proto::group_controller_client::GroupControllerClient;
 use lamina_csi::proto::node_client::NodeClient;
-use lamina_test_support::{wait_until, Daemon, Lamina};
+use lamina_test_support::{wait_until, Daemon};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
-
-pub const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 pub struct Csi {
     /// Dropped after the driver (fields drop in order).

@@ -5,9 +5,7 @@
 //! with dependents (a deleted PVC's snapshot restores after its name is
 //! reused); stale ids after a name is reused.
 
-mod csi_support;
-
-use csi_support::Csi;
+use crate::support::Csi;
 use lamina_csi::proto::volume_capability::{
     access_mode::Mode, AccessMode, AccessType, MountVolume,
 };

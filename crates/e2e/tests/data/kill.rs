@@ -4,13 +4,12 @@
 //! checks clean. And a snapshot answered just before the kill, whose done
 //! mark the kill lost, is done after the restart.
 
+use crate::LAMINA;
 use lamina_test_support::*;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 
 const REGIONS: u64 = 32;
 const REGION: u64 = 256 << 10;
