@@ -1,0 +1,394 @@
+//! A pull from another node: a job that runs lamina-transfer's pull into
+//! the volume made for it, records each durable offset, and retries a lost
+//! source or a cut link from there instead of from zero, within the retry
+//! window. A failed pull deletes what it had copied: a partial volume
+//! never passes for a clone. The wire protocol and its credentials are
+//! lamina-transfer's; the copying into the volume is the engine's.
+
+use crate::error::Failure;
+use crate::state::{Live, State, Step};
+use crate::store::{CloneSource, CopyRec, Op, OpRec};
+use lamina_api::FailureReason;
+use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
+use lamina_transfer::{Pull, Pulled, Reason, Remote};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A pull is made durable and recorded every this many bytes of data.
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+/// Received-byte counts are recorded in the store at most this far apart
+/// between checkpoints.
+const RECORD_EVERY: Duration = Duration::from_secs(1);
+
+/// The counts of data bytes a pull received and received more than once,
+/// kept in a small file of their own (`DATA/transfers/OP.received`, two
+/// u64 little-endian) rewritten with every piece, without a sync: a kill -9
+/// of the daemon keeps it (the page cache outlives the process), so a
+/// resumed pull knows what it receives a second time. A power cut may lose
+/// the last of it, which only makes `resent_bytes` smaller; the data is
+/// never involved.
+struct ReceivedFile {
+    file: Option<std::fs::File>,
+    path: std::path::PathBuf,
+}
+
+impl ReceivedFile {
+    fn open(st: &State, op: &str) -> ReceivedFile {
+        let dir = st.layout.root.join("transfers");
+        let path = dir.join(format!("{op}.received"));
+        let file = std::fs::create_dir_all(&dir)
+            .and_then(|_| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+            })
+            .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot keep the received count"))
+            .ok();
+        ReceivedFile { file, path }
+    }
+
+    /// Received and resent bytes; resent `None` in a file of a version
+    /// that kept only the first.
+    fn read(&self) -> (u64, Option<u64>) {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 16];
+        let Some(f) = &self.file else {
+            return (0, None);
+        };
+        let n = f.read_at(&mut b, 0).unwrap_or(0);
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        match n {
+            16.. => (word(0), Some(word(8))),
+            8..16 => (word(0), None),
+            _ => (0, None),
+        }
+    }
+
+    fn write(&self, c: &Counts) {
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = &self.file {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&c.received.to_le_bytes());
+            b[8..].copy_from_slice(&c.resent().to_le_bytes());
+            let _ = f.write_all_at(&b, 0);
+        }
+    }
+
+    fn remove(self) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What a pull received over all its attempts. Each attempt resumes from
+/// the last durable offset, so the data between that and the furthest point
+/// an earlier attempt reached comes again: `resent` is what arrived below
+/// that point, counted as it arrives, so it only grows, and stays 0 while
+/// nothing was cut.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    /// Data bytes received.
+    received: u64,
+    /// The furthest `done_bytes` any attempt reached.
+    furthest: u64,
+}
+
+impl Counts {
+    fn resent(&self) -> u64 {
+        self.received.saturating_sub(self.furthest)
+    }
+
+    /// Where a pull starts counting: its record, or the side file if that
+    /// is further (a kill -9 after the last record), at least the durable
+    /// `done` bytes.
+    fn resume(copy: &CopyRec, file: (u64, Option<u64>), done: u64) -> Counts {
+        let recorded = (copy.received_bytes, copy.resent_bytes);
+        let (received, resent) = if file.0 > recorded.0 { file } else { recorded };
+        // Counts of a version that did not keep `resent`: what they
+        // received is taken as reached once.
+        let resent = resent.unwrap_or(0);
+        Counts {
+            received,
+            furthest: received.saturating_sub(resent).max(done),
+        }
+    }
+}
+
+/// Remove the received counts of operations that are not running (one
+/// that failed while the daemon recovered it, before a job could remove
+/// it). Called at the end of recovery: a pull that runs has its operation
+/// recorded as running, so its count stays.
+pub fn sweep_received(st: &State, running: &[&str]) {
+    let dir = st.layout.root.join("transfers");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(op) = name.to_str().and_then(|n| n.strip_suffix(".received")) else {
+            continue;
+        };
+        if !running.contains(&op) {
+            tracing::info!(
+                op,
+                "removing the received count of an operation that is not running"
+            );
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The record's reason for a transfer's.
+pub fn api_reason(r: Reason) -> FailureReason {
+    match r {
+        Reason::SnapshotMissing => FailureReason::SnapshotMissing,
+        Reason::SourceUnreachable => FailureReason::SourceUnreachable,
+        Reason::NoSpace => FailureReason::NoSpace,
+        Reason::Refused => FailureReason::Refused,
+        Reason::Checksum => FailureReason::Checksum,
+        Reason::Protocol => FailureReason::Protocol,
+        Reason::Io => FailureReason::Io,
+    }
+}
+
+/// The node, volume and snapshot a remote clone pulls.
+pub fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
+    match source {
+        CloneSource::Remote {
+            node,
+            address,
+            volume,
+            snapshot,
+        } => Some((
+            Remote {
+                address: address.clone(),
+                node: node.clone(),
+            },
+            volume.clone(),
+            snapshot.clone(),
+        )),
+        _ => None,
+    }
+}
+
+/// Start (or resume) the pull of recorded operation `rec` into volume
+/// `name` (made already, at the source's size).
+pub fn start(st: &Arc<State>, rec: &OpRec, name: &str) -> Result<(), Failure> {
+    let (st2, rec2, name) = (st.clone(), rec.clone(), name.to_string());
+    st.spawn_job("lamina-pull", move || run_pull(&st2, rec2, &name))
+        .map_err(|e| Failure::internal(format!("cannot start the pull: {e}")))
+}
+
+/// What the pull hears while it runs, and what it records.
+struct Ctl<'a> {
+    st: &'a State,
+    rec: &'a mut OpRec,
+    live: Live,
+    last_record: Instant,
+    counts: &'a mut Counts,
+    failed: Option<String>,
+    /// Whether this attempt made more of the copy durable (which ends an
+    /// outage: data received and lost again with the connection does not).
+    advanced: bool,
+    received: &'a ReceivedFile,
+}
+
+impl Ctl<'_> {
+    fn publish(&mut self) {
+        self.live.resent = self.counts.resent();
+        self.st
+            .progress
+            .lock()
+            .unwrap()
+            .insert(self.rec.id.clone(), self.live);
+    }
+
+    /// Put the counts in the record (to be recorded).
+    fn count_received(&mut self) {
+        if let Some(c) = self.rec.copy.as_mut() {
+            c.received_bytes = self.counts.received;
+            c.resent_bytes = Some(self.counts.resent());
+        }
+    }
+}
+
+impl CopyControl for Ctl<'_> {
+    fn progress(&mut self, p: &CopyProgress) {
+        // Data applied since the last report: received once more.
+        self.counts.received += p.done_bytes.saturating_sub(self.live.done);
+        self.counts.furthest = self.counts.furthest.max(p.done_bytes);
+        self.live.done = p.done_bytes;
+        self.live.total = p.total_bytes;
+        self.publish();
+        self.received.write(self.counts);
+        if self.last_record.elapsed() >= RECORD_EVERY {
+            self.count_received();
+            self.last_record = Instant::now();
+            if let Err(e) = self.st.transition(self.rec, Step::Progress) {
+                self.failed = Some(format!("cannot record progress: {e}"));
+            }
+        }
+    }
+    fn durable(&mut self, p: &CopyProgress) -> bool {
+        self.count_received();
+        self.last_record = Instant::now();
+        if p.done_bytes > self.rec.done_bytes {
+            self.advanced = true;
+        }
+        self.rec.done_bytes = p.done_bytes;
+        self.rec.total_bytes = p.total_bytes;
+        if let Some(c) = self.rec.copy.as_mut() {
+            c.resume_offset = p.resume_offset;
+        }
+        match self.st.transition(self.rec, Step::Progress) {
+            Ok(()) => self.failed.is_none(),
+            Err(e) => {
+                self.failed = Some(format!("cannot record progress: {e}"));
+                false
+            }
+        }
+    }
+    fn stop(&self) -> bool {
+        self.st.is_stopping() || self.failed.is_some()
+    }
+}
+
+/// The pull job: attempts until done, failed for good, or the daemon stops.
+fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
+    let span = tracing::info_span!("remote-clone", op = %rec.id, volume = %name);
+    let _e = span.enter();
+    let Op::Clone { source, .. } = rec.op.clone() else {
+        return;
+    };
+    let (Some((remote, rvol, rsnap)), Some(identity)) = (remote_of(&source), st.identity.clone())
+    else {
+        fail(
+            st,
+            &mut rec,
+            name,
+            FailureReason::Protocol,
+            "not a remote clone, or no identity".into(),
+        );
+        return;
+    };
+    let received = ReceivedFile::open(st, &rec.id);
+    // A daemon killed mid-pull left its counts there: what it received past
+    // the last durable offset comes again.
+    let mut counts = match &rec.copy {
+        Some(c) => Counts::resume(c, received.read(), rec.done_bytes),
+        None => Counts {
+            received: 0,
+            furthest: 0,
+        },
+    };
+    // When the current outage was first noticed: none until an attempt
+    // fails, and none again only once an attempt makes more of the copy
+    // durable. An attempt that receives data and loses it with its
+    // connection does not end it, or a source cutting every stream before
+    // a checkpoint would be retried forever.
+    let mut outage: Option<Instant> = None;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let copy = rec
+            .copy
+            .clone()
+            .expect("a remote clone's copy is recorded before it runs");
+        let mut ctl = Ctl {
+            st,
+            live: Live::start(rec.done_bytes, rec.total_bytes),
+            rec: &mut rec,
+            last_record: Instant::now(),
+            counts: &mut counts,
+            failed: None,
+            advanced: false,
+            received: &received,
+        };
+        ctl.publish();
+        let pull = Pull {
+            into: name,
+            remote: &remote,
+            volume: &rvol,
+            snapshot: &rsnap,
+            expect_id: copy.snapshot_id,
+            resume_offset: copy.resume_offset,
+            checkpoint_bytes: CHECKPOINT_BYTES,
+        };
+        let Pulled { end, wire_bytes } =
+            lamina_transfer::pull_into(&st.pool, &identity, &pull, &mut ctl);
+        ctl.count_received();
+        if ctl.advanced {
+            outage = None;
+            backoff = Duration::from_millis(200);
+        }
+        let failed = ctl.failed.take();
+        // Every attempt's bytes count, a cut-off one's too.
+        if let Some(c) = rec.copy.as_mut() {
+            c.wire_bytes += wire_bytes;
+        }
+        match (end, failed) {
+            (_, Some(e)) => {
+                received.remove();
+                return fail(st, &mut rec, name, FailureReason::Io, e);
+            }
+            (Ok(e), None) => match e {
+                CopyEnd::Done(p) => {
+                    rec.done_bytes = p.done_bytes;
+                    rec.total_bytes = p.total_bytes;
+                    received.remove();
+                    return succeed(st, &mut rec);
+                }
+                CopyEnd::Stopped(_) => {
+                    let _ = st.transition(&mut rec, Step::Progress);
+                    st.progress.lock().unwrap().remove(&rec.id);
+                    tracing::info!("daemon stopping: the pull resumes at the next start");
+                    return;
+                }
+            },
+            (Err(e), None) => {
+                let reason = e.reason();
+                let retriable = matches!(reason, Reason::SourceUnreachable);
+                let since = *outage.get_or_insert_with(Instant::now);
+                if !retriable || since.elapsed() >= st.transfer_retry_window {
+                    received.remove();
+                    return fail(st, &mut rec, name, api_reason(reason), e.to_string());
+                }
+                tracing::warn!(error = %e, retry_in = ?backoff, "pull interrupted; resuming from the last durable offset");
+                let _ = st.transition(&mut rec, Step::Progress);
+                let until = Instant::now() + backoff;
+                while Instant::now() < until {
+                    if st.is_stopping() {
+                        st.progress.lock().unwrap().remove(&rec.id);
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// The end is recorded before the live progress goes: in between, a reader
+/// would see the last record of the running pull, with counts behind what
+/// it was already shown.
+fn succeed(st: &State, rec: &mut OpRec) {
+    let resent = rec.copy.as_ref().and_then(|c| c.resent_bytes).unwrap_or(0);
+    tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
+    let _ = st.transition(rec, Step::End(None));
+}
+
+/// End the pull as failed: the partial volume goes first.
+fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: String) {
+    tracing::error!(reason = reason.as_str(), error = %error, "remote clone failed; removing the partial volume");
+    if let Err(d) = st.pool.delete_volume(name, true) {
+        if !matches!(d, lamina_engine::Error::VolumeNotFound(_)) {
+            tracing::error!(error = %d, "could not remove the partial volume");
+        }
+    }
+    rec.reason = Some(reason);
+    let error = format!("{}: {error}", reason.as_str());
+    let _ = st.transition(rec, Step::End(Some(error)));
+}
