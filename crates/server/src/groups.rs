@@ -1,28 +1,17 @@
 //! Group snapshots' routes (`/v1/snapshot-groups`): the HTTP side of the
-//! group operations (`operations::groups`), and a group as the API shows it.
+//! group operations (`operations::groups`).
 
 use crate::error::Failure;
 use crate::extract::{body, created, removed, St};
-use crate::operations::{self, groups::members, Outcome};
-use crate::state::{blocking, rfc3339, State};
+use crate::operations::groups::{describe, members};
+use crate::operations::{self, Outcome};
+use crate::state::blocking;
 use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::Json;
 use lamina_api as api;
-use lamina_engine::SnapshotInfo;
-
-fn describe(st: &State, name: &str, members: Vec<SnapshotInfo>) -> api::SnapshotGroup {
-    api::SnapshotGroup {
-        name: name.to_string(),
-        created: members
-            .first()
-            .map(|s| rfc3339(s.created))
-            .unwrap_or_default(),
-        snapshots: members.into_iter().map(|s| st.snapshot(s)).collect(),
-    }
-}
 
 #[utoipa::path(post, path = "/v1/snapshot-groups", request_body = api::CreateSnapshotGroup,
     responses((status = 201, description = "taken: one snapshot of each volume, at one instant", body = api::SnapshotGroup),

@@ -11,7 +11,7 @@ use crate::operations::{self, Outcome};
 use crate::paths::capacity_bytes;
 use crate::schedules::refuse_schedule_labels;
 use crate::state::{blocking, State};
-use crate::store::{CloneSource, Op};
+use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query};
 use axum::http::StatusCode;
@@ -421,37 +421,7 @@ pub async fn create_clone(
     b: Result<Json<api::CreateClone>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::CloneCreated>)> {
     let req = body(b)?;
-    let source = match (req.from_snapshot, req.from_volume, req.from_node) {
-        (Some(s), None, node) => {
-            let (v, s) = s.split_once('/').ok_or_else(|| {
-                Failure::invalid(format!("from_snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
-            })?;
-            match node {
-                None => CloneSource::Snapshot {
-                    volume: v.into(),
-                    snapshot: s.into(),
-                },
-                Some(n) => operations::remote::source(n, v, s)?,
-            }
-        }
-        (None, Some(_), Some(_)) => {
-            return Err(Failure::invalid(
-                "a clone from another node takes a snapshot (from_snapshot), not a volume",
-            ))
-        }
-        (None, Some(v), None) => CloneSource::Volume { volume: v },
-        _ => {
-            return Err(Failure::invalid(
-                "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
-            ))
-        }
-    };
-    let full = req.full || matches!(source, CloneSource::Remote { .. });
-    let op = Op::Clone {
-        name: req.name,
-        source,
-        full,
-    };
+    let op = operations::clone_op(req)?;
     let Outcome::Started {
         info,
         created: c,

@@ -7,7 +7,8 @@
 
 use super::{labels_vec, Outcome};
 use crate::error::Failure;
-use crate::state::{blocking, snapshot_export, State};
+use crate::state::{blocking, rfc3339, snapshot_export, State};
+use lamina_api as api;
 use lamina_engine::{Pool, SnapshotInfo, GROUP_LABEL};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -182,6 +183,18 @@ fn delete_members(st: &State, name: &str, recovering: bool) -> Result<Outcome, F
         st.pool.delete_snapshot(&s.volume, name)?;
     }
     Ok(Outcome::Removed(true))
+}
+
+/// Group `name` of `members` as the API shows it.
+pub fn describe(st: &State, name: &str, members: Vec<SnapshotInfo>) -> api::SnapshotGroup {
+    api::SnapshotGroup {
+        name: name.to_string(),
+        created: members
+            .first()
+            .map(|s| rfc3339(s.created))
+            .unwrap_or_default(),
+        snapshots: members.into_iter().map(|s| st.snapshot(s)).collect(),
+    }
 }
 
 #[cfg(test)]

@@ -22,12 +22,13 @@ mod clones;
 pub mod exports;
 pub mod groups;
 mod recover;
-pub mod remote;
+mod remote;
 mod snapshots;
 #[cfg(test)]
 mod tests;
 mod volumes;
 
+pub use clones::request as clone_op;
 pub use recover::recover;
 
 use crate::error::Failure;
