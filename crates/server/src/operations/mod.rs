@@ -28,8 +28,8 @@ mod snapshots;
 mod tests;
 mod volumes;
 
-pub use clones::request as clone_op;
 pub use recover::recover;
+pub use remote::request as clone_op;
 
 use crate::error::Failure;
 use crate::state::{blocking, new_record, State, Step};

@@ -15,6 +15,43 @@ use lamina_api::{FailureReason, PeerNode};
 use lamina_transfer::{Reason, Remote, TransferError};
 use std::sync::Arc;
 
+/// The operation a clone request asks for: exactly one source (a
+/// snapshot, here or on another node, or a volume); a clone from another
+/// node is always full.
+pub fn request(req: lamina_api::CreateClone) -> Result<Op, Failure> {
+    let source = match (req.from_snapshot, req.from_volume, req.from_node) {
+        (Some(s), None, node) => {
+            let (v, s) = s.split_once('/').ok_or_else(|| {
+                Failure::invalid(format!("from_snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
+            })?;
+            match node {
+                None => CloneSource::Snapshot {
+                    volume: v.into(),
+                    snapshot: s.into(),
+                },
+                Some(n) => source(n, v, s)?,
+            }
+        }
+        (None, Some(_), Some(_)) => {
+            return Err(Failure::invalid(
+                "a clone from another node takes a snapshot (from_snapshot), not a volume",
+            ))
+        }
+        (None, Some(v), None) => CloneSource::Volume { volume: v },
+        _ => {
+            return Err(Failure::invalid(
+                "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
+            ))
+        }
+    };
+    let full = req.full || matches!(source, CloneSource::Remote { .. });
+    Ok(Op::Clone {
+        name: req.name,
+        source,
+        full,
+    })
+}
+
 /// The clone source of a request naming another node.
 pub fn source(node: PeerNode, volume: &str, snapshot: &str) -> Result<CloneSource, Failure> {
     if node.name.is_empty() || node.address.is_empty() {
