@@ -1,12 +1,9 @@
-//! The change feed (`GET /v1/changes`): a sequence number that moves on
+//! The change feed (`GET /v1/changes`, served by `handlers.rs`): a
+//! sequence number that moves on
 //! every change visible in the volume and snapshot lists, and an epoch new at
 //! every start. Watchers (the Kubernetes controller) long-poll it and list
 //! only when it moved, so an idle pool costs them no engine calls.
 
-use crate::error::Failure;
-use crate::extract::St;
-use axum::extract::Query;
-use axum::Json;
 use lamina_api as api;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -75,17 +72,6 @@ impl Changes {
         let _ = tokio::time::timeout(wait, rx.wait_for(|n| n.seq > after || n.stopping)).await;
         self.current()
     }
-}
-
-#[utoipa::path(get, path = "/v1/changes", params(api::ChangesQuery),
-    responses((status = 200, description = "the epoch and sequence now: past `after` if anything changed", body = api::Changes),
-        (status = 400, description = "a malformed query, or `wait_ms` or `after` past its maximum", body = api::ApiError),
-        (status = 500, body = api::ApiError)))]
-pub async fn changes(
-    st: St,
-    Query(q): Query<api::ChangesQuery>,
-) -> Result<Json<api::Changes>, Failure> {
-    Ok(Json(st.changes.wait(&q).await))
 }
 
 #[cfg(test)]

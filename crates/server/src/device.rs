@@ -14,7 +14,6 @@ use lamina_blockio::{
 };
 use lamina_engine::{Error as E, ErrorKind, ExtentKind, Volume};
 use lamina_nbd::{Exports, Extent};
-use redb::TableDefinition;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -44,8 +43,8 @@ impl EngineDevice {
 }
 
 /// The highest activation generation of each engine volume, kept in the
-/// daemon's store (table `generations`, the volume's id to the generation),
-/// and one [`Fence`] per volume shared by all its open handles. By id, not
+/// daemon's store ([`Store::generation`]), and one [`Fence`] per volume
+/// shared by all its open handles. By id, not
 /// name: a volume deleted and made again under its name starts afresh (ids
 /// are never reused).
 pub struct Generations {
@@ -53,15 +52,13 @@ pub struct Generations {
     fences: Mutex<HashMap<u64, Weak<Fence>>>,
 }
 
-const GENERATIONS: TableDefinition<u64, u64> = TableDefinition::new("generations");
-
-/// One volume's row of the `generations` table.
+/// One volume's row of the store's `generations` table.
 struct Stored {
     store: Arc<Store>,
     id: u64,
 }
 
-fn store_error(e: impl std::fmt::Display) -> IoError {
+fn store_error(e: ServerError) -> IoError {
     IoError::new(
         IoErrorKind::Io,
         format!("the daemon's store of generations: {e}"),
@@ -70,25 +67,13 @@ fn store_error(e: impl std::fmt::Display) -> IoError {
 
 impl GenerationStore for Stored {
     fn load(&self) -> Result<u64, IoError> {
-        let r = self.store.db.begin_read().map_err(store_error)?;
-        let t = match r.open_table(GENERATIONS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(store_error(e)),
-        };
-        Ok(t.get(self.id)
-            .map_err(store_error)?
-            .map_or(0, |g| g.value()))
+        self.store.generation(self.id).map_err(store_error)
     }
 
     fn save(&self, generation: u64) -> Result<(), IoError> {
-        let w = self.store.db.begin_write().map_err(store_error)?;
-        w.open_table(GENERATIONS)
-            .map_err(store_error)?
-            .insert(self.id, generation)
-            .map_err(store_error)?;
-        // A synced commit (redb's default durability): durable on return.
-        w.commit().map_err(store_error)
+        self.store
+            .put_generation(self.id, generation)
+            .map_err(store_error)
     }
 }
 

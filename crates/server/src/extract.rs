@@ -2,8 +2,8 @@
 //! and the statuses of a create and a remove. The HTTP layer only: nothing
 //! below it imports this.
 
-use crate::apply::Outcome;
 use crate::error::Failure;
+use crate::operations::Outcome;
 use crate::state::State;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State as S;

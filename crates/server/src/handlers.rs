@@ -1,174 +1,25 @@
-//! The HTTP/JSON API: thin handlers that parse a request, run it through
-//! `apply::run` (recorded, serialised per volume, idempotent by name) or read
-//! state, and answer JSON. Errors are `ApiError` bodies with a stable code,
-//! whatever produced them (a handler, a malformed path or query, an unknown
-//! route or method). Every handler's parameters and statuses are declared
-//! for `/openapi.json`.
+//! The HTTP/JSON API's handlers of volumes, snapshots, clones, operations,
+//! the change feed and the daemon's health and metrics: thin handlers that
+//! parse a request, run it through `operations` (recorded, serialised per
+//! volume, idempotent by name) or read state, and answer JSON. Every
+//! handler's parameters and statuses are declared for `/openapi.json`
+//! (`openapi.rs`); `router.rs` routes to them.
 
-use crate::apply::{self, operation, Outcome};
 use crate::error::Failure;
 use crate::extract::{body, created, removed, St, R};
+use crate::operations::{self, Outcome};
 use crate::paths::capacity_bytes;
 use crate::schedules::refuse_schedule_labels;
 use crate::state::{blocking, State};
-use crate::store::{CloneSource, Op};
+use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, Request};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use lamina_api as api;
 use serde::Deserialize;
 use std::sync::Arc;
-use tracing::Instrument;
-
-pub fn router(state: Arc<State>, tcp: bool) -> Router {
-    let r = Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/volumes", get(list_volumes).post(create_volume))
-        .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
-        .route("/v1/volumes/{name}/expand", post(expand_volume))
-        .route(
-            "/v1/volumes/{name}/labels",
-            axum::routing::put(set_volume_labels),
-        )
-        .route("/v1/volumes/{name}/attach", post(attach_volume))
-        .route("/v1/volumes/{name}/detach", post(detach_volume))
-        .route("/v1/volumes/{name}/flatten", post(flatten_volume))
-        .route(
-            "/v1/volumes/{name}/snapshots",
-            get(list_snapshots).post(create_snapshot),
-        )
-        .route(
-            "/v1/volumes/{name}/snapshots/{snap}",
-            get(get_snapshot).delete(delete_snapshot),
-        )
-        .route("/v1/volumes/{name}/snapshots/{snap}/revert", post(revert))
-        .route(
-            "/v1/volumes/{name}/snapshots/{snap}/attach",
-            post(attach_snapshot),
-        )
-        .route(
-            "/v1/volumes/{name}/snapshots/{snap}/detach",
-            post(detach_snapshot),
-        )
-        .route(
-            "/v1/volumes/{name}/prune-snapshots",
-            post(crate::space::prune_snapshots),
-        )
-        .route("/v1/pool", get(crate::space::pool_space))
-        .route("/v1/snapshots", get(list_all_snapshots))
-        .route(
-            "/v1/snapshot-groups",
-            post(crate::groups::create_snapshot_group),
-        )
-        .route(
-            "/v1/snapshot-groups/{name}",
-            get(crate::groups::get_snapshot_group).delete(crate::groups::delete_snapshot_group),
-        )
-        .route(
-            "/v1/schedules",
-            get(crate::schedules::api::list_schedules).post(crate::schedules::api::create_schedule),
-        )
-        .route(
-            "/v1/schedules/{name}",
-            get(crate::schedules::api::get_schedule)
-                .put(crate::schedules::api::update_schedule)
-                .delete(crate::schedules::api::delete_schedule),
-        )
-        .route("/v1/clones", post(create_clone))
-        .route("/v1/operations", get(list_operations))
-        .route("/v1/changes", get(crate::changes::changes))
-        .route("/v1/operations/{id}", get(get_operation))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .fallback(|| async { Failure::not_found("no such API path (see /openapi.json)") });
-    let r = if tcp {
-        r.layer(middleware::from_fn_with_state(state.clone(), auth))
-    } else {
-        r
-    };
-    r.layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(trace_request))
-        .with_state(state)
-}
-
-/// One span per request; operations open theirs (with the operation id)
-/// inside it.
-async fn trace_request(req: Request, next: Next) -> Response {
-    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path());
-    async move {
-        let resp = next.run(req).await;
-        tracing::debug!(status = resp.status().as_u16(), "answered");
-        resp
-    }
-    .instrument(span)
-    .await
-}
-
-/// Error answers that did not come from a handler (a malformed path or
-/// query, a method the route lacks) get an `ApiError` body too.
-async fn json_errors(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
-    let status = resp.status();
-    let is_json = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return resp;
-    }
-    let text = match axum::body::to_bytes(resp.into_body(), 64 << 10).await {
-        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
-        Err(_) => String::new(),
-    };
-    let message = if text.is_empty() {
-        status
-            .canonical_reason()
-            .unwrap_or("request failed")
-            .to_string()
-    } else {
-        text
-    };
-    // The framework's status stays (405, 413, 415...); the code is the
-    // one that status falls under.
-    let code = match status {
-        StatusCode::NOT_FOUND => api::ErrorCode::NotFound,
-        s if s.is_server_error() => api::ErrorCode::Internal,
-        _ => api::ErrorCode::Invalid,
-    };
-    let error = api::ApiError {
-        code,
-        message,
-        hint: None,
-    };
-    Failure(status, error).into_response()
-}
-
-/// On TCP every request needs `Authorization: Bearer TOKEN` (the token is in
-/// the data directory's `token` file).
-async fn auth(st: St, req: Request, next: Next) -> Response {
-    let want = st.token.as_deref().map(|t| format!("Bearer {t}"));
-    let got = req
-        .headers()
-        .get(api::AUTH_HEADER)
-        .and_then(|v| v.to_str().ok());
-    match (want, got) {
-        (Some(w), Some(g)) if constant_time_eq(w.as_bytes(), g.as_bytes()) => next.run(req).await,
-        _ => Failure::new(
-            api::ErrorCode::Unauthorized,
-            "missing or wrong bearer token",
-            Some("pass the token from the daemon's data directory (file `token`) with --token or LAMINA_TOKEN"),
-        )
-        .into_response(),
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 #[utoipa::path(get, path = "/v1/health",
     responses((status = 200, body = api::Health), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
@@ -257,7 +108,7 @@ pub async fn set_volume_labels(
         name,
         labels: req.labels,
     };
-    volume_out(&st, apply::run(&st, op).await?).await
+    volume_out(&st, operations::run(&st, op).await?).await
 }
 
 #[utoipa::path(post, path = "/v1/volumes", request_body = api::CreateVolume,
@@ -277,7 +128,7 @@ pub async fn create_volume(
         size: req.size,
         labels: req.labels,
     };
-    match apply::run(&st, op).await? {
+    match operations::run(&st, op).await? {
         Outcome::Volume { info, created: c } => Ok((created(c), Json(describe(&st, info).await?))),
         _ => Err(Failure::internal("create-volume yielded no volume")),
     }
@@ -319,7 +170,7 @@ pub async fn delete_volume(
         name,
         with_snapshots: q.with_snapshots,
     };
-    removed(what, apply::run(&st, op).await?)
+    removed(what, operations::run(&st, op).await?)
 }
 
 async fn volume_out(st: &Arc<State>, o: Outcome) -> R<Json<api::Volume>> {
@@ -342,7 +193,7 @@ pub async fn expand_volume(
     b: Result<Json<api::ExpandVolume>, JsonRejection>,
 ) -> R<Json<api::Volume>> {
     let req = body(b)?;
-    let o = apply::run(
+    let o = operations::run(
         &st,
         Op::ExpandVolume {
             name,
@@ -361,7 +212,7 @@ pub async fn flatten_volume(
     st: St,
     Path(name): Path<String>,
 ) -> R<(StatusCode, Json<api::Volume>)> {
-    let o = apply::run(&st, Op::Flatten { name }).await?;
+    let o = operations::run(&st, Op::Flatten { name }).await?;
     Ok((StatusCode::ACCEPTED, volume_out(&st, o).await?))
 }
 
@@ -370,26 +221,7 @@ pub async fn flatten_volume(
         (status = 404, body = api::ApiError), (status = 409, description = "a full clone is still copying into it", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Export>> {
-    // To its end, as an operation is (apply::run): the lock is let go of
-    // when the attach has returned, not when the client gives up.
-    let s = st.0.clone();
-    st.to_end(async move {
-        let lock = s.lock(&name);
-        let _g = lock.lock().await;
-        let s2 = s.clone();
-        blocking(move || {
-            s2.pool.volume_info_by_name(&name)?;
-            if let Some(id) = s2.running_copy_into(&name) {
-                return Err(Failure::conflict(
-                    format!("volume {name:?} is still being copied (operation {id})"),
-                    &format!("wait for the clone to finish: lamina operation wait {id}"),
-                ));
-            }
-            Ok(Json(s2.attach(&name, None)?))
-        })
-        .await
-    })
-    .await
+    Ok(Json(operations::exports::attach(&st, name, None).await?))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -411,31 +243,9 @@ pub async fn detach_volume(
     Path(name): Path<String>,
     Query(q): Query<DetachParams>,
 ) -> R<Json<api::Removed>> {
-    detach(&st, name, None, q.force).await
-}
-
-/// Stop exporting a volume or snapshot, under the volume's lock (so that a
-/// detach cannot race an attach or a delete of the same thing), to its end
-/// whether or not the client waits.
-async fn detach(
-    st: &Arc<State>,
-    volume: String,
-    snapshot: Option<String>,
-    force: bool,
-) -> R<Json<api::Removed>> {
-    let s = st.clone();
-    st.to_end(async move {
-        let lock = s.lock(&volume);
-        let _g = lock.lock().await;
-        let what = match &snapshot {
-            None => format!("export {volume}"),
-            Some(x) => format!("export {}", crate::state::snapshot_export(&volume, x)),
-        };
-        let s2 = s.clone();
-        let existed = blocking(move || s2.detach(&volume, snapshot.as_deref(), force)).await?;
-        Ok(Json(api::Removed { what, existed }))
-    })
-    .await
+    Ok(Json(
+        operations::exports::detach(&st, name, None, q.force).await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/volumes/{name}/snapshots", params(("name" = String, Path, description = "volume name")),
@@ -508,7 +318,7 @@ pub async fn create_snapshot(
         name: req.name,
         labels: req.labels,
     };
-    match apply::run(&st, op).await? {
+    match operations::run(&st, op).await? {
         Outcome::Snapshot { info, created: c } => Ok((created(c), Json(st.snapshot(info)))),
         _ => Err(Failure::internal("create-snapshot yielded no snapshot")),
     }
@@ -545,7 +355,7 @@ pub async fn delete_snapshot(
         volume: name,
         name: snap,
     };
-    removed(what, apply::run(&st, op).await?)
+    removed(what, operations::run(&st, op).await?)
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/revert",
@@ -554,7 +364,7 @@ pub async fn delete_snapshot(
         (status = 409, description = "the volume is attached", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn revert(st: St, Path((name, snap)): Path<(String, String)>) -> R<Json<api::Volume>> {
-    let o = apply::run(
+    let o = operations::run(
         &st,
         Op::Revert {
             volume: name,
@@ -574,14 +384,9 @@ pub async fn attach_snapshot(
     Path((name, snap)): Path<(String, String)>,
 ) -> R<Json<api::Export>> {
     // Under the volume's lock: a snapshot being deleted cannot be attached.
-    let s = st.0.clone();
-    st.to_end(async move {
-        let lock = s.lock(&name);
-        let _g = lock.lock().await;
-        let s2 = s.clone();
-        blocking(move || Ok(Json(s2.attach(&name, Some(&snap))?))).await
-    })
-    .await
+    Ok(Json(
+        operations::exports::attach(&st, name, Some(snap)).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/detach",
@@ -595,7 +400,9 @@ pub async fn detach_snapshot(
     Path((name, snap)): Path<(String, String)>,
     Query(q): Query<DetachParams>,
 ) -> R<Json<api::Removed>> {
-    detach(&st, name, Some(snap), q.force).await
+    Ok(Json(
+        operations::exports::detach(&st, name, Some(snap), q.force).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/clones", request_body = api::CreateClone,
@@ -614,48 +421,18 @@ pub async fn create_clone(
     b: Result<Json<api::CreateClone>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::CloneCreated>)> {
     let req = body(b)?;
-    let source = match (req.from_snapshot, req.from_volume, req.from_node) {
-        (Some(s), None, node) => {
-            let (v, s) = s.split_once('/').ok_or_else(|| {
-                Failure::invalid(format!("from_snapshot takes VOLUME/SNAPSHOT, not {s:?}"))
-            })?;
-            match node {
-                None => CloneSource::Snapshot {
-                    volume: v.into(),
-                    snapshot: s.into(),
-                },
-                Some(n) => crate::remote::source(n, v, s)?,
-            }
-        }
-        (None, Some(_), Some(_)) => {
-            return Err(Failure::invalid(
-                "a clone from another node takes a snapshot (from_snapshot), not a volume",
-            ))
-        }
-        (None, Some(v), None) => CloneSource::Volume { volume: v },
-        _ => {
-            return Err(Failure::invalid(
-                "give exactly one of from_snapshot (VOLUME/SNAPSHOT) or from_volume",
-            ))
-        }
-    };
-    let full = req.full || matches!(source, CloneSource::Remote { .. });
-    let op = Op::Clone {
-        name: req.name,
-        source,
-        full,
-    };
+    let op = operations::clone_op(req)?;
     let Outcome::Started {
         info,
         created: c,
         running,
-    } = apply::run(&st, op).await?
+    } = operations::run(&st, op).await?
     else {
         return Err(Failure::internal("clone yielded no volume"));
     };
     let s = st.clone();
     let operation = match running.clone() {
-        Some(id) => blocking(move || Ok(s.store.op(&id)?.map(|r| operation(&s, &r)))).await?,
+        Some(id) => blocking(move || Ok(s.store.op(&id)?.map(|r| s.operation(&r)))).await?,
         None => None,
     };
     let status = match (&running, c) {
@@ -682,7 +459,7 @@ pub async fn list_operations(
     let s = st.clone();
     blocking(move || {
         Ok(Json(
-            s.operations(&f)?.iter().map(|r| operation(&s, r)).collect(),
+            s.operations(&f)?.iter().map(|r| s.operation(r)).collect(),
         ))
     })
     .await
@@ -693,12 +470,16 @@ pub async fn list_operations(
 pub async fn get_operation(st: St, Path(id): Path<String>) -> R<Json<api::Operation>> {
     let s = st.clone();
     blocking(move || match s.store.op(&id)? {
-        Some(r) => Ok(Json(operation(&s, &r))),
+        Some(r) => Ok(Json(s.operation(&r))),
         None => Err(Failure::not_found(format!("no operation {id:?}"))),
     })
     .await
 }
 
-pub async fn openapi() -> impl IntoResponse {
-    Json(crate::openapi::document())
+#[utoipa::path(get, path = "/v1/changes", params(api::ChangesQuery),
+    responses((status = 200, description = "the epoch and sequence now: past `after` if anything changed", body = api::Changes),
+        (status = 400, description = "a malformed query, or `wait_ms` or `after` past its maximum", body = api::ApiError),
+        (status = 500, body = api::ApiError)))]
+pub async fn changes(st: St, Query(q): Query<api::ChangesQuery>) -> R<Json<api::Changes>> {
+    Ok(Json(st.changes.wait(&q).await))
 }

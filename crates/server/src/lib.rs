@@ -4,7 +4,6 @@
 //! TCP with a bearer token when asked), and the NBD exports. It must not
 //! implement storage (the engine's) or the NBD wire protocol (lamina-nbd's).
 
-mod apply;
 mod background;
 mod changes;
 mod device;
@@ -18,9 +17,10 @@ mod layers;
 pub mod metrics;
 mod migrate;
 mod openapi;
+mod operations;
 pub mod pacing;
 mod paths;
-mod remote;
+mod router;
 mod schedules;
 mod space;
 mod state;
@@ -177,7 +177,7 @@ pub async fn run(
     layout.prepare()?;
     let state = state::State::open(&layout, &config).await?;
     let state = Arc::new(state);
-    state.recover().await?;
+    operations::recover(&state).await?;
     schedules::api::recover(&state).await?;
     let retention = config.operation_retention;
     {
@@ -257,7 +257,7 @@ pub async fn run(
 
     // The management API.
     let api_unix = bind_unix(&layout.api_socket, 0o600)?;
-    let app = handlers::router(state.clone(), false);
+    let app = router::router(state.clone(), false);
     let api = axum::serve(api_unix, app).with_graceful_shutdown(stopped(&stop_rx));
     tasks.spawn(async move {
         let _ = api.await;
@@ -266,7 +266,7 @@ pub async fn run(
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| ServerError::io("bind API", addr.to_string(), e))?;
-        let api = axum::serve(l, handlers::router(state.clone(), true))
+        let api = axum::serve(l, router::router(state.clone(), true))
             .with_graceful_shutdown(stopped(&stop_rx));
         tasks.spawn(async move {
             let _ = api.await;

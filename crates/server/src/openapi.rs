@@ -3,7 +3,6 @@
 //! rules the daemon checks (names, sizes, labels, query bounds) are written
 //! into it here from the constants the checks themselves use.
 
-use crate::changes::*;
 use crate::groups::*;
 use crate::handlers::*;
 use crate::schedules::api::*;

@@ -5,9 +5,9 @@
 //! snapshot, never one that is pinned), and each delete goes through the one
 //! operation path.
 
-use crate::apply;
 use crate::error::Failure;
 use crate::extract::{body, St};
+use crate::operations;
 use crate::paths::capacity_bytes;
 use crate::schedules::runner::{pinned, slot_of};
 use crate::state::{blocking, rfc3339};
@@ -154,7 +154,7 @@ pub async fn prune_snapshots(
             name: x.name.clone(),
         };
         let outcome = match frees {
-            Ok(frees) => apply::run(&st, op).await.map(|_| frees),
+            Ok(frees) => operations::run(&st, op).await.map(|_| frees),
             Err(f) => Err(f),
         };
         match outcome {

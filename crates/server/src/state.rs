@@ -1,13 +1,19 @@
 //! The daemon's shared state: the pool, the store, the export registry, the
-//! per-volume operation locks, and conversions to API types.
+//! per-volume operation locks, the operations' records as they move
+//! (`ledger`), and conversions to API types.
+
+mod ledger;
+
+pub use ledger::{new_record, Live, Step};
 
 use crate::device::Registry;
 use crate::error::{Failure, ServerError};
 use crate::paths::Layout;
-use crate::store::{ExportRec, OpRec, Store};
+use crate::store::{ExportRec, Store};
 use crate::Config;
 use lamina_api as api;
 use lamina_engine::{Pool, PoolOptions};
+use ledger::Running;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -59,71 +65,6 @@ pub struct State {
 /// How long a detach waits for NBD clients that are disconnecting before it
 /// refuses (without `force`).
 const DETACH_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A running job's progress as it goes (the record holds only what is
-/// durable).
-#[derive(Clone, Copy, Debug)]
-pub struct Live {
-    pub done: u64,
-    pub total: u64,
-    /// When this run of the job began, and how much was done then: the rate
-    /// counts only what this run did.
-    pub since: std::time::Instant,
-    pub done_at_start: u64,
-    /// A remote clone: bytes received on the wire, all runs and attempts.
-    pub wire: u64,
-    /// A remote clone: data bytes received more than once, all runs.
-    pub resent: u64,
-}
-
-impl Live {
-    pub fn start(done: u64, total: u64) -> Live {
-        Live {
-            done,
-            total,
-            since: std::time::Instant::now(),
-            done_at_start: done,
-            wire: 0,
-            resent: 0,
-        }
-    }
-
-    /// Bytes per second since this run began (none in its first 100 ms).
-    pub fn rate(&self) -> Option<u64> {
-        let secs = self.since.elapsed().as_secs_f64();
-        (secs >= 0.1).then(|| (self.done.saturating_sub(self.done_at_start) as f64 / secs) as u64)
-    }
-
-    /// Seconds left at that rate.
-    pub fn eta(&self) -> Option<u64> {
-        let r = self.rate().filter(|&r| r > 0)?;
-        Some(self.total.saturating_sub(self.done).div_ceil(r))
-    }
-}
-
-/// A running operation, as the in-memory index keeps it.
-#[derive(Clone, Debug)]
-struct Running {
-    id: String,
-    kind: api::OperationKind,
-    /// For a full clone: the snapshot it reads (volume, snapshot).
-    copies_from: Option<(String, String)>,
-}
-
-impl Running {
-    fn of(op: &OpRec) -> Running {
-        Running {
-            id: op.id.clone(),
-            kind: op.op.kind(),
-            // A remote clone reads another node's snapshot, not this one's.
-            copies_from: op
-                .copy
-                .as_ref()
-                .filter(|_| op.op.kind() == api::OperationKind::FullClone)
-                .map(|c| (c.volume.clone(), c.snapshot.clone())),
-        }
-    }
-}
 
 pub fn rfc3339(ns: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
@@ -532,141 +473,6 @@ impl State {
 
     pub fn is_attached(&self, export: &str) -> bool {
         self.exports.contains(export)
-    }
-
-    /// Write the record of a running operation (its start, or its progress),
-    /// keeping the index of running ones in step. Its end is written by
-    /// [`State::end`] only. Blocking: from async code use `record_async`.
-    pub fn record(&self, op: &OpRec) -> Result<(), ServerError> {
-        debug_assert_eq!(op.state, api::OperationState::Running, "{op:?}");
-        self.store.put_op(op)?;
-        self.recorded(op);
-        Ok(())
-    }
-
-    /// Write the record of an operation's end. Its change is made (or it
-    /// failed and changed nothing), so a store that cannot write the
-    /// record now keeps it and writes it when it reopens
-    /// (`Store::put_op_end`): the operation ends here either way.
-    fn record_end(&self, op: &OpRec) -> Result<(), ServerError> {
-        self.store.put_op_end(op)?;
-        self.recorded(op);
-        Ok(())
-    }
-
-    /// Keep the index of running operations in step with a record written.
-    fn recorded(&self, op: &OpRec) {
-        let mut running = self.running.lock().unwrap();
-        for v in op.op.volumes() {
-            let list = running.entry(v.to_string()).or_default();
-            list.retain(|r| r.id != op.id);
-            if op.state == api::OperationState::Running {
-                list.push(Running::of(op));
-            }
-            if list.is_empty() {
-                running.remove(v);
-            }
-        }
-        drop(running);
-        // Every change to a volume is recorded (started, progressed, ended).
-        self.changes.bump();
-    }
-
-    pub async fn record_async(self: &Arc<Self>, op: OpRec) -> Result<(), Failure> {
-        let st = self.clone();
-        blocking(move || st.record(&op).map_err(Failure::from)).await
-    }
-
-    /// [`State::end`] from async code.
-    pub async fn finish(self: &Arc<Self>, op: OpRec, error: Option<String>) -> Result<(), Failure> {
-        let st = self.clone();
-        blocking(move || st.end(op, error).map_err(Failure::from)).await
-    }
-
-    /// End an operation: succeeded, or failed with `error` (a failure's
-    /// `reason`, if it has one, set on `op` by the caller). The only writer
-    /// of an operation's end, whether a request or a background job (a full
-    /// clone's copy, a pull, a flatten) ends it: it records the end, counts
-    /// it in `lamina_operations_total` and its duration, logs it, and only
-    /// then drops the live progress, so that no reader sees the last
-    /// running record in between (its counts behind the live ones it was
-    /// shown). Fails only on a record that cannot be encoded: one the store
-    /// cannot write now is written when it reopens (`State::record_end`).
-    /// Blocking.
-    pub fn end(&self, mut op: OpRec, error: Option<String>) -> Result<(), ServerError> {
-        op.state = match error {
-            None => api::OperationState::Succeeded,
-            Some(_) => api::OperationState::Failed,
-        };
-        // The id starts with the start in nanoseconds (apply.rs, new_id):
-        // `started` has whole seconds only.
-        let seconds = op
-            .id
-            .get(3..19)
-            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
-            .and_then(|t| t.elapsed().ok())
-            .map(|d| d.as_secs_f64());
-        let kind = op.op.kind();
-        self.metrics
-            .operation(kind.as_str(), error.is_none(), seconds);
-        match &error {
-            None => {
-                tracing::info!(op = %op.id, kind = %kind, volume = %op.volume(), "operation succeeded")
-            }
-            Some(e) => {
-                tracing::warn!(op = %op.id, kind = %kind, volume = %op.volume(), error = %e, "operation failed")
-            }
-        }
-        op.error = error;
-        let recorded = self.record_end(&op);
-        if let Err(e) = &recorded {
-            tracing::error!(op = %op.id, error = %e, "could not record the end of an operation");
-        }
-        self.progress.lock().unwrap().remove(&op.id);
-        recorded
-    }
-
-    /// Operation records, filtered, newest first.
-    pub fn operations(&self, f: &api::OperationFilter) -> Result<Vec<OpRec>, ServerError> {
-        let mut ops: Vec<OpRec> = self
-            .store
-            .ops()?
-            .into_iter()
-            .filter(|o| {
-                f.volume
-                    .as_deref()
-                    .is_none_or(|v| o.op.volumes().contains(&v))
-            })
-            .filter(|o| f.state.is_none_or(|s| o.state == s))
-            .collect();
-        ops.sort_by(|a, b| b.started.cmp(&a.started).then_with(|| b.id.cmp(&a.id)));
-        if let Some(n) = f.limit {
-            ops.truncate(n as usize);
-        }
-        Ok(ops)
-    }
-
-    /// Delete the records of operations that ended (succeeded or failed)
-    /// and started more than `age` ago. Returns how many went.
-    pub fn prune_operations(&self, age: std::time::Duration) -> Result<usize, ServerError> {
-        let cutoff = std::time::SystemTime::now()
-            .checked_sub(age)
-            .unwrap_or(std::time::UNIX_EPOCH);
-        let old: Vec<String> = self
-            .store
-            .ops()?
-            .into_iter()
-            .filter(|o| o.state != api::OperationState::Running)
-            .filter(|o| humantime::parse_rfc3339(&o.started).is_ok_and(|t| t < cutoff))
-            .map(|o| o.id)
-            .collect();
-        let ids: Vec<&str> = old.iter().map(String::as_str).collect();
-        self.store.remove_ops(&ids)?;
-        if !ids.is_empty() {
-            tracing::info!(pruned = ids.len(), "finished operation records pruned");
-        }
-        Ok(ids.len())
     }
 
     /// Start a background job, joined at shutdown, at background priority

@@ -1,6 +1,7 @@
 //! The daemon's own records in redb: NBD exports (so they come back after a
-//! restart) and operation records (written before an operation runs, so a
-//! daemon killed mid-operation finishes it at restart). The engine's
+//! restart), operation records (written before an operation runs, so a
+//! daemon killed mid-operation finishes it at restart), and the activation
+//! generations of the engine's volumes (docs/volume-io.md). The engine's
 //! metadata is not here: the pool keeps its own, crash-consistently.
 //!
 //! Records are typed ([`OpRec`], [`ExportRec`]) and stored as JSON under a
@@ -21,6 +22,9 @@ use std::sync::{Arc, Mutex};
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const EXPORTS: TableDefinition<&str, &str> = TableDefinition::new("exports");
 const OPERATIONS: TableDefinition<&str, &str> = TableDefinition::new("operations");
+/// Each engine volume's highest activation generation, by volume id (ids
+/// are never reused: a volume made again under a name starts afresh).
+const GENERATIONS: TableDefinition<u64, u64> = TableDefinition::new("generations");
 const VERSION_KEY: &str = "record_version";
 
 /// The record format this daemon writes. 1: operations as a kind string
@@ -491,6 +495,24 @@ impl Db {
         }
     }
 
+    /// Write with `f` in one synced transaction; an I/O error marks the
+    /// store broken. Nothing is kept for the reopen: the caller answers an
+    /// error.
+    fn commit(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), Fail>,
+    ) -> Result<(), ServerError> {
+        let w = self.begin_write()?;
+        let result = f(&w).and_then(|()| -> Result<(), Fail> {
+            w.commit()?;
+            Ok(())
+        });
+        result.map_err(|e| match e {
+            Fail::Redb(e) => self.failed(&mut self.lock(), *e),
+            Fail::Other(e) => *e,
+        })
+    }
+
     /// Read with `f`; an I/O error marks the store broken.
     fn read<T>(
         &self,
@@ -838,6 +860,28 @@ impl Store {
 
     pub fn remove_ops(&self, ids: &[&str]) -> Result<(), ServerError> {
         self.remove(OPERATIONS, ids)
+    }
+
+    /// Engine volume `id`'s highest activation generation (0: none saved).
+    pub fn generation(&self, id: u64) -> Result<u64, ServerError> {
+        self.db.read(|r| {
+            let t = match r.open_table(GENERATIONS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(t.get(id)?.map_or(0, |g| g.value()))
+        })
+    }
+
+    /// Save engine volume `id`'s highest activation generation, durable on
+    /// return (a synced commit). A failure answers an error: the caller
+    /// does not hold the generation (docs/volume-io.md).
+    pub fn put_generation(&self, id: u64, generation: u64) -> Result<(), ServerError> {
+        self.db.commit(|w| {
+            w.open_table(GENERATIONS)?.insert(id, generation)?;
+            Ok(())
+        })
     }
 }
 

@@ -4,9 +4,9 @@
 
 use super::runner::{self, covers, pinned, timing};
 use super::{rfc3339, ScheduleRec, SLOT_LABEL};
-use crate::apply;
 use crate::error::Failure;
 use crate::extract::{body, created, St};
+use crate::operations;
 use crate::state::{blocking, State};
 use crate::store::Op;
 use axum::extract::rejection::JsonRejection;
@@ -343,7 +343,7 @@ pub async fn finish_delete(
             volume: x.volume.clone(),
             name: x.name.clone(),
         };
-        match apply::run(st, op).await {
+        match operations::run(st, op).await {
             Ok(_) => out.deleted.push(full),
             Err(f) => out.kept.push(api::KeptSnapshot {
                 snapshot: full,

@@ -3,7 +3,7 @@
 //! API (`api`). When a slot is due and what retention removes are the
 //! `lamina-schedule` crate's rules; this module schedules, records and
 //! reports, and takes and deletes snapshots through the one operation path
-//! (`apply::run`), like any client.
+//! (`operations::run`), like any client.
 
 pub mod api;
 mod records;

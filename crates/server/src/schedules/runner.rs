@@ -8,8 +8,8 @@
 //! schedule changes. With a test clock it polls every 50 ms instead.
 
 use super::{rfc3339, snapshot_name, ScheduleRec, SLOT_LABEL};
-use crate::apply::{self, Outcome};
 use crate::error::Failure;
+use crate::operations::{self, Outcome};
 use crate::state::{blocking, snapshot_export, State};
 use crate::store::Op;
 use lamina_api as api;
@@ -334,7 +334,7 @@ async fn take(
                 name: name.clone(),
                 labels,
             };
-            match apply::run(st, op).await {
+            match operations::run(st, op).await {
                 Ok(Outcome::Snapshot { created, info }) => Ok((
                     if created {
                         api::RunOutcome::Taken
@@ -444,7 +444,7 @@ pub async fn apply_retention(
             volume: volume.to_string(),
             name: name.clone(),
         };
-        match apply::run(st, op).await {
+        match operations::run(st, op).await {
             Ok(_) => deleted.push(name),
             Err(f) => kept.push(api::KeptSnapshot {
                 snapshot: name,

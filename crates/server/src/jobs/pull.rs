@@ -1,22 +1,16 @@
-//! Clones of another node's snapshot: the daemon records the pull, makes the
-//! target volume at the source's size, and runs the pull as a background
-//! job that records each durable offset, so that a restart, a lost source or
-//! a cut link resumes from there instead of from zero. The wire protocol and
-//! its credentials are lamina-transfer's; the copying into the volume is the
-//! engine's; this module schedules, retries, records and reports.
-//!
-//! States (docs/transfer.md): recorded `running` (what the seeds call
-//! `initiated`) → `succeeded` (`completed`), or `failed` with a reason. A
-//! failed pull deletes what it had copied: a partial volume never passes
-//! for a clone.
+//! A pull from another node: a job that runs lamina-transfer's pull into
+//! the volume made for it, records each durable offset, and retries a lost
+//! source or a cut link from there instead of from zero, within the retry
+//! window. A failed pull deletes what it had copied: a partial volume
+//! never passes for a clone. The wire protocol and its credentials are
+//! lamina-transfer's; the copying into the volume is the engine's.
 
-use crate::apply::Outcome;
 use crate::error::Failure;
-use crate::state::{blocking, Live, State};
+use crate::state::{Live, State, Step};
 use crate::store::{CloneSource, CopyRec, Op, OpRec};
-use lamina_api::{FailureReason, PeerNode};
+use lamina_api::FailureReason;
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
-use lamina_transfer::{Pull, Pulled, Reason, Remote, TransferError};
+use lamina_transfer::{Pull, Pulled, Reason, Remote};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -148,28 +142,8 @@ pub fn sweep_received(st: &State, running: &[&str]) {
     }
 }
 
-/// The clone source of a request naming another node.
-pub fn source(node: PeerNode, volume: &str, snapshot: &str) -> Result<CloneSource, Failure> {
-    if node.name.is_empty() || node.address.is_empty() {
-        return Err(Failure::invalid(
-            "from_node needs the node's name and its transfer address (HOST:PORT)",
-        ));
-    }
-    if !node.address.contains(':') {
-        return Err(Failure::invalid(format!(
-            "the transfer address of node {:?} must be HOST:PORT, not {:?}",
-            node.name, node.address
-        )));
-    }
-    Ok(CloneSource::Remote {
-        node: node.name,
-        address: node.address,
-        volume: volume.into(),
-        snapshot: snapshot.into(),
-    })
-}
-
-fn api_reason(r: Reason) -> FailureReason {
+/// The record's reason for a transfer's.
+pub fn api_reason(r: Reason) -> FailureReason {
     match r {
         Reason::SnapshotMissing => FailureReason::SnapshotMissing,
         Reason::SourceUnreachable => FailureReason::SourceUnreachable,
@@ -181,61 +155,8 @@ fn api_reason(r: Reason) -> FailureReason {
     }
 }
 
-/// The reason a remote clone's request failed, as its record keeps it (the
-/// messages of [`request_failure`] and [`fail`] open with it).
-pub fn reason_of(rec: &OpRec, f: &Failure) -> Option<FailureReason> {
-    if rec.op.kind() != lamina_api::OperationKind::RemoteClone {
-        return None;
-    }
-    let (word, _) = f.1.message.split_once(':')?;
-    serde_json::from_value(serde_json::Value::String(word.to_string())).ok()
-}
-
-/// A failure of the request itself (before anything is copied), as the API
-/// answers it.
-fn request_failure(e: &TransferError, remote: &Remote) -> Failure {
-    use lamina_api::ErrorCode;
-    let msg = format!("{}: {e}", api_reason(e.reason()).as_str());
-    let busy = matches!(
-        e,
-        TransferError::Remote {
-            code: lamina_transfer::wire::Code::Busy,
-            ..
-        }
-    );
-    match e.reason() {
-        Reason::SnapshotMissing => Failure::not_found(msg),
-        Reason::SourceUnreachable if busy => Failure::new(
-            ErrorCode::Unavailable,
-            msg,
-            Some(&format!(
-                "node {} serves as many transfer sessions as its limits allow; try again later",
-                remote.node
-            )),
-        ),
-        Reason::SourceUnreachable => Failure::new(
-            ErrorCode::Unavailable,
-            msg,
-            Some(&format!(
-                "is node {} serving transfers at {}? (lamina serve --transfer-listen)",
-                remote.node, remote.address
-            )),
-        ),
-        Reason::NoSpace => Failure::new(ErrorCode::NoSpace, msg, None),
-        Reason::Refused => Failure::new(
-            ErrorCode::Refused,
-            msg,
-            Some("both nodes need certificates from the same CA (lamina certs issue)"),
-        ),
-        // The peer broke the protocol, a chunk arrived damaged, or an I/O
-        // error on either side: a later attempt may succeed.
-        Reason::Protocol | Reason::Checksum | Reason::Io => {
-            Failure::new(ErrorCode::Unavailable, msg, None)
-        }
-    }
-}
-
-fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
+/// The node, volume and snapshot a remote clone pulls.
+pub fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
     match source {
         CloneSource::Remote {
             node,
@@ -254,84 +175,12 @@ fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
     }
 }
 
-/// Start (or, at restart, resume) a clone of another node's snapshot.
-pub async fn remote_clone(
-    st: &Arc<State>,
-    rec: &OpRec,
-    recovering: bool,
-) -> Result<Outcome, Failure> {
-    let Op::Clone { name, source, .. } = rec.op.clone() else {
-        return Err(Failure::internal("not a clone operation"));
-    };
-    let Some((remote, rvol, rsnap)) = remote_of(&source) else {
-        return Err(Failure::internal("not a remote clone"));
-    };
-    let Some(identity) = st.identity.clone() else {
-        return Err(Failure::invalid(
-            "this node has no transfer identity: start lamina serve with --transfer-tls DIR (ca.crt, tls.crt, tls.key; see `lamina certs`)",
-        ));
-    };
-    let mut rec = rec.clone();
-    if !recovering {
-        if let Some(answer) = crate::jobs::asked_again(st, &rec.id, &name, &source).await? {
-            return Ok(answer);
-        }
-    }
-    if rec.copy.is_none() {
-        let (id2, r2, v2, s2) = (
-            identity.clone(),
-            remote.clone(),
-            rvol.clone(),
-            rsnap.clone(),
-        );
-        let n2 = name.clone();
-        let described = blocking(move || {
-            lamina_engine::check_name(&n2)?;
-            lamina_transfer::describe(&id2, &r2, &v2, &s2).map_err(|e| request_failure(&e, &r2))
-        })
-        .await?;
-        rec.total_bytes = described.data_bytes;
-        rec.copy = Some(CopyRec {
-            volume: rvol.clone(),
-            snapshot: rsnap.clone(),
-            system: false,
-            resume_offset: 0,
-            snapshot_id: described.id,
-            received_bytes: 0,
-            resent_bytes: Some(0),
-            wire_bytes: 0,
-        });
-        rec.reason = None;
-        st.record_async(rec.clone()).await?;
-        let (p, n2) = (st.pool.clone(), name.clone());
-        let size = described.size;
-        blocking(move || Ok(p.create_volume(&n2, size)?)).await?;
-    }
-    let (p, n2) = (st.pool.clone(), name.clone());
-    let info = match blocking(move || Ok(p.volume_info_by_name(&n2)?)).await {
-        Ok(info) => info,
-        Err(f) => {
-            // Recorded but never made (killed between the two): make it.
-            let copy = rec.copy.clone().expect("set above");
-            let (id2, r2) = (identity.clone(), remote.clone());
-            let (p, n2) = (st.pool.clone(), name.clone());
-            let made = blocking(move || {
-                let d = lamina_transfer::describe(&id2, &r2, &copy.volume, &copy.snapshot)
-                    .map_err(|e| request_failure(&e, &r2))?;
-                Ok(p.create_volume(&n2, d.size)?)
-            })
-            .await;
-            made.map_err(|_| f)?
-        }
-    };
-    let (st2, rec2) = (st.clone(), rec.clone());
+/// Start (or resume) the pull of recorded operation `rec` into volume
+/// `name` (made already, at the source's size).
+pub fn start(st: &Arc<State>, rec: &OpRec, name: &str) -> Result<(), Failure> {
+    let (st2, rec2, name) = (st.clone(), rec.clone(), name.to_string());
     st.spawn_job("lamina-pull", move || run_pull(&st2, rec2, &name))
-        .map_err(|e| Failure::internal(format!("cannot start the pull: {e}")))?;
-    Ok(Outcome::Started {
-        info,
-        created: !recovering,
-        running: Some(rec.id.clone()),
-    })
+        .map_err(|e| Failure::internal(format!("cannot start the pull: {e}")))
 }
 
 /// What the pull hears while it runs, and what it records.
@@ -385,7 +234,7 @@ impl CopyControl for Ctl<'_> {
         if self.last_record.elapsed() >= RECORD_EVERY {
             self.count_received();
             self.last_record = Instant::now();
-            if let Err(e) = self.st.record(self.rec) {
+            if let Err(e) = self.st.transition(self.rec, Step::Progress) {
                 self.failed = Some(format!("cannot record progress: {e}"));
             }
         }
@@ -401,7 +250,7 @@ impl CopyControl for Ctl<'_> {
         if let Some(c) = self.rec.copy.as_mut() {
             c.resume_offset = p.resume_offset;
         }
-        match self.st.record(self.rec) {
+        match self.st.transition(self.rec, Step::Progress) {
             Ok(()) => self.failed.is_none(),
             Err(e) => {
                 self.failed = Some(format!("cannot record progress: {e}"));
@@ -500,7 +349,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
                     return succeed(st, &mut rec);
                 }
                 CopyEnd::Stopped(_) => {
-                    let _ = st.record(&rec);
+                    let _ = st.transition(&mut rec, Step::Progress);
                     st.progress.lock().unwrap().remove(&rec.id);
                     tracing::info!("daemon stopping: the pull resumes at the next start");
                     return;
@@ -515,7 +364,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
                     return fail(st, &mut rec, name, api_reason(reason), e.to_string());
                 }
                 tracing::warn!(error = %e, retry_in = ?backoff, "pull interrupted; resuming from the last durable offset");
-                let _ = st.record(&rec);
+                let _ = st.transition(&mut rec, Step::Progress);
                 let until = Instant::now() + backoff;
                 while Instant::now() < until {
                     if st.is_stopping() {
@@ -536,7 +385,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
 fn succeed(st: &State, rec: &mut OpRec) {
     let resent = rec.copy.as_ref().and_then(|c| c.resent_bytes).unwrap_or(0);
     tracing::info!(bytes = rec.done_bytes, resent, "remote clone completed");
-    let _ = st.end(rec.clone(), None);
+    let _ = st.transition(rec, Step::End(None));
 }
 
 /// End the pull as failed: the partial volume goes first.
@@ -548,5 +397,6 @@ fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: S
         }
     }
     rec.reason = Some(reason);
-    let _ = st.end(rec.clone(), Some(format!("{}: {error}", reason.as_str())));
+    let error = format!("{}: {error}", reason.as_str());
+    let _ = st.transition(rec, Step::End(Some(error)));
 }

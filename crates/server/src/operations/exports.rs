@@ -1,0 +1,63 @@
+//! Attaching and detaching exports. They take the volume's lock, so that
+//! an attach cannot race the deletion of what it exports, nor a detach an
+//! attach, and run to their end whether or not their caller still waits
+//! (`State::to_end`), like the recorded operations; they leave no
+//! operation record (the store's `exports` table brings exports back at
+//! start).
+
+use crate::error::Failure;
+use crate::state::{blocking, snapshot_export, State};
+use lamina_api as api;
+use std::sync::Arc;
+
+/// Export volume `volume` (or its `snapshot`, read-only) over NBD;
+/// attaching twice is harmless. A volume a full clone is still copying
+/// into is refused.
+pub async fn attach(
+    st: &Arc<State>,
+    volume: String,
+    snapshot: Option<String>,
+) -> Result<api::Export, Failure> {
+    let s = st.clone();
+    st.to_end(async move {
+        let lock = s.lock(&volume);
+        let _g = lock.lock().await;
+        let s2 = s.clone();
+        blocking(move || {
+            if snapshot.is_none() {
+                s2.pool.volume_info_by_name(&volume)?;
+                if let Some(id) = s2.running_copy_into(&volume) {
+                    return Err(Failure::conflict(
+                        format!("volume {volume:?} is still being copied (operation {id})"),
+                        &format!("wait for the clone to finish: lamina operation wait {id}"),
+                    ));
+                }
+            }
+            s2.attach(&volume, snapshot.as_deref())
+        })
+        .await
+    })
+    .await
+}
+
+/// Stop exporting a volume or snapshot (see `State::detach` for `force`).
+pub async fn detach(
+    st: &Arc<State>,
+    volume: String,
+    snapshot: Option<String>,
+    force: bool,
+) -> Result<api::Removed, Failure> {
+    let s = st.clone();
+    st.to_end(async move {
+        let lock = s.lock(&volume);
+        let _g = lock.lock().await;
+        let what = match &snapshot {
+            None => format!("export {volume}"),
+            Some(x) => format!("export {}", snapshot_export(&volume, x)),
+        };
+        let s2 = s.clone();
+        let existed = blocking(move || s2.detach(&volume, snapshot.as_deref(), force)).await?;
+        Ok(api::Removed { what, existed })
+    })
+    .await
+}

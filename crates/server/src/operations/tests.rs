@@ -1,0 +1,300 @@
+//! The operations' tests: recovery, the record beside a snapshot's commit,
+//! a copy's hold on its volumes.
+
+use super::*;
+use crate::state::now;
+use crate::store::CopyRec;
+use lamina_api as api;
+
+async fn state() -> (tempfile::TempDir, Arc<State>) {
+    let d = tempfile::tempdir().unwrap();
+    let layout = crate::Layout::new(d.path());
+    layout.prepare().unwrap();
+    let config = crate::Config {
+        data_dir: d.path().to_path_buf(),
+        listen: None,
+        nbd_listen: None,
+        operation_retention: crate::DEFAULT_OPERATION_RETENTION,
+        transfer: Default::default(),
+        testing: Default::default(),
+        high_water: Default::default(),
+        volume_io_metrics: true,
+    };
+    let st = Arc::new(State::open(&layout, &config).await.unwrap());
+    (d, st)
+}
+
+/// A full clone is running (recorded as such) from src/s into x.
+async fn copying(st: &Arc<State>) {
+    run(
+        st,
+        Op::CreateVolume {
+            name: "src".into(),
+            size: 1 << 20,
+            labels: Default::default(),
+        },
+    )
+    .await
+    .unwrap();
+    run(
+        st,
+        Op::CreateSnapshot {
+            volume: "src".into(),
+            name: "s".into(),
+            labels: Default::default(),
+        },
+    )
+    .await
+    .unwrap();
+    st.pool.create_volume("x", 1 << 20).unwrap();
+    let mut rec = OpRec {
+        id: new_record(Op::Flatten { name: "x".into() }).id,
+        op: Op::Clone {
+            name: "x".into(),
+            source: CloneSource::Snapshot {
+                volume: "src".into(),
+                snapshot: "s".into(),
+            },
+            full: true,
+        },
+        state: api::OperationState::Running,
+        started: now(),
+        error: None,
+        done_bytes: 0,
+        total_bytes: 0,
+        copy: Some(CopyRec {
+            volume: "src".into(),
+            snapshot: "s".into(),
+            system: false,
+            resume_offset: 0,
+            snapshot_id: 0,
+            received_bytes: 0,
+            resent_bytes: None,
+            wire_bytes: 0,
+        }),
+        reason: None,
+    };
+    st.transition(&mut rec, Step::Start).unwrap();
+}
+
+/// A daemon killed while it took or deleted a group finishes the job at
+/// restart: the group is all there, or all gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_operations_interrupted_by_a_restart_are_finished() {
+    let (_d, st) = state().await;
+    for v in ["a", "b"] {
+        st.pool.create_volume(v, 1 << 20).unwrap();
+    }
+    let vols = vec!["a".to_string(), "b".to_string()];
+    let mut create = new_record(Op::CreateSnapshotGroup {
+        name: "g".into(),
+        volumes: vols.clone(),
+        labels: [("k".to_string(), "v".to_string())].into(),
+    });
+    st.transition(&mut create, Step::Start).unwrap();
+    assert_eq!(
+        st.operations(&api::OperationFilter {
+            volume: Some("b".into()),
+            ..Default::default()
+        })
+        .unwrap()
+        .len(),
+        1,
+        "a group's record is found under each volume"
+    );
+    recover(&st).await.unwrap();
+    let m = groups::members(&st.pool, "g").unwrap();
+    assert_eq!(m.len(), 2);
+    let rec = st.store.op(&create.id).unwrap().unwrap();
+    assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
+    // Killed half-way through a delete: one member gone already.
+    st.pool.delete_snapshot("a", "g").unwrap();
+    let mut delete = new_record(Op::DeleteSnapshotGroup {
+        name: "g".into(),
+        volumes: vols,
+    });
+    st.transition(&mut delete, Step::Start).unwrap();
+    recover(&st).await.unwrap();
+    assert!(groups::members(&st.pool, "g").unwrap().is_empty());
+    let rec = st.store.op(&delete.id).unwrap().unwrap();
+    assert_eq!(rec.state, api::OperationState::Succeeded, "{:?}", rec.error);
+    st.close().await.unwrap();
+}
+
+/// A snapshot's creation is recorded beside the engine's commit, not
+/// before it. Answered, it is recorded and done; a daemon that died
+/// with the snapshot made and no record of it restarts with nothing to
+/// run again, and the client's retry by name is answered with the
+/// snapshot as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_recorded_beside_its_commit_and_a_missing_record_changes_nothing() {
+    let (_d, st) = state().await;
+    st.pool.create_volume("v", 1 << 20).unwrap();
+    let snap = |name: &str| Op::CreateSnapshot {
+        volume: "v".into(),
+        name: name.into(),
+        labels: Default::default(),
+    };
+    let Outcome::Snapshot { info, created } = run(&st, snap("s")).await.unwrap() else {
+        panic!("a snapshot's creation answers with the snapshot");
+    };
+    assert!(created);
+    let ops = st.store.ops().unwrap();
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].state, api::OperationState::Succeeded);
+    // The engine has a snapshot the store never recorded (the daemon
+    // died before the record's sync ended).
+    let lost = st.pool.create_snapshot("v", "t", &[]).unwrap();
+    recover(&st).await.unwrap();
+    assert_eq!(st.store.ops().unwrap().len(), 1, "nothing to run again");
+    assert_eq!(st.pool.list_snapshots("v").unwrap().len(), 2);
+    let Outcome::Snapshot {
+        info: again,
+        created,
+    } = run(&st, snap("t")).await.unwrap()
+    else {
+        panic!("a snapshot's creation answers with the snapshot");
+    };
+    assert!(!created, "the retry found the snapshot");
+    assert_eq!((again.id, again.created), (lost.id, lost.created));
+    assert_ne!(again.id, info.id);
+    st.close().await.unwrap();
+}
+
+/// The received count a pull keeps beside the store goes with its
+/// operation: one that failed at recovery, or one left by an
+/// operation that is gone, is removed; a running pull's stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn received_counts_of_pulls_not_running_are_removed_at_recovery() {
+    let (_d, st) = state().await;
+    let dir = st.layout.root.join("transfers");
+    std::fs::create_dir_all(&dir).unwrap();
+    let count = |id: &str| dir.join(format!("{id}.received"));
+    // This node has no transfer identity: the pull fails at recovery.
+    let mut pull = new_record(Op::Clone {
+        name: "x".into(),
+        source: CloneSource::Remote {
+            node: "n2".into(),
+            address: "127.0.0.1:1".into(),
+            volume: "src".into(),
+            snapshot: "s".into(),
+        },
+        full: true,
+    });
+    st.transition(&mut pull, Step::Start).unwrap();
+    std::fs::write(count(&pull.id), 7u64.to_le_bytes()).unwrap();
+    std::fs::write(count("op-gone"), 7u64.to_le_bytes()).unwrap();
+    std::fs::write(dir.join("unrelated"), b"x").unwrap();
+    recover(&st).await.unwrap();
+    let rec = st.store.op(&pull.id).unwrap().unwrap();
+    assert_eq!(rec.state, api::OperationState::Failed);
+    assert!(!count(&pull.id).exists());
+    assert!(!count("op-gone").exists());
+    assert!(dir.join("unrelated").exists(), "only received counts go");
+    // A running operation keeps its count.
+    std::fs::write(count("op-running"), 7u64.to_le_bytes()).unwrap();
+    crate::jobs::pull::sweep_received(&st, &["op-running"]);
+    assert!(count("op-running").exists());
+    st.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_in_progress_holds_its_volume_and_its_source() {
+    let (_d, st) = state().await;
+    copying(&st).await;
+    let code = |r: Result<Outcome, Failure>| r.err().map(|f| (f.0.as_u16(), f.1.message));
+    let (status, msg) = code(
+        run(
+            &st,
+            Op::DeleteVolume {
+                name: "x".into(),
+                with_snapshots: true,
+            },
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!(status, 409);
+    assert!(msg.contains("still copying into volume \"x\""), "{msg}");
+    let (status, msg) = code(
+        run(
+            &st,
+            Op::DeleteSnapshot {
+                volume: "src".into(),
+                name: "s".into(),
+            },
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!(status, 409);
+    assert!(msg.contains("copying from snapshot src/s"), "{msg}");
+    let (status, _) = code(
+        run(
+            &st,
+            Op::DeleteVolume {
+                name: "src".into(),
+                with_snapshots: true,
+            },
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!(status, 409);
+    assert_eq!(
+        st.volume(st.pool.volume_info_by_name("x").unwrap())
+            .clone_state,
+        api::CloneState::Copying
+    );
+    // Nor can it be snapshotted, expanded or cloned until it is whole.
+    for op in [
+        Op::CreateSnapshot {
+            volume: "x".into(),
+            name: "half".into(),
+            labels: Default::default(),
+        },
+        Op::ExpandVolume {
+            name: "x".into(),
+            size: 2 << 20,
+        },
+        Op::Clone {
+            name: "y".into(),
+            source: CloneSource::Volume { volume: "x".into() },
+            full: false,
+        },
+    ] {
+        let (status, msg) = code(run(&st, op).await).unwrap();
+        assert_eq!(status, 409, "{msg}");
+    }
+    // Asking again for the same full clone is answered with it.
+    let again = run(
+        &st,
+        Op::Clone {
+            name: "x".into(),
+            source: CloneSource::Snapshot {
+                volume: "src".into(),
+                snapshot: "s".into(),
+            },
+            full: true,
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            again,
+            Ok(Outcome::Started {
+                created: false,
+                running: Some(_),
+                ..
+            })
+        ),
+        "{:?}",
+        again.err().map(|f| f.1.message)
+    );
+    // Nothing was deleted or made.
+    assert!(st.pool.snapshot_info_by_name("src", "s").is_ok());
+    assert!(st.pool.volume_info_by_name("x").is_ok());
+    assert!(st.pool.volume_info_by_name("y").is_err());
+    assert!(st.pool.list_snapshots("x").unwrap().is_empty());
+    st.close().await.unwrap();
+}
