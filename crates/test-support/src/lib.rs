@@ -25,7 +25,11 @@
 //! binary fresh before running them; that is why every daemon test lives in
 //! `crates/cli/tests/`. A lookup next to the test executable (as the old
 //! end-to-end package did) could find a binary left by an earlier build and
-//! silently test old code, or none at all.
+//! silently test old code, or none at all. That binary takes `lamina serve`'s
+//! hidden test flags (`--test-clock`, `--test-crash-at`) because lamina-cli's
+//! dev-dependency turns on lamina-server's `testing` feature, which Cargo
+//! unifies into the binary whenever tests are built; a plain `cargo build`
+//! of it has no test flags (lamina-server's `cfg_testing!`).
 //!
 //! [`netns`] puts several daemons on one machine, each in a network
 //! namespace of its own joined to one switch, for the cross-node tests.
