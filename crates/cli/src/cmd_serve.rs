@@ -381,7 +381,9 @@ mod tests {
             ("--volume-io-metrics=yes", "on or off"),
             ("--high-water=101%", "1% to 100%"),
         ] {
-            let e = config(&[arg]).err().unwrap_or_else(|| panic!("{arg} taken"));
+            let e = config(&[arg])
+                .err()
+                .unwrap_or_else(|| panic!("{arg} taken"));
             assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{arg}");
             assert!(e.to_string().contains(says), "{arg}: {e}");
         }

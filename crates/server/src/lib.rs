@@ -27,13 +27,13 @@ mod space;
 mod state;
 mod store;
 
-pub use config::{
-    Config, HighWater, NbdConfig, TransferConfig, DEFAULT_HIGH_WATER,
-    DEFAULT_METADATA_CACHE_BYTES, DEFAULT_OPERATION_RETENTION, DEFAULT_TRANSFER_BUSY_RATE,
-    DEFAULT_TRANSFER_RETRY_WINDOW, DEFAULT_VOLUME_IO_METRICS,
-};
 #[cfg(feature = "testing")]
 pub use config::Testing;
+pub use config::{
+    Config, HighWater, NbdConfig, TransferConfig, DEFAULT_HIGH_WATER, DEFAULT_METADATA_CACHE_BYTES,
+    DEFAULT_OPERATION_RETENTION, DEFAULT_TRANSFER_BUSY_RATE, DEFAULT_TRANSFER_RETRY_WINDOW,
+    DEFAULT_VOLUME_IO_METRICS,
+};
 pub use error::ServerError;
 pub use paths::{default_data_dir, Layout};
 
