@@ -17,6 +17,7 @@ mod cmd_pool;
 mod cmd_schedule;
 #[cfg(feature = "kubernetes")]
 mod cmd_schedule_controller;
+mod cmd_serve;
 mod cmd_snapshot;
 #[cfg(not(feature = "kubernetes"))]
 mod without_kubernetes;
@@ -38,7 +39,6 @@ use clap::{Args, Parser, Subcommand};
 use failure::Failure;
 use lamina_client::Client;
 use output::Format;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -98,58 +98,7 @@ fn not_for_serve<T>(_: &str) -> Result<T, String> {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon: the API on DIR/api.sock, NBD on DIR/nbd.sock (SIGTERM or Ctrl-C stops it).
-    Serve {
-        /// Also serve the API on TCP at ADDR (e.g. 127.0.0.1:7480); requests need the token in DIR/token.
-        #[arg(long, value_name = "ADDR")]
-        listen: Option<SocketAddr>,
-        /// Also serve NBD on TCP at ADDR (e.g. 127.0.0.1:10809).
-        #[arg(long, value_name = "ADDR")]
-        nbd_listen: Option<SocketAddr>,
-        /// Prune finished operation records older than this (e.g. 7d, 12h, 30min).
-        #[arg(long, value_name = "DURATION", default_value_t = lamina_server::DEFAULT_OPERATION_RETENTION.into())]
-        operation_retention: humantime::Duration,
-        /// Serve this node's snapshots to other nodes on TCP at ADDR (needs --transfer-tls).
-        #[arg(long, value_name = "ADDR")]
-        transfer_listen: Option<SocketAddr>,
-        /// This node's transfer certificate: a directory with ca.crt, tls.crt, tls.key (see `lamina certs`).
-        #[arg(long, value_name = "DIR")]
-        transfer_tls: Option<PathBuf>,
-        /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
-        #[arg(long, value_name = "DURATION", value_parser = seconds_or_duration, default_value = "60")]
-        transfer_retry_window: std::time::Duration,
-        /// While this node's volumes have I/O, its transfers to other nodes send at most this many bytes a second, together (e.g. 192M); off: always full speed.
-        #[arg(long, value_name = "RATE|off", value_parser = rate_or_off, default_value = "192M")]
-        transfer_busy_rate: RateOrOff,
-        /// Connections to the transfer listener still in their TLS handshake, in all; more are closed at once.
-        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::HANDSHAKES)]
-        transfer_max_handshakes: usize,
-        /// The same from one IP address.
-        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::HANDSHAKES_PER_ADDRESS)]
-        transfer_max_handshakes_per_address: usize,
-        /// Transfer sessions of authenticated peers, in all; more are refused as busy (their pulls retry).
-        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::SESSIONS)]
-        transfer_max_sessions: usize,
-        /// Transfer sessions of one peer node.
-        #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = lamina_transfer::Limits::SESSIONS_PER_PEER)]
-        transfer_max_sessions_per_peer: usize,
-        /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed (seconds, or e.g. 1min).
-        #[arg(long, value_name = "DURATION", value_parser = positive_duration, default_value = "30")]
-        transfer_stall_timeout: std::time::Duration,
-        /// Past this the pool warns in `status` and scheduled snapshots pause: a share of what it can hold (90%) or used bytes (500G).
-        #[arg(long, value_name = "MARK", default_value = "90%")]
-        high_water: lamina_server::HighWater,
-        /// Count each attached volume's and snapshot's I/O in /metrics (operations, errors, bytes, latency histograms).
-        #[arg(long, value_name = "ON|OFF", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-        volume_io_metrics: bool,
-        /// Tests only: read the schedules' clock (Unix seconds) from FILE.
-        #[arg(long, value_name = "FILE", hide = true)]
-        test_clock: Option<PathBuf>,
-        /// Tests only: abort, as kill -9 would, at this named point.
-        #[arg(long, value_name = "POINT", hide = true)]
-        test_crash_at: Option<String>,
-        #[command(flatten)]
-        _not: NotForServe,
-    },
+    Serve(cmd_serve::ServeArgs),
     /// Certificates for copies between nodes: a cluster CA and one certificate per node.
     Certs {
         #[command(subcommand)]
@@ -298,14 +247,6 @@ fn init_tracing(default: &str) {
         .init();
 }
 
-fn on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("{s:?}: on or off")),
-    }
-}
-
 /// The data directory given, or the default, made absolute.
 fn data_dir(given: Option<PathBuf>) -> PathBuf {
     let d = given.unwrap_or_else(lamina_server::default_data_dir);
@@ -351,51 +292,7 @@ fn run(
             "`lamina controller` takes its own options after the word controller".to_string(),
             Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
         )),
-        Cmd::Serve {
-            listen,
-            nbd_listen,
-            operation_retention,
-            transfer_listen,
-            transfer_tls,
-            transfer_retry_window,
-            transfer_busy_rate,
-            transfer_max_handshakes,
-            transfer_max_handshakes_per_address,
-            transfer_max_sessions,
-            transfer_max_sessions_per_peer,
-            transfer_stall_timeout,
-            test_clock,
-            test_crash_at,
-            high_water,
-            volume_io_metrics,
-            ..
-        } => serve(lamina_server::Config {
-            data_dir: data_dir.to_path_buf(),
-            listen,
-            nbd_listen,
-            operation_retention: operation_retention.into(),
-            transfer: lamina_server::TransferConfig {
-                listen: transfer_listen,
-                tls_dir: transfer_tls,
-                retry_window: transfer_retry_window,
-                busy_rate: transfer_busy_rate.0,
-                limits: lamina_transfer::Limits {
-                    handshakes: transfer_max_handshakes,
-                    handshakes_per_address: transfer_max_handshakes_per_address,
-                    sessions: transfer_max_sessions,
-                    sessions_per_peer: transfer_max_sessions_per_peer,
-                    stall_timeout: transfer_stall_timeout,
-                    ..lamina_transfer::Limits::default()
-                },
-            },
-            high_water,
-            volume_io_metrics,
-            testing: lamina_server::Testing {
-                clock_file: test_clock,
-                crash_at: test_crash_at,
-                hold_operations: None,
-            },
-        }),
+        Cmd::Serve(args) => serve(args.config(data_dir)),
         Cmd::Certs { cmd } => cmd_certs::run(cmd),
         cmd => {
             let c = make_client(data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
@@ -492,46 +389,6 @@ pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>>
     })
 }
 
-/// A rate in bytes a second, or none (`off`).
-#[derive(Clone, Copy, Debug)]
-struct RateOrOff(Option<u64>);
-
-/// A rate in bytes a second (a size: 192M), or `off`.
-fn rate_or_off(s: &str) -> Result<RateOrOff, String> {
-    if s == "off" {
-        return Ok(RateOrOff(None));
-    }
-    match lamina_api::parse_size(s)? {
-        0 => Err(format!("{s:?}: a rate must be more than 0 (or off)")),
-        n => Ok(RateOrOff(Some(n))),
-    }
-}
-
-/// A duration as plain seconds (`30`) or with a unit (`2min`).
-fn seconds_or_duration(s: &str) -> Result<std::time::Duration, String> {
-    if let Ok(n) = s.parse::<u64>() {
-        return Ok(std::time::Duration::from_secs(n));
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?}: {e} (give seconds, or e.g. 90s, 2min)"))
-}
-
-/// A count of 1 or more.
-fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{s:?}: a whole number, 1 or more")),
-    }
-}
-
-/// [`seconds_or_duration`], not zero.
-fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
-    match seconds_or_duration(s)? {
-        d if d.is_zero() => Err(format!("{s:?}: more than zero")),
-        d => Ok(d),
-    }
-}
-
 /// Raise this process's soft limit on open files to its hard limit. The
 /// daemon's descriptors are its connections (API, NBD, transfer peers),
 /// its pool's files and its store's, and the common soft limit of 1,024 is
@@ -605,7 +462,6 @@ fn serve(config: lamina_server::Config) -> Result<()> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
-    use std::time::Duration;
 
     #[test]
     fn the_command_line_is_consistent() {
@@ -630,25 +486,5 @@ mod tests {
         let mut missing = vec![];
         walk(&c, "lamina", &mut missing);
         assert!(missing.is_empty(), "no description: {missing:?}");
-    }
-
-    #[test]
-    fn serve_takes_the_operation_retention() {
-        let retention = |args: &[&str]| match Cli::try_parse_from(args).unwrap().cmd {
-            Cmd::Serve {
-                operation_retention,
-                ..
-            } => Duration::from(operation_retention),
-            _ => unreachable!(),
-        };
-        assert_eq!(
-            retention(&["lamina", "serve"]),
-            lamina_server::DEFAULT_OPERATION_RETENTION
-        );
-        assert_eq!(
-            retention(&["lamina", "serve", "--operation-retention", "90min"]),
-            Duration::from_secs(5400)
-        );
-        assert!(Cli::try_parse_from(["lamina", "serve", "--operation-retention", "soon"]).is_err());
     }
 }

@@ -42,6 +42,9 @@ struct Slot {
     referenced: bool,
 }
 
+/// The fewest pages a cache holds, whatever capacity it is given.
+pub(crate) const MIN_PAGES: usize = 64;
+
 pub struct Cache {
     index: BlockMap<usize>,
     slots: Vec<Slot>,
@@ -61,7 +64,7 @@ impl Cache {
             index: BlockMap::default(),
             slots: Vec::new(),
             hand: 0,
-            capacity: capacity.max(64),
+            capacity: capacity.max(MIN_PAGES),
             dirty: 0,
             seq: 0,
             touched: false,

@@ -56,13 +56,27 @@ pub struct PoolOptions {
     pub background: bool,
 }
 
+impl PoolOptions {
+    /// Default of [`PoolOptions::cache_bytes`].
+    pub const CACHE_BYTES: usize = 64 << 20;
+    /// The least [`PoolOptions::cache_bytes`] counts for: the cache holds
+    /// at least this much whatever it is given.
+    pub const MIN_CACHE_BYTES: usize = crate::cache::MIN_PAGES * crate::format::BLOCK;
+    /// Default of [`PoolOptions::wal_bytes`].
+    pub const WAL_BYTES: u64 = 64 << 20;
+    /// Default of [`PoolOptions::journal_bytes`].
+    pub const JOURNAL_BYTES: u64 = 16 << 20;
+    /// Default of [`PoolOptions::max_dirty_pages`].
+    pub const MAX_DIRTY_PAGES: usize = 4096;
+}
+
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
-            cache_bytes: 64 << 20,
-            wal_bytes: 64 << 20,
-            journal_bytes: 16 << 20,
-            max_dirty_pages: 4096,
+            cache_bytes: PoolOptions::CACHE_BYTES,
+            wal_bytes: PoolOptions::WAL_BYTES,
+            journal_bytes: PoolOptions::JOURNAL_BYTES,
+            max_dirty_pages: PoolOptions::MAX_DIRTY_PAGES,
             max_bytes: 0,
             background: true,
         }

@@ -16,7 +16,7 @@ use crate::NbdError;
 /// Longest option data accepted; longer options close the connection.
 pub(crate) const MAX_OPTION_LEN: u32 = 64 * 1024;
 /// Preferred block size advertised in NBD_INFO_BLOCK_SIZE.
-const PREFERRED_BLOCK: u32 = 4096;
+pub(crate) const PREFERRED_BLOCK: u32 = 4096;
 
 /// What the handshake agreed on, for the transmission phase.
 pub(crate) struct Session {

@@ -41,14 +41,28 @@ pub struct ServerOptions {
     pub drain_timeout: Duration,
 }
 
+impl ServerOptions {
+    /// Default of [`ServerOptions::max_payload`].
+    pub const MAX_PAYLOAD: u32 = 32 << 20;
+    /// The least [`ServerOptions::max_payload`] that keeps the preferred
+    /// block size a client is told (4 KiB) within the maximum.
+    pub const MIN_MAX_PAYLOAD: u32 = crate::handshake::PREFERRED_BLOCK;
+    /// Default of [`ServerOptions::max_in_flight`].
+    pub const MAX_IN_FLIGHT: usize = 64;
+    /// Default of [`ServerOptions::max_buffer_bytes`].
+    pub const MAX_BUFFER_BYTES: u64 = 256 << 20;
+    /// Default of [`ServerOptions::drain_timeout`].
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+}
+
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
-            max_payload: 32 << 20,
-            max_in_flight: 64,
-            max_buffer_bytes: 256 << 20,
+            max_payload: ServerOptions::MAX_PAYLOAD,
+            max_in_flight: ServerOptions::MAX_IN_FLIGHT,
+            max_buffer_bytes: ServerOptions::MAX_BUFFER_BYTES,
             span: tracing::Span::none(),
-            drain_timeout: Duration::from_secs(10),
+            drain_timeout: ServerOptions::DRAIN_TIMEOUT,
         }
     }
 }

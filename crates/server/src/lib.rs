@@ -6,6 +6,7 @@
 
 mod background;
 mod changes;
+mod config;
 mod device;
 mod error;
 mod extract;
@@ -26,153 +27,54 @@ mod space;
 mod state;
 mod store;
 
+#[cfg(feature = "testing")]
+pub use config::Testing;
+pub use config::{
+    Config, HighWater, NbdConfig, TransferConfig, DEFAULT_HIGH_WATER, DEFAULT_METADATA_CACHE_BYTES,
+    DEFAULT_OPERATION_RETENTION, DEFAULT_TRANSFER_BUSY_RATE, DEFAULT_TRANSFER_RETRY_WINDOW,
+    DEFAULT_VOLUME_IO_METRICS,
+};
 pub use error::ServerError;
 pub use paths::{default_data_dir, Layout};
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-/// How to run the daemon.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Where the pool, the store, the sockets and the token live.
-    pub data_dir: PathBuf,
-    /// Also serve the management API on TCP (requires the bearer token).
-    pub listen: Option<SocketAddr>,
-    /// Also serve NBD on TCP.
-    pub nbd_listen: Option<SocketAddr>,
-    /// Finished operation records older than this are pruned.
-    pub operation_retention: std::time::Duration,
-    /// Copies between nodes.
-    pub transfer: TransferConfig,
-    /// Past this, `status` warns and scheduled snapshots pause.
-    pub high_water: HighWater,
-    /// Count each export's I/O in `/metrics` (operations, errors, bytes,
-    /// latency); off saves that cost, measured by the bench's io case.
-    pub volume_io_metrics: bool,
-    /// Knobs for tests only.
-    pub testing: Testing,
+/// Expands to the first group of items in a build of this crate with its
+/// `testing` feature, to the second without it. The `lamina` binary defines
+/// its hidden test flags (`lamina serve --test-clock ...`) through it, so
+/// that they exist exactly when the server has its test knobs. A package
+/// turns on a feature of its own for its tests through a dev-dependency on
+/// itself, which Cargo ignores (with a warning) for a package without a
+/// library, as lamina-cli is; its dev-dependency on this crate with
+/// `testing` does turn the feature on here. Cargo builds a package's binary with the union of the
+/// features the whole build asks for, dev-dependencies included when tests
+/// are built (resolver 2), so `cargo test -p lamina-cli` and
+/// `cargo test --workspace` run a `lamina` with the flags, and a plain build
+/// (`cargo build -p lamina-cli`, bench/run's `--profile measure
+/// --no-default-features`, the images) has none.
+#[cfg(feature = "testing")]
+#[macro_export]
+macro_rules! cfg_testing {
+    ({ $($with:item)* } else { $($without:item)* }) => { $($with)* };
 }
 
-/// A pool's high-water mark: a share of what it can hold (its used bytes
-/// plus what new data can still take), or a number of used bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HighWater {
-    Percent(u8),
-    Bytes(u64),
+/// See the other definition: this is the one without the `testing` feature.
+#[cfg(not(feature = "testing"))]
+#[macro_export]
+macro_rules! cfg_testing {
+    ({ $($with:item)* } else { $($without:item)* }) => { $($without)* };
 }
-
-impl Default for HighWater {
-    fn default() -> Self {
-        HighWater::Percent(90)
-    }
-}
-
-impl std::str::FromStr for HighWater {
-    type Err = String;
-    /// `90%`, or a size (`500G`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().strip_suffix('%') {
-            Some(p) => match p.trim().parse::<u8>() {
-                Ok(n) if (1..=100).contains(&n) => Ok(HighWater::Percent(n)),
-                _ => Err(format!("{s:?}: a percentage from 1% to 100%")),
-            },
-            None => lamina_api::parse_size(s)
-                .map(HighWater::Bytes)
-                .map_err(|e| format!("{s:?}: a percentage (90%) or a size (500G): {e}")),
-        }
-    }
-}
-
-impl HighWater {
-    /// The used bytes at which a pool that can hold `total` passes the mark.
-    pub fn threshold(&self, total: u64) -> u64 {
-        match *self {
-            HighWater::Percent(p) => ((total as u128) * (p as u128)).div_ceil(100) as u64,
-            HighWater::Bytes(b) => b,
-        }
-    }
-}
-
-impl std::fmt::Display for HighWater {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HighWater::Percent(p) => write!(f, "{p}%"),
-            HighWater::Bytes(b) => f.write_str(&lamina_api::format_size(*b)),
-        }
-    }
-}
-
-/// Knobs for tests only (hidden flags of `lamina serve`).
-#[derive(Clone, Debug, Default)]
-pub struct Testing {
-    /// Read the schedules' clock from this file (Unix seconds) instead of
-    /// the machine's clock, so tests move time instead of waiting for it.
-    pub clock_file: Option<PathBuf>,
-    /// Abort the process, as kill -9 would, at this named point
-    /// (`schedule-after-claim`, `schedule-after-snapshot`).
-    pub crash_at: Option<String>,
-    /// While this file exists, an operation whose record is written waits
-    /// there (a snapshot's creation, which runs beside its record, waits
-    /// before it is marked done), so that a test can give up on a request
-    /// at that point and see what becomes of it.
-    pub hold_operations: Option<PathBuf>,
-}
-
-/// How this node takes part in copies between nodes.
-#[derive(Clone, Debug)]
-pub struct TransferConfig {
-    /// Serve this node's snapshots to peers on TCP at this address.
-    pub listen: Option<SocketAddr>,
-    /// The node's TLS identity: a directory with ca.crt, tls.crt and
-    /// tls.key. Needed to serve and to pull.
-    pub tls_dir: Option<PathBuf>,
-    /// How long a pull keeps retrying a source it lost before it fails
-    /// with `source-unreachable`, from when it found the source lost (a
-    /// source silent for 30 s counts as lost); only a new durable
-    /// checkpoint ends the outage, not data that arrived and was lost
-    /// again with the connection.
-    pub retry_window: std::time::Duration,
-    /// Bytes a second this node's transfer streams may send together while
-    /// its volumes have I/O (`pacing.rs`); `None`: always full speed.
-    pub busy_rate: Option<u64>,
-    /// What peers of this node's transfer listener may hold: handshakes
-    /// and sessions, in all and each, and how long they may keep it
-    /// waiting (docs/transfer.md, Limits).
-    pub limits: lamina_transfer::Limits,
-}
-
-/// Default of [`TransferConfig::busy_rate`]: see `pacing.rs`.
-pub const DEFAULT_TRANSFER_BUSY_RATE: u64 = 192 << 20;
-
-/// Default of [`TransferConfig::retry_window`]: one minute.
-pub const DEFAULT_TRANSFER_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl Default for TransferConfig {
-    fn default() -> Self {
-        TransferConfig {
-            listen: None,
-            tls_dir: None,
-            retry_window: DEFAULT_TRANSFER_RETRY_WINDOW,
-            busy_rate: Some(DEFAULT_TRANSFER_BUSY_RATE),
-            limits: lamina_transfer::Limits::default(),
-        }
-    }
-}
-
-/// Default age at which finished operation records are pruned: 7 days.
-pub const DEFAULT_OPERATION_RETENTION: std::time::Duration =
-    std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Run until `shutdown` resolves, then stop accepting, let in-flight NBD
 /// requests finish (a connection whose client does not read its replies is
-/// closed after `lamina_nbd::ServerOptions::drain_timeout`, 10 s), and close
-/// the pool, which makes every acknowledged write durable.
+/// closed after [`NbdConfig::drain_timeout`]), and close the pool, which
+/// makes every acknowledged write durable. A configuration that fails
+/// [`Config::check`] is refused before anything is opened.
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    config.check()?;
     let layout = Layout::new(&config.data_dir);
     layout.prepare()?;
     let state = state::State::open(&layout, &config).await?;
@@ -196,7 +98,7 @@ pub async fn run(
     // NBD on the unix socket (and TCP when asked).
     let nbd_unix = bind_unix(&layout.nbd_socket, 0o666)?;
     let exports: Arc<dyn lamina_nbd::Exports> = state.exports.clone();
-    let opts = lamina_nbd::ServerOptions::default();
+    let opts = config.nbd.options();
     let stopped = |rx: &tokio::sync::watch::Receiver<bool>| {
         let mut rx = rx.clone();
         async move {

@@ -58,7 +58,8 @@ pub struct State {
     /// Held (shared) by every task [`State::to_end`] runs; `close` takes it
     /// whole, so the pool closes after the last of them ended.
     in_flight: Arc<tokio::sync::RwLock<()>>,
-    /// See [`crate::Testing::hold_operations`].
+    /// See `Testing::hold_operations` (config.rs): always `None` without
+    /// the `testing` feature.
     pub(crate) hold_operations: Option<std::path::PathBuf>,
 }
 
@@ -83,11 +84,12 @@ pub fn snapshot_export(volume: &str, snapshot: &str) -> String {
 impl State {
     pub async fn open(layout: &Layout, config: &Config) -> Result<State, ServerError> {
         let l = layout.clone();
+        let opts = config.pool_options();
         let pool = tokio::task::spawn_blocking(move || {
             if l.pool.join(lamina_engine::POOL_FILE).exists() {
-                Pool::open_dir(&l.pool, PoolOptions::default())
+                Pool::open_dir(&l.pool, opts)
             } else {
-                Pool::create_dir(&l.pool, PoolOptions::default())
+                Pool::create_dir(&l.pool, opts)
             }
         })
         .await
@@ -145,13 +147,13 @@ impl State {
             identity,
             transfer_source,
             transfer_retry_window: config.transfer.retry_window,
-            schedules: crate::schedules::Runtime::new(&config.testing),
+            schedules: crate::schedules::Runtime::new(&config.test_knobs()),
             high_water: config.high_water,
             metrics,
             volume_io_metrics: config.volume_io_metrics,
             activity,
             in_flight: Arc::new(tokio::sync::RwLock::new(())),
-            hold_operations: config.testing.hold_operations.clone(),
+            hold_operations: config.test_knobs().hold_operations,
         };
         for op in state.store.ops()? {
             if op.state == api::OperationState::Running {

@@ -20,14 +20,18 @@
 //!   the daemon does not exit in time, and when the test is already failing
 //!   it prints the daemon's log.
 //!
-//! The binary comes from the caller ([`Lamina`]): the CLI's own tests pass
-//! `env!("CARGO_BIN_EXE_lamina")`, which cargo sets only for integration
-//! tests of the package that builds the binary, building it fresh first;
-//! the tests of other packages (`crates/e2e`) take [`Lamina::built`], which
-//! has cargo bring the binary up to date and say where it is; the
-//! benchmarks pass the release build they chose. A lookup next to the test
-//! executable could find a binary left by an earlier build and silently
-//! test old code, or none at all.
+//! The binary comes from the caller. The CLI's own tests pass
+//! `Lamina::new(env!("CARGO_BIN_EXE_lamina"))`: Cargo sets that variable only
+//! for integration tests of the package that builds the binary, and builds it
+//! fresh before running them. Tests of other packages (the end-to-end suites
+//! of lamina-e2e, the controllers') take [`Lamina::built`], which runs
+//! `cargo build -p lamina-cli --bin lamina --features testing` and takes the
+//! path Cargo reports, so that they never pick up a binary left by an earlier
+//! build. Either way the binary takes `lamina serve`'s hidden test flags
+//! (`--test-clock`, `--test-crash-at`): lamina-cli's dev-dependency turns on
+//! lamina-server's `testing` feature whenever tests are built, and the nested
+//! build asks for it; a plain `cargo build` of the binary has no test flags
+//! (lamina-server's `cfg_testing!`).
 //!
 //! [`netns`] puts several daemons on one machine, each in a network
 //! namespace of its own joined to one switch, for the cross-node tests and

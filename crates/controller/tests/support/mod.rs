@@ -39,7 +39,7 @@ fn lamina_bin() -> PathBuf {
         return PathBuf::from(b);
     }
     let st = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina"])
+        .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina", "--features", "testing"])
         .current_dir(repo())
         .status()
         .expect("running cargo build for the lamina binary");

@@ -433,16 +433,7 @@ pub fn spawn_daemon_with(
 ) {
     std::fs::create_dir_all(data).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = lamina_server::Config {
-        data_dir: data.to_path_buf(),
-        listen: None,
-        nbd_listen: None,
-        operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
-        transfer,
-        testing: Default::default(),
-        high_water: Default::default(),
-        volume_io_metrics: true,
-    };
+    let config = lamina_server::Config::new(data).transfer(transfer);
     let daemon = rt.spawn(lamina_server::run(config, async {
         let _ = rx.await;
     }));

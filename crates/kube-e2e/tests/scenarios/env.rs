@@ -65,7 +65,7 @@ impl Env {
                 // The outer cargo has released the build directory by now.
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
                 let status = Command::new(cargo)
-                    .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina"])
+                    .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina", "--features", "testing"])
                     .current_dir(&root)
                     .status()
                     .context("run cargo build -p lamina-cli")?;

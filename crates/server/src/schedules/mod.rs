@@ -49,7 +49,7 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    pub fn new(testing: &crate::Testing) -> Runtime {
+    pub fn new(testing: &crate::config::Testing) -> Runtime {
         let clock: Arc<dyn Clock> = match &testing.clock_file {
             Some(p) => Arc::new(FileClock::new(p.clone())),
             None => Arc::new(SystemClock),

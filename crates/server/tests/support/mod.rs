@@ -49,16 +49,7 @@ impl Daemon {
             .build()
             .unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let mut config = lamina_server::Config {
-            data_dir: dir.path().to_path_buf(),
-            listen: None,
-            nbd_listen: None,
-            operation_retention: lamina_server::DEFAULT_OPERATION_RETENTION,
-            transfer: Default::default(),
-            testing: Default::default(),
-            high_water: Default::default(),
-            volume_io_metrics: true,
-        };
+        let mut config = lamina_server::Config::new(dir.path());
         set(&mut config);
         let done = rt.spawn(lamina_server::run(config, async move {
             let _ = rx.await;
