@@ -12,7 +12,7 @@ use crate::paths::Layout;
 use crate::store::{ExportRec, Store};
 use crate::Config;
 use lamina_api as api;
-use lamina_engine::{Pool, PoolOptions};
+use lamina_engine::Pool;
 use ledger::Running;
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -10,16 +10,7 @@ async fn state() -> (tempfile::TempDir, Arc<State>) {
     let d = tempfile::tempdir().unwrap();
     let layout = crate::Layout::new(d.path());
     layout.prepare().unwrap();
-    let config = crate::Config {
-        data_dir: d.path().to_path_buf(),
-        listen: None,
-        nbd_listen: None,
-        operation_retention: crate::DEFAULT_OPERATION_RETENTION,
-        transfer: Default::default(),
-        testing: Default::default(),
-        high_water: Default::default(),
-        volume_io_metrics: true,
-    };
+    let config = crate::Config::new(d.path());
     let st = Arc::new(State::open(&layout, &config).await.unwrap());
     (d, st)
 }
