@@ -175,7 +175,7 @@ impl std::fmt::Display for Size {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.0;
         for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-            if n != 0 && n % (1 << shift) == 0 {
+            if n != 0 && n.is_multiple_of(1 << shift) {
                 return write!(f, "{}{unit}", n >> shift);
             }
         }
@@ -369,7 +369,7 @@ mod tests {
         for (arg, says) in [
             ("--operation-retention=soon", "--operation-retention"),
             ("--metadata-cache=4K", "at least 256K"),
-            ("--metadata-cache=lots", "not a size"),
+            ("--metadata-cache=lots", "a size is a number of bytes"),
             ("--nbd-max-payload=1K", "at least 4K"),
             ("--nbd-max-payload=4G", "at most 4294967295 bytes"),
             ("--nbd-max-in-flight=0", "1 or more"),

@@ -122,9 +122,17 @@ impl Lamina {
 fn build_lamina() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "-p", "lamina-cli", "--bin", "lamina", "--features", "testing"])
-        .arg("--message-format=json-render-diagnostics")
-        .current_dir(&workspace);
+    c.args([
+        "build",
+        "-p",
+        "lamina-cli",
+        "--bin",
+        "lamina",
+        "--features",
+        "testing",
+    ])
+    .arg("--message-format=json-render-diagnostics")
+    .current_dir(&workspace);
     let out = try_run_for(&mut c, BUILD_LIMIT).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         out.status.success(),

@@ -33,21 +33,13 @@ fn repo() -> PathBuf {
         .unwrap()
 }
 
-/// The `lamina` binary: LAMINA_BIN, else built into this repository's target dir.
+/// The `lamina` binary: LAMINA_BIN, else the one test-support has cargo
+/// build (with the test flags).
 fn lamina_bin() -> PathBuf {
     if let Some(b) = std::env::var_os("LAMINA_BIN") {
         return PathBuf::from(b);
     }
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina", "--features", "testing"])
-        .current_dir(repo())
-        .status()
-        .expect("running cargo build for the lamina binary");
-    assert!(st.success(), "cargo build -p lamina-cli failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target"));
-    target.join("debug/lamina")
+    lamina_test_support::Lamina::built().bin().to_path_buf()
 }
 
 impl Env {

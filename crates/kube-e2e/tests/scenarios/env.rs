@@ -61,19 +61,8 @@ impl Env {
         let root = repo_root();
         let lamina = match std::env::var_os("LAMINA_BIN") {
             Some(p) => PathBuf::from(p),
-            None => {
-                // The outer cargo has released the build directory by now.
-                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-                let status = Command::new(cargo)
-                    .args(["build", "-q", "-p", "lamina-cli", "--bin", "lamina", "--features", "testing"])
-                    .current_dir(&root)
-                    .status()
-                    .context("run cargo build -p lamina-cli")?;
-                if !status.success() {
-                    bail!("cargo build -p lamina-cli --bin lamina failed");
-                }
-                target_dir(&root).join("debug/lamina")
-            }
+            // The outer cargo has released the build directory by now.
+            None => lamina_test_support::Lamina::built().bin().to_path_buf(),
         };
         let up = Command::new(root.join("kube-env/up"))
             .arg(dir)
@@ -316,12 +305,6 @@ pub fn fill_pattern(uri: &str, size: &str) -> Result<()> {
 /// kube-env/down DIR.
 pub fn down(dir: &Path) -> Result<()> {
     run(Command::new(repo_root().join("kube-env/down")).arg(dir)).map(drop)
-}
-
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
 }
 
 /// DIR/env: `export K=V` lines.
