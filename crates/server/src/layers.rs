@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation",
-        &["background", "error", "metrics", "pacing", "paths"],
+        &["background", "config", "error", "metrics", "pacing", "paths"],
     ),
     ("store", &["migrate", "store"]),
     (
