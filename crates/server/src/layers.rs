@@ -14,7 +14,14 @@ use std::collections::{BTreeMap, BTreeSet};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation",
-        &["background", "config", "error", "metrics", "pacing", "paths"],
+        &[
+            "background",
+            "config",
+            "error",
+            "metrics",
+            "pacing",
+            "paths",
+        ],
     ),
     ("store", &["migrate", "store"]),
     (
