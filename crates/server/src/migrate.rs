@@ -109,14 +109,8 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
             };
             if full {
                 copy = Some(CopyRec {
-                    volume: snap.0,
-                    snapshot: snap.1,
-                    system: snap.2,
                     resume_offset: a["resume_offset"].as_u64().unwrap_or(0),
-                    snapshot_id: 0,
-                    received_bytes: 0,
-                    resent_bytes: None,
-                    wire_bytes: 0,
+                    ..CopyRec::new(snap.0, snap.1, snap.2)
                 });
             }
             Op::Clone { name, source, full }

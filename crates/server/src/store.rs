@@ -258,6 +258,23 @@ pub struct CopyRec {
     pub wire_bytes: u64,
 }
 
+impl CopyRec {
+    /// A copy of `volume`'s snapshot `snapshot` that has not started: nothing
+    /// durable, received or resent yet.
+    pub fn new(volume: String, snapshot: String, system: bool) -> CopyRec {
+        CopyRec {
+            volume,
+            snapshot,
+            system,
+            resume_offset: 0,
+            snapshot_id: 0,
+            received_bytes: 0,
+            resent_bytes: None,
+            wire_bytes: 0,
+        }
+    }
+}
+
 /// A recorded operation.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OpRec {

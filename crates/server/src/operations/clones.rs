@@ -145,32 +145,14 @@ pub(super) async fn full(
             Ok(match s2 {
                 CloneSource::Snapshot { volume, snapshot } => {
                     p2.snapshot_info_by_name(&volume, &snapshot)?;
-                    CopyRec {
-                        volume,
-                        snapshot,
-                        system: false,
-                        resume_offset: 0,
-                        snapshot_id: 0,
-                        received_bytes: 0,
-                        resent_bytes: None,
-                        wire_bytes: 0,
-                    }
+                    CopyRec::new(volume, snapshot, false)
                 }
                 CloneSource::Remote { .. } => {
                     return Err(Failure::internal("a remote clone is not a local copy"))
                 }
                 CloneSource::Volume { volume } => {
                     let s = p2.create_system_snapshot(&volume, &n2)?;
-                    CopyRec {
-                        volume,
-                        snapshot: s.name,
-                        system: true,
-                        resume_offset: 0,
-                        snapshot_id: 0,
-                        received_bytes: 0,
-                        resent_bytes: None,
-                        wire_bytes: 0,
-                    }
+                    CopyRec::new(volume, s.name, true)
                 }
             })
         })

@@ -165,14 +165,9 @@ pub(super) async fn clone(
         .await?;
         rec.total_bytes = described.data_bytes;
         rec.copy = Some(CopyRec {
-            volume: rvol.clone(),
-            snapshot: rsnap.clone(),
-            system: false,
-            resume_offset: 0,
             snapshot_id: described.id,
-            received_bytes: 0,
             resent_bytes: Some(0),
-            wire_bytes: 0,
+            ..CopyRec::new(rvol.clone(), rsnap.clone(), false)
         });
         rec.reason = None;
         st.transition_async(rec.clone(), Step::Progress).await?;

@@ -53,16 +53,7 @@ async fn copying(st: &Arc<State>) {
         error: None,
         done_bytes: 0,
         total_bytes: 0,
-        copy: Some(CopyRec {
-            volume: "src".into(),
-            snapshot: "s".into(),
-            system: false,
-            resume_offset: 0,
-            snapshot_id: 0,
-            received_bytes: 0,
-            resent_bytes: None,
-            wire_bytes: 0,
-        }),
+        copy: Some(CopyRec::new("src".into(), "s".into(), false)),
         reason: None,
     };
     st.transition(&mut rec, Step::Start).unwrap();
