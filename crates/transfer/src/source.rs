@@ -445,8 +445,11 @@ impl Source {
         let mut tls = match tokio::time::timeout(opening, acceptor.accept(tcp)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                // The slot goes, and the refusal is logged, before it is
+                // counted: whoever sees the count sees the rest of it.
+                drop(handshake);
                 warn!(peer = %addr, error = %e, "transfer: refused a peer (TLS handshake failed)");
+                self.refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             Err(_) => {
@@ -462,8 +465,10 @@ impl Source {
             .and_then(|c| c.first())
             .and_then(cert_node)
         else {
-            self.refused.fetch_add(1, Ordering::Relaxed);
+            drop(tls);
+            drop(handshake);
             warn!(peer = %addr, "transfer: refused a peer (its certificate names no node)");
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let span = info_span!("transfer_session", peer = %addr, node = %node);
