@@ -97,6 +97,52 @@ impl Ctx {
         }
     }
 
+    /// The node holding engine snapshot `name` of `volume` (the snapshot
+    /// with id `id` when its resource knows it: ids are never reused), and
+    /// how to name its volume there: `NAME@ID` once the volume was deleted
+    /// (its snapshots outlive it), so that a new volume of the same name
+    /// is never the one reached.
+    pub fn locate_snapshot(&self, volume: &str, name: &str, id: Option<u64>) -> (Located, String) {
+        if !self.nodes_known() {
+            return (Located::Unknown, volume.to_string());
+        }
+        let engines = self.engines.read().unwrap();
+        let views = self.views.read().unwrap();
+        let mut deleted = None;
+        let mut another = false;
+        let mut all_listed = true;
+        for (node, e) in engines.iter() {
+            let Some(v) = views.get(node) else {
+                all_listed = false;
+                continue;
+            };
+            for x in v.snapshots.iter().filter(|x| x.volume == volume && x.name == name) {
+                match id {
+                    Some(id) if x.id == id => return (Located::On(e.clone()), x.volume_reference()),
+                    Some(_) => another = true,
+                    None if !x.volume_deleted => return (Located::On(e.clone()), x.volume.clone()),
+                    None => {
+                        deleted.get_or_insert((e.clone(), x.volume_reference()));
+                    }
+                }
+            }
+        }
+        if let Some((e, reference)) = deleted {
+            return (Located::On(e), reference);
+        }
+        if another {
+            // Its name was taken again by another snapshot: this one is
+            // gone, and the other is not its to delete.
+            let l = if all_listed { Located::Gone } else { Located::Unknown };
+            return (l, volume.to_string());
+        }
+        drop((engines, views));
+        // Not listed (yet): a live volume of that name is where it would be
+        // (a snapshot taken since the last listing), and its delete is
+        // idempotent.
+        (self.locate(volume), volume.to_string())
+    }
+
     pub fn snapshot_api(&self) -> Api<Snapshot> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }

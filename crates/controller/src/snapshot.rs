@@ -1,7 +1,8 @@
 //! The Snapshot reconciler. A resource with createSnapshot=true whose
 //! snapshot was not taken yet takes it (the daemon's create is idempotent
 //! by name, so a retry or a second controller never makes two). Deleting a
-//! resource deletes the engine snapshot first, then releases the finalizer.
+//! resource deletes the engine snapshot first (also one whose volume was
+//! deleted: it outlives its volume), then releases the finalizer.
 //! Everything else in a Snapshot's status is the mirror's.
 
 use crate::crd::Snapshot;
@@ -145,21 +146,20 @@ async fn record_error(s: &Snapshot, ctx: &Ctx, status: crate::crd::SnapshotStatu
 
 /// Delete the engine snapshot; the finalizer goes once it is gone.
 async fn remove(s: &Snapshot, ctx: &Ctx) -> Result<Action, Error> {
-    let engine = match ctx.locate(&s.spec.volume) {
-        Located::On(e) => e,
-        // Its volume is gone, and the snapshot with it.
-        Located::Gone => return Ok(Action::await_change()),
-        Located::Unknown => {
+    let id = s.status.as_ref().and_then(|st| st.id);
+    let (engine, volume) = match ctx.locate_snapshot(&s.spec.volume, s.engine_name(), id) {
+        (Located::On(e), volume) => (e, volume),
+        // Not on any node: deleted already, or never taken.
+        (Located::Gone, _) => return Ok(Action::await_change()),
+        (Located::Unknown, _) => {
             return Err(Error::NotYet(format!(
-                "not every node has been listed yet to find volume {}",
+                "not every node has been listed yet to find snapshot {} of volume {}",
+                s.engine_name(),
                 s.spec.volume
             )))
         }
     };
-    match engine
-        .delete_snapshot(&s.spec.volume, s.engine_name())
-        .await
-    {
+    match engine.delete_snapshot(&volume, s.engine_name()).await {
         Ok(_) => Ok(Action::await_change()),
         Err(e) => {
             ctx.warn(s, "DeleteSnapshot", &e).await;

@@ -1,11 +1,11 @@
 //! The Volume reconciler. A Volume an operator creates makes the engine
 //! volume on its node (plain, or a linked or full clone of its dataSource);
-//! its status is then the mirror's. Deleting a Volume refuses while linked
-//! clones depend on it (an event names them), waits while snapshots a user
-//! made remain (an event names them: they are kept until someone deletes
-//! them, which is what "retained by policy" comes to here, since a Lamina
-//! snapshot cannot outlive its volume), then deletes the engine volume with
-//! what system snapshots it still has, and releases the finalizer.
+//! its status is then the mirror's. Deleting a Volume deletes the engine
+//! volume and releases the finalizer, whatever snapshots and linked clones
+//! it has: the daemon retires it (docs/daemon.md, "Deleting a volume"), so
+//! its snapshots stay usable and their Snapshot resources stay, and its
+//! linked clones keep their data. Only a volume a client has open holds the
+//! finalizer, until the client lets go.
 
 use crate::crd::{parse_quantity, DataSource, SourceKind, Volume, VolumeStatus};
 use crate::ctx::Ctx;
@@ -56,6 +56,10 @@ pub fn error_policy(v: Arc<Volume>, e: &Error, ctx: Arc<Ctx>) -> Action {
     Action::requeue(backoff(n))
 }
 
+/// How soon a Volume whose engine volume the last listing showed, and its
+/// status does not, is looked at again.
+const LISTING_AGAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Make the engine volume if it was never made; grow it if its spec grew.
 async fn ensure(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     let node = &v.spec.node;
@@ -80,6 +84,13 @@ async fn ensure(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     let want = parse_quantity(&v.spec.size);
     let status = v.status.clone().unwrap_or_default();
     if let Some(have) = view.volumes.iter().find(|x| x.name == name) {
+        if status.id.is_none() {
+            // Listed but not yet recorded as this resource's: either the
+            // mirror is about to write its status, or the listing is older
+            // than a delete of a volume of this name (names are free again
+            // at once). Look again once the next listing is in.
+            return Ok(Action::requeue(LISTING_AGAIN));
+        }
         if let Some(want) = want.filter(|w| *w > have.size) {
             if let Err(e) = engine.expand_volume(name, want).await {
                 fail(v, ctx, &e, e.reason()).await;
@@ -200,7 +211,7 @@ async fn fail(v: &Volume, ctx: &Ctx, e: &Error, reason: &str) {
     }
 }
 
-/// Delete the engine volume once nothing holds it.
+/// Delete (retire) the engine volume; its snapshots and clones stay.
 async fn remove(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     let node = &v.spec.node;
     let name = v.engine_name();
@@ -219,64 +230,6 @@ async fn remove(v: &Volume, ctx: &Ctx) -> Result<Action, Error> {
     };
     if !view.volumes.iter().any(|x| x.name == name) {
         return Ok(Action::await_change());
-    }
-    let clones: Vec<&str> = view
-        .volumes
-        .iter()
-        .filter(|x| {
-            x.origin.as_ref().and_then(|o| o.volume.as_deref()) == Some(name)
-                && matches!(
-                    x.clone_state,
-                    api::CloneState::Linked
-                        | api::CloneState::Flattening
-                        | api::CloneState::Copying
-                )
-        })
-        .map(|x| x.name.as_str())
-        .collect();
-    if !clones.is_empty() {
-        let e = Error::Refused(format!(
-            "linked clones depend on volume {name}: {} (flatten or delete them first)",
-            clones.join(", ")
-        ));
-        ctx.event(
-            &kube::Resource::object_ref(v, &()),
-            true,
-            "DependentClones",
-            "DeleteVolume",
-            e.to_string(),
-        )
-        .await;
-        return Err(e);
-    }
-    let held: Vec<String> = view
-        .snapshots
-        .iter()
-        .filter(|s| s.volume == name && !s.system)
-        .map(|s| s.name.clone())
-        .collect();
-    if !held.is_empty() {
-        let shown: Vec<&str> = held.iter().take(10).map(String::as_str).collect();
-        let more = held.len().saturating_sub(shown.len());
-        let note = format!(
-            "waiting for the volume's {} snapshot(s) to be deleted: {}{}",
-            held.len(),
-            shown.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        );
-        ctx.event(
-            &kube::Resource::object_ref(v, &()),
-            false,
-            "WaitingForSnapshots",
-            "DeleteVolume",
-            note.clone(),
-        )
-        .await;
-        return Err(Error::NotYet(note));
     }
     match engine.delete_volume(name).await {
         Ok(_) => Ok(Action::await_change()),

@@ -49,6 +49,12 @@ pub struct SuiteArgs {
     /// Seconds per fio run (default 5, quick 1).
     #[arg(long)]
     seconds: Option<f64>,
+    /// Another build's `lamina` binary (an earlier commit's, say): the io
+    /// case serves one more volume from it, beside this build's, in the
+    /// same rounds, and compares the two (before and after a change to
+    /// the data path, in one run).
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 /// Sizes and counts of one run; printed in the report.
@@ -132,6 +138,8 @@ pub struct Ctx {
     pub work: PathBuf,
     pub logs: PathBuf,
     pub lamina_bin: PathBuf,
+    /// `--baseline`: another build's `lamina`, for the io case.
+    pub baseline_bin: Option<PathBuf>,
     pub rec: Records,
 }
 
@@ -154,6 +162,12 @@ impl Ctx {
         let d = self.scratch(name)?;
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         lamina::Lamina::start_in(&self.lamina_bin, &d, &self.logs, &[], &extra)
+    }
+
+    /// A daemon of another build's binary (`--baseline`).
+    pub fn lamina_of(&self, bin: &Path, name: &str) -> Result<lamina::Lamina> {
+        let d = self.scratch(name)?;
+        lamina::Lamina::start(bin, &d, &self.logs)
     }
 }
 
@@ -288,6 +302,11 @@ pub fn run(a: SuiteArgs) -> Result<()> {
         work: work.clone(),
         logs,
         lamina_bin: lamina_bin()?,
+        baseline_bin: match &a.baseline {
+            Some(b) if !b.is_file() => bail!("--baseline {}: no such file", b.display()),
+            Some(b) => Some(b.canonicalize()?),
+            None => None,
+        },
         rec: Records::default(),
     };
     let started = Instant::now();

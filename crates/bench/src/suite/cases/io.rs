@@ -14,6 +14,8 @@ use anyhow::Result;
 
 const CASE: &str = "io";
 const BARE: &str = "lamina, no I/O metrics";
+/// `--baseline`: the same volume served by another build's binary.
+const BASELINE: &str = "lamina, baseline build";
 
 pub fn jobs(seconds: f64) -> Vec<(&'static str, Job)> {
     vec![
@@ -71,12 +73,22 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     bare.create_volume("io", size)?;
     let bare_uri = bare.attach("io")?;
     nbdcopy(&path_str(&data), &bare_uri)?;
+    let baseline = match ctx.baseline_bin.clone() {
+        Some(bin) => {
+            let b = ctx.lamina_of(&bin, "io-lamina-baseline")?;
+            b.create_volume("io", size)?;
+            let uri = b.attach("io")?;
+            nbdcopy(&path_str(&data), &uri)?;
+            Some((b, uri))
+        }
+        None => None,
+    };
     std::fs::remove_file(&data)?;
 
     let (_q1, raw_uri) = qemu_nbd("qemu-nbd-raw", &raw, "raw", &dir)?;
     let (_q2, qcow2_uri) = qemu_nbd("qemu-nbd-qcow2", &qcow2, "qcow2", &dir)?;
     let (_k, kit_uri) = nbdkit_file("nbdkit-file", &kit, &dir)?;
-    let targets = [
+    let mut targets = vec![
         ("lamina", Target::Nbd(lamina_uri)),
         (BARE, Target::Nbd(bare_uri)),
         ("nbdkit file", Target::Nbd(kit_uri)),
@@ -84,6 +96,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         ("qemu-nbd qcow2", Target::Nbd(qcow2_uri)),
         ("file O_DIRECT", Target::File(direct.clone(), size)),
     ];
+    if let Some((_, uri)) = &baseline {
+        targets.push((BASELINE, Target::Nbd(uri.clone())));
+    }
     let jobs = jobs(ctx.p.seconds);
     for round in 0..ctx.p.rounds {
         for (label, job) in &jobs {
@@ -146,6 +161,16 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             BARE,
             None,
         );
+        if let Some(bin) = &ctx.baseline_bin {
+            ctx.rec.compare(
+                CASE,
+                &format!("{label}: this build vs the baseline ({})", bin.display()),
+                label,
+                "lamina",
+                BASELINE,
+                None,
+            );
+        }
         let p99 = format!("{label} p99");
         ctx.rec.compare(
             CASE,
