@@ -116,9 +116,15 @@ impl Ctx {
                 all_listed = false;
                 continue;
             };
-            for x in v.snapshots.iter().filter(|x| x.volume == volume && x.name == name) {
+            for x in v
+                .snapshots
+                .iter()
+                .filter(|x| x.volume == volume && x.name == name)
+            {
                 match id {
-                    Some(id) if x.id == id => return (Located::On(e.clone()), x.volume_reference()),
+                    Some(id) if x.id == id => {
+                        return (Located::On(e.clone()), x.volume_reference())
+                    }
                     Some(_) => another = true,
                     None if !x.volume_deleted => return (Located::On(e.clone()), x.volume.clone()),
                     None => {
@@ -133,7 +139,11 @@ impl Ctx {
         if another {
             // Its name was taken again by another snapshot: this one is
             // gone, and the other is not its to delete.
-            let l = if all_listed { Located::Gone } else { Located::Unknown };
+            let l = if all_listed {
+                Located::Gone
+            } else {
+                Located::Unknown
+            };
             return (l, volume.to_string());
         }
         drop((engines, views));

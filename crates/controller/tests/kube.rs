@@ -326,16 +326,20 @@ fn volume_resource_lifecycle(env: &Env, rt: &tokio::runtime::Runtime, c: &lamina
             "--timeout=120s",
         ]);
     }
-    eventually("vol-k and clone-k leave the engine and the API", LIMIT, || {
-        let gone = |n| {
-            rt.block_on(c.get_volume(n))
-                .is_err_and(|e| e.is_not_found())
-        };
-        (gone("vol-k")
-            && gone("clone-k")
-            && !env.try_kubectl(&["-n", NS, "get", "volumes.lamina.io", "vol-k"]))
-        .then_some(())
-    });
+    eventually(
+        "vol-k and clone-k leave the engine and the API",
+        LIMIT,
+        || {
+            let gone = |n| {
+                rt.block_on(c.get_volume(n))
+                    .is_err_and(|e| e.is_not_found())
+            };
+            (gone("vol-k")
+                && gone("clone-k")
+                && !env.try_kubectl(&["-n", NS, "get", "volumes.lamina.io", "vol-k"]))
+            .then_some(())
+        },
+    );
 }
 
 fn killing_the_active_controller_mid_snapshot_leaves_one(

@@ -624,6 +624,11 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// [`check_volume_reference`]'s rule as a regular expression (the name's
+/// length is [`NAME_MAX_LEN`]; the id a decimal `u64`): what the API's
+/// schema declares for a snapshot path's volume.
+pub const VOLUME_REFERENCE_PATTERN: &str = "^[a-z0-9][a-z0-9._-]*(@[0-9]+)?$";
+
 /// A reference to a volume whose snapshots are named: a name, or
 /// `NAME@ID` (a live or deleted volume by its pool id; see
 /// `Pool::list_snapshots`).

@@ -45,6 +45,7 @@ pub use extents::{Chunk, Export, Extent, ExtentKind, Piece, Target};
 pub use format::{
     check_labels, check_name, check_volume_reference, BLOCK, LABELS_MAX_BYTES, LABEL_KEY_MAX_LEN,
     LABEL_OVERHEAD, LABEL_PATTERN, LABEL_VALUE_MAX_LEN, NAME_MAX_LEN, NAME_PATTERN, NAME_RULE,
+    VOLUME_REFERENCE_PATTERN,
 };
 pub use group::GROUP_LABEL;
 pub use io::Volume;

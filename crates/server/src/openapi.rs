@@ -202,6 +202,42 @@ fn apply_rules(doc: &mut utoipa::openapi::OpenApi) -> Vec<String> {
             None => missing.push(format!("{schema}.labels")),
         }
     }
+    // A snapshot's path names its volume by name, or by NAME@ID once the
+    // volume was deleted (its snapshots outlive it).
+    let mut references = 0;
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if !path.starts_with("/v1/volumes/{name}/snapshots") {
+            continue;
+        }
+        let ops = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+        ];
+        for op in ops.into_iter().flatten() {
+            let named = op
+                .parameters
+                .iter_mut()
+                .flatten()
+                .find(|p| p.name == "name");
+            if let Some(p) = named {
+                p.description = Some(
+                    "volume name; NAME@ID (the pool's id of the volume) names a deleted volume's snapshots, \
+                     or a live volume by its id"
+                        .into(),
+                );
+                if let Some(RefOr::T(Schema::Object(o))) = p.schema.as_mut() {
+                    o.pattern = Some(engine::VOLUME_REFERENCE_PATTERN.into());
+                    o.min_length = Some(1);
+                    references += 1;
+                }
+            }
+        }
+    }
+    if references == 0 {
+        missing.push("the volume of /v1/volumes/{name}/snapshots...".into());
+    }
     let bounds: [(&str, &str, u64); 4] = [
         ("/v1/operations", "limit", api::MAX_OPERATIONS_LIMIT as u64),
         ("/v1/changes", "wait_ms", api::MAX_CHANGES_WAIT_MS),

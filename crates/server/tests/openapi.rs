@@ -154,6 +154,30 @@ fn the_document_states_the_rules_with_the_constants_the_checks_use() {
     }
     let o = &doc["paths"]["/v1/snapshots"]["get"]["responses"];
     assert!(o["404"].is_object(), "{o}");
+    // Every snapshot path names its volume as a reference: NAME or NAME@ID.
+    let mut seen = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/v1/volumes/{name}/snapshots") {
+            continue;
+        }
+        for (verb, op) in item.as_object().unwrap() {
+            let p = op["parameters"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["name"] == "name"))
+                .unwrap_or_else(|| panic!("{verb} {path} has no name parameter"));
+            assert_eq!(
+                p["schema"]["pattern"],
+                engine::VOLUME_REFERENCE_PATTERN,
+                "{verb} {path}"
+            );
+            assert!(
+                p["description"].as_str().unwrap_or("").contains("NAME@ID"),
+                "{verb} {path}: {p}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 6, "{seen} snapshot operations");
 }
 
 #[test]
@@ -179,6 +203,32 @@ fn the_name_pattern_is_the_naming_rule() {
         for b in 0u8..=0x7f {
             agree(std::str::from_utf8(&[a, b]).unwrap());
         }
+    }
+    let refs = regex::Regex::new(engine::VOLUME_REFERENCE_PATTERN).unwrap();
+    for r in [
+        "a",
+        "a@1",
+        "a@0",
+        "a@",
+        "@1",
+        "a@1@2",
+        "a@x",
+        "a@-1",
+        "A@1",
+        "a@01",
+        "a@18446744073709551615",
+        "a@18446744073709551616",
+    ] {
+        let by_doc = refs.is_match(r) && r.split('@').next().unwrap().len() <= engine::NAME_MAX_LEN;
+        // The pattern cannot bound the id: u64's range is the check's alone.
+        let in_range = r
+            .split_once('@')
+            .is_none_or(|(_, id)| id.parse::<u64>().is_ok());
+        assert_eq!(
+            by_doc && in_range,
+            engine::check_volume_reference(r).is_ok(),
+            "{r:?}: the pattern and check_volume_reference disagree"
+        );
     }
     let labels = regex::Regex::new(engine::LABEL_PATTERN).unwrap();
     for c in (0u32..0x300).filter_map(char::from_u32) {
