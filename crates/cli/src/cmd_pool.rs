@@ -11,7 +11,7 @@ use clap::Subcommand;
 use lamina_api::format_size;
 use lamina_engine::{Pool, PoolOptions};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum PoolCmd {
@@ -31,7 +31,7 @@ pub enum PoolCmd {
         #[arg(long, hide = true)]
         json: bool,
     },
-    /// The pool's space: capacity, used, free, and what only snapshots hold (what deleting them all would free). Asks the daemon; given a DIR, reads that pool offline instead.
+    /// The pool's space: capacity, used, free, and what only snapshots hold (what deleting them all would free). Asks the daemon; given a DIR, reads that pool offline instead, read-only (it writes nothing to it).
     Stats {
         /// A pool directory to read offline (DATA_DIR/pool for a daemon's), with the daemon stopped.
         dir: Option<PathBuf>,
@@ -85,14 +85,6 @@ struct VolumeStats {
     size: u64,
     allocated_bytes: u64,
     snapshots: usize,
-}
-
-fn open(dir: &Path) -> Result<Pool> {
-    let opts = PoolOptions {
-        background: false,
-        ..PoolOptions::default()
-    };
-    Pool::open_dir(dir, opts).with_context(|| format!("opening {}", dir.display()))
 }
 
 /// Whether the command works on a pool directory offline (else it asks the
@@ -230,19 +222,25 @@ pub fn run(cmd: PoolCmd, fmt: Format) -> Result<()> {
         }
         PoolCmd::Stats { dir } => {
             let dir = dir.expect("offline stats have a directory");
-            let pool = open(&dir)?;
-            let s = pool.stats()?;
-            let only = pool.snapshot_only()?;
-            let mut volumes = vec![];
-            for v in pool.list_volumes() {
-                volumes.push(VolumeStats {
-                    snapshots: pool.list_snapshots(&v.name)?.len(),
+            // Read-only, as `pool check` reads: nothing is written to a
+            // pool someone only looked at.
+            let opts = PoolOptions {
+                background: false,
+                ..PoolOptions::default()
+            };
+            let offline = Pool::stats_read_only(&dir, opts)
+                .with_context(|| format!("reading {}", dir.display()))?;
+            let (s, only) = (offline.stats, offline.snapshot_only);
+            let volumes = offline
+                .volumes
+                .into_iter()
+                .map(|v| VolumeStats {
+                    snapshots: v.snapshots,
                     name: v.name,
                     size: v.size,
                     allocated_bytes: v.allocated_bytes,
-                });
-            }
-            pool.close()?;
+                })
+                .collect();
             let doc = Stats {
                 pool: dir.display().to_string(),
                 total_bytes: s.total_bytes,

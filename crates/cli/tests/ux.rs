@@ -113,12 +113,36 @@ fn every_command_prints_one_json_or_yaml_document() {
     // The offline pool tools, on the daemon's pool once it has stopped.
     let pool = d.data().join("pool");
     let pool = pool.to_str().unwrap();
+    // Both read a pool without writing to it: every file's bytes and
+    // modification time stay as they were.
+    let files = || -> Vec<(String, u64, std::time::SystemTime)> {
+        use std::hash::{Hash, Hasher};
+        let mut v: Vec<_> = std::fs::read_dir(pool)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let m = std::fs::metadata(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                if m.is_file() {
+                    std::fs::read(&p).unwrap().hash(&mut h);
+                }
+                (p.display().to_string(), h.finish(), m.modified().unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files();
     let check = one_document(|| LAMINA.cmd(), &["pool", "check", pool]);
     assert_eq!(check["ok"], true, "{check}");
     assert_eq!(check["problem_count"], 0, "{check}");
     let stats = one_document(|| LAMINA.cmd(), &["pool", "stats", pool]);
     assert_eq!(stats["volume_count"], 2, "{stats}");
     assert!(stats["used_bytes"].is_u64(), "{stats}");
+    assert!(
+        before == files(),
+        "pool check or pool stats DIR changed the pool's files"
+    );
     let dir = tempfile::tempdir().unwrap();
     let new = dir.path().join("p");
     let created = document(

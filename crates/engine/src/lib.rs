@@ -50,7 +50,7 @@ pub use format::{
 pub use group::GROUP_LABEL;
 pub use io::Volume;
 pub use ops::{
-    is_system_name, round_up_size, CloneState, Freed, OriginInfo, PoolStats, SnapshotInfo, Usage,
-    VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
+    is_system_name, round_up_size, CloneState, Freed, OfflineStats, OfflineVolume, OriginInfo,
+    PoolStats, SnapshotInfo, Usage, VolumeInfo, MAX_VOLUME_SIZE, SECTOR, SYSTEM_PREFIX,
 };
 pub use pool::{FlattenProgress, Pool, PoolOptions, JOURNAL_FILE, POOL_FILE, WAL_FILE};

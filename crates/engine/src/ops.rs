@@ -1036,19 +1036,73 @@ impl Pool {
 
     /// Space of the whole pool (reads every refcount page).
     pub fn stats(&self) -> Result<PoolStats> {
-        self.with_meta(|m| {
-            let total = m.sb.total_blocks;
-            let used = m.count_refcounts(|rc| rc != 0)?;
-            Ok(PoolStats {
-                total_bytes: total * BLOCK as u64,
-                used_bytes: used * BLOCK as u64,
-                free_bytes: (total - used) * BLOCK as u64,
-                volumes: m.catalog.volumes().count() as u64,
-                snapshots: m.catalog.snapshots().count() as u64,
-                retired_volumes: m.catalog.retired().count() as u64,
-                reclaim_pending: m.sb.dead_head != 0,
-                max_bytes: (m.sb.max_blocks != 0).then_some(m.sb.max_blocks * BLOCK as u64),
+        self.with_meta(pool_stats)
+    }
+
+    /// What `lamina pool stats DIR` shows of a pool in a directory, read
+    /// without writing a byte to it, as [`Pool::check_read_only`] reads
+    /// (what a crash left in the page log and the journal is applied in
+    /// memory). The pool must not be open elsewhere (its lock is taken).
+    pub fn stats_read_only(
+        dir: impl AsRef<std::path::Path>,
+        opts: crate::PoolOptions,
+    ) -> Result<OfflineStats> {
+        let backend: std::sync::Arc<dyn crate::storage::Backend> =
+            std::sync::Arc::new(crate::storage::DirBackend::new(dir.as_ref()));
+        let (mut m, _, _) = Pool::open_meta_read_only(backend, &opts)?;
+        let stats = pool_stats(&mut m)?;
+        let snapshot_only = Self::freed(m.snapshot_only()?);
+        let mut volumes: Vec<OfflineVolume> = m
+            .catalog
+            .volumes()
+            .map(|v| OfflineVolume {
+                name: v.name.clone(),
+                size: v.size,
+                allocated_bytes: v.mapped * BLOCK as u64,
+                snapshots: m.catalog.snapshots_of(v.id).len(),
             })
+            .collect();
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(OfflineStats {
+            stats,
+            snapshot_only,
+            volumes,
         })
     }
+}
+
+/// Space of the whole pool, from its metadata.
+fn pool_stats(m: &mut crate::meta::Meta) -> Result<PoolStats> {
+    let total = m.sb.total_blocks;
+    let used = m.count_refcounts(|rc| rc != 0)?;
+    Ok(PoolStats {
+        total_bytes: total * BLOCK as u64,
+        used_bytes: used * BLOCK as u64,
+        free_bytes: (total - used) * BLOCK as u64,
+        volumes: m.catalog.volumes().count() as u64,
+        snapshots: m.catalog.snapshots().count() as u64,
+        retired_volumes: m.catalog.retired().count() as u64,
+        reclaim_pending: m.sb.dead_head != 0,
+        max_bytes: (m.sb.max_blocks != 0).then_some(m.sb.max_blocks * BLOCK as u64),
+    })
+}
+
+/// A pool's space and volumes, read offline ([`Pool::stats_read_only`]).
+#[derive(Clone, Debug)]
+pub struct OfflineStats {
+    pub stats: PoolStats,
+    /// What deleting every snapshot would free.
+    pub snapshot_only: Freed,
+    /// Live volumes, by name.
+    pub volumes: Vec<OfflineVolume>,
+}
+
+/// One live volume of [`OfflineStats`].
+#[derive(Clone, Debug)]
+pub struct OfflineVolume {
+    pub name: String,
+    pub size: u64,
+    pub allocated_bytes: u64,
+    /// Its snapshots (the system's too).
+    pub snapshots: usize,
 }

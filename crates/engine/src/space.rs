@@ -648,7 +648,7 @@ impl Pool {
         })
     }
 
-    fn freed((nodes, data): (u64, u64)) -> Freed {
+    pub(crate) fn freed((nodes, data): (u64, u64)) -> Freed {
         Freed {
             data_bytes: data * BLOCK as u64,
             metadata_bytes: nodes * BLOCK as u64,

@@ -44,7 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "operations/volumes",
         ],
     ),
-    ("callers of operations", &["schedules/runner"]),
+    ("callers of operations", &["prune", "schedules/runner"]),
     (
         "HTTP",
         &[

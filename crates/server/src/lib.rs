@@ -21,6 +21,7 @@ mod openapi;
 mod operations;
 pub mod pacing;
 mod paths;
+mod prune;
 mod router;
 mod schedules;
 mod space;

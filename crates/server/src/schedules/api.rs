@@ -68,11 +68,7 @@ fn check(spec: &api::ScheduleSpec) -> R<()> {
 }
 
 fn no_such(name: &str) -> Failure {
-    Failure::new(
-        api::ErrorCode::NotFound,
-        format!("no schedule {name:?}"),
-        Some("list schedules with `lamina schedule list`"),
-    )
+    super::records::no_such_schedule(name)
 }
 
 /// A schedule as the API shows it, at `now`.
@@ -369,9 +365,5 @@ pub async fn recover(st: &Arc<State>) -> Result<(), crate::ServerError> {
 
 /// The id of schedule `name`, for `GET /v1/snapshots?schedule=NAME`.
 pub fn id_of(st: &State, name: &str) -> R<String> {
-    st.store
-        .schedule_by_name(name)?
-        .filter(|r| !r.deleting)
-        .map(|r| r.id)
-        .ok_or_else(|| no_such(name))
+    st.store.schedule_id(name)
 }

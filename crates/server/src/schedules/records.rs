@@ -15,7 +15,7 @@
 //! resume the slot rather than take it twice. docs/schedules.md has the
 //! whole story.
 
-use crate::error::ServerError;
+use crate::error::{Failure, ServerError};
 use crate::store::{OnFailure, Store};
 use lamina_api as api;
 use lamina_schedule::Track;
@@ -44,6 +44,15 @@ pub struct ScheduleRec {
     pub deleting: bool,
 }
 
+/// The answer to a schedule name that names none.
+pub fn no_such_schedule(name: &str) -> Failure {
+    Failure::new(
+        api::ErrorCode::NotFound,
+        format!("no schedule {name:?}"),
+        Some("list schedules with `lamina schedule list`"),
+    )
+}
+
 fn track_key(id: &str, volume_id: u64) -> String {
     format!("{id}/{volume_id:020}")
 }
@@ -70,6 +79,15 @@ impl Store {
 
     pub fn schedule_by_name(&self, name: &str) -> Result<Option<ScheduleRec>, ServerError> {
         Ok(self.schedules()?.into_iter().find(|s| s.spec.name == name))
+    }
+
+    /// The id of the schedule named `name`, unless it is being deleted;
+    /// a not-found answer naming it otherwise.
+    pub fn schedule_id(&self, name: &str) -> Result<String, Failure> {
+        self.schedule_by_name(name)?
+            .filter(|r| !r.deleting)
+            .map(|r| r.id)
+            .ok_or_else(|| no_such_schedule(name))
     }
 
     /// A new schedule's id.
