@@ -2,7 +2,7 @@
 //! volume on its node (plain, or a linked or full clone of its dataSource);
 //! its status is then the mirror's. Deleting a Volume deletes the engine
 //! volume and releases the finalizer, whatever snapshots and linked clones
-//! it has: the daemon retires it (docs/daemon.md, "Deleting a volume"), so
+//! it has: the daemon retires it (docs/daemon.md, "Deleted volumes' snapshots"), so
 //! its snapshots stay usable and their Snapshot resources stay, and its
 //! linked clones keep their data. Only a volume a client has open holds the
 //! finalizer, until the client lets go.
