@@ -75,7 +75,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", help_heading = TRANSFER, value_parser = positive_duration, default_value_t = Secs(Limits::STALL_TIMEOUT))]
     transfer_stall_timeout: Secs,
     #[command(flatten)]
-    testing: TestFlags,
+    testing: crate::test_flags::TestFlags,
     #[command(flatten)]
     _not: crate::NotForServe,
 }
@@ -111,42 +111,6 @@ impl ServeArgs {
         self.testing.apply(config)
     }
 }
-
-// The test flags exist exactly when lamina-server has its test knobs: in
-// the builds that tests run, never in a production build (see
-// `lamina_server::cfg_testing!` for how Cargo decides).
-lamina_server::cfg_testing!({
-    /// Knobs for tests (`lamina_server::Testing`), hidden from `--help`.
-    #[derive(Args)]
-    struct TestFlags {
-        /// Tests only: read the schedules' clock (Unix seconds) from FILE.
-        #[arg(long, value_name = "FILE", hide = true)]
-        test_clock: Option<PathBuf>,
-        /// Tests only: abort, as kill -9 would, at this named point.
-        #[arg(long, value_name = "POINT", hide = true)]
-        test_crash_at: Option<String>,
-    }
-
-    impl TestFlags {
-        fn apply(self, config: Config) -> Config {
-            config.testing(lamina_server::Testing {
-                clock_file: self.test_clock,
-                crash_at: self.test_crash_at,
-                hold_operations: None,
-            })
-        }
-    }
-} else {
-    /// No test flags in this build.
-    #[derive(Args)]
-    struct TestFlags {}
-
-    impl TestFlags {
-        fn apply(self, config: Config) -> Config {
-            config
-        }
-    }
-});
 
 /// `on` or `off`.
 #[derive(Clone, Copy, Debug)]

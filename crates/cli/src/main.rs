@@ -32,6 +32,7 @@ use without_kubernetes as cmd_schedule_controller;
 mod cmd_volume;
 mod failure;
 mod output;
+mod test_flags;
 mod tree;
 
 use anyhow::{Context, Result};

@@ -1,6 +1,7 @@
 //! Time as the scheduler sees it: whole seconds since the Unix epoch, read
 //! through a trait so tests drive it instead of sleeping through minutes.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The scheduler's clock, in Unix seconds.
@@ -37,5 +38,38 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> i64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A clock read from a file holding Unix seconds, for tests that move time
+/// instead of waiting for it (`--test-clock`). An unreadable file leaves
+/// the time where it was last read.
+#[derive(Debug)]
+pub struct FileClock {
+    path: PathBuf,
+    last: AtomicI64,
+}
+
+impl FileClock {
+    pub fn new(path: PathBuf) -> FileClock {
+        FileClock {
+            path,
+            last: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Clock for FileClock {
+    fn now(&self) -> i64 {
+        match std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+        {
+            Some(t) => {
+                self.last.store(t, Ordering::SeqCst);
+                t
+            }
+            None => self.last.load(Ordering::SeqCst),
+        }
     }
 }

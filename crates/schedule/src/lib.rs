@@ -16,7 +16,7 @@ mod due;
 mod retention;
 mod timing;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, FileClock, ManualClock, SystemClock};
 pub use due::{step, GiveUpWhy, RetryPolicy, Step, Track, TrackState};
 pub use retention::{plan, Candidate, Kept, Plan, Retention};
 pub use timing::Timing;

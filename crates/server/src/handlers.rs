@@ -277,7 +277,7 @@ pub async fn list_all_snapshots(
     let s = st.clone();
     blocking(move || {
         let schedule = match &f.schedule {
-            Some(name) => Some(crate::schedules::api::id_of(&s, name)?),
+            Some(name) => Some(s.store.schedule_id(name)?),
             None => None,
         };
         Ok(Json(

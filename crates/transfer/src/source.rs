@@ -305,7 +305,9 @@ impl Source {
     /// Connections refused so far (failed TLS handshakes: no valid
     /// certificate, or the peer refused ours).
     pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+        // Acquire: a reader that sees a refusal counted sees its slot gone
+        // and its log line written (both come before the count).
+        self.refused.load(Ordering::Acquire)
     }
 
     /// Connections closed at accept so far, over the handshake limits.
@@ -449,7 +451,7 @@ impl Source {
                 // counted: whoever sees the count sees the rest of it.
                 drop(handshake);
                 warn!(peer = %addr, error = %e, "transfer: refused a peer (TLS handshake failed)");
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.refused.fetch_add(1, Ordering::Release);
                 return;
             }
             Err(_) => {
@@ -468,7 +470,7 @@ impl Source {
             drop(tls);
             drop(handshake);
             warn!(peer = %addr, "transfer: refused a peer (its certificate names no node)");
-            self.refused.fetch_add(1, Ordering::Relaxed);
+            self.refused.fetch_add(1, Ordering::Release);
             return;
         };
         let span = info_span!("transfer_session", peer = %addr, node = %node);

@@ -67,10 +67,6 @@ fn check(spec: &api::ScheduleSpec) -> R<()> {
     Ok(())
 }
 
-fn no_such(name: &str) -> Failure {
-    super::records::no_such_schedule(name)
-}
-
 /// A schedule as the API shows it, at `now`.
 pub fn view(st: &State, rec: &ScheduleRec, now: i64) -> R<api::Schedule> {
     let next_runs = match timing(&rec.spec) {
@@ -189,7 +185,7 @@ pub async fn get_schedule(st: St, Path(name): Path<String>) -> R<Json<api::Sched
             .store
             .schedule_by_name(&name)?
             .filter(|r| !r.deleting)
-            .ok_or_else(|| no_such(&name))?;
+            .ok_or_else(|| super::records::no_such_schedule(&name))?;
         Ok(Json(view(&s, &rec, s.schedules.clock.now())?))
     })
     .await
@@ -216,7 +212,7 @@ pub async fn update_schedule(
             .store
             .schedule_by_name(&name)?
             .filter(|r| !r.deleting)
-            .ok_or_else(|| no_such(&name))?;
+            .ok_or_else(|| super::records::no_such_schedule(&name))?;
         if spec.name != name {
             if let Some(other) = s.store.schedule_by_name(&spec.name)? {
                 return Err(Failure::exists(
@@ -361,9 +357,4 @@ pub async fn recover(st: &Arc<State>) -> Result<(), crate::ServerError> {
             .map_err(crate::ServerError::from)?;
     }
     Ok(())
-}
-
-/// The id of schedule `name`, for `GET /v1/snapshots?schedule=NAME`.
-pub fn id_of(st: &State, name: &str) -> R<String> {
-    st.store.schedule_id(name)
 }

@@ -11,9 +11,7 @@ pub mod runner;
 
 pub use records::ScheduleRec;
 
-use lamina_schedule::{Clock, SystemClock};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, Ordering};
+use lamina_schedule::{Clock, FileClock, SystemClock};
 use std::sync::Arc;
 
 /// Label a scheduled snapshot carries with its slot (Unix seconds): how a
@@ -68,37 +66,6 @@ impl Runtime {
         if self.crash_at.as_deref() == Some(name) {
             eprintln!("lamina: crashing at {name}, as asked (--test-crash-at)");
             std::process::abort();
-        }
-    }
-}
-
-/// A clock read from a file holding Unix seconds: the tests move it. An
-/// unreadable file leaves the time where it was last read.
-struct FileClock {
-    path: PathBuf,
-    last: AtomicI64,
-}
-
-impl FileClock {
-    fn new(path: PathBuf) -> FileClock {
-        FileClock {
-            path,
-            last: AtomicI64::new(0),
-        }
-    }
-}
-
-impl Clock for FileClock {
-    fn now(&self) -> i64 {
-        match std::fs::read_to_string(&self.path)
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-        {
-            Some(t) => {
-                self.last.store(t, Ordering::SeqCst);
-                t
-            }
-            None => self.last.load(Ordering::SeqCst),
         }
     }
 }
