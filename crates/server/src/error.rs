@@ -34,7 +34,7 @@ pub enum ServerError {
     #[error("store: {0}")]
     Unreadable(String),
     /// The store failed on an I/O error (a full file system, say) and
-    /// cannot be reopened yet (store.rs, `Db`).
+    /// cannot be reopened yet (`store/db.rs`, `Db`).
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
     #[error("transfer: {0}")]

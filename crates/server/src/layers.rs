@@ -23,13 +23,16 @@ const LAYERS: &[(&str, &[&str])] = &[
             "paths",
         ],
     ),
-    ("store", &["migrate", "store"]),
+    ("store", &["migrate", "store", "store/db", "store/records"]),
     (
         "beside the state",
         &["changes", "device", "schedules", "schedules/records"],
     ),
     // The operations' records move in `state/ledger` only.
-    ("state", &["state", "state/ledger"]),
+    (
+        "state",
+        &["state", "state/exports", "state/ledger", "state/views"],
+    ),
     ("jobs", &["jobs", "jobs/copy", "jobs/flatten", "jobs/pull"]),
     (
         "operations",

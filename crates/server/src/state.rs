@@ -2,14 +2,19 @@
 //! per-volume operation locks, the operations' records as they move
 //! (`ledger`), and conversions to API types.
 
+mod exports;
 mod ledger;
+mod views;
+
+pub use exports::snapshot_export;
+pub use views::{now, rfc3339};
 
 pub use ledger::{new_record, Live, Step};
 
 use crate::device::Registry;
 use crate::error::{Failure, ServerError};
 use crate::paths::Layout;
-use crate::store::{ExportRec, Store};
+use crate::store::Store;
 use crate::Config;
 use lamina_api as api;
 use lamina_engine::Pool;
@@ -61,24 +66,6 @@ pub struct State {
     /// See `Testing::hold_operations` (config.rs): always `None` without
     /// the `testing` feature.
     pub(crate) hold_operations: Option<std::path::PathBuf>,
-}
-
-/// How long a detach waits for NBD clients that are disconnecting before it
-/// refuses (without `force`).
-const DETACH_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-pub fn rfc3339(ns: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
-pub fn now() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
-/// Export name of a snapshot: `VOLUME@SNAPSHOT` ('@' is never in a name).
-pub fn snapshot_export(volume: &str, snapshot: &str) -> String {
-    format!("{volume}@{snapshot}")
 }
 
 impl State {
@@ -222,123 +209,6 @@ impl State {
             .clone()
     }
 
-    pub fn uri(&self, export: &str) -> String {
-        match self.nbd_tcp {
-            Some(addr) => format!("nbd://{addr}/{export}"),
-            None => format!(
-                "nbd+unix:///{export}?socket={}",
-                self.layout.nbd_socket.display()
-            ),
-        }
-    }
-
-    fn export_of(&self, name: &str) -> Option<api::Export> {
-        let read_only = self.exports.read_only(name)?;
-        Some(api::Export {
-            uri: self.uri(name),
-            name: name.to_string(),
-            read_only,
-            connections: self.exports.connections(name),
-        })
-    }
-
-    /// A volume as the API shows it. Reads the volume's exclusive size from
-    /// the pool: call it off the reactor.
-    pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
-        use lamina_engine::CloneState as C;
-        // The oldest running operation: a background one if any.
-        let operation = self
-            .running
-            .lock()
-            .unwrap()
-            .get(&v.name)
-            .and_then(|rs| rs.first())
-            .map(|r| r.id.clone());
-        let copying = self.running_copy_into(&v.name).is_some();
-        let clone_state = match v.clone_state {
-            _ if copying => api::CloneState::Copying,
-            C::None => api::CloneState::None,
-            C::Linked => api::CloneState::Linked,
-            C::Flattening => api::CloneState::Flattening,
-            C::Independent => api::CloneState::Independent,
-        };
-        // A volume deleted meanwhile shows what it had.
-        let exclusive = self
-            .pool
-            .usage(&v.name, None)
-            .map(|u| u.exclusive_bytes)
-            .unwrap_or(v.allocated_bytes);
-        api::Volume {
-            id: v.id,
-            export: self.export_of(&v.name),
-            name: v.name,
-            size: v.size,
-            created: rfc3339(v.created),
-            allocated_bytes: v.allocated_bytes,
-            exclusive_bytes: exclusive,
-            shared_bytes: v.allocated_bytes.saturating_sub(exclusive),
-            parent_snapshot: v.parent_snapshot,
-            origin: v.origin.map(|o| api::Origin {
-                volume: o.volume,
-                snapshot: o.snapshot,
-            }),
-            clone_state,
-            operation,
-            labels: v.labels.into_iter().collect(),
-        }
-    }
-
-    /// Whether the pool is past its high-water mark, and by how much
-    /// (reads every refcount page: call it once per decision).
-    pub fn space_warning(&self) -> Result<Option<String>, Failure> {
-        Ok(self.space_warning_of(&self.pool.stats()?))
-    }
-
-    /// [`State::space_warning`] from stats already read.
-    pub fn space_warning_of(&self, stats: &lamina_engine::PoolStats) -> Option<String> {
-        let used = stats.used_bytes;
-        let room = crate::paths::capacity_bytes(&self.layout.root, stats);
-        let total = used.saturating_add(room);
-        let past = used >= self.high_water.threshold(total);
-        past.then(|| {
-            format!(
-                "the pool is {}% full ({} used of {}: its used bytes and what new data can still take), past its high-water mark of {}",
-                if total == 0 { 100 } else { (used as u128 * 100 / total as u128) as u64 },
-                api::format_size(used),
-                api::format_size(total),
-                self.high_water
-            )
-        })
-    }
-
-    pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {
-        // A deleted volume's snapshot is attached under `VOLUME@ID`, the
-        // name that reaches it alone.
-        let reference = if s.volume_deleted {
-            format!("{}@{}", s.volume, s.volume_id)
-        } else {
-            s.volume.clone()
-        };
-        api::Snapshot {
-            export: self.export_of(&snapshot_export(&reference, &s.name)),
-            id: s.id,
-            volume_id: s.volume_id,
-            volume_deleted: s.volume_deleted,
-            volume: s.volume,
-            name: s.name,
-            created: rfc3339(s.created),
-            parent: s.parent,
-            children: s.children,
-            system: s.system,
-            labels: s.labels.into_iter().collect(),
-            restore_size: s.restore_size,
-            allocated_bytes: s.allocated_bytes,
-            exclusive_bytes: s.exclusive_bytes,
-            shared_bytes: s.allocated_bytes.saturating_sub(s.exclusive_bytes),
-            clones: s.clones,
-        }
-    }
-
     /// The full clone (local or remote) copying into `volume`, if one runs.
     pub fn running_copy_into(&self, volume: &str) -> Option<String> {
         self.running
@@ -387,94 +257,6 @@ impl State {
             )),
             None => Ok(()),
         }
-    }
-
-    /// Export a volume or snapshot over NBD (idempotent). The caller
-    /// holds the volume's operation lock, so that an attach cannot race the
-    /// deletion of what it exports; blocking (engine and store calls).
-    pub fn attach(&self, volume: &str, snapshot: Option<&str>) -> Result<api::Export, Failure> {
-        let name = match snapshot {
-            None => volume.to_string(),
-            Some(s) => snapshot_export(volume, s),
-        };
-        if !self.exports.contains(&name) {
-            let dev = self.exports.open_engine(&self.pool, volume, snapshot)?;
-            self.store
-                .put_export(
-                    &name,
-                    &ExportRec {
-                        volume: volume.into(),
-                        snapshot: snapshot.map(Into::into),
-                    },
-                )
-                .map_err(Failure::from)?;
-            self.exports.insert(
-                &name,
-                Arc::new(dev),
-                self.volume_io(&name),
-                self.activity.clone(),
-            );
-            self.changes.bump();
-        }
-        self.export_of(&name).ok_or_else(|| {
-            Failure::internal(format!(
-                "export {name:?} vanished while it was being attached"
-            ))
-        })
-    }
-
-    /// Stop exporting; whether it was exported. Same locking as `attach`.
-    /// While NBD clients are connected it refuses unless `force`: they would
-    /// get I/O errors from then on (what they wrote is flushed first).
-    pub fn detach(
-        &self,
-        volume: &str,
-        snapshot: Option<&str>,
-        force: bool,
-    ) -> Result<bool, Failure> {
-        let name = match snapshot {
-            None => volume.to_string(),
-            Some(s) => snapshot_export(volume, s),
-        };
-        // A client that has just disconnected (sent NBD_CMD_DISC or closed
-        // its socket) may not be gone yet: its session ends once its last
-        // replies are written. Give it a moment before refusing.
-        let deadline = std::time::Instant::now() + DETACH_GRACE;
-        let mut clients = self.exports.connections(&name);
-        while clients > 0 && !force && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            clients = self.exports.connections(&name);
-        }
-        if clients > 0 && !force {
-            let cmd = match snapshot {
-                None => format!("lamina volume detach {volume} --force"),
-                Some(s) => format!("lamina snapshot detach {volume} {s} --force"),
-            };
-            return Err(Failure::conflict(
-                format!("export {name} has {clients} NBD client(s) connected: they would get I/O errors"),
-                &format!("disconnect them first, or cut them off: {cmd}"),
-            ));
-        }
-        self.store.remove_export(&name).map_err(Failure::from)?;
-        let removed = self
-            .exports
-            .remove(&name)
-            .map_err(|e| Failure::internal(format!("flushing export {name} at its detach: {e}")))?;
-        if removed {
-            self.metrics.forget_volume(&name);
-            self.changes.bump();
-        }
-        Ok(removed)
-    }
-
-    /// Where an export's I/O is counted, unless that is turned off.
-    fn volume_io(&self, export: &str) -> Option<Arc<dyn lamina_blockio::IoObserver>> {
-        self.volume_io_metrics
-            .then(|| self.metrics.volume_io(export) as Arc<dyn lamina_blockio::IoObserver>)
-    }
-
-    pub fn is_attached(&self, export: &str) -> bool {
-        self.exports.contains(export)
     }
 
     /// Start a background job, joined at shutdown, at background priority
@@ -536,7 +318,6 @@ impl State {
     }
 }
 
-/// Run blocking engine work off the async reactor.
 /// Run blocking engine or store work off the async reactor, inside the
 /// caller's tracing span.
 pub async fn blocking<T: Send + 'static>(

@@ -1,0 +1,108 @@
+//! NBD exports: attach and detach a volume or a snapshot, recorded in the
+//! store so that they come back after a restart. The caller holds the
+//! volume's operation lock.
+
+use super::State;
+use crate::error::Failure;
+use crate::store::ExportRec;
+use lamina_api as api;
+use std::sync::Arc;
+
+/// How long a detach waits for NBD clients that are disconnecting before it
+/// refuses (without `force`).
+const DETACH_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Export name of a snapshot: `VOLUME@SNAPSHOT` ('@' is never in a name).
+pub fn snapshot_export(volume: &str, snapshot: &str) -> String {
+    format!("{volume}@{snapshot}")
+}
+
+impl State {
+    /// Export a volume or snapshot over NBD (idempotent). The caller
+    /// holds the volume's operation lock, so that an attach cannot race the
+    /// deletion of what it exports; blocking (engine and store calls).
+    pub fn attach(&self, volume: &str, snapshot: Option<&str>) -> Result<api::Export, Failure> {
+        let name = match snapshot {
+            None => volume.to_string(),
+            Some(s) => snapshot_export(volume, s),
+        };
+        if !self.exports.contains(&name) {
+            let dev = self.exports.open_engine(&self.pool, volume, snapshot)?;
+            self.store
+                .put_export(
+                    &name,
+                    &ExportRec {
+                        volume: volume.into(),
+                        snapshot: snapshot.map(Into::into),
+                    },
+                )
+                .map_err(Failure::from)?;
+            self.exports.insert(
+                &name,
+                Arc::new(dev),
+                self.volume_io(&name),
+                self.activity.clone(),
+            );
+            self.changes.bump();
+        }
+        self.export_of(&name).ok_or_else(|| {
+            Failure::internal(format!(
+                "export {name:?} vanished while it was being attached"
+            ))
+        })
+    }
+
+    /// Stop exporting; whether it was exported. Same locking as `attach`.
+    /// While NBD clients are connected it refuses unless `force`: they would
+    /// get I/O errors from then on (what they wrote is flushed first).
+    pub fn detach(
+        &self,
+        volume: &str,
+        snapshot: Option<&str>,
+        force: bool,
+    ) -> Result<bool, Failure> {
+        let name = match snapshot {
+            None => volume.to_string(),
+            Some(s) => snapshot_export(volume, s),
+        };
+        // A client that has just disconnected (sent NBD_CMD_DISC or closed
+        // its socket) may not be gone yet: its session ends once its last
+        // replies are written. Give it a moment before refusing.
+        let deadline = std::time::Instant::now() + DETACH_GRACE;
+        let mut clients = self.exports.connections(&name);
+        while clients > 0 && !force && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            clients = self.exports.connections(&name);
+        }
+        if clients > 0 && !force {
+            let cmd = match snapshot {
+                None => format!("lamina volume detach {volume} --force"),
+                Some(s) => format!("lamina snapshot detach {volume} {s} --force"),
+            };
+            return Err(Failure::conflict(
+                format!("export {name} has {clients} NBD client(s) connected: they would get I/O errors"),
+                &format!("disconnect them first, or cut them off: {cmd}"),
+            ));
+        }
+        self.store.remove_export(&name).map_err(Failure::from)?;
+        let removed = self
+            .exports
+            .remove(&name)
+            .map_err(|e| Failure::internal(format!("flushing export {name} at its detach: {e}")))?;
+        if removed {
+            self.metrics.forget_volume(&name);
+            self.changes.bump();
+        }
+        Ok(removed)
+    }
+
+    /// Where an export's I/O is counted, unless that is turned off.
+    pub(super) fn volume_io(&self, export: &str) -> Option<Arc<dyn lamina_blockio::IoObserver>> {
+        self.volume_io_metrics
+            .then(|| self.metrics.volume_io(export) as Arc<dyn lamina_blockio::IoObserver>)
+    }
+
+    pub fn is_attached(&self, export: &str) -> bool {
+        self.exports.contains(export)
+    }
+}

@@ -1,0 +1,135 @@
+//! The state as the API shows it: volumes and snapshots with their
+//! exports, space and running operations, the space warning, and times in
+//! RFC 3339. Reads only.
+
+use super::{snapshot_export, State};
+use crate::error::Failure;
+use lamina_api as api;
+
+pub fn rfc3339(ns: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+impl State {
+    pub fn uri(&self, export: &str) -> String {
+        match self.nbd_tcp {
+            Some(addr) => format!("nbd://{addr}/{export}"),
+            None => format!(
+                "nbd+unix:///{export}?socket={}",
+                self.layout.nbd_socket.display()
+            ),
+        }
+    }
+
+    pub(super) fn export_of(&self, name: &str) -> Option<api::Export> {
+        let read_only = self.exports.read_only(name)?;
+        Some(api::Export {
+            uri: self.uri(name),
+            name: name.to_string(),
+            read_only,
+            connections: self.exports.connections(name),
+        })
+    }
+
+    /// A volume as the API shows it. Reads the volume's exclusive size from
+    /// the pool: call it off the reactor.
+    pub fn volume(&self, v: lamina_engine::VolumeInfo) -> api::Volume {
+        use lamina_engine::CloneState as C;
+        // The oldest running operation: a background one if any.
+        let operation = self
+            .running
+            .lock()
+            .unwrap()
+            .get(&v.name)
+            .and_then(|rs| rs.first())
+            .map(|r| r.id.clone());
+        let copying = self.running_copy_into(&v.name).is_some();
+        let clone_state = match v.clone_state {
+            _ if copying => api::CloneState::Copying,
+            C::None => api::CloneState::None,
+            C::Linked => api::CloneState::Linked,
+            C::Flattening => api::CloneState::Flattening,
+            C::Independent => api::CloneState::Independent,
+        };
+        // A volume deleted meanwhile shows what it had.
+        let exclusive = self
+            .pool
+            .usage(&v.name, None)
+            .map(|u| u.exclusive_bytes)
+            .unwrap_or(v.allocated_bytes);
+        api::Volume {
+            id: v.id,
+            export: self.export_of(&v.name),
+            name: v.name,
+            size: v.size,
+            created: rfc3339(v.created),
+            allocated_bytes: v.allocated_bytes,
+            exclusive_bytes: exclusive,
+            shared_bytes: v.allocated_bytes.saturating_sub(exclusive),
+            parent_snapshot: v.parent_snapshot,
+            origin: v.origin.map(|o| api::Origin {
+                volume: o.volume,
+                snapshot: o.snapshot,
+            }),
+            clone_state,
+            operation,
+            labels: v.labels.into_iter().collect(),
+        }
+    }
+
+    /// Whether the pool is past its high-water mark, and by how much
+    /// (reads every refcount page: call it once per decision).
+    pub fn space_warning(&self) -> Result<Option<String>, Failure> {
+        Ok(self.space_warning_of(&self.pool.stats()?))
+    }
+
+    /// [`State::space_warning`] from stats already read.
+    pub fn space_warning_of(&self, stats: &lamina_engine::PoolStats) -> Option<String> {
+        let used = stats.used_bytes;
+        let room = crate::paths::capacity_bytes(&self.layout.root, stats);
+        let total = used.saturating_add(room);
+        let past = used >= self.high_water.threshold(total);
+        past.then(|| {
+            format!(
+                "the pool is {}% full ({} used of {}: its used bytes and what new data can still take), past its high-water mark of {}",
+                if total == 0 { 100 } else { (used as u128 * 100 / total as u128) as u64 },
+                api::format_size(used),
+                api::format_size(total),
+                self.high_water
+            )
+        })
+    }
+
+    pub fn snapshot(&self, s: lamina_engine::SnapshotInfo) -> api::Snapshot {
+        // A deleted volume's snapshot is attached under `VOLUME@ID`, the
+        // name that reaches it alone.
+        let reference = if s.volume_deleted {
+            format!("{}@{}", s.volume, s.volume_id)
+        } else {
+            s.volume.clone()
+        };
+        api::Snapshot {
+            export: self.export_of(&snapshot_export(&reference, &s.name)),
+            id: s.id,
+            volume_id: s.volume_id,
+            volume_deleted: s.volume_deleted,
+            volume: s.volume,
+            name: s.name,
+            created: rfc3339(s.created),
+            parent: s.parent,
+            children: s.children,
+            system: s.system,
+            labels: s.labels.into_iter().collect(),
+            restore_size: s.restore_size,
+            allocated_bytes: s.allocated_bytes,
+            exclusive_bytes: s.exclusive_bytes,
+            shared_bytes: s.allocated_bytes.saturating_sub(s.exclusive_bytes),
+            clones: s.clones,
+        }
+    }
+}
