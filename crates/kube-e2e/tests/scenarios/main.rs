@@ -8,7 +8,8 @@
 //! Scenarios of two storage nodes (TWO_NODES) start kube-env with
 //! KUBE_ENV_NODES=2 when they are chosen, unless KUBE_ENV_NODES says
 //! otherwise; the others run the same either way (kube-env's classes keep
-//! their volumes on node 1).
+//! their volumes on node 1). Scenarios with real pods (KUBELET) start it
+//! with KUBE_ENV_KUBELET=1 the same way.
 
 mod cross_node;
 mod env;
@@ -16,6 +17,7 @@ mod full_clone;
 mod groups;
 mod namespaces;
 mod node;
+mod pods;
 mod scale;
 mod schedules;
 mod snapshots;
@@ -53,6 +55,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         full_clone::full_clone_daemon_killed,
     ),
     ("node-stage-publish", node::stage_and_publish),
+    ("pods-write-restore-read", pods::write_restore_read),
     ("cross-node-restore", cross_node::cross_node_restore),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
@@ -60,6 +63,8 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 
 /// The scenarios that need a second storage node.
 const TWO_NODES: &[&str] = &["cross-node-restore"];
+/// The scenarios that need a real node: a kubelet and a container runtime.
+const KUBELET: &[&str] = &["pods-write-restore-read"];
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
@@ -94,6 +99,12 @@ fn main() -> ExitCode {
         // Read by kube-env/up, which inherits this process's environment;
         // set before any thread is started.
         std::env::set_var("KUBE_ENV_NODES", "2");
+    }
+    if chosen.iter().any(|(n, _)| KUBELET.contains(n))
+        && std::env::var_os("KUBE_ENV_KUBELET").is_none()
+    {
+        // As above.
+        std::env::set_var("KUBE_ENV_KUBELET", "1");
     }
     let started = Instant::now();
     let up = catch_unwind(AssertUnwindSafe(|| Env::up(dir.path())));

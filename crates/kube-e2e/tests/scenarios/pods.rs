@@ -1,0 +1,161 @@
+//! Real pods on kube-env's kubelet (KUBE_ENV_KUBELET=1): the node path as
+//! a cluster runs it. The kubelet stages and publishes through Lamina's
+//! node plugin, registered with it by the plugin itself; kube-scheduler
+//! places the pods; images are kube-env's own (kube-env/kubelet.sh).
+//!
+//! p. A pod writes files through an ext4 PVC; a VolumeSnapshot of it is
+//! restored into a PVC that a second pod, placed by the scheduler, reads
+//! and checks. A pod writes a Block PVC, and the Lamina volume holds what
+//! it wrote. Once the pods are gone, the kubelet has unpublished and
+//! unstaged every volume: no export is left attached.
+
+use crate::env::{pvc, volume_snapshot, wait, Env, NODE_ID};
+use anyhow::{ensure, Context, Result};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(90);
+/// The busybox image kube-env imports (the e2e framework's name for it).
+const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+
+/// A pod that runs `script` once in busybox with PVC `claim` as a
+/// filesystem at /data, or with `block` as a raw device at /dev/xvda.
+fn pod(ns: &str, name: &str, claim: &str, block: bool, script: &str) -> String {
+    let (mounts, volume) = if block {
+        (
+            "    volumeDevices: [{name: v, devicePath: /dev/xvda}]",
+            format!("  - {{name: v, persistentVolumeClaim: {{claimName: {claim}}}}}"),
+        )
+    } else {
+        (
+            "    volumeMounts: [{name: v, mountPath: /data}]",
+            format!("  - {{name: v, persistentVolumeClaim: {{claimName: {claim}}}}}"),
+        )
+    };
+    let script = serde_json::to_string(script).expect("a string encodes");
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+         restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  \
+         - name: c\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    \
+         command: [/bin/sh, -c, {script}]\n{mounts}\n  volumes:\n{volume}\n"
+    )
+}
+
+impl Env {
+    /// Wait until a pod has run to success; a failed pod is an error with
+    /// its log and its events.
+    fn wait_pod_succeeded(&self, ns: &str, name: &str) -> Result<()> {
+        let r = wait(&format!("pod {ns}/{name} to succeed"), T, |last| {
+            let Some(p) = self.get(ns, "pod", name)? else {
+                return Ok(None);
+            };
+            let phase = p["status"]["phase"].as_str().unwrap_or("").to_string();
+            *last = format!("phase {phase:?}, status {}", p["status"]);
+            match phase.as_str() {
+                "Succeeded" => Ok(Some(Ok(()))),
+                "Failed" => Ok(Some(Err(anyhow::anyhow!(
+                    "the pod failed: {}",
+                    p["status"]["containerStatuses"]
+                )))),
+                _ => Ok(None),
+            }
+        })
+        .and_then(|r| r);
+        r.with_context(|| {
+            let log = self
+                .kubectl(&["logs", "-n", ns, name])
+                .unwrap_or_else(|e| format!("(no log: {e:#})"));
+            format!("its log:\n{log}\nits events:\n{}", self.events(ns, name))
+        })
+    }
+
+    /// Delete pods and wait until they are gone (their volumes unpublished).
+    fn delete_pods(&self, ns: &str, names: &[&str]) -> Result<()> {
+        let mut args = vec!["delete", "pod", "-n", ns, "--wait", "--timeout", "90s"];
+        args.extend(names);
+        self.kubectl(&args).map(drop)
+    }
+}
+
+pub fn write_restore_read(env: &Env) -> Result<()> {
+    let ns = "pods";
+    env.namespace(ns)?;
+
+    // A pod writes through the filesystem of an ext4 PVC.
+    env.apply(&pvc(ns, "data", "lamina", "64Mi", None))?;
+    env.wait_bound(ns, "data", T)?;
+    env.apply(&pod(
+        ns,
+        "writer",
+        "data",
+        false,
+        "set -e; echo written-by-a-pod > /data/note; \
+         dd if=/dev/urandom of=/data/blob bs=64k count=64 2>/dev/null; \
+         md5sum /data/blob > /data/blob.md5; sync",
+    ))?;
+    env.wait_pod_succeeded(ns, "writer")?;
+    let node = env
+        .get(ns, "pod", "writer")?
+        .context("the writer pod vanished")?["spec"]["nodeName"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    ensure!(
+        node == NODE_ID,
+        "the scheduler placed the writer on {node:?}, not {NODE_ID}"
+    );
+    env.delete_pods(ns, &["writer"])?;
+
+    // Its snapshot, restored into a new PVC that a second pod reads.
+    env.apply(&volume_snapshot(ns, "snap", "data", "lamina"))?;
+    env.wait_snapshot_ready(ns, "snap", T)?;
+    env.apply(&pvc(
+        ns,
+        "restored",
+        "lamina",
+        "64Mi",
+        Some(("VolumeSnapshot", "snap")),
+    ))?;
+    env.wait_bound(ns, "restored", T)?;
+    env.apply(&pod(
+        ns,
+        "reader",
+        "restored",
+        false,
+        "set -e; test \"$(cat /data/note)\" = written-by-a-pod; md5sum -c /data/blob.md5",
+    ))?;
+    env.wait_pod_succeeded(ns, "reader")?;
+    env.delete_pods(ns, &["reader"])?;
+
+    // A Block PVC: a pod writes its first MiB; the Lamina volume holds it.
+    env.apply(&format!(
+        "{}  volumeMode: Block\n",
+        pvc(ns, "raw", "lamina", "64Mi", None)
+    ))?;
+    let raw = env.wait_bound(ns, "raw", T)?;
+    env.apply(&pod(
+        ns,
+        "block-writer",
+        "raw",
+        true,
+        "set -e; head -c 1048576 /dev/zero | tr '\\000' '\\253' > /dev/xvda; sync",
+    ))?;
+    env.wait_pod_succeeded(ns, "block-writer")?;
+    env.delete_pods(ns, &["block-writer"])?;
+
+    // Every volume is unstaged once its pod is gone: nothing is exported.
+    wait("the kubelet to unstage every volume", T, |last| {
+        let vols = env.lamina_json(&["volume", "list"])?;
+        let attached: Vec<String> = vols
+            .as_array()
+            .context("volume list is no array")?
+            .iter()
+            .filter(|v| !v["export"].is_null())
+            .filter_map(|v| v["name"].as_str().map(str::to_string))
+            .collect();
+        *last = format!("attached: {attached:?}");
+        Ok(attached.is_empty().then_some(()))
+    })?;
+    env.check_pattern(&raw, 0xab, "1M")
+        .context("the Block PVC's volume does not hold what the pod wrote")?;
+    Ok(())
+}

@@ -1,0 +1,177 @@
+# Sourced by kube-env/up with KUBE_ENV_KUBELET=1 (it uses up's variables and
+# helpers: dir, logs, pki, bin, lamina, start, wait_for, fail, say, cert,
+# kubeconfig, kubectl). Node 1 (kube-env-node) becomes a real node: Debian's
+# containerd and runc with a CNI bridge, a kubelet and kube-scheduler from
+# the pinned k8s.io/kubernetes module, images made here from files (no
+# registry), and Lamina's node plugin registered with the kubelet.
+# docs/kube-env.md says what each setting is for; kube-env/down undoes it.
+#
+# One such environment per machine: the kubelet's cgroups (kubepods), its
+# port 10250 and the bridges are the machine's.
+
+kubelet_ip=10.213.0.1          # the node's address (the kubelet refuses a loopback one)
+pod_subnet=10.213.128.0/24     # the CNI bridge's pods
+node_bridge=lamina-kenv        # holds the node's address
+cni_bridge=lamina-kenv-cni     # the pods' bridge (made by the CNI bridge plugin)
+node=kube-env-node
+
+for tool in containerd containerd-shim-runc-v2 runc ctr umoci busybox ip; do
+  command -v "$tool" >/dev/null || fail kubelet "$tool is not installed (apt-get install containerd runc umoci busybox-static iproute2)"
+done
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] \
+  || fail kubelet "the CNI plugins are not installed (apt-get install containernetworking-plugins)"
+ip link show "$node_bridge" >/dev/null 2>&1 \
+  && fail kubelet "the link $node_bridge exists: another kube-env with a kubelet runs on this machine (kube-env/down it first)"
+# kube-env/down reads this to know there is a node to take apart, and with
+# which kubectl.
+echo "$bin" > "$dir/kubelet.on"
+
+# ---- the node's address, on a bridge of its own
+ip link add "$node_bridge" type bridge || fail kubelet "ip link add $node_bridge failed"
+ip addr add "$kubelet_ip/32" dev "$node_bridge" && ip link set "$node_bridge" up \
+  || fail kubelet "cannot give $node_bridge the address $kubelet_ip"
+
+# ---- images, from files: the pause image (kube-env/go/pause, built by
+# kube-env/build) and busybox (Debian's busybox-static), under the names
+# Kubernetes' e2e framework asks for (test/utils/image/manifest.go)
+pause_image=registry.k8s.io/pause:3.10.2
+busybox_image=registry.k8s.io/e2e-test-images/busybox:1.37.0-2
+images=$dir/images
+mkdir -p "$images"
+# image NAME:TAG ROOTFS-SETUP-FUNCTION CONFIG-ARGS...: an OCI image of one
+# layer, made with umoci and imported into containerd's k8s.io namespace
+# (ctr names it NAME plus the layout's tag)
+image() {
+  local ref=$1 setup=$2; shift 2
+  local name=${ref%:*} tag=${ref##*:}
+  local layout=$images/${name##*/}
+  rm -rf "$layout" "$layout.bundle"
+  {
+    umoci init --layout "$layout" &&
+    umoci new --image "$layout:$tag" &&
+    umoci unpack --image "$layout:$tag" "$layout.bundle" &&
+    "$setup" "$layout.bundle/rootfs" &&
+    umoci repack --image "$layout:$tag" "$layout.bundle" &&
+    umoci config --image "$layout:$tag" "$@" &&
+    (cd "$layout" && tar -cf "$layout.tar" .) &&
+    ctr --address "$ctrd/containerd.sock" -n k8s.io images import --base-name "$name" "$layout.tar"
+  } >> "$logs/images.log" 2>&1 || fail images "making and importing $ref failed"
+  rm -rf "$layout" "$layout.bundle" "$layout.tar"
+}
+pause_rootfs() { cp "$bin/pause" "$1/pause"; }
+busybox_rootfs() {
+  mkdir -p "$1/bin" "$1/etc" "$1/tmp" && cp "$(command -v busybox)" "$1/bin/busybox" &&
+  for applet in $(busybox --list); do [ "$applet" = busybox ] || ln -sf busybox "$1/bin/$applet"; done &&
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$1/etc/passwd" &&
+  printf 'root:x:0:\nnogroup:x:65534:\n' > "$1/etc/group"
+}
+
+# ---- containerd, its own root, state and socket; the CRI plugin as the
+# kubelet needs it here
+ctrd=$dir/containerd
+mkdir -p "$ctrd" "$dir/cni/net.d" "$dir/cni/ipam"
+cat > "$ctrd/config.toml" <<EOF
+version = 2
+root = "$ctrd/root"
+state = "$ctrd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$ctrd/containerd.sock"
+[ttrpc]
+  address = "$ctrd/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$ctrd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$pause_image"
+  # root here lacks CAP_SYS_RESOURCE: without this runc fails every
+  # sandbox ("can't get final child's PID from pipe")
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$dir/cni/net.d"
+EOF
+# No masquerading and no iptables rules: pods reach the node, nothing else.
+cat > "$dir/cni/net.d/10-kube-env.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "kube-env", "plugins": [
+  {"type": "bridge", "bridge": "$cni_bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$pod_subnet"}]], "dataDir": "$dir/cni/ipam"}}]}
+EOF
+start containerd containerd --config "$ctrd/config.toml"
+wait_for containerd 30 ctr --address "$ctrd/containerd.sock" version
+image "$pause_image" pause_rootfs --config.entrypoint /pause --config.user 65535:65535
+image "$busybox_image" busybox_rootfs --config.cmd /bin/sh
+
+# ---- the kubelet: a client certificate of the node's identity (the Node
+# authorizer and NodeRestriction hold it to its node), its own root
+# directory, the cgroupfs driver on this host's cgroup v1
+cert kubelet "/O=system:nodes/CN=system:node:$node" "$pki/client.ext"
+kubeconfig "$dir/kubelet.kubeconfig" "client-certificate: $pki/kubelet.crt" "client-key: $pki/kubelet.key"
+kubelet_root=$dir/kubelet
+mkdir -p "$kubelet_root"
+cat > "$dir/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $kubelet_ip
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $p_kubelet_healthz
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $pki/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$ctrd/containerd.sock
+cgroupDriver: cgroupfs
+# this host mounts cgroup v1, has swap on, and kube-env adds no iptables rules
+failCgroupV1: false
+failSwapOn: false
+makeIPTablesUtilChains: false
+resolvConf: ""
+serializeImagePulls: false
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+volumePluginDir: $kubelet_root/volume-plugins
+EOF
+start kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
+  --root-dir "$kubelet_root" --hostname-override "$node" --node-ip "$kubelet_ip" \
+  --node-labels "topology.lamina.io/node=$node,lamina.io/storage=true" --v=2
+node_ready() {
+  [ "$(kubectl get node "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+wait_for kubelet 90 node_ready
+
+# ---- kube-scheduler, as itself
+cert scheduler "/CN=system:kube-scheduler" "$pki/client.ext"
+kubeconfig "$dir/scheduler.kubeconfig" "client-certificate: $pki/scheduler.crt" "client-key: $pki/scheduler.key"
+start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$p_sched" --leader-elect=false
+wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$p_sched/healthz"
+
+# ---- Lamina's node plugin, registered with the kubelet by kube-env's
+# registrar (kube-env/go/kubernetes/registrar, standing in for
+# node-driver-registrar, which the Go module proxy does not serve): the
+# kubelet adds the driver to the CSINode and labels the Node with its
+# topology
+csi_socket=$kubelet_root/plugins/lamina.csi.io/csi.sock
+start lamina-csi-node "$lamina" csi --mode node --node-id "$node" --endpoint "unix://$csi_socket" \
+  --data-dir "$dir/lamina" --state-dir "$dir/csi-node"
+wait_for lamina-csi-node 30 test -S "$csi_socket"
+start registrar "$bin/registrar" --driver-name lamina.csi.io --kubelet-endpoint "$csi_socket" \
+  --registration-socket "$kubelet_root/plugins_registry/lamina.csi.io-reg.sock"
+csinode_has_driver() {
+  [ "$(kubectl get csinode "$node" -o 'jsonpath={.spec.drivers[?(@.name=="lamina.csi.io")].nodeID}' 2>/dev/null)" = "$node" ]
+}
+wait_for registrar 60 csinode_has_driver
