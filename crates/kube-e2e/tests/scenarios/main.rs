@@ -56,6 +56,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
     ("node-stage-publish", node::stage_and_publish),
     ("pods-write-restore-read", pods::write_restore_read),
+    (
+        "pods-first-consumer-group-clone",
+        pods::first_consumer_group_clone,
+    ),
     ("cross-node-restore", cross_node::cross_node_restore),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
@@ -64,7 +68,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 /// The scenarios that need a second storage node.
 const TWO_NODES: &[&str] = &["cross-node-restore"];
 /// The scenarios that need a real node: a kubelet and a container runtime.
-const KUBELET: &[&str] = &["pods-write-restore-read"];
+const KUBELET: &[&str] = &["pods-write-restore-read", "pods-first-consumer-group-clone"];
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()

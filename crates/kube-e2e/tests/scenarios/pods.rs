@@ -159,3 +159,154 @@ pub fn write_restore_read(env: &Env) -> Result<()> {
         .context("the Block PVC's volume does not hold what the pod wrote")?;
     Ok(())
 }
+
+/// The pod's log (through the API server, from the kubelet).
+fn log(env: &Env, ns: &str, pod: &str) -> Result<String> {
+    env.kubectl(&["logs", "-n", ns, pod])
+}
+
+/// q. Claims of a WaitForFirstConsumer class bind only once a pod needs
+/// them, on the node kube-scheduler chose with the capacity csi-provisioner
+/// published; a VolumeGroupSnapshot of two claims in use by one running
+/// pod; the pod deleted and another one placed on the same claims reads
+/// what the first wrote; a clone PVC and a restored group member, each read
+/// by a pod.
+pub fn first_consumer_group_clone(env: &Env) -> Result<()> {
+    let ns = "pods-consumer";
+    env.namespace(ns)?;
+    env.apply(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: lamina-wffc}\n\
+         provisioner: lamina.csi.io\nvolumeBindingMode: WaitForFirstConsumer\nreclaimPolicy: Delete\n\
+         allowVolumeExpansion: true\nparameters: {clone: linked}\n",
+    )?;
+    for claim in ["a", "b"] {
+        env.apply(&pvc(ns, claim, "lamina-wffc", "64Mi", None).replacen(
+            "metadata: {",
+            "metadata: {labels: {group: app}, ",
+            1,
+        ))?;
+    }
+    // csi-provisioner publishes the class's capacity on the node, and the
+    // claims wait for their consumer.
+    wait(
+        "CSIStorageCapacity for lamina-wffc on the node",
+        T,
+        |last| {
+            let all = env.kubectl_json(&["get", "csistoragecapacities", "-A"])?;
+            let found = all["items"].as_array().into_iter().flatten().any(|c| {
+                c["storageClassName"] == "lamina-wffc"
+                    && c["nodeTopology"]["matchLabels"][crate::env::TOPOLOGY_KEY] == NODE_ID
+                    && c["capacity"].is_string()
+            });
+            *last = format!("{} objects", all["items"].as_array().map_or(0, Vec::len));
+            Ok(found.then_some(()))
+        },
+    )?;
+    let phase = env.get(ns, "pvc", "a")?.context("PVC a")?["status"]["phase"].clone();
+    ensure!(
+        phase == "Pending",
+        "PVC a is {phase} before any pod uses it"
+    );
+
+    // One pod on both claims: it writes, then runs on.
+    let two = "  - {name: a, persistentVolumeClaim: {claimName: a}}\n  - {name: b, persistentVolumeClaim: {claimName: b}}\n";
+    let app = |name: &str, script: &str| {
+        let script = serde_json::to_string(script).expect("a string encodes");
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+             restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  \
+             - name: c\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    \
+             command: [/bin/sh, -c, {script}]\n    \
+             volumeMounts: [{{name: a, mountPath: /a}}, {{name: b, mountPath: /b}}]\n  volumes:\n{two}"
+        )
+    };
+    env.apply(&app(
+        "app",
+        "set -e; echo in-a > /a/f; echo in-b > /b/f; sync; echo written; exec sleep 3600",
+    ))?;
+    wait("pod app to write both claims", T, |last| {
+        *last = log(env, ns, "app").unwrap_or_else(|e| format!("{e:#}"));
+        Ok(last.contains("written").then_some(()))
+    })
+    .with_context(|| env.events(ns, "app"))?;
+    for claim in ["a", "b"] {
+        let pv = env.wait_bound(ns, claim, T)?;
+        let pv = env.get("", "pv", &pv)?.context("the PV")?;
+        let term = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0];
+        ensure!(
+            term.to_string().contains(NODE_ID),
+            "PV of {claim} is not on {NODE_ID}: {term}"
+        );
+    }
+
+    // A group snapshot of both, taken while the pod runs.
+    env.apply(&format!(
+        "apiVersion: groupsnapshot.storage.k8s.io/v1\nkind: VolumeGroupSnapshot\n\
+         metadata: {{name: group, namespace: {ns}}}\nspec:\n  volumeGroupSnapshotClassName: lamina\n  \
+         source: {{selector: {{matchLabels: {{group: app}}}}}}\n"
+    ))?;
+    let member_of_b = wait("the group snapshot and its member of b", T, |last| {
+        let g = env.get(ns, "volumegroupsnapshot", "group")?;
+        *last = g
+            .as_ref()
+            .map_or("none".into(), |g| g["status"].to_string());
+        if !g.is_some_and(|g| g["status"]["readyToUse"] == true) {
+            return Ok(None);
+        }
+        let all = env.kubectl_json(&["get", "volumesnapshots", "-n", ns])?;
+        Ok(all["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| {
+                s["status"]["volumeGroupSnapshotName"] == "group"
+                    && s["spec"]["source"]["persistentVolumeClaimName"] == "b"
+                    && s["status"]["readyToUse"] == true
+            })
+            .and_then(|s| s["metadata"]["name"].as_str().map(str::to_string)))
+    })
+    .with_context(|| env.events(ns, "group"))?;
+
+    // The pod goes; another one on the same claims reads what it wrote.
+    env.delete_pods(ns, &["app"])?;
+    env.apply(&app(
+        "app-again",
+        "set -e; test \"$(cat /a/f)\" = in-a; test \"$(cat /b/f)\" = in-b",
+    ))?;
+    env.wait_pod_succeeded(ns, "app-again")?;
+    env.delete_pods(ns, &["app-again"])?;
+
+    // A clone of a, and b's group member restored, each read by a pod.
+    env.apply(&pvc(
+        ns,
+        "a-clone",
+        "lamina-wffc",
+        "64Mi",
+        Some(("PersistentVolumeClaim", "a")),
+    ))?;
+    env.apply(&pod(
+        ns,
+        "clone-reader",
+        "a-clone",
+        false,
+        "test \"$(cat /data/f)\" = in-a",
+    ))?;
+    env.apply(&pvc(
+        ns,
+        "b-restored",
+        "lamina-wffc",
+        "64Mi",
+        Some(("VolumeSnapshot", &member_of_b)),
+    ))?;
+    env.apply(&pod(
+        ns,
+        "member-reader",
+        "b-restored",
+        false,
+        "test \"$(cat /data/f)\" = in-b",
+    ))?;
+    env.wait_pod_succeeded(ns, "clone-reader")?;
+    env.wait_pod_succeeded(ns, "member-reader")?;
+    env.delete_pods(ns, &["clone-reader", "member-reader"])?;
+    Ok(())
+}
