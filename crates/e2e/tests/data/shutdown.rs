@@ -58,6 +58,21 @@ fn sigterm_finishes_with_a_stalled_client_and_keeps_every_acknowledged_write() {
             .unwrap();
     }
 
+    // SIGTERM only once the daemon is answering those reads: their first
+    // replies wait in this socket's receive queue. Sent earlier, on a busy
+    // machine, the daemon could stop before it read them, with nothing of
+    // its own left to write, and nothing stalled.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while queued(&s) < CHUNK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon wrote no read reply within 30 s ({} bytes queued)\n{}",
+            queued(&s),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
     // The harness fails the test if the daemon has not exited within its
     // stop limit (60 s): the drain time is 10 s.
     let status = d.stop();
@@ -80,4 +95,15 @@ fn sigterm_finishes_with_a_stalled_client_and_keeps_every_acknowledged_write() {
         .collect();
     let cmds: Vec<&str> = reads.iter().map(String::as_str).collect();
     qemu_io(&uri, &cmds);
+}
+
+/// The bytes waiting in a socket's receive queue.
+fn queued(s: &UnixStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at
+    // `n`, alive for the call; the descriptor is `s`'s, open while borrowed.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(r, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    n as usize
 }
