@@ -20,23 +20,34 @@ const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 /// A pod that runs `script` once in busybox with PVC `claim` as a
 /// filesystem at /data, or with `block` as a raw device at /dev/xvda.
 fn pod(ns: &str, name: &str, claim: &str, block: bool, script: &str) -> String {
-    let (mounts, volume) = if block {
-        (
-            "    volumeDevices: [{name: v, devicePath: /dev/xvda}]",
-            format!("  - {{name: v, persistentVolumeClaim: {{claimName: {claim}}}}}"),
-        )
-    } else {
-        (
-            "    volumeMounts: [{name: v, mountPath: /data}]",
-            format!("  - {{name: v, persistentVolumeClaim: {{claimName: {claim}}}}}"),
-        )
-    };
+    let at = if block { "/dev/xvda" } else { "/data" };
+    pod_on(ns, name, &[(claim, at, block)], script)
+}
+
+/// A pod that runs `script` once in busybox with each `(claim, path,
+/// block)`: the PVC as a filesystem mounted at the path, or as a raw
+/// device there.
+fn pod_on(ns: &str, name: &str, claims: &[(&str, &str, bool)], script: &str) -> String {
+    let (mut mounts, mut devices, mut volumes) = (Vec::new(), Vec::new(), String::new());
+    for (i, (claim, at, block)) in claims.iter().enumerate() {
+        if *block {
+            devices.push(format!("{{name: v{i}, devicePath: {at}}}"));
+        } else {
+            mounts.push(format!("{{name: v{i}, mountPath: {at}}}"));
+        }
+        volumes.push_str(&format!(
+            "  - {{name: v{i}, persistentVolumeClaim: {{claimName: {claim}}}}}\n"
+        ));
+    }
     let script = serde_json::to_string(script).expect("a string encodes");
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
          restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  \
          - name: c\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    \
-         command: [/bin/sh, -c, {script}]\n{mounts}\n  volumes:\n{volume}\n"
+         command: [/bin/sh, -c, {script}]\n    \
+         volumeMounts: [{}]\n    volumeDevices: [{}]\n  volumes:\n{volumes}",
+        mounts.join(", "),
+        devices.join(", ")
     )
 }
 
@@ -209,19 +220,11 @@ pub fn first_consumer_group_clone(env: &Env) -> Result<()> {
     );
 
     // One pod on both claims: it writes, then runs on.
-    let two = "  - {name: a, persistentVolumeClaim: {claimName: a}}\n  - {name: b, persistentVolumeClaim: {claimName: b}}\n";
-    let app = |name: &str, script: &str| {
-        let script = serde_json::to_string(script).expect("a string encodes");
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
-             restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  \
-             - name: c\n    image: {BUSYBOX}\n    imagePullPolicy: Never\n    \
-             command: [/bin/sh, -c, {script}]\n    \
-             volumeMounts: [{{name: a, mountPath: /a}}, {{name: b, mountPath: /b}}]\n  volumes:\n{two}"
-        )
-    };
-    env.apply(&app(
+    let both = [("a", "/a", false), ("b", "/b", false)];
+    env.apply(&pod_on(
+        ns,
         "app",
+        &both,
         "set -e; echo in-a > /a/f; echo in-b > /b/f; sync; echo written; exec sleep 3600",
     ))?;
     wait("pod app to write both claims", T, |last| {
@@ -269,8 +272,10 @@ pub fn first_consumer_group_clone(env: &Env) -> Result<()> {
 
     // The pod goes; another one on the same claims reads what it wrote.
     env.delete_pods(ns, &["app"])?;
-    env.apply(&app(
+    env.apply(&pod_on(
+        ns,
         "app-again",
+        &both,
         "set -e; test \"$(cat /a/f)\" = in-a; test \"$(cat /b/f)\" = in-b",
     ))?;
     env.wait_pod_succeeded(ns, "app-again")?;
