@@ -71,7 +71,7 @@ pub struct ServeArgs {
     /// Transfer sessions of one peer node.
     #[arg(long, value_name = "N", help_heading = TRANSFER, value_parser = at_least_one, default_value_t = Limits::SESSIONS_PER_PEER)]
     transfer_max_sessions_per_peer: usize,
-    /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed (seconds, or e.g. 1min).
+    /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed; a source this node pulls from that sends nothing this long is taken for lost (seconds, or e.g. 1min).
     #[arg(long, value_name = "DURATION", help_heading = TRANSFER, value_parser = positive_duration, default_value_t = Secs(Limits::STALL_TIMEOUT))]
     transfer_stall_timeout: Secs,
     #[command(flatten)]

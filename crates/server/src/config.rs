@@ -347,7 +347,7 @@ pub struct TransferConfig {
     pub tls_dir: Option<PathBuf>,
     /// How long a pull keeps retrying a source it lost before it fails
     /// with `source-unreachable`, from when it found the source lost (a
-    /// source silent for 30 s counts as lost); only a new durable
+    /// source silent for `limits.stall_timeout` counts as lost); only a new durable
     /// checkpoint ends the outage, not data that arrived and was lost
     /// again with the connection.
     pub retry_window: Duration,

@@ -52,6 +52,10 @@ pub struct State {
     pub transfer_source: Option<Arc<lamina_transfer::Source>>,
     /// See [`crate::TransferConfig::retry_window`].
     pub transfer_retry_window: std::time::Duration,
+    /// How long a pull waits on a silent source before it takes it for
+    /// lost: the limit this node's own source puts on its peers
+    /// ([`lamina_transfer::Limits::stall_timeout`]).
+    pub transfer_stall_timeout: std::time::Duration,
     /// The schedules' clock, wake-up and lock.
     pub schedules: crate::schedules::Runtime,
     pub high_water: crate::HighWater,
@@ -134,6 +138,7 @@ impl State {
             identity,
             transfer_source,
             transfer_retry_window: config.transfer.retry_window,
+            transfer_stall_timeout: config.transfer.limits.stall_timeout,
             schedules: crate::schedules::Runtime::new(&config.test_knobs()),
             high_water: config.high_water,
             metrics,

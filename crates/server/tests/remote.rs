@@ -209,6 +209,11 @@ fn target(nodes: &Nodes, window: Duration) -> Daemon {
     Daemon::start_configured(tempfile::tempdir().unwrap(), move |c| {
         c.transfer.tls_dir = Some(tls);
         c.transfer.retry_window = window;
+        // The gate below holds the source silent until the test has seen
+        // the data before it applied; on a loaded machine (CI builds
+        // beside the tests) that took over the 30 s default, and the pull
+        // took the held source for lost before any cut.
+        c.transfer.limits.stall_timeout = LIMIT;
     })
 }
 

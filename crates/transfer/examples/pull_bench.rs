@@ -87,6 +87,7 @@ fn main() {
         expect_id: 0,
         resume_offset: 0,
         checkpoint_bytes: 256 * mib,
+        stall_timeout: lamina_transfer::Limits::STALL_TIMEOUT,
     };
     let end = pull_into(&dst, &t_id, &pull, &mut Quiet);
     let secs = t.elapsed().as_secs_f64();

@@ -4,6 +4,7 @@
 
 use crate::error::TransferError;
 use crate::frames::{read_sync_reusing, write_sync, ReadError};
+use crate::source::Limits;
 use crate::tls::Identity;
 use crate::wire::{Answer, Frame, Request, VERSION};
 use rustls::pki_types::ServerName;
@@ -14,10 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// A source silent this long is taken for gone (a cut link shows up only
-/// this way). The source sends a frame at least every MiB of data, and it
-/// answers a request once it has listed the snapshot's extents.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A source: where it listens and the node name its certificate must carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,14 +71,18 @@ pub(crate) struct Conn {
 impl Conn {
     /// Connect, authenticate both ways, and exchange Hellos.
     pub(crate) fn open(identity: &Identity, remote: &Remote) -> Result<Conn, TransferError> {
-        Conn::open_counted(identity, remote, Arc::default())
+        Conn::open_counted(identity, remote, Limits::STALL_TIMEOUT, Arc::default())
     }
 
     /// As [`Conn::open`], counting the bytes received on the socket (the
-    /// handshake's included) into `received`.
+    /// handshake's included) into `received`, and taking a source silent
+    /// for `stall` for gone (a cut link shows up only this way). The source
+    /// sends a frame at least every MiB of data, and it answers a request
+    /// once it has listed the snapshot's extents.
     pub(crate) fn open_counted(
         identity: &Identity,
         remote: &Remote,
+        stall: Duration,
         received: Arc<AtomicU64>,
     ) -> Result<Conn, TransferError> {
         let unreachable = |source| TransferError::Unreachable {
@@ -108,8 +109,8 @@ impl Conn {
             source: e,
         };
         tcp.set_nodelay(true).map_err(io)?;
-        tcp.set_read_timeout(Some(READ_TIMEOUT)).map_err(io)?;
-        tcp.set_write_timeout(Some(READ_TIMEOUT)).map_err(io)?;
+        tcp.set_read_timeout(Some(stall)).map_err(io)?;
+        tcp.set_write_timeout(Some(stall)).map_err(io)?;
         let name = ServerName::try_from(remote.node.clone()).map_err(|_| {
             TransferError::Invalid(format!("node name {:?} is not a DNS name", remote.node))
         })?;

@@ -41,6 +41,10 @@ pub struct Pull<'a> {
     pub resume_offset: u64,
     /// Data applied between two flushes and `ctl.durable` calls.
     pub checkpoint_bytes: u64,
+    /// A source silent this long is taken for gone (a cut link shows up
+    /// only this way): the same limit a source puts on its targets,
+    /// normally [`crate::Limits::STALL_TIMEOUT`].
+    pub stall_timeout: std::time::Duration,
 }
 
 /// How a pull ended, and what it cost on the wire.
@@ -129,7 +133,7 @@ fn pull_counted(
     let room = dst
         .size()
         .map_err(|e| TransferError::engine(ctx("size of"), e))?;
-    let mut c = Conn::open_counted(identity, pull.remote, received.clone())?;
+    let mut c = Conn::open_counted(identity, pull.remote, pull.stall_timeout, received.clone())?;
     let req = Request {
         mode: Mode::Pull,
         expect_id: pull.expect_id,

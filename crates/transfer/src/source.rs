@@ -58,7 +58,8 @@ pub struct Limits {
     pub opening_timeout: Duration,
     /// A peer that takes nothing for this long (a write, the answer, a
     /// frame of the stream, the close) is cut off and its connection
-    /// closed.
+    /// closed. A daemon's pulls take a source silent this long for lost
+    /// ([`crate::Pull::stall_timeout`]).
     pub stall_timeout: Duration,
 }
 

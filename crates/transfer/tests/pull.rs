@@ -84,6 +84,7 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
         expect_id: info.id,
         resume_offset: 0,
         checkpoint_bytes: 8 * MIB,
+        stall_timeout: lamina_transfer::Limits::STALL_TIMEOUT,
     };
     let end = pull_into(&dst, &dst_id, &pull, &mut ctl);
     assert_eq!(seen, vec!["target".to_string()]);

@@ -326,6 +326,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             expect_id: copy.snapshot_id,
             resume_offset: copy.resume_offset,
             checkpoint_bytes: CHECKPOINT_BYTES,
+            stall_timeout: st.transfer_stall_timeout,
         };
         let Pulled { end, .. } =
             lamina_transfer::pull_into_counting(&st.pool, &identity, &pull, &mut ctl, &wire);

@@ -75,6 +75,7 @@ pub fn fresh<'a>(
         expect_id: 0,
         resume_offset: 0,
         checkpoint_bytes,
+        stall_timeout: lamina_transfer::Limits::STALL_TIMEOUT,
     }
 }
 
