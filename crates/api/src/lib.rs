@@ -4,6 +4,7 @@
 //! depend on the engine or do I/O.
 
 mod code;
+pub mod freeze;
 mod schedule;
 mod selector;
 mod size;
@@ -193,6 +194,17 @@ pub struct CreateSnapshot {
     pub name: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Take it with the volume's filesystem frozen where a node plugin
+    /// has it mounted (docs/csi-node.md, "Frozen snapshots"): the snapshot
+    /// then needs no journal replay. Without a mount there is nothing to
+    /// freeze; an attached volume that no node plugin can freeze is
+    /// refused (412).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub freeze: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Filters of `GET /v1/snapshots` (query parameters), oldest first.
@@ -231,6 +243,10 @@ pub struct CreateSnapshotGroup {
     /// Labels every member snapshot carries (besides [`GROUP_LABEL`]).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Every member's filesystem frozen while the group is taken, as
+    /// [`CreateSnapshot::freeze`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub freeze: bool,
 }
 
 /// A group snapshot: its members, one per volume, ordered by volume name.

@@ -99,6 +99,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<()> {
             .state_dir
             .clone()
             .unwrap_or_else(|| data_dir.join("csi-node")),
+        // The daemon finds the node plugin's freeze service in its data
+        // directory; a plugin that reaches its daemon over TCP shares none.
+        freeze_socket: client
+            .is_unix()
+            .then(|| data_dir.join(lamina_api::freeze::SOCKET)),
         client,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -21,6 +21,9 @@ pub enum SnapshotCmd {
         /// A label KEY=VALUE (repeat for more).
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
         labels: Vec<(String, String)>,
+        /// Freeze the volume's filesystem where the CSI node plugin mounted it while the snapshot is taken (it then needs no journal replay).
+        #[arg(long)]
+        freeze: bool,
     },
     /// List a volume's snapshots, or every snapshot when no volume is given.
     List {
@@ -96,6 +99,9 @@ pub enum SnapshotCmd {
         /// A label KEY=VALUE every member carries (repeat for more).
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
         labels: Vec<(String, String)>,
+        /// Freeze every member's filesystem where the CSI node plugin mounted it while the group is taken.
+        #[arg(long)]
+        freeze: bool,
     },
     /// Show a group snapshot: its members, one per volume.
     GetGroup {
@@ -130,10 +136,12 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             volume,
             name,
             labels,
+            freeze,
         } => {
             let req = CreateSnapshot {
                 name,
                 labels: labels.into_iter().collect(),
+                freeze,
             };
             let r = c.create_snapshot(&volume, &req).await?;
             output::show(ctx.fmt, &r.value, |s| {
@@ -240,11 +248,13 @@ pub async fn run(ctx: &Ctx, cmd: SnapshotCmd) -> Result<()> {
             name,
             volumes,
             labels,
+            freeze,
         } => {
             let req = CreateSnapshotGroup {
                 name,
                 volumes,
                 labels: labels.into_iter().collect(),
+                freeze,
             };
             let r = c.create_snapshot_group(&req).await?;
             output::show(ctx.fmt, &r.value, |g| {

@@ -267,6 +267,7 @@ async fn snapshot_clone_and_operation_routes() {
     let req = api::CreateSnapshot {
         name: "s".into(),
         labels: [("k".to_string(), "v".to_string())].into(),
+        freeze: true,
     };
     f.answer(201, json(&snapshot("a", "s")));
     assert!(c.create_snapshot("a", &req).await.unwrap().created);
@@ -373,6 +374,7 @@ async fn group_snapshot_routes() {
         name: "g".into(),
         volumes: vec!["b".into(), "a".into()],
         labels: [("k".to_string(), "v".to_string())].into(),
+        freeze: false,
     };
     f.answer(201, json(&group));
     let r = c.create_snapshot_group(&req).await.unwrap();

@@ -79,6 +79,7 @@ async fn take(s: &Snapshot, ctx: &Ctx) -> Result<Action, Error> {
     let req = api::CreateSnapshot {
         name: s.engine_name().to_string(),
         labels: s.spec.labels.clone(),
+        freeze: false,
     };
     match engine.create_snapshot(&s.spec.volume, &req).await {
         Ok(taken) => {

@@ -104,16 +104,8 @@ impl GroupController for GroupService {
         if req.source_volume_ids.is_empty() {
             return invalid!("source_volume_ids is required");
         }
-        if let Some(k) = req
-            .parameters
-            .keys()
-            .find(|k| !k.starts_with("csi.storage.k8s.io/"))
-        {
-            return invalid!(
-                "unknown group snapshot parameter {} (Lamina takes none)",
-                shown(k)
-            );
-        }
+        let freeze =
+            crate::controller::snapshots::freeze_parameter(&req.parameters, "group snapshot")?;
         let name = lamina_name(&req.name);
         let _g = self.c.lock(&format!("snapshot/{name}")).await;
         let mut vids = vec![];
@@ -181,6 +173,7 @@ impl GroupController for GroupService {
                 name,
                 volumes,
                 labels,
+                freeze,
             })
             .await
             .map_err(|e| from_client(&e))?;

@@ -42,6 +42,9 @@ pub struct Options {
     pub nodes: NodeSource,
     /// The node service's records.
     pub state_dir: PathBuf,
+    /// Where the node service serves the daemon's freezes
+    /// (`DATA_DIR/freeze.sock`, `lamina_api::freeze`); `None`: nowhere.
+    pub freeze_socket: Option<PathBuf>,
     /// This node's daemon (the node service, the identity's probe, and the
     /// controller's one node with `NodeSource::Single`).
     pub client: Client,
@@ -121,6 +124,7 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
             .add_service(ControllerServer::from_arc(c.clone()))
             .add_service(GroupControllerServer::new(GroupService::new(c)));
     }
+    let mut freezes = None;
     if node {
         let n = NodeService::new(
             opts.client.clone(),
@@ -129,12 +133,27 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
                 state_dir: opts.state_dir.clone(),
             },
         )?;
+        let f = n.freezer();
+        let _ = tokio::task::spawn_blocking(move || f.recover()).await;
+        if let Some(socket) = opts.freeze_socket.clone() {
+            let f = n.freezer();
+            freezes = Some(tokio::spawn(async move {
+                if let Err(e) = node::freeze::serve(f, socket.clone()).await {
+                    tracing::error!(socket = %socket.display(), error = %e, "the freeze service stopped");
+                }
+            }));
+        }
         router = router.add_service(NodeServer::new(n));
     }
     tracing::info!(socket = %path.display(), mode = ?opts.mode, "CSI driver listening");
     router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
+    // The freeze service goes with the node service (its freezes' holds
+    // with it: a plugin started again thaws what they held).
+    if let Some(f) = freezes {
+        f.abort();
+    }
     let _ = std::fs::remove_file(&path);
     Ok(())
 }

@@ -353,6 +353,7 @@ fn a_daemon_that_closes_the_connection_mid_call_is_unavailable() {
             storage_node: "node-1".into(),
             nodes: lamina_csi::NodeSource::Single,
             state_dir: dir.path().join("state"),
+            freeze_socket: None,
             client,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -536,3 +536,196 @@ fn xfs_is_made_grown_and_mounted_beside_a_clone_with_the_same_uuid() {
     env.assert_clean(&name_of(&id));
     env.assert_clean(&name_of(&clone));
 }
+
+/// A call to the node plugin's freeze service, as the daemon makes it
+/// (curl on the unix socket): the status and the body.
+fn freeze_service(env: &Env, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let socket = env.path("data").join(lamina_api::freeze::SOCKET);
+    let out = run(Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "--unix-socket"])
+        .arg(&socket)
+        .args(["-H", "content-type: application/json", "-d", body])
+        .arg(format!("http://localhost{path}")))
+    .ok();
+    let (body, status) = out.trim_end().rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), serde_json::from_str(body).unwrap())
+}
+
+/// Write and sync a file on another thread: Ok when it finished within
+/// `LIMIT` (a filesystem left frozen would hold it for good).
+#[track_caller]
+fn write_finishes(path: &Path) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        write_synced(&p, b"written after the freeze");
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(node_env::LIMIT)
+        .unwrap_or_else(|_| panic!("writing {} did not finish: still frozen?", path.display()));
+}
+
+/// `dumpe2fs -h` and `e2fsck -fn` of a snapshot's filesystem, read whole
+/// through its NBD export: whether its journal needs replaying, and
+/// whether the check (which replays nothing) found it clean.
+fn snapshot_fs(env: &Env, volume: &str, snapshot: &str) -> (bool, bool) {
+    let x = env
+        .call("attach", env.client.attach_snapshot(volume, snapshot))
+        .unwrap();
+    let img = env.path(&format!("{snapshot}.img"));
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &x.uri])
+        .arg(&img))
+    .ok();
+    env.call(
+        "detach",
+        env.client.detach_snapshot(volume, snapshot, false),
+    )
+    .unwrap();
+    let head = run(Command::new("dumpe2fs").arg("-h").arg(&img)).ok();
+    let features = head
+        .lines()
+        .find(|l| l.starts_with("Filesystem features:"))
+        .unwrap_or_else(|| panic!("no features in {head}"))
+        .to_string();
+    let clean = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img)
+        .output()
+        .unwrap()
+        .status
+        .success();
+    std::fs::remove_file(&img).unwrap();
+    (features.contains("needs_recovery"), clean)
+}
+
+#[test]
+fn a_frozen_snapshot_of_a_filesystem_in_use_needs_no_journal_replay() {
+    tools();
+    need("dumpe2fs", "e2fsprogs");
+    let env = Env::start();
+    let id = env.create_volume("pvc-frozen", 128 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("ext4")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap("ext4"), false)
+        .unwrap();
+
+    // A writer keeps creating and syncing files while both snapshots are
+    // taken: its journal always has transactions in flight.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (dir, s2) = (target.clone(), stop.clone());
+    let writer = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            write_synced(&dir.join(format!("f{}", n % 64)), &pattern(8192, n as u8));
+            n += 1;
+        }
+        n
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let take = |snap: &str, freeze: bool| {
+        let req = lamina_api::CreateSnapshot {
+            name: snap.into(),
+            labels: Default::default(),
+            freeze,
+        };
+        env.call("snapshot", env.client.create_snapshot(&name, &req))
+            .unwrap_or_else(|e| panic!("snapshot {snap}: {e}"));
+    };
+    take("plain", false);
+    take("frozen", true);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert!(writes > 2, "the writer wrote {writes} files");
+
+    // The snapshot taken without a freeze is a crash image (the test can
+    // tell them apart); the frozen one is clean as it is.
+    let (replay, _) = snapshot_fs(&env, &name, "plain");
+    assert!(
+        replay,
+        "a snapshot of a mounted ext4 without freeze needs recovery"
+    );
+    assert_eq!(snapshot_fs(&env, &name, "frozen"), (false, true));
+
+    // The filesystem was thawed: writing goes on.
+    write_finishes(&target.join("after"));
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}
+
+#[test]
+fn a_freeze_nobody_thaws_ends_at_its_hold_and_after_a_plugin_restart_or_an_unstage() {
+    tools();
+    need("curl", "curl");
+    let mut env = Env::start();
+    let id = env.create_volume("pvc-hold", 64 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    let target = env.path("pods/a/mount");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("ext4")).unwrap();
+    env.publish(&id, &staging, &target, mount_cap("ext4"), false)
+        .unwrap();
+    let freeze = |env: &Env, hold_ms: u64| {
+        let body = format!(r#"{{"volumes": ["{name}", "absent"], "hold_ms": {hold_ms}}}"#);
+        let (s, v) = freeze_service(env, "/v1/freeze", &body);
+        assert_eq!(s, 200, "{v}");
+        // Only the mounted volume is frozen; "absent" has no mount.
+        assert_eq!(v["frozen"][0][1], staging.display().to_string(), "{v}");
+        assert_eq!(v["frozen"].as_array().unwrap().len(), 1, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+
+    // Refused: a hold out of range, an unknown field; a second freeze of
+    // a frozen filesystem (409) changes nothing.
+    for body in [
+        r#"{"volumes": [], "hold_ms": 0}"#,
+        r#"{"volumes": [], "hold_ms": 60001}"#,
+        r#"{"volumes": [], "hold_ms": 5, "x": 1}"#,
+    ] {
+        let (s, v) = freeze_service(&env, "/v1/freeze", body);
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (400, Some("invalid")),
+            "{body}: {v}"
+        );
+    }
+    let first = freeze(&env, 60_000);
+    let body = format!(r#"{{"volumes": ["{name}"], "hold_ms": 1000}}"#);
+    let (s, v) = freeze_service(&env, "/v1/freeze", &body);
+    assert_eq!((s, v["code"].as_str()), (409, Some("conflict")), "{v}");
+    let (s, v) = freeze_service(&env, "/v1/thaw", &format!(r#"{{"id": "{first}"}}"#));
+    assert_eq!(
+        (s, v["thawed"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{v}"
+    );
+    // A thaw again thaws nothing, and is no error.
+    let (s, v) = freeze_service(&env, "/v1/thaw", &format!(r#"{{"id": "{first}"}}"#));
+    assert_eq!(
+        (s, v["thawed"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{v}"
+    );
+    write_finishes(&target.join("a"));
+
+    // No thaw comes (the daemon died): the hold ends it.
+    freeze(&env, 500);
+    write_finishes(&target.join("b"));
+
+    // The plugin dies while a freeze holds: the next one thaws at start.
+    freeze(&env, 60_000);
+    env.restart_csi();
+    write_finishes(&target.join("c"));
+
+    // A frozen volume unstages: the freeze is let go first.
+    freeze(&env, 60_000);
+    env.unpublish(&id, &target).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}

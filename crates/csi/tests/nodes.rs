@@ -90,6 +90,7 @@ impl Cluster {
             storage_node: "a".into(),
             nodes: NodeSource::Fixed(nodes),
             state_dir: dir.path().join("state"),
+            freeze_socket: None,
             client: a.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

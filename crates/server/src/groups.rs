@@ -29,12 +29,17 @@ pub async fn create_snapshot_group(
     operations::groups::check_create(&req.name, &req.volumes, &req.labels)?;
     let mut volumes = req.volumes;
     volumes.sort();
+    let frozen = if req.freeze {
+        volumes.clone()
+    } else {
+        Vec::new()
+    };
     let op = Op::CreateSnapshotGroup {
         name: req.name.clone(),
         volumes,
         labels: req.labels,
     };
-    match operations::run(&st, op).await? {
+    match crate::freeze::frozen(&st, &frozen, operations::run(&st, op)).await? {
         Outcome::Group {
             members,
             created: c,

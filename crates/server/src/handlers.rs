@@ -313,12 +313,17 @@ pub async fn create_snapshot(
 ) -> R<(StatusCode, Json<api::Snapshot>)> {
     let req = body(b)?;
     refuse_schedule_labels(&req.labels)?;
+    let volumes = if req.freeze {
+        vec![name.clone()]
+    } else {
+        Vec::new()
+    };
     let op = Op::CreateSnapshot {
         volume: name,
         name: req.name,
         labels: req.labels,
     };
-    match operations::run(&st, op).await? {
+    match crate::freeze::frozen(&st, &volumes, operations::run(&st, op)).await? {
         Outcome::Snapshot { info, created: c } => Ok((created(c), Json(st.snapshot(info)))),
         _ => Err(Failure::internal("create-snapshot yielded no snapshot")),
     }

@@ -45,6 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "operations/remote",
             "operations/snapshots",
             "operations/volumes",
+            "freeze",
         ],
     ),
     ("callers of operations", &["prune", "schedules/runner"]),

@@ -10,6 +10,7 @@ mod config;
 mod device;
 mod error;
 mod extract;
+mod freeze;
 mod groups;
 mod handlers;
 mod jobs;

@@ -303,3 +303,61 @@ fn the_document_declares_the_group_routes() {
     assert!(doc["components"]["schemas"]["SnapshotGroup"].is_object());
     assert!(doc["components"]["schemas"]["CreateSnapshotGroup"].is_object());
 }
+
+#[test]
+fn a_frozen_snapshot_of_an_attached_volume_needs_the_node_plugin_and_is_refused_without_it() {
+    // No CSI node plugin serves DATA/freeze.sock here. A volume nobody
+    // attached has no mount to freeze: its frozen snapshot is taken. An
+    // attached one is refused, and nothing is taken; then the socket
+    // exists but nobody answers: 503, nothing taken either.
+    let d = Daemon::start();
+    create_volume(&d, "idle");
+    create_volume(&d, "used");
+    let snap = |v: &str, name: &str| {
+        let b = json!({"name": name, "freeze": true}).to_string();
+        d.call(
+            Method::POST,
+            &format!("/v1/volumes/{v}/snapshots"),
+            Some(&b),
+        )
+    };
+    let (s, v) = snap("idle", "f");
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    d.ok(Method::POST, "/v1/volumes/used/attach", None);
+    let (s, e) = snap("used", "f");
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{e}"
+    );
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("used") && msg.contains("freeze.sock"), "{msg}");
+    refused(
+        &d,
+        json!({"name": "g", "volumes": ["idle", "used"], "freeze": true}),
+        StatusCode::CONFLICT,
+        "conflict",
+        "no CSI node plugin serves freezes",
+    );
+    // A socket file nobody listens on (a plugin that died).
+    let sock = d.dir.path().join("freeze.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let (s, e) = snap("used", "f");
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")),
+        "{e}"
+    );
+    for path in [
+        "/v1/volumes/used/snapshots/f",
+        "/v1/volumes/idle/snapshots/g",
+        "/v1/volumes/used/snapshots/g",
+    ] {
+        let (s, v) = d.call(Method::GET, path, None);
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
+    // Without freeze, the attached volume's snapshot is taken as always.
+    let b = json!({"name": "plain"}).to_string();
+    let (s, v) = d.call(Method::POST, "/v1/volumes/used/snapshots", Some(&b));
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}

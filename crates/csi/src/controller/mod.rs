@@ -3,7 +3,7 @@
 //! the daemon's own rules (ids, idempotency by name, its error codes, page
 //! tokens) is decided here; docs/csi.md lists it.
 
-mod snapshots;
+pub(crate) mod snapshots;
 mod volumes;
 
 pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};

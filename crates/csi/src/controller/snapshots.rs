@@ -39,6 +39,41 @@ pub(crate) fn csi_snapshot(node: Option<String>, s: &api::Snapshot) -> Snapshot 
     }
 }
 
+/// The snapshot class's parameters (`what`: "snapshot" or "group
+/// snapshot"): `freeze` (`"true"` or `"false"`, default false) is the only
+/// one; those the CO adds itself (`csi.storage.k8s.io/…`) are ignored, any
+/// other is INVALID_ARGUMENT. Whether to freeze.
+pub(crate) fn freeze_parameter(
+    parameters: &std::collections::HashMap<String, String>,
+    what: &str,
+) -> Result<bool, Status> {
+    let mut freeze = false;
+    for (k, v) in parameters {
+        match k.as_str() {
+            "freeze" => {
+                freeze = match v.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return invalid!(
+                            "{what} parameter freeze is {}: \"true\" or \"false\"",
+                            shown(v)
+                        )
+                    }
+                }
+            }
+            k if k.starts_with("csi.storage.k8s.io/") => {}
+            k => {
+                return invalid!(
+                    "unknown {what} parameter {} (Lamina takes freeze)",
+                    shown(k)
+                )
+            }
+        }
+    }
+    Ok(freeze)
+}
+
 impl ControllerService {
     pub(crate) async fn create_snapshot_rpc(
         &self,
@@ -50,16 +85,7 @@ impl ControllerService {
         if req.source_volume_id.is_empty() {
             return invalid!("source_volume_id is required");
         }
-        if let Some(k) = req
-            .parameters
-            .keys()
-            .find(|k| !k.starts_with("csi.storage.k8s.io/"))
-        {
-            return invalid!(
-                "unknown snapshot parameter {} (Lamina takes none)",
-                shown(k)
-            );
-        }
+        let freeze = freeze_parameter(&req.parameters, "snapshot")?;
         let name = lamina_name(&req.name);
         let _g = self.lock(&format!("snapshot/{name}")).await;
         let not_found = || {
@@ -112,7 +138,14 @@ impl ControllerService {
         }
         let made = node
             .client
-            .create_snapshot(&v.name, &api::CreateSnapshot { name, labels })
+            .create_snapshot(
+                &v.name,
+                &api::CreateSnapshot {
+                    name,
+                    labels,
+                    freeze,
+                },
+            )
             .await
             .map_err(|e| from_client(&e))?;
         Ok(CreateSnapshotResponse {

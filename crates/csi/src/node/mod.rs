@@ -9,11 +9,14 @@
 //!   loop device), and back;
 //! - fs.rs: probing, making, mounting and growing filesystems;
 //! - stage.rs, publish.rs, stats.rs: the RPCs;
+//! - freeze.rs: freezing mounted filesystems for the daemon's frozen
+//!   snapshots, on a socket of its own;
 //! - state.rs: the per-volume records; sys.rs: what the kernel shows;
 //!   exec.rs: the system tools, under time limits.
 
 mod attach;
 mod exec;
+pub(crate) mod freeze;
 mod fs;
 mod publish;
 mod stage;
@@ -102,18 +105,29 @@ pub struct NodeService {
     locks: Locks,
     /// Held while a free /dev/nbdN is picked and connected.
     nbd_pick: tokio::sync::Mutex<()>,
+    freezer: freeze::Freezer,
 }
 
 impl NodeService {
+    /// The service on `cfg`'s records. What a plugin before it froze and
+    /// left frozen (killed during a frozen snapshot) is thawed by
+    /// [`freeze::Freezer::recover`], which the caller runs before serving.
     pub fn new(client: Client, cfg: Config) -> Result<NodeService, Error> {
         let store = Store::open(&cfg.state_dir)?;
+        let freezer = freeze::Freezer::new(store.clone(), &cfg.state_dir)?;
         Ok(NodeService {
             client,
             cfg,
             store,
             locks: Locks::default(),
             nbd_pick: tokio::sync::Mutex::new(()),
+            freezer,
         })
+    }
+
+    /// What serves the daemon's freezes of this node's mounts.
+    pub(crate) fn freezer(&self) -> freeze::Freezer {
+        self.freezer.clone()
     }
 }
 

@@ -307,6 +307,9 @@ impl NodeService {
                 live.join(", ")
             )));
         }
+        // A frozen snapshot's freeze in force ends first: a frozen
+        // filesystem would hold the unmount.
+        self.freezer.release(&rec.staging_path).await;
         self.teardown(&rec).await?;
         self.store.remove(&rec.volume_id)?;
         tracing::info!(volume_id = %req.volume_id, "unstaged");

@@ -87,6 +87,7 @@ impl Env {
             storage_node: "node-1".into(),
             nodes: lamina_csi::NodeSource::Single,
             state_dir: self.state_dir(),
+            freeze_socket: Some(self.path("data").join(lamina_api::freeze::SOCKET)),
             client: self.client.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -328,6 +329,9 @@ impl Env {
             let _ = try_run(Command::new("losetup").arg("-d").arg(l));
         }
         for m in self.mounts().iter().rev() {
+            // A filesystem a failed freeze test left frozen would keep
+            // its writers waiting after a lazy unmount.
+            let _ = try_run(Command::new("fsfreeze").arg("-u").arg(m));
             let _ = try_run(Command::new("umount").arg("-l").arg(m));
         }
         for pid in self.nbdfuse_pids() {

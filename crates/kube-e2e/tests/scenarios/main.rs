@@ -60,6 +60,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "pods-first-consumer-group-clone",
         pods::first_consumer_group_clone,
     ),
+    ("pods-frozen-snapshot", pods::frozen_snapshot),
     ("cross-node-restore", cross_node::cross_node_restore),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
@@ -68,7 +69,11 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 /// The scenarios that need a second storage node.
 const TWO_NODES: &[&str] = &["cross-node-restore"];
 /// The scenarios that need a real node: a kubelet and a container runtime.
-const KUBELET: &[&str] = &["pods-write-restore-read", "pods-first-consumer-group-clone"];
+const KUBELET: &[&str] = &[
+    "pods-write-restore-read",
+    "pods-first-consumer-group-clone",
+    "pods-frozen-snapshot",
+];
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()

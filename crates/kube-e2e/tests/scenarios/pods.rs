@@ -1,7 +1,9 @@
 //! Real pods on kube-env's kubelet (KUBE_ENV_KUBELET=1): the node path as
 //! a cluster runs it. The kubelet stages and publishes through Lamina's
-//! node plugin, registered with it by the plugin itself; kube-scheduler
+//! node plugin, registered with it by kube-env's registrar; kube-scheduler
 //! places the pods; images are kube-env's own (kube-env/kubelet.sh).
+//! The scenarios: p. write, restore, read (below); q. first consumer,
+//! group, clone; r. frozen snapshots of a filesystem in use.
 //!
 //! p. A pod writes files through an ext4 PVC; a VolumeSnapshot of it is
 //! restored into a PVC that a second pod, placed by the scheduler, reads
@@ -313,5 +315,115 @@ pub fn first_consumer_group_clone(env: &Env) -> Result<()> {
     env.wait_pod_succeeded(ns, "clone-reader")?;
     env.wait_pod_succeeded(ns, "member-reader")?;
     env.delete_pods(ns, &["clone-reader", "member-reader"])?;
+    Ok(())
+}
+
+/// What a Lamina volume's ext4 shows, read whole through its export:
+/// whether its journal needs replaying (`dumpe2fs -h`), and whether
+/// `e2fsck -fn` (which replays nothing) finds it clean.
+fn ext4_state(env: &Env, volume: &str) -> Result<(bool, bool)> {
+    let uri = env.attach_volume(volume)?;
+    let img = env.dir.join(format!("{volume}.img"));
+    let copied = crate::env::run(
+        std::process::Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw", &uri])
+            .arg(&img),
+    );
+    env.detach_volume(volume)?;
+    copied?;
+    let head = crate::env::run(std::process::Command::new("dumpe2fs").arg("-h").arg(&img))?;
+    let replay = head
+        .lines()
+        .find(|l| l.starts_with("Filesystem features:"))
+        .with_context(|| format!("no features in dumpe2fs's output: {head}"))?
+        .contains("needs_recovery");
+    let clean = std::process::Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img)
+        .output()?
+        .status
+        .success();
+    std::fs::remove_file(&img)?;
+    Ok((replay, clean))
+}
+
+/// r. A pod writes and syncs files without pause on an ext4 PVC; a
+/// VolumeSnapshot of the `lamina-frozen` class (parameter `freeze`) and
+/// one of the plain class are taken while it runs, and each is restored
+/// into a PVC. The frozen one holds a clean filesystem (no journal
+/// replay needed, `e2fsck -fn` clean); the plain one needs its journal
+/// replayed (so the check tells them apart). The pod ran on through both.
+pub fn frozen_snapshot(env: &Env) -> Result<()> {
+    let ns = "frozen";
+    env.namespace(ns)?;
+    env.apply(&pvc(ns, "busy", "lamina", "64Mi", None))?;
+    env.wait_bound(ns, "busy", T)?;
+    env.apply(&pod(
+        ns,
+        "writer",
+        "busy",
+        false,
+        "i=0; while true; do \
+         dd if=/dev/urandom of=/data/f$((i % 32)) bs=4k count=4 conv=fsync 2>/dev/null; \
+         echo $i > /data/count; i=$((i+1)); done",
+    ))?;
+    wait("the writer to run and write", T, |last| {
+        let out = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"]);
+        *last = format!("{out:?}");
+        Ok(out
+            .ok()
+            .and_then(|c| c.trim().parse::<u64>().ok())
+            .filter(|&n| n > 10)
+            .map(drop))
+    })?;
+    env.apply(&volume_snapshot(ns, "plain", "busy", "lamina"))?;
+    env.apply(&volume_snapshot(ns, "frozen", "busy", "lamina-frozen"))?;
+    env.wait_snapshot_ready(ns, "plain", T)?;
+    env.wait_snapshot_ready(ns, "frozen", T)?;
+    // The writer was not stopped by the freeze: it goes on writing.
+    let count = |()| -> Result<u64> {
+        let c = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"])?;
+        Ok(c.trim().parse()?)
+    };
+    let before = count(())?;
+    wait("the writer to go on after the freeze", T, |last| {
+        let now = count(())?;
+        *last = format!("count {now}, was {before}");
+        Ok((now > before).then_some(()))
+    })?;
+    let phase = env
+        .get(ns, "pod", "writer")?
+        .context("the writer vanished")?["status"]["phase"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    ensure!(phase == "Running", "the writer is {phase}, not Running");
+
+    let mut restored = Vec::new();
+    for snap in ["plain", "frozen"] {
+        let claim = format!("from-{snap}");
+        env.apply(&pvc(
+            ns,
+            &claim,
+            "lamina",
+            "64Mi",
+            Some(("VolumeSnapshot", snap)),
+        ))?;
+        restored.push(env.wait_bound(ns, &claim, T)?);
+    }
+    let plain = ext4_state(env, &restored[0])?;
+    ensure!(
+        plain.0,
+        "the plain snapshot of a filesystem in use does not need its journal replayed: \
+         the check cannot tell a frozen snapshot from it"
+    );
+    let frozen = ext4_state(env, &restored[1])?;
+    ensure!(
+        frozen == (false, true),
+        "the frozen snapshot's filesystem: needs replay {}, e2fsck -fn clean {}",
+        frozen.0,
+        frozen.1
+    );
+    env.delete_pods(ns, &["writer"])?;
     Ok(())
 }
