@@ -23,6 +23,28 @@ const HOLD: Duration = Duration::from_secs(10);
 /// A plugin that does not answer within this is taken for absent.
 const ANSWER: Duration = Duration::from_secs(30);
 
+/// How a frozen snapshot went: its outcome, and whether the freeze had
+/// ended (its hold passed) when the thaw came, in which case the snapshot
+/// may have been taken after the filesystem was thawed, and the caller
+/// must not keep it as a frozen one.
+pub struct Taken<T> {
+    pub outcome: T,
+    pub lapsed: bool,
+}
+
+/// The answer to a frozen snapshot whose freeze lapsed, once what it made
+/// is deleted: the caller may try again.
+pub fn lapsed() -> Failure {
+    Failure::new(
+        ErrorCode::Unavailable,
+        format!(
+            "the filesystem's freeze ended (its {} s hold passed) before the snapshot was taken: nothing was kept",
+            HOLD.as_secs()
+        ),
+        Some("try again; a daemon this slow to take a snapshot is short of disk or CPU"),
+    )
+}
+
 /// Run `snapshot` with `volumes` frozen. A volume that is not attached has
 /// no mount to freeze (nothing reaches it through this daemon); an
 /// attached one needs the node plugin's freeze service, or the call is
@@ -31,14 +53,17 @@ pub async fn frozen<T>(
     st: &State,
     volumes: &[String],
     snapshot: impl Future<Output = Result<T, Failure>>,
-) -> Result<T, Failure> {
+) -> Result<Taken<T>, Failure> {
     let attached: Vec<String> = volumes
         .iter()
         .filter(|v| st.is_attached(v))
         .cloned()
         .collect();
     if attached.is_empty() {
-        return snapshot.await;
+        return Ok(Taken {
+            outcome: snapshot.await?,
+            lapsed: false,
+        });
     }
     let socket = st.layout.root.join(SOCKET);
     if !socket.exists() {
@@ -59,15 +84,27 @@ pub async fn frozen<T>(
     let f: Frozen = call(&socket, "/v1/freeze", &req).await?;
     tracing::info!(id = f.id, frozen = ?f.frozen, "filesystems frozen for a snapshot");
     let r = snapshot.await;
-    match call::<_, Thawed>(&socket, "/v1/thaw", &Thaw { id: f.id.clone() }).await {
-        Ok(t) if t.thawed.len() == f.frozen.len() => {}
-        Ok(t) => tracing::warn!(id = f.id, thawed = ?t.thawed, frozen = ?f.frozen,
-            "the freeze had ended before the thaw: its hold passed while the snapshot was taken"),
-        Err(e) => {
-            tracing::error!(id = f.id, error = %e.1, "cannot thaw; the node plugin thaws at the hold's end")
+    // The snapshot was taken before this thaw: if the freeze still held
+    // every path now, it held them when the snapshot was taken.
+    let thaw = Thaw { id: f.id.clone() };
+    let lapsed = match call::<_, Thawed>(&socket, "/v1/thaw", &thaw).await {
+        Ok(t) if t.thawed.len() == f.frozen.len() => false,
+        Ok(t) => {
+            tracing::warn!(id = f.id, thawed = ?t.thawed, frozen = ?f.frozen,
+                "the freeze had ended before the thaw: its hold passed while the snapshot was taken");
+            true
         }
-    }
-    r
+        Err(e) => {
+            // Unknown: taken for lapsed, so that a snapshot is never kept
+            // as a frozen one without the plugin's word.
+            tracing::error!(id = f.id, error = %e.1, "cannot thaw; the node plugin thaws at the hold's end");
+            true
+        }
+    };
+    Ok(Taken {
+        outcome: r?,
+        lapsed,
+    })
 }
 
 fn unavailable(socket: &Path, detail: impl std::fmt::Display) -> Failure {

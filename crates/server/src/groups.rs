@@ -36,10 +36,17 @@ pub async fn create_snapshot_group(
     };
     let op = Op::CreateSnapshotGroup {
         name: req.name.clone(),
-        volumes,
+        volumes: volumes.clone(),
         labels: req.labels,
     };
-    match crate::freeze::frozen(&st, &frozen, operations::run(&st, op)).await? {
+    let taken = crate::freeze::frozen(&st, &frozen, operations::run(&st, op)).await?;
+    match taken.outcome {
+        Outcome::Group { created: true, .. } if taken.lapsed => {
+            // Not kept as a frozen group it may not be.
+            let name = req.name.clone();
+            operations::run(&st, Op::DeleteSnapshotGroup { name, volumes }).await?;
+            Err(crate::freeze::lapsed())
+        }
         Outcome::Group {
             members,
             created: c,

@@ -318,12 +318,19 @@ pub async fn create_snapshot(
     } else {
         Vec::new()
     };
+    let (volume, snap) = (name.clone(), req.name.clone());
     let op = Op::CreateSnapshot {
         volume: name,
         name: req.name,
         labels: req.labels,
     };
-    match crate::freeze::frozen(&st, &volumes, operations::run(&st, op)).await? {
+    let taken = crate::freeze::frozen(&st, &volumes, operations::run(&st, op)).await?;
+    match taken.outcome {
+        Outcome::Snapshot { created: true, .. } if taken.lapsed => {
+            // Not kept as a frozen snapshot it may not be.
+            operations::run(&st, Op::DeleteSnapshot { volume, name: snap }).await?;
+            Err(crate::freeze::lapsed())
+        }
         Outcome::Snapshot { info, created: c } => Ok((created(c), Json(st.snapshot(info)))),
         _ => Err(Failure::internal("create-snapshot yielded no snapshot")),
     }

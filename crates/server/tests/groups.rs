@@ -361,3 +361,107 @@ fn a_frozen_snapshot_of_an_attached_volume_needs_the_node_plugin_and_is_refused_
     let (s, v) = d.call(Method::POST, "/v1/volumes/used/snapshots", Some(&b));
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
+
+/// A node plugin's freeze service faked on `DATA/freeze.sock` (a real
+/// socket, HTTP/1 read and written here): it answers every freeze with
+/// `frozen` (freezing nothing) and every thaw with `thawed`, and counts
+/// the calls by path.
+struct FakePlugin {
+    calls: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakePlugin {
+    fn serve(d: &Daemon, frozen: Value, thawed: Value) -> FakePlugin {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let l = std::os::unix::net::UnixListener::bind(d.dir.path().join("freeze.sock")).unwrap();
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let c = calls.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    r.read_line(&mut h).unwrap();
+                    if h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0; len];
+                r.read_exact(&mut body).unwrap();
+                let answer = if path == "/v1/freeze" {
+                    &frozen
+                } else {
+                    &thawed
+                };
+                let answer = answer.to_string();
+                c.lock().unwrap().push(path);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        FakePlugin { calls }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn a_frozen_snapshot_is_kept_only_when_the_freeze_held_until_the_thaw() {
+    let d = Daemon::start();
+    create_volume(&d, "used");
+    d.ok(Method::POST, "/v1/volumes/used/attach", None);
+    let frozen = json!({"id": "1-0", "frozen": [["used", "/staging/used"]]});
+    // The plugin thawed the path at the daemon's thaw: the freeze held
+    // while the snapshot was taken. Kept (201), freeze then thaw.
+    let p = FakePlugin::serve(&d, frozen.clone(), json!({"thawed": ["/staging/used"]}));
+    let b = json!({"name": "held", "freeze": true}).to_string();
+    let (s, v) = d.call(Method::POST, "/v1/volumes/used/snapshots", Some(&b));
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(p.calls(), ["/v1/freeze", "/v1/thaw"]);
+    std::fs::remove_file(d.dir.path().join("freeze.sock")).unwrap();
+
+    // The freeze had ended (its hold passed) when the thaw came: the
+    // snapshot may hold a thawed filesystem, so it is not kept; 503.
+    let p = FakePlugin::serve(&d, frozen, json!({"thawed": []}));
+    let b = json!({"name": "late", "freeze": true}).to_string();
+    let (s, e) = d.call(Method::POST, "/v1/volumes/used/snapshots", Some(&b));
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")),
+        "{e}"
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("freeze ended"),
+        "{e}"
+    );
+    assert_eq!(p.calls(), ["/v1/freeze", "/v1/thaw"]);
+    let (s, v) = d.call(Method::GET, "/v1/volumes/used/snapshots/late", None);
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    // A group likewise: none of its members is kept.
+    create_volume(&d, "other");
+    let (s, e) = group(
+        &d,
+        json!({"name": "g", "volumes": ["used", "other"], "freeze": true}),
+    );
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{e}");
+    for v in ["used", "other"] {
+        let (s, x) = d.call(Method::GET, &format!("/v1/volumes/{v}/snapshots/g"), None);
+        assert_eq!(s, StatusCode::NOT_FOUND, "{v}: {x}");
+    }
+    // The snapshot kept before is untouched.
+    let (s, v) = d.call(Method::GET, "/v1/volumes/used/snapshots/held", None);
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
