@@ -251,11 +251,15 @@ fn bulk_delete_says_what_goes_what_stays_and_frees_exactly_that() {
         "a",
     ]);
     clock.set(t - t.rem_euclid(3600) + 3600 + 5);
-    let made = wait_until("a scheduled snapshot", Duration::from_secs(30), || {
-        let v = d.json(&["snapshot", "list", "a", "--schedule", "hourly"]);
-        let v = v.as_array().unwrap();
-        (v.len() == 1).then(|| v[0]["name"].as_str().unwrap().to_string())
-    });
+    let made = wait_until(
+        "a scheduled snapshot",
+        lamina_test_support::COMMAND_LIMIT,
+        || {
+            let v = d.json(&["snapshot", "list", "a", "--schedule", "hourly"]);
+            let v = v.as_array().unwrap();
+            (v.len() == 1).then(|| v[0]["name"].as_str().unwrap().to_string())
+        },
+    );
     d.ok(&["schedule", "update", "hourly", "--rename", "every-hour"]);
     let r = d.json(&["snapshot", "delete", "a", "--schedule", "every-hour"]);
     assert_eq!(names(&r, "deleted"), [made], "{r}");
