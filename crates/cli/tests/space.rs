@@ -5,7 +5,7 @@
 
 use lamina_test_support::*;
 use serde_json::Value;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 const LAMINA: Lamina = Lamina::new(env!("CARGO_BIN_EXE_lamina"));
 const K: u64 = 1024;
