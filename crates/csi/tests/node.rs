@@ -729,3 +729,52 @@ fn a_freeze_nobody_thaws_ends_at_its_hold_and_after_a_plugin_restart_or_an_unsta
     env.unstage(&id, &staging).unwrap();
     env.assert_clean(&name);
 }
+
+#[test]
+fn a_staging_path_no_longer_on_the_volume_is_never_frozen() {
+    // The record says the volume is mounted at a path where another
+    // filesystem is now (as when an unstage unmounted it beside a freeze):
+    // the freeze is refused, and that filesystem (a tmpfs here, so that a
+    // mistake could not freeze the host's) is not frozen.
+    tools();
+    need("curl", "curl");
+    let env = Env::start();
+    let id = env.create_volume("pvc-moved", 64 * MIB);
+    let name = name_of(&id);
+    let staging = env.path("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    env.stage(&id, &staging, mount_cap("ext4")).unwrap();
+    let other = env.path("other");
+    std::fs::create_dir_all(&other).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&other))
+    .ok();
+    let record = env.state_dir().join("volumes").join(format!("{id}.json"));
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    rec["staging_path"] = other.display().to_string().into();
+    std::fs::write(&record, rec.to_string()).unwrap();
+
+    let body = format!(r#"{{"volumes": ["{name}"], "hold_ms": 60000}}"#);
+    let (s, v) = freeze_service(&env, "/v1/freeze", &body);
+    let unmount = || run(Command::new("umount").arg(&other)).ok();
+    if s == 200 {
+        // Undo before failing: a frozen tmpfs would hold the sweep.
+        run(Command::new("fsfreeze").arg("-u").arg(&other)).ok();
+        unmount();
+        panic!("a path not on the volume was frozen: {v}");
+    }
+    assert_eq!((s, v["code"].as_str()), (500, Some("internal")), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("is not the one on"),
+        "{v}"
+    );
+    write_finishes(&other.join("x"));
+    unmount();
+    // The record made right again, the volume unstages cleanly.
+    rec["staging_path"] = staging.display().to_string().into();
+    std::fs::write(&record, rec.to_string()).unwrap();
+    env.unstage(&id, &staging).unwrap();
+    env.assert_clean(&name);
+}

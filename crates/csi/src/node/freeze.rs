@@ -50,6 +50,10 @@ pub struct Freezer {
     dir: PathBuf,
     held: Arc<Mutex<HashMap<String, Vec<PathBuf>>>>,
     next: Arc<std::sync::atomic::AtomicU64>,
+    /// Names this run of the plugin in freeze ids (a pid would not: in a
+    /// container the plugin is often pid 1 every time), so that a thaw
+    /// sent to an earlier run never ends a freeze of this one.
+    run: String,
 }
 
 fn ioctl(path: &Path, op: libc::c_ulong) -> std::io::Result<()> {
@@ -57,6 +61,37 @@ fn ioctl(path: &Path, op: libc::c_ulong) -> std::io::Result<()> {
     // SAFETY: `f` is an open descriptor for the call's length; FIFREEZE
     // and FITHAW take an int argument the kernel ignores.
     let rc = unsafe { libc::ioctl(f.as_raw_fd(), op as _, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Freeze the filesystem mounted at `path`, only if it is the one on
+/// `device` (the volume's block device): the directory is opened, its
+/// filesystem's device checked, and that same descriptor frozen, so that
+/// a staging path unmounted meanwhile (an unstage beside the freeze) can
+/// never freeze the filesystem below it, the host's.
+fn freeze_path(path: &Path, device: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dev = std::fs::metadata(device)?;
+    if !dev.file_type().is_block_device() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a block device",
+            device.display()
+        )));
+    }
+    let f = std::fs::File::open(path)?;
+    if f.metadata()?.dev() != dev.rdev() {
+        return Err(std::io::Error::other(format!(
+            "the filesystem there is not the one on {} (unstaged meanwhile?)",
+            device.display()
+        )));
+    }
+    // SAFETY: `f` is an open descriptor for the call's length; FIFREEZE
+    // takes an int argument the kernel ignores.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE as _, 0) };
     if rc == 0 {
         Ok(())
     } else {
@@ -83,6 +118,13 @@ impl Freezer {
             dir,
             held: Arc::default(),
             next: Arc::default(),
+            run: format!(
+                "{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ),
         })
     }
 
@@ -110,7 +152,10 @@ impl Freezer {
     }
 
     /// The staging paths of the volumes named, mounted by this plugin.
-    fn mounts_of(&self, volumes: &[String]) -> Result<Vec<(String, PathBuf)>, FreezeError> {
+    fn mounts_of(
+        &self,
+        volumes: &[String],
+    ) -> Result<Vec<(String, PathBuf, PathBuf)>, FreezeError> {
         let all = self
             .store
             .all()
@@ -118,8 +163,10 @@ impl Freezer {
         let mut out = Vec::new();
         for v in volumes {
             for r in all.iter().filter(|r| &r.name == v) {
-                if r.staged && matches!(r.access, Access::Mount { .. }) {
-                    out.push((v.clone(), r.staging_path.clone()));
+                if let (true, Access::Mount { .. }, Some(dev)) =
+                    (r.staged, &r.access, r.device_path())
+                {
+                    out.push((v.clone(), r.staging_path.clone(), dev.to_path_buf()));
                 }
             }
         }
@@ -137,8 +184,8 @@ impl Freezer {
         }
         let mounts = self.mounts_of(&req.volumes)?;
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("{}-{n}", std::process::id());
-        let paths: Vec<PathBuf> = mounts.iter().map(|(_, p)| p.clone()).collect();
+        let id = format!("{}-{n}", self.run);
+        let paths: Vec<PathBuf> = mounts.iter().map(|(_, p, _)| p.clone()).collect();
         {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(p) = paths
@@ -173,7 +220,7 @@ impl Freezer {
             }
         }
         for (i, p) in paths.iter().enumerate() {
-            if let Err(source) = ioctl(p, FIFREEZE) {
+            if let Err(source) = freeze_path(p, &mounts[i].2) {
                 undo(&paths[..i]);
                 return Err(FreezeError::Freeze {
                     path: p.display().to_string(),
@@ -201,7 +248,7 @@ impl Freezer {
             id,
             frozen: mounts
                 .into_iter()
-                .map(|(v, p)| (v, p.display().to_string()))
+                .map(|(v, p, _)| (v, p.display().to_string()))
                 .collect(),
         })
     }
