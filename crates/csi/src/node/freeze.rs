@@ -356,6 +356,14 @@ pub async fn serve(freezer: Freezer, socket: PathBuf) -> std::io::Result<()> {
         }
     }
 
+    // A socket someone answers on is another plugin's on the same data
+    // directory (one per node is the rule; tests run a second one): it
+    // is left to it. One nobody answers on is a dead plugin's: replaced.
+    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        tracing::warn!(socket = %socket.display(),
+            "another node plugin serves freezes on this data directory: this one serves none");
+        return Ok(());
+    }
     match std::fs::remove_file(&socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -363,8 +371,21 @@ pub async fn serve(freezer: Freezer, socket: PathBuf) -> std::io::Result<()> {
     }
     let listener = tokio::net::UnixListener::bind(&socket)?;
     // Only root (the daemon) may freeze this node's filesystems.
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    let ino = std::fs::metadata(&socket)?.ino();
+    // Removed when the service stops (its task ends or is aborted), if the
+    // file is still this listener's: a daemon then finds no socket rather
+    // than one nobody answers on.
+    struct Unlink(PathBuf, u64);
+    impl Drop for Unlink {
+        fn drop(&mut self) {
+            if std::fs::metadata(&self.0).is_ok_and(|m| m.ino() == self.1) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+    let _unlink = Unlink(socket.clone(), ino);
     tracing::info!(socket = %socket.display(), "freeze service listening");
     let app = axum::Router::new()
         .route("/v1/freeze", post(freeze))
