@@ -197,8 +197,9 @@ pub struct CreateSnapshot {
     /// Take it with the volume's filesystem frozen where a node plugin
     /// has it mounted (docs/csi-node.md, "Frozen snapshots"): the snapshot
     /// then needs no journal replay. Without a mount there is nothing to
-    /// freeze; an attached volume that no node plugin can freeze is
-    /// refused (412).
+    /// freeze; an attached volume that no node plugin serves freezes for
+    /// is refused (409), one whose plugin does not answer is 503, and a
+    /// freeze that lapsed before the thaw keeps nothing (503).
     #[serde(default, skip_serializing_if = "is_false")]
     pub freeze: bool,
 }
