@@ -7,7 +7,7 @@ mod node_env;
 use lamina_test_support::{need, qemu_io, run};
 use node_env::{block_cap, mount_cap, name_of, pattern, Env};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use tonic::Code;
 
@@ -599,12 +599,10 @@ fn snapshot_fs(env: &Env, volume: &str, snapshot: &str) -> (bool, bool) {
     (features.contains("needs_recovery"), clean)
 }
 
-#[test]
-fn a_frozen_snapshot_of_a_filesystem_in_use_needs_no_journal_replay() {
-    tools();
-    need("dumpe2fs", "e2fsprogs");
-    let env = Env::start();
-    let id = env.create_volume("pvc-frozen", 128 * MIB);
+/// A volume made, staged as ext4 at `staging` and published at
+/// `pods/a/mount`: `(id, name, staging, target)`.
+fn mounted(env: &Env, volume: &str, size: u64) -> (String, String, PathBuf, PathBuf) {
+    let id = env.create_volume(volume, size);
     let name = name_of(&id);
     let staging = env.path("staging");
     let target = env.path("pods/a/mount");
@@ -612,6 +610,15 @@ fn a_frozen_snapshot_of_a_filesystem_in_use_needs_no_journal_replay() {
     env.stage(&id, &staging, mount_cap("ext4")).unwrap();
     env.publish(&id, &staging, &target, mount_cap("ext4"), false)
         .unwrap();
+    (id, name, staging, target)
+}
+
+#[test]
+fn a_frozen_snapshot_of_a_filesystem_in_use_needs_no_journal_replay() {
+    tools();
+    need("dumpe2fs", "e2fsprogs");
+    let env = Env::start();
+    let (id, name, staging, target) = mounted(&env, "pvc-frozen", 128 * MIB);
 
     // A writer keeps creating and syncing files while both snapshots are
     // taken: its journal always has transactions in flight.
@@ -663,14 +670,7 @@ fn a_freeze_nobody_thaws_ends_at_its_hold_and_after_a_plugin_restart_or_an_unsta
     tools();
     need("curl", "curl");
     let mut env = Env::start();
-    let id = env.create_volume("pvc-hold", 64 * MIB);
-    let name = name_of(&id);
-    let staging = env.path("staging");
-    let target = env.path("pods/a/mount");
-    std::fs::create_dir_all(&staging).unwrap();
-    env.stage(&id, &staging, mount_cap("ext4")).unwrap();
-    env.publish(&id, &staging, &target, mount_cap("ext4"), false)
-        .unwrap();
+    let (id, name, staging, target) = mounted(&env, "pvc-hold", 64 * MIB);
     let freeze = |env: &Env, hold_ms: u64| {
         let body = format!(r#"{{"volumes": ["{name}", "absent"], "hold_ms": {hold_ms}}}"#);
         let (s, v) = freeze_service(env, "/v1/freeze", &body);
