@@ -8,12 +8,16 @@
 //! - [`Mirror`], a volume composed of two (writes both, reads one): the
 //!   second implementation of the trait, standing in for a replicated
 //!   volume until there is one.
+//! - [`MemDevice`], a volume in memory with an allocation map, served by
+//!   the frontends' tests (NBD, FUSE) and fuzz targets.
 //! - [`contract`], the one suite of the trait's contract, run against every
 //!   implementation.
 
 pub mod contract;
+mod mem;
 mod mirror;
 
+pub use mem::{MemDevice, MEM_BLOCK};
 pub use mirror::Mirror;
 
 use crate::{BlockIo, Caps, Completion, IoError, IoErrorKind, IoOp};

@@ -1,0 +1,626 @@
+//! Serving one volume as one regular file: reader threads take requests off
+//! the connection's descriptors, submit each I/O to the volume through
+//! [`BlockIo`], and answer from the volume's completion, on whichever
+//! thread it comes, on the descriptor the request came from. Requests that
+//! need no I/O (attributes, open, release) are answered by the reader.
+//!
+//! The file cannot change size through the mount (the volume's size is the
+//! daemon's to change; the file follows it, its attributes are never
+//! cached), so writes past the end, truncation and size-changing
+//! `fallocate` are refused.
+
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use lamina_blockio::{BlockIo, IoDone, IoError, IoErrorKind, IoOp};
+
+use crate::mount::{self, Mount, MountError};
+use crate::proto::{self, falloc, fopen, init, op, Request};
+
+/// How the file is served.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Reader threads, each on its own descriptor of the connection.
+    pub threads: usize,
+    /// The file's owner.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            threads: 4,
+            uid: 0,
+            gid: 0,
+        }
+    }
+}
+
+/// How long [`FileServer::start`] waits for the kernel's INIT.
+const INIT_WAIT: Duration = Duration::from_secs(10);
+
+/// Why a file could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error("cannot set up the FUSE connection on {path}: {source}")]
+    Setup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the kernel sent no INIT on {path} within {INIT_WAIT:?}")]
+    NoInit { path: PathBuf },
+    #[error("the volume's size is unknown: {0}")]
+    Volume(#[from] IoError),
+}
+
+struct Shared {
+    vol: Arc<dyn BlockIo>,
+    opts: Options,
+    /// Set once INIT is answered (or refused: `Some(false)`).
+    init: Mutex<Option<bool>>,
+    init_cv: Condvar,
+    requests: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// One volume served as one file. Dropped without [`FileServer::close`],
+/// its threads stop and its connection is aborted: every later access to
+/// the file fails with `ENOTCONN` (none hangs), and the stale mount stays
+/// until someone unmounts it.
+pub struct FileServer {
+    path: PathBuf,
+    conn: u32,
+    stop: File,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FileServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileServer")
+            .field("path", &self.path)
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
+
+impl FileServer {
+    /// Mount a FUSE connection on `path` and serve `vol` there; returns once
+    /// the kernel's INIT is answered, so the file is ready.
+    pub fn start(
+        path: &Path,
+        vol: Arc<dyn BlockIo>,
+        opts: Options,
+    ) -> Result<FileServer, ServeError> {
+        vol.size()?;
+        let m = Mount::new(path, opts.uid, opts.gid)?;
+        let conn = m.connection();
+        let setup = |source| ServeError::Setup {
+            path: path.to_path_buf(),
+            source,
+        };
+        let abandon = |e: ServeError| {
+            let _ = mount::abort(conn);
+            let _ = mount::unmount(path, true);
+            e
+        };
+        let mut devs = Vec::new();
+        for _ in 1..opts.threads.max(1) {
+            devs.push(m.clone_device().map_err(|e| abandon(setup(e)))?);
+        }
+        let (first, _, _) = m.into_parts();
+        devs.insert(0, first);
+        for d in &devs {
+            nonblocking(d).map_err(|e| abandon(setup(e)))?;
+        }
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new
+        // descriptor owned by nobody else.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(abandon(setup(io::Error::last_os_error())));
+        }
+        // SAFETY: `efd` was just created and is owned here alone.
+        let stop: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(efd) };
+        let shared = Arc::new(Shared {
+            vol,
+            opts,
+            init: Mutex::new(None),
+            init_cv: Condvar::new(),
+            requests: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        });
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut threads = Vec::new();
+        for (i, d) in devs.into_iter().enumerate() {
+            let dev = Arc::new(d);
+            let stop = stop.try_clone().map_err(|e| abandon(setup(e)))?;
+            let sh = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("fuse-{i}-{name}"))
+                .spawn(move || reader(dev, stop, sh))
+                .map_err(|e| abandon(setup(e)))?;
+            threads.push(t);
+        }
+        let server = FileServer {
+            path: path.to_path_buf(),
+            conn,
+            stop,
+            threads,
+            shared,
+        };
+        let g = server.shared.init.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = server
+            .shared
+            .init_cv
+            .wait_timeout_while(g, INIT_WAIT, |i| i.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        if *g != Some(true) {
+            drop(g);
+            let path = server.path.clone();
+            let _ = server.close(true);
+            return Err(ServeError::NoInit { path });
+        }
+        drop(g);
+        Ok(server)
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The connection's number under fusectl.
+    pub fn connection(&self) -> u32 {
+        self.conn
+    }
+
+    /// Requests answered so far, and how many of them with an error.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.shared.requests.load(Ordering::Relaxed),
+            self.shared.errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Unmount the file and stop serving it. Without `force`, a file still
+    /// in use (a loop device over it) is left served and mounted, and the
+    /// server comes back with [`MountError::Busy`]. With `force` the mount
+    /// is detached and the connection aborted: whoever still uses the file
+    /// gets `ENOTCONN`.
+    pub fn close(mut self, force: bool) -> Result<(), (FileServer, MountError)> {
+        if force {
+            // Abort while the mount still holds the connection's number: once
+            // the mount is gone the number can be another new mount's.
+            self.abort_if_mounted();
+        }
+        if let Err(e) = mount::unmount(&self.path, force) {
+            match e {
+                MountError::Busy { .. } if !force => return Err((self, e)),
+                // Already gone (unmounted by someone else): stop serving.
+                _ if !mount::is_mounted(&self.path) => {}
+                _ => return Err((self, e)),
+            }
+        }
+        // Unmounted: the kernel ended the connection with its superblock.
+        self.halt();
+        Ok(())
+    }
+
+    /// Abort the connection if it is still the one mounted on the path.
+    fn abort_if_mounted(&self) {
+        if mount::connection_of(&self.path) == Some(self.conn) {
+            let _ = mount::abort(self.conn);
+        }
+    }
+
+    fn halt(&mut self) {
+        let _ = (&self.stop).write_all(&1u64.to_ne_bytes());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            // Requests the volume still holds keep a descriptor open:
+            // aborting fails them, and everything after them, instead of
+            // leaving the connection waiting.
+            self.abort_if_mounted();
+            self.halt();
+        }
+    }
+}
+
+fn nonblocking(f: &File) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor this process owns, no pointers.
+    let fl = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    if fl < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One reader: wait for a request or the stop signal, read, answer or
+/// submit. Ends on the stop signal or when the connection is gone.
+fn reader(dev: Arc<File>, stop: File, sh: Arc<Shared>) {
+    let mut buf = vec![0u8; proto::READ_BUFFER];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: dev.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd for the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+            && fds[0].revents & libc::POLLIN == 0
+        {
+            // The connection was aborted or unmounted.
+            return;
+        }
+        let n = match (&*dev).read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                // Another reader took it, or the kernel dropped an
+                // interrupted request: wait again.
+                Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ENOENT) => continue,
+                // Unmounted or aborted.
+                Some(libc::ENODEV) => return,
+                _ => {
+                    tracing::warn!(error = %e, "reading /dev/fuse failed; this reader stops");
+                    return;
+                }
+            },
+        };
+        handle(&dev, &buf[..n], &sh);
+    }
+}
+
+/// The errno a volume's error is answered with (docs/fuse.md lists them).
+pub fn errno(kind: IoErrorKind) -> i32 {
+    match kind {
+        IoErrorKind::Io => libc::EIO,
+        IoErrorKind::NoSpace => libc::ENOSPC,
+        IoErrorKind::Invalid => libc::EINVAL,
+        IoErrorKind::ReadOnly => libc::EROFS,
+        IoErrorKind::NotSupported => libc::EOPNOTSUPP,
+        IoErrorKind::Gone => libc::ENXIO,
+        IoErrorKind::Fenced => libc::EPERM,
+    }
+}
+
+fn reply(dev: &File, sh: &Shared, unique: u64, error: i32, parts: &[&[u8]]) {
+    sh.requests.fetch_add(1, Ordering::Relaxed);
+    if error != 0 {
+        sh.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    let payload: usize = if error == 0 {
+        parts.iter().map(|p| p.len()).sum()
+    } else {
+        0
+    };
+    let h = proto::out_header(unique, -error, payload);
+    let mut iov = vec![IoSlice::new(&h)];
+    if error == 0 {
+        iov.extend(parts.iter().map(|p| IoSlice::new(p)));
+    }
+    // One writev: the kernel takes a reply whole or not at all.
+    if let Err(e) = (&*dev).write_vectored(&iov) {
+        // ENOENT: the request was interrupted or aborted meanwhile.
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            tracing::debug!(error = %e, unique, "a FUSE reply was not taken");
+        }
+    }
+}
+
+fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
+    let (h, req) = match proto::decode(buf) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(error = %e, "a malformed FUSE request");
+            if buf.len() >= proto::IN_HEADER {
+                let unique = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
+                reply(dev, sh, unique, libc::EINVAL, &[]);
+            }
+            return;
+        }
+    };
+    let u = h.unique;
+    let vol = &sh.vol;
+    let size = || vol.size().map_err(|e| errno(e.kind));
+    match req {
+        Request::Init {
+            major,
+            minor,
+            max_readahead,
+            flags,
+        } => {
+            let ok = major == proto::MAJOR && minor >= 12;
+            if ok {
+                let out = proto::InitOut {
+                    minor: minor.min(proto::MINOR),
+                    max_readahead,
+                    flags: flags & init::WANTED,
+                    max_background: 64,
+                    congestion_threshold: 48,
+                };
+                reply(dev, sh, u, 0, &[&out.encode()]);
+            } else {
+                tracing::warn!(
+                    major,
+                    minor,
+                    "the kernel's FUSE protocol is not 7.12 or later"
+                );
+                reply(dev, sh, u, libc::EPROTO, &[]);
+            }
+            *sh.init.lock().unwrap_or_else(|e| e.into_inner()) = Some(ok);
+            sh.init_cv.notify_all();
+        }
+        Request::GetAttr => match size() {
+            Ok(s) => reply(dev, sh, u, 0, &[&attr(sh, s)]),
+            Err(e) => reply(dev, sh, u, e, &[]),
+        },
+        Request::SetAttr { valid, size: want } => match size() {
+            Ok(s) if valid & proto::FATTR_SIZE != 0 && want != s => {
+                reply(dev, sh, u, libc::EPERM, &[])
+            }
+            // Owner, mode and times are not kept: the file is the volume.
+            Ok(s) => reply(dev, sh, u, 0, &[&attr(sh, s)]),
+            Err(e) => reply(dev, sh, u, e, &[]),
+        },
+        Request::Open { flags } => {
+            if vol.read_only() && flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 {
+                reply(dev, sh, u, libc::EROFS, &[]);
+            } else {
+                let f = fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES;
+                reply(dev, sh, u, 0, &[&proto::open_out(f)]);
+            }
+        }
+        Request::Read { offset, size: len } => {
+            let s = match size() {
+                Ok(s) => s,
+                Err(e) => return reply(dev, sh, u, e, &[]),
+            };
+            if offset >= s || len == 0 {
+                return reply(dev, sh, u, 0, &[]);
+            }
+            let len = (len as u64).min(s - offset) as usize;
+            let (d, shc) = (dev.clone(), sh.clone());
+            vol.submit(
+                IoOp::Read {
+                    offset,
+                    buf: vec![0; len],
+                },
+                Box::new(move |r| match r {
+                    Ok(IoDone::Read(b)) => reply(&d, &shc, u, 0, &[&b]),
+                    Ok(_) => reply(&d, &shc, u, libc::EIO, &[]),
+                    Err(e) => reply(&d, &shc, u, errno(e.kind), &[]),
+                }),
+            );
+        }
+        Request::Write { offset, data } => {
+            if vol.read_only() {
+                return reply(dev, sh, u, libc::EROFS, &[]);
+            }
+            let s = match size() {
+                Ok(s) => s,
+                Err(e) => return reply(dev, sh, u, e, &[]),
+            };
+            let len = data.len() as u32;
+            match offset.checked_add(data.len() as u64) {
+                Some(end) if end <= s => {}
+                _ => return reply(dev, sh, u, libc::EFBIG, &[]),
+            }
+            if len == 0 {
+                return reply(dev, sh, u, 0, &[&proto::write_out(0)]);
+            }
+            let (d, shc) = (dev.clone(), sh.clone());
+            vol.submit(
+                IoOp::Write {
+                    offset,
+                    data: data.to_vec(),
+                    fua: false,
+                },
+                Box::new(move |r| match r {
+                    Ok(_) => reply(&d, &shc, u, 0, &[&proto::write_out(len)]),
+                    Err(e) => reply(&d, &shc, u, errno(e.kind), &[]),
+                }),
+            );
+        }
+        Request::Fsync => {
+            if !vol.caps().flush {
+                return reply(dev, sh, u, 0, &[]);
+            }
+            let (d, shc) = (dev.clone(), sh.clone());
+            vol.submit(
+                IoOp::Flush,
+                Box::new(move |r| match r {
+                    Ok(_) => reply(&d, &shc, u, 0, &[]),
+                    Err(e) => reply(&d, &shc, u, errno(e.kind), &[]),
+                }),
+            );
+        }
+        Request::Flush | Request::Release | Request::Destroy => reply(dev, sh, u, 0, &[]),
+        Request::StatFs => match size() {
+            Ok(s) => reply(dev, sh, u, 0, &[&proto::statfs_out(s)]),
+            Err(e) => reply(dev, sh, u, e, &[]),
+        },
+        Request::Fallocate {
+            offset,
+            length,
+            mode,
+        } => match size() {
+            Ok(s) => fallocate(dev, sh, u, s, offset, length, mode),
+            Err(e) => reply(dev, sh, u, e, &[]),
+        },
+        Request::Lseek { offset, whence } => match size() {
+            Ok(s) => match seek(vol.as_ref(), s, offset, whence) {
+                Ok(at) => reply(dev, sh, u, 0, &[&proto::lseek_out(at)]),
+                Err(e) => reply(dev, sh, u, e, &[]),
+            },
+            Err(e) => reply(dev, sh, u, e, &[]),
+        },
+        Request::NoReply => {}
+        Request::Other(opcode) => {
+            if opcode == op::LOOKUP {
+                // The root is a file: there is nothing to look up in it.
+                reply(dev, sh, u, libc::ENOTDIR, &[]);
+            } else {
+                reply(dev, sh, u, libc::ENOSYS, &[]);
+            }
+        }
+    }
+}
+
+fn attr(sh: &Shared, size: u64) -> [u8; 104] {
+    let perm = if sh.vol.read_only() { 0o400 } else { 0o600 };
+    proto::attr_out(size, libc::S_IFREG | perm, sh.opts.uid, sh.opts.gid)
+}
+
+/// `fallocate(2)`: punching a hole trims, zeroing a range writes zeroes,
+/// allocating inside the file is already done (the volume allocates on
+/// write); nothing may change the size.
+fn fallocate(
+    dev: &Arc<File>,
+    sh: &Arc<Shared>,
+    u: u64,
+    size: u64,
+    offset: u64,
+    length: u64,
+    mode: u32,
+) {
+    let known = falloc::KEEP_SIZE | falloc::PUNCH_HOLE | falloc::ZERO_RANGE;
+    if mode & !known != 0 {
+        return reply(dev, sh, u, libc::EOPNOTSUPP, &[]);
+    }
+    let Some(end) = offset.checked_add(length).filter(|_| length > 0) else {
+        return reply(dev, sh, u, libc::EINVAL, &[]);
+    };
+    let keep = mode & falloc::KEEP_SIZE != 0;
+    if end > size && !keep {
+        return reply(dev, sh, u, libc::EFBIG, &[]);
+    }
+    if sh.vol.read_only() {
+        return reply(dev, sh, u, libc::EROFS, &[]);
+    }
+    let end = end.min(size);
+    let caps = sh.vol.caps();
+    let op = if mode & falloc::PUNCH_HOLE != 0 {
+        if caps.trim {
+            IoOp::Trim {
+                offset,
+                len: end.saturating_sub(offset),
+            }
+        } else if caps.write_zeroes {
+            IoOp::WriteZeroes {
+                offset,
+                len: end.saturating_sub(offset),
+                may_trim: true,
+            }
+        } else {
+            return reply(dev, sh, u, libc::EOPNOTSUPP, &[]);
+        }
+    } else if mode & falloc::ZERO_RANGE != 0 {
+        if !caps.write_zeroes {
+            return reply(dev, sh, u, libc::EOPNOTSUPP, &[]);
+        }
+        IoOp::WriteZeroes {
+            offset,
+            len: end.saturating_sub(offset),
+            may_trim: false,
+        }
+    } else {
+        return reply(dev, sh, u, 0, &[]);
+    };
+    if offset >= end {
+        return reply(dev, sh, u, 0, &[]);
+    }
+    let (d, shc) = (dev.clone(), sh.clone());
+    sh.vol.submit(
+        op,
+        Box::new(move |r| match r {
+            Ok(_) => reply(&d, &shc, u, 0, &[]),
+            Err(e) => reply(&d, &shc, u, errno(e.kind), &[]),
+        }),
+    );
+}
+
+/// `SEEK_DATA` and `SEEK_HOLE` from the volume's allocation map (a volume
+/// without one is all data). Runs on the reader: seeks are rare.
+fn seek(vol: &dyn BlockIo, size: u64, offset: u64, whence: u32) -> Result<u64, i32> {
+    let data = match whence {
+        proto::SEEK_DATA => true,
+        proto::SEEK_HOLE => false,
+        _ => return Err(libc::EINVAL),
+    };
+    if offset >= size {
+        return Err(libc::ENXIO);
+    }
+    if !vol.caps().block_status {
+        return Ok(if data { offset } else { size });
+    }
+    let mut at = offset;
+    while at < size {
+        let len = (size - at).min(1 << 30);
+        let extents = match lamina_blockio::wait(vol, IoOp::BlockStatus { offset: at, len }) {
+            Ok(IoDone::BlockStatus(x)) => x,
+            Ok(_) => return Err(libc::EIO),
+            Err(e) => return Err(errno(e.kind)),
+        };
+        if extents.is_empty() {
+            return Err(libc::EIO);
+        }
+        for x in extents {
+            if x.length == 0 {
+                return Err(libc::EIO);
+            }
+            if x.hole != data {
+                return Ok(at);
+            }
+            at = at.saturating_add(x.length);
+            if at >= size {
+                break;
+            }
+        }
+    }
+    if data {
+        Err(libc::ENXIO)
+    } else {
+        Ok(size)
+    }
+}
