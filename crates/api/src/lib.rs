@@ -64,7 +64,16 @@ pub struct Export {
     /// when they connected: after an expand they must reconnect.
     #[serde(default)]
     pub connections: u32,
+    /// The file on the daemon's host that serves the same volume
+    /// (`attach?file=true`), for a loop device: absent when none is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
+
+/// How the message of a refused `attach?file=true` begins (`503`
+/// Unavailable): the node serves no files (`lamina serve --files off`, or
+/// no FUSE on its host), and the caller should use the NBD export instead.
+pub const FILES_REFUSED: &str = "this node serves no files";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Volume {

@@ -32,6 +32,9 @@ pub struct ServeArgs {
     /// Count each attached volume's and snapshot's I/O in /metrics (operations, errors, bytes, latency histograms).
     #[arg(long, value_name = "ON|OFF", default_value_t = OnOff(lamina_server::DEFAULT_VOLUME_IO_METRICS), value_parser = on_off)]
     volume_io_metrics: OnOff,
+    /// Serve attached volumes as files on this host when asked (`volume attach --file`, the CSI node plugin), through FUSE; off refuses them.
+    #[arg(long, value_name = "ON|OFF", default_value_t = OnOff(lamina_server::DEFAULT_FILES), value_parser = on_off)]
+    files: OnOff,
     /// How much of the pool's metadata (volume maps, reference counts) the engine keeps in memory; more saves reads of the pool file on large pools.
     #[arg(long, value_name = "SIZE", help_heading = ENGINE, default_value_t = Size(lamina_server::DEFAULT_METADATA_CACHE_BYTES as u64), value_parser = metadata_cache)]
     metadata_cache: Size,
@@ -89,6 +92,7 @@ impl ServeArgs {
             .operation_retention(self.operation_retention.into())
             .high_water(self.high_water)
             .volume_io_metrics(self.volume_io_metrics.0)
+            .files(self.files.0)
             .metadata_cache_bytes(self.metadata_cache.0 as usize)
             .nbd(lamina_server::NbdConfig {
                 max_payload: self.nbd_max_payload.0 as u32,
@@ -282,6 +286,7 @@ mod tests {
             "--operation-retention=90min",
             "--high-water=500G",
             "--volume-io-metrics=off",
+            "--files=off",
             "--metadata-cache=1G",
             "--nbd-max-payload=1M",
             "--nbd-max-in-flight=3",
@@ -305,6 +310,7 @@ mod tests {
             .operation_retention(Duration::from_secs(5400))
             .high_water(lamina_server::HighWater::Bytes(500 << 30))
             .volume_io_metrics(false)
+            .files(false)
             .metadata_cache_bytes(1 << 30)
             .nbd(lamina_server::NbdConfig {
                 max_payload: 1 << 20,

@@ -57,10 +57,13 @@ pub enum VolumeCmd {
         #[arg(long)]
         with_snapshots: bool,
     },
-    /// Export a volume over NBD and print its URI.
+    /// Export a volume over NBD and print its URI (with --file, the file).
     Attach {
         /// The volume.
         name: String,
+        /// Also serve it as a file on the daemon's host (for a loop device), and print the file's path.
+        #[arg(long)]
+        file: bool,
     },
     /// Stop exporting a volume (refused while NBD clients are connected, unless --force).
     Detach {
@@ -195,9 +198,13 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
                 (false, _) => format!("volume {name} does not exist: nothing to delete"),
             })
         }
-        VolumeCmd::Attach { name } => {
+        VolumeCmd::Attach { name, file: false } => {
             let e = c.attach_volume(&name).await?;
             output::show(ctx.fmt, &e, |e| e.uri.clone())
+        }
+        VolumeCmd::Attach { name, file: true } => {
+            let e = c.attach_volume_file(&name).await?;
+            output::show(ctx.fmt, &e, |e| e.file.clone().unwrap_or_default())
         }
         VolumeCmd::Detach { name, force } => {
             let r = c.detach_volume(&name, force).await?;
@@ -354,6 +361,10 @@ fn details(v: &Volume) -> String {
             v.export
                 .as_ref()
                 .map_or("-".into(), |e| format!("{} connected", e.connections)),
+        ),
+        (
+            "File",
+            or_dash(v.export.as_ref().and_then(|e| e.file.as_deref())),
         ),
         ("Operation", or_dash(v.operation.as_deref())),
     ])

@@ -110,6 +110,15 @@ impl Error {
         self.status() == Some(StatusCode::CONFLICT)
     }
 
+    /// The daemon serves no files (`attach` with a file, answered 503 with
+    /// [`lamina_api::FILES_REFUSED`]): use the export's NBD URI instead.
+    pub fn is_files_refused(&self) -> bool {
+        self.status() == Some(StatusCode::SERVICE_UNAVAILABLE)
+            && self
+                .api()
+                .is_some_and(|e| e.message.starts_with(lamina_api::FILES_REFUSED))
+    }
+
     /// No answer from the daemon, for want of one running: it could not be
     /// reached, or its connection closed mid-call. Trying again later is
     /// the remedy.

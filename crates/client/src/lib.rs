@@ -162,8 +162,21 @@ impl Client {
             .await
     }
 
+    /// Export a volume over NBD and serve it as a file on the daemon's host
+    /// ([`lamina_api::Export::file`]), for a loop device. A node that
+    /// serves no files answers an error for which
+    /// [`Error::is_files_refused`] holds, and attaches nothing.
+    pub async fn attach_volume_file(&self, name: &str) -> Result<api::Export> {
+        let p = path::with_query(
+            path::api("/volumes/{}/attach", &[name]),
+            &[("file", Some("true".into()))],
+        );
+        self.post_empty(&p).await
+    }
+
     /// Stop exporting a volume. Without `force` the daemon refuses (409)
-    /// while NBD clients are connected; with it, they are cut off.
+    /// while NBD clients are connected or its file is in use; with it, they
+    /// are cut off.
     pub async fn detach_volume(&self, name: &str, force: bool) -> Result<api::Removed> {
         let p = path::with_query(
             path::api("/volumes/{}/detach", &[name]),

@@ -150,6 +150,7 @@ fn export(name: &str) -> api::Export {
         name: name.into(),
         read_only: false,
         connections: 2,
+        file: None,
     }
 }
 
@@ -221,6 +222,12 @@ async fn volume_routes() {
     f.answer(200, json(&export("a")));
     assert_eq!(c.attach_volume("a").await.unwrap(), export("a"));
     assert_eq!(f.last(), seen("POST", "/v1/volumes/a/attach", None));
+    f.answer(200, json(&export("a")));
+    c.attach_volume_file("a").await.unwrap();
+    assert_eq!(
+        f.last(),
+        seen("POST", "/v1/volumes/a/attach?file=true", None)
+    );
 
     // Detach and delete: the Removed body, or an older daemon's empty 204.
     let gone = api::Removed {

@@ -128,6 +128,7 @@ fn a_changed_status_is_written_once() {
         name: "a".into(),
         read_only: false,
         connections: 0,
+        file: None,
     });
     let w = plan(&v, &vols, &snaps, &now());
     assert_eq!(w.len(), 2, "{w:?}");

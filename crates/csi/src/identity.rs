@@ -44,12 +44,13 @@ impl Identity for IdentityService {
             caps.push(service(service::Type::ControllerService));
             caps.push(service(service::Type::GroupControllerService));
         }
-        // Offline only: an NBD client sees a volume's new size when it
-        // reconnects, so a volume is grown while no node uses it, and the
-        // node grows its filesystem when it next stages it (docs/csi.md).
+        // Online: a node that stages on the daemon's file (its size is the
+        // volume's) grows the loop device and the filesystem while the
+        // volume is in use. A volume staged through an NBD client is grown
+        // only while no node uses it, as before (docs/csi.md).
         caps.push(PluginCapability {
             r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                r#type: volume_expansion::Type::Offline as i32,
+                r#type: volume_expansion::Type::Online as i32,
             })),
         });
         Ok(Response::new(GetPluginCapabilitiesResponse {

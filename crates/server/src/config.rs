@@ -27,6 +27,9 @@ pub const DEFAULT_METADATA_CACHE_BYTES: usize = lamina_engine::PoolOptions::CACH
 /// Default of [`TransferConfig::busy_rate`]: see `pacing.rs`.
 pub const DEFAULT_TRANSFER_BUSY_RATE: u64 = 192 << 20;
 
+/// Default of [`Config::files`]: volumes are served as files on request.
+pub const DEFAULT_FILES: bool = true;
+
 /// Default of [`TransferConfig::retry_window`]: one minute.
 pub const DEFAULT_TRANSFER_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
@@ -57,6 +60,9 @@ pub struct Config {
     pub metadata_cache_bytes: usize,
     /// The NBD server's limits, on the unix socket and on TCP.
     pub nbd: NbdConfig,
+    /// Serve attached volumes as files on request (`attach?file=true`,
+    /// through FUSE); off refuses them.
+    pub files: bool,
     /// Knobs for tests only.
     #[cfg(feature = "testing")]
     pub testing: Testing,
@@ -74,6 +80,7 @@ impl Default for Config {
             volume_io_metrics: DEFAULT_VOLUME_IO_METRICS,
             metadata_cache_bytes: DEFAULT_METADATA_CACHE_BYTES,
             nbd: NbdConfig::default(),
+            files: DEFAULT_FILES,
             #[cfg(feature = "testing")]
             testing: Testing::default(),
         }
@@ -116,6 +123,12 @@ impl Config {
     /// See [`Config::volume_io_metrics`].
     pub fn volume_io_metrics(mut self, on: bool) -> Config {
         self.volume_io_metrics = on;
+        self
+    }
+
+    /// See [`Config::files`].
+    pub fn files(mut self, on: bool) -> Config {
+        self.files = on;
         self
     }
 

@@ -203,13 +203,18 @@ struct Export {
 
 /// What the NBD server gets when a client opens an export: the device, and
 /// one count in its `connections` for as long as the session holds it (an
-/// `NBD_OPT_INFO` look-up holds it only while it answers).
-struct Opened(Arc<Export>);
+/// `NBD_OPT_INFO` look-up holds it only while it answers). The export's
+/// file holds one that is not counted: it is no NBD client.
+struct Opened(Arc<Export>, bool);
 
 impl Opened {
     fn new(export: Arc<Export>) -> Opened {
         export.connections.fetch_add(1, Ordering::SeqCst);
-        Opened(export)
+        Opened(export, true)
+    }
+
+    fn uncounted(export: Arc<Export>) -> Opened {
+        Opened(export, false)
     }
 
     /// Check that it is still attached, and count one client operation.
@@ -228,7 +233,9 @@ impl Opened {
 
 impl Drop for Opened {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+        if self.1 {
+            self.0.connections.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -351,15 +358,33 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// The volume behind export `name` for its file: like an NBD client's,
+    /// with I/O refused once detached and counted in the metrics, but not
+    /// counted among the export's clients.
+    pub fn open_for_file(&self, name: &str) -> Option<Arc<dyn BlockIo>> {
+        self.map
+            .read()
+            .unwrap()
+            .get(name)
+            .map(|x| observed(x, Opened::uncounted(x.clone())))
+    }
+}
+
+fn observed(x: &Export, opened: Opened) -> Arc<dyn BlockIo> {
+    match &x.io {
+        Some(io) => Arc::new(Observed::new(opened, io.clone())),
+        None => Arc::new(opened),
+    }
+}
+
 impl Exports for Registry {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockIo>> {
-        self.map.read().unwrap().get(name).map(|x| {
-            let opened = Opened::new(x.clone());
-            match &x.io {
-                Some(io) => Arc::new(Observed::new(opened, io.clone())) as Arc<dyn BlockIo>,
-                None => Arc::new(opened) as Arc<dyn BlockIo>,
-            }
-        })
+        self.map
+            .read()
+            .unwrap()
+            .get(name)
+            .map(|x| observed(x, Opened::new(x.clone())))
     }
     fn list(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self

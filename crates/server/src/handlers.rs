@@ -216,19 +216,36 @@ pub async fn flatten_volume(
     Ok((StatusCode::ACCEPTED, volume_out(&st, o).await?))
 }
 
-#[utoipa::path(post, path = "/v1/volumes/{name}/attach", params(("name" = String, Path, description = "volume name")),
-    responses((status = 200, description = "exported over NBD (attaching twice is harmless)", body = api::Export),
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AttachParams {
+    /// Also serve it as a file on the daemon's host (`DATA/files/NAME`,
+    /// through FUSE), for a loop device. A node that serves no files
+    /// answers 503, and the call leaves nothing attached.
+    #[serde(default)]
+    file: bool,
+}
+
+#[utoipa::path(post, path = "/v1/volumes/{name}/attach", params(("name" = String, Path, description = "volume name"), AttachParams),
+    responses((status = 200, description = "exported over NBD, and as a file if asked (attaching twice is harmless)", body = api::Export),
+        (status = 400, body = api::ApiError),
         (status = 404, body = api::ApiError), (status = 409, description = "a full clone is still copying into it", body = api::ApiError),
-        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
-pub async fn attach_volume(st: St, Path(name): Path<String>) -> R<Json<api::Export>> {
-    Ok(Json(operations::exports::attach(&st, name, None).await?))
+        (status = 500, body = api::ApiError), (status = 503, description = "the pool or store is latched, or a file was asked of a node that serves none", body = api::ApiError)))]
+pub async fn attach_volume(
+    st: St,
+    Path(name): Path<String>,
+    Query(q): Query<AttachParams>,
+) -> R<Json<api::Export>> {
+    Ok(Json(
+        operations::exports::attach(&st, name, None, q.file).await?,
+    ))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DetachParams {
-    /// Detach even while NBD clients are connected (they get I/O errors
-    /// from then on; what they wrote is flushed first).
+    /// Detach even while NBD clients are connected or its file is in use
+    /// (they get I/O errors from then on; what they wrote is flushed first).
     #[serde(default)]
     force: bool,
 }
@@ -236,7 +253,7 @@ pub struct DetachParams {
 #[utoipa::path(post, path = "/v1/volumes/{name}/detach", params(("name" = String, Path, description = "volume name"), DetachParams),
     responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
         (status = 400, body = api::ApiError),
-        (status = 409, description = "NBD clients are connected (and `force` was not given)", body = api::ApiError),
+        (status = 409, description = "NBD clients are connected, or its file is in use (and `force` was not given)", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn detach_volume(
     st: St,
@@ -388,16 +405,18 @@ pub async fn revert(st: St, Path((name, snap)): Path<(String, String)>) -> R<Jso
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/attach",
-    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
-    responses((status = 200, description = "exported read-only over NBD (attaching twice is harmless)", body = api::Export),
+    params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name"), AttachParams),
+    responses((status = 200, description = "exported read-only over NBD, and as a file if asked (attaching twice is harmless)", body = api::Export),
+        (status = 400, body = api::ApiError),
         (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn attach_snapshot(
     st: St,
     Path((name, snap)): Path<(String, String)>,
+    Query(q): Query<AttachParams>,
 ) -> R<Json<api::Export>> {
     // Under the volume's lock: a snapshot being deleted cannot be attached.
     Ok(Json(
-        operations::exports::attach(&st, name, Some(snap)).await?,
+        operations::exports::attach(&st, name, Some(snap), q.file).await?,
     ))
 }
 
@@ -405,7 +424,7 @@ pub async fn attach_snapshot(
     params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name"), DetachParams),
     responses((status = 200, description = "no longer exported, or was not (`existed: false`)", body = api::Removed),
         (status = 400, body = api::ApiError),
-        (status = 409, description = "NBD clients are connected (and `force` was not given)", body = api::ApiError),
+        (status = 409, description = "NBD clients are connected, or its file is in use (and `force` was not given)", body = api::ApiError),
         (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn detach_snapshot(
     st: St,

@@ -26,7 +26,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["migrate", "store", "store/db", "store/records"]),
     (
         "beside the state",
-        &["changes", "device", "schedules", "schedules/records"],
+        &[
+            "changes",
+            "device",
+            "files",
+            "schedules",
+            "schedules/records",
+        ],
     ),
     // The operations' records move in `state/ledger` only.
     (

@@ -10,6 +10,7 @@ mod config;
 mod device;
 mod error;
 mod extract;
+mod files;
 mod freeze;
 mod groups;
 mod handlers;
@@ -32,9 +33,9 @@ mod store;
 #[cfg(feature = "testing")]
 pub use config::Testing;
 pub use config::{
-    Config, HighWater, NbdConfig, TransferConfig, DEFAULT_HIGH_WATER, DEFAULT_METADATA_CACHE_BYTES,
-    DEFAULT_OPERATION_RETENTION, DEFAULT_TRANSFER_BUSY_RATE, DEFAULT_TRANSFER_RETRY_WINDOW,
-    DEFAULT_VOLUME_IO_METRICS,
+    Config, HighWater, NbdConfig, TransferConfig, DEFAULT_FILES, DEFAULT_HIGH_WATER,
+    DEFAULT_METADATA_CACHE_BYTES, DEFAULT_OPERATION_RETENTION, DEFAULT_TRANSFER_BUSY_RATE,
+    DEFAULT_TRANSFER_RETRY_WINDOW, DEFAULT_VOLUME_IO_METRICS,
 };
 pub use error::ServerError;
 pub use paths::{default_data_dir, Layout};

@@ -32,6 +32,8 @@ pub struct Layout {
     pub api_socket: PathBuf,
     pub nbd_socket: PathBuf,
     pub token: PathBuf,
+    /// Attached volumes served as files (mode 0700).
+    pub files: PathBuf,
 }
 
 impl Layout {
@@ -43,6 +45,7 @@ impl Layout {
             api_socket: root.join("api.sock"),
             nbd_socket: root.join("nbd.sock"),
             token: root.join("token"),
+            files: root.join("files"),
         }
     }
 

@@ -29,6 +29,8 @@ pub struct State {
     pub pool: Pool,
     pub store: Arc<Store>,
     pub exports: Arc<Registry>,
+    /// Exports also served as files.
+    pub files: crate::files::Files,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub token: Option<String>,
     pub nbd_tcp: Option<SocketAddr>,
@@ -127,6 +129,7 @@ impl State {
             pool,
             store,
             exports,
+            files: crate::files::Files::new(layout.files.clone(), config.files),
             locks: Mutex::new(HashMap::new()),
             token,
             nbd_tcp: config.nbd_listen,
@@ -163,12 +166,22 @@ impl State {
                 .exports
                 .open_engine(&state.pool, &rec.volume, rec.snapshot.as_deref())
             {
-                Ok(dev) => state.exports.insert(
-                    &name,
-                    Arc::new(dev),
-                    state.volume_io(&name),
-                    state.activity.clone(),
-                ),
+                Ok(dev) => {
+                    state.exports.insert(
+                        &name,
+                        Arc::new(dev),
+                        state.volume_io(&name),
+                        state.activity.clone(),
+                    );
+                    if rec.file {
+                        // Served again, so that a loop device set up on it
+                        // can be pointed at it again; a node that no longer
+                        // serves files keeps the NBD export only.
+                        if let Err(e) = state.serve_file(&name) {
+                            tracing::warn!(export = %name, error = %e.1.message, "the export's file is not served");
+                        }
+                    }
+                }
                 Err(ServerError::Engine(e)) => {
                     tracing::warn!(export = %name, error = %e, "dropping export of a volume that is gone");
                     state.store.remove_export(&name)?;
@@ -315,6 +328,7 @@ impl State {
         if let Err(e) = self.store.check() {
             tracing::warn!(error = %e, "stopping with the store broken: operations whose end it could not record run again at the next start");
         }
+        self.files.stop_all();
         let pool = self.pool.clone();
         tokio::task::spawn_blocking(move || pool.close())
             .await

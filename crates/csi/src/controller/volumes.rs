@@ -641,12 +641,9 @@ impl ControllerService {
         let _g = self.lock(&id.name).await;
         let node = self.node(id.node.as_deref())?;
         let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
-        let node_expansion_required = !matches!(
-            req.volume_capability
-                .as_ref()
-                .and_then(|c| c.access_type.as_ref()),
-            Some(volume_capability::AccessType::Block(_))
-        );
+        // Always: a node whose loop device is over the daemon's file grows
+        // it (`LOOP_SET_CAPACITY`) in NodeExpandVolume, block or filesystem.
+        let node_expansion_required = true;
         let size = round_up(want);
         if limit > 0 && size > limit {
             return Err(Status::out_of_range(format!(
@@ -659,9 +656,11 @@ impl ControllerService {
                 node_expansion_required,
             });
         }
+        // The export's file is no NBD client: a loop device over it grows
+        // with it. An NBD client sees the size it connected with.
         if let Some(x) = v.export.as_ref().filter(|x| x.connections > 0) {
             return Err(Status::failed_precondition(format!(
-                "volume {} is in use by {} NBD client(s): Lamina grows volumes offline, while no node uses them",
+                "volume {} is in use by {} NBD client(s), which see the size they connected with: it can grow while no NBD client uses it",
                 shown(&req.volume_id),
                 x.connections
             )));

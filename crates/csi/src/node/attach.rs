@@ -1,10 +1,16 @@
-//! A volume's NBD export as a block device, and back. Where the kernel has
-//! its NBD client (`/sys/module/nbd` and `nbd-client` on PATH) the export
-//! becomes `/dev/nbdN`; otherwise nbdfuse serves it as a file (one FUSE
-//! mount per volume under the state directory) and a loop device turns
-//! that file into `/dev/loopN`. nbdfuse runs in a session of its own, so
-//! it outlives the plugin; its pid is recorded, and it is recognised by its
-//! arguments (the volume's FUSE file), never by the pid alone.
+//! A volume as a block device, and back. First choice: the daemon serves
+//! the volume as a file on this host (`attach?file=true`, its own FUSE
+//! server) and a loop device turns that file into `/dev/loopN`: one hop,
+//! nothing of the plugin's own on the data path, so a restart of the
+//! plugin touches no I/O, and the file grows with the volume. A daemon
+//! that serves no files (`--files off`, no FUSE) answers so, and the
+//! export's NBD URI is used instead: where the kernel has its NBD client
+//! (`/sys/module/nbd` and `nbd-client` on PATH) it becomes `/dev/nbdN`;
+//! otherwise nbdfuse serves it as a file (one FUSE mount per volume under
+//! the state directory) under a loop device. nbdfuse runs in a session of
+//! its own, so it outlives the plugin; its pid is recorded, and it is
+//! recognised by its arguments (the volume's FUSE file), never by the pid
+//! alone.
 
 use super::exec::{self, QUICK};
 use super::state::{Device, Record};
@@ -82,6 +88,22 @@ impl NodeService {
     pub(super) fn device_ok(&self, rec: &Record) -> Result<(), String> {
         match &rec.device {
             None => Err("no device was made".into()),
+            Some(Device::File { file, loop_dev }) => {
+                let Some(dev) = loop_dev else {
+                    return Err("no loop device was set up".into());
+                };
+                let want = sys::file_id(file)
+                    .ok_or_else(|| format!("the daemon's file {} is not served", file.display()))?;
+                match sys::loop_backing(dev) {
+                    Some(have) if have == want => Ok(()),
+                    Some(_) => Err(format!(
+                        "{} reads an earlier file at {} (the daemon served it again)",
+                        dev.display(),
+                        file.display()
+                    )),
+                    None => Err(format!("{} is no longer set up", dev.display())),
+                }
+            }
             Some(Device::Kernel { dev }) => {
                 if sys::nbd_connected(dev) {
                     Ok(())
@@ -117,10 +139,30 @@ impl NodeService {
                 return Ok(d.to_path_buf());
             }
         }
+        if matches!(rec.device, None | Some(Device::File { .. })) {
+            match self.client.attach_volume_file(&rec.name).await {
+                Ok(export) => match export.file {
+                    Some(file) => return self.attach_file(rec, PathBuf::from(file)).await,
+                    None => {
+                        return Err(Status::internal(
+                            "the daemon attached the volume but named no file",
+                        ))
+                    }
+                },
+                Err(e) if e.is_files_refused() => {
+                    tracing::info!(volume = %rec.name, error = %e, "the daemon serves no files; using its NBD export");
+                    if let Some(Device::File { .. }) = &rec.device {
+                        self.release_device(rec).await?;
+                        rec.device = None;
+                        self.store.save(rec)?;
+                    }
+                }
+                Err(e) => return Err(from_client(&e)),
+            }
+        }
         let kernel = match &rec.device {
             Some(Device::Kernel { .. }) => true,
-            Some(Device::Fuse { .. }) => false,
-            None => kernel_client(),
+            _ => kernel_client(),
         };
         if !kernel && !exec::on_path("nbdfuse") {
             return Err(Status::failed_precondition(
@@ -138,6 +180,48 @@ impl NodeService {
         } else {
             self.attach_fuse(rec, &export.uri).await
         }
+    }
+
+    /// A loop device over the daemon's file: the one already over this file
+    /// if any, after any over an earlier file at the same path (served by a
+    /// daemon since restarted) is let go.
+    async fn attach_file(&self, rec: &mut Record, file: PathBuf) -> Result<PathBuf, Status> {
+        rec.device = Some(Device::File {
+            file: file.clone(),
+            loop_dev: None,
+        });
+        self.store.save(rec)?;
+        let want = sys::file_id(&file);
+        let mut dev = None;
+        while let Some(found) = sys::loop_for(&file) {
+            if want.is_some() && sys::loop_backing(&found) == want {
+                dev = Some(found);
+                break;
+            }
+            tracing::warn!(loop_dev = %found.display(), file = %file.display(), "detaching a loop device over an earlier file");
+            self.detach_loop(&found).await?;
+        }
+        let dev = match dev {
+            Some(d) => d,
+            None => {
+                // The file is opened without the page cache (the server
+                // answers every read and write), so the loop device needs
+                // no direct I/O of its own.
+                let arg = file.to_string_lossy();
+                let args = ["--find", "--show", arg.as_ref()];
+                let o = exec::output("losetup", &args, QUICK).await?;
+                if !o.success() {
+                    return Err(exec::failed("losetup", &args, &o).into());
+                }
+                PathBuf::from(o.stdout.trim())
+            }
+        };
+        rec.device = Some(Device::File {
+            file,
+            loop_dev: Some(dev.clone()),
+        });
+        self.store.save(rec)?;
+        Ok(dev)
     }
 
     async fn attach_kernel(&self, rec: &mut Record, uri: &str) -> Result<PathBuf, Status> {
@@ -335,6 +419,13 @@ impl NodeService {
                     "{} is still connected after nbd-client -d",
                     dev.display()
                 )));
+            }
+            return Ok(());
+        }
+        if let Some(Device::File { file, .. }) = &rec.device {
+            // The file is the daemon's: it stops serving it at the detach.
+            while let Some(dev) = sys::loop_for(file) {
+                self.detach_loop(&dev).await?;
             }
             return Ok(());
         }

@@ -38,6 +38,13 @@ pub enum Device {
     },
     /// The kernel's NBD client (`nbd-client`) on this device.
     Kernel { dev: PathBuf },
+    /// The daemon serving the volume as a file on this host
+    /// (`attach?file=true`), and a loop device over it.
+    File {
+        file: PathBuf,
+        /// The loop device, once set up.
+        loop_dev: Option<PathBuf>,
+    },
 }
 
 /// One publish of a staged volume.
@@ -76,6 +83,7 @@ impl Record {
         match self.device.as_ref()? {
             Device::Fuse { loop_dev, .. } => loop_dev.as_deref(),
             Device::Kernel { dev } => Some(dev),
+            Device::File { loop_dev, .. } => loop_dev.as_deref(),
         }
     }
 

@@ -2,11 +2,14 @@
 //! of a block device, and the volume's condition) and NodeExpandVolume
 //! (the filesystem grown to the device).
 //!
-//! Expansion is offline in Lamina: an NBD client sees an export's size when
-//! it connects, so the controller grows a volume while no node uses it, and
-//! staging connects anew and sees the new size. NodeStageVolume grows the
-//! filesystem already; NodeExpandVolume, which the kubelet calls after
-//! staging, does the same again and reports the device's size.
+//! Expansion is online where the volume is staged on the daemon's file: the
+//! file's size is the volume's, so NodeExpandVolume tells the loop device
+//! to take the file's new size (`LOOP_SET_CAPACITY`) and grows the
+//! filesystem. Staged through an NBD client (a daemon that serves no
+//! files), a volume sees its new size only when it connects again, so the
+//! controller grows it while no node uses it and staging sees the new size;
+//! NodeStageVolume grows the filesystem already, and NodeExpandVolume does
+//! the same again and reports the device's size.
 
 use super::state::{Access, Record};
 use super::{access_of, fs, not_found, sys, NodeService};
@@ -145,11 +148,20 @@ impl NodeService {
         let dev = rec
             .device_path()
             .ok_or_else(|| Status::internal("a staged volume has no device in its record"))?;
-        let size = sys::device_size(sys::rdev(dev)?)?;
+        let mut size = sys::device_size(sys::rdev(dev)?)?;
+        if let Some(super::state::Device::File { file, .. }) = &rec.device {
+            // The stat asks the daemon for the file's size (never cached).
+            let m = std::fs::metadata(file).map_err(|e| super::Error::io("stat", file, e))?;
+            if m.len() > size {
+                let d = dev.to_string_lossy();
+                super::exec::run("losetup", &["--set-capacity", &d], super::exec::QUICK).await?;
+                size = sys::device_size(sys::rdev(dev)?)?;
+            }
+        }
         if required > size {
             return Err(Status::failed_precondition(format!(
-                "this node sees {size} bytes of volume {}, not the {required} asked for: Lamina \
-                 expands volumes offline (unstage, expand, stage again)",
+                "this node sees {size} bytes of volume {}, not the {required} asked for: a volume \
+                 staged through an NBD client grows offline (unstage, expand, stage again)",
                 req.volume_id
             )));
         }

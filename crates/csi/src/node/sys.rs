@@ -138,6 +138,46 @@ pub fn loop_for(file: &Path) -> Option<PathBuf> {
     None
 }
 
+/// `struct loop_info64` (`linux/loop.h`), as `LOOP_GET_STATUS64` fills it.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `LOOP_GET_STATUS64`.
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// The device and inode of the file a loop device reads, as the kernel
+/// holds it: a file served again at the same path (a new mount) is another
+/// file, which the path alone would not tell.
+pub fn loop_backing(dev: &Path) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dev).ok()?;
+    // SAFETY: all-zero bytes are a valid LoopInfo64 (integers and arrays).
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: the ioctl writes one loop_info64 into `info`, which is that
+    // struct's size and layout and lives for the call.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut info) };
+    (r == 0).then_some((info.lo_device, info.lo_inode))
+}
+
+/// The device and inode of a file, to compare with [`loop_backing`].
+pub fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Whether a loop device is still set up (has a backing file).
 pub fn loop_in_use(dev: &Path) -> bool {
     let Some(name) = dev.file_name() else {

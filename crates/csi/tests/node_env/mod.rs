@@ -3,7 +3,8 @@
 //! test's blocking I/O cannot starve it) in a temporary directory, the CSI
 //! driver served in Mode::All on a unix socket there, and gRPC clients over
 //! that socket. The daemon runs in process because Cargo gives the `lamina`
-//! binary's path only to the CLI crate's tests.
+//! binary's path only to the CLI crate's tests. It serves no files, so
+//! staging falls back to nbdfuse (see `spawn_daemon_with`).
 //!
 //! Every call is bounded in time (a hang fails the test, naming the call).
 //! Dropping the environment removes whatever a failing test left on the
@@ -437,7 +438,15 @@ pub fn spawn_daemon_with(
 ) {
     std::fs::create_dir_all(data).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = lamina_server::Config::new(data).transfer(transfer);
+    // No files: this daemon runs in the test's process, and a process that
+    // serves the FUSE file a mounted filesystem's loop device reads can wait
+    // on itself (a test that fails with the filesystem mounted would hang
+    // at its exit). These tests stage through nbdfuse, the path of a daemon
+    // that serves no files; crates/e2e/tests/csi runs the daemon's files
+    // with `lamina serve` in a process of its own.
+    let config = lamina_server::Config::new(data)
+        .transfer(transfer)
+        .files(false);
     let daemon = rt.spawn(lamina_server::run(config, async {
         let _ = rx.await;
     }));

@@ -2,7 +2,9 @@
 //! staged and published: the next one, on the same state directory, finds
 //! what the first did, serves the volume's data, and unpublishes and
 //! unstages it leaving nothing behind (no mount, loop device, nbdfuse or
-//! export). The in-process version of this is crates/csi/tests/node.rs.
+//! export). The in-process version of this is crates/csi/tests/node.rs
+//! (through nbdfuse); here the daemon serves the volume as a file, and a
+//! staged volume grows while published.
 
 use crate::support::Csi;
 use lamina_csi::proto::volume_capability::{
@@ -128,4 +130,171 @@ fn a_killed_driver_is_followed_by_one_that_finishes_its_work() {
         b"written before the kill"
     );
     csi.unpublish_and_unstage(&id, &staging, &target);
+}
+
+fn create(csi: &Csi, name: &str, size: u64, cap: VolumeCapability) -> String {
+    let req = CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    };
+    csi.block_on(csi.controller().create_volume(req))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id
+}
+
+/// ControllerExpandVolume, then NodeExpandVolume at `path`, as the
+/// resizer and the kubelet call them on a volume in use.
+fn grow(csi: &Csi, id: &str, cap: &VolumeCapability, path: &Path, size: u64) -> i64 {
+    let req = ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    let r = csi
+        .block_on(csi.controller().controller_expand_volume(req))
+        .unwrap_or_else(|e| panic!("ControllerExpandVolume of a volume in use: {e}"))
+        .into_inner();
+    assert!(r.node_expansion_required, "the node grows its loop device");
+    let req = NodeExpandVolumeRequest {
+        volume_id: id.into(),
+        volume_path: path.display().to_string(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size as i64,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    csi.block_on(csi.node().node_expand_volume(req))
+        .unwrap_or_else(|e| panic!("NodeExpandVolume: {e}"))
+        .into_inner()
+        .capacity_bytes
+}
+
+#[test]
+fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block() {
+    need("mkfs.xfs", "xfsprogs");
+    need("losetup", "mount");
+    let csi = Csi::start();
+    let data = csi.daemon.data().to_path_buf();
+
+    // xfs, published: grown while a file on it stays open for writing.
+    let cap = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "xfs".into(),
+            ..Default::default()
+        })),
+    };
+    let id = create(&csi, "pvc-grow", 320 << 20, cap.clone());
+    let staging = data.join("stage-fs");
+    let target = data.join("pods/p/fs");
+    std::fs::create_dir_all(&staging).unwrap();
+    let stage = NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    csi.block_on(csi.node().node_stage_volume(stage)).unwrap();
+    let publish = NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    csi.block_on(csi.node().node_publish_volume(publish))
+        .unwrap();
+    let v = csi.daemon.json(&["volume", "get", "pvc-grow"]);
+    let file = v["export"]["file"]
+        .as_str()
+        .unwrap_or_else(|| panic!("staged on the daemon's file: {v}"))
+        .to_string();
+    let loops = run(Command::new("losetup").args(["-j", &file])).ok();
+    assert!(!loops.trim().is_empty(), "a loop device over {file}");
+    let open = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .open(target.join("open"))
+        .unwrap();
+    let blocks = |p: &Path| -> u64 {
+        run(Command::new("stat").args(["-f", "-c", "%b"]).arg(p))
+            .ok()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = blocks(&target);
+    assert_eq!(grow(&csi, &id, &cap, &target, 640 << 20), 640 << 20);
+    assert!(blocks(&target) > before * 3 / 2, "xfs grew while published");
+    use std::io::Write;
+    (&open).write_all(&vec![5u8; 400 << 20]).unwrap();
+    open.sync_all().unwrap();
+    drop(open);
+    csi.unpublish_and_unstage(&id, &staging, &target);
+    let v = csi.daemon.json(&["volume", "get", "pvc-grow"]);
+    assert!(v["export"].is_null(), "unstage detaches the file: {v}");
+
+    // Block, published: the device grows.
+    let bcap = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(Default::default())),
+    };
+    let id = create(&csi, "pvc-grow-block", 16 << 20, bcap.clone());
+    let staging = data.join("stage-block");
+    let target = data.join("pods/p/dev");
+    std::fs::create_dir_all(&staging).unwrap();
+    let stage = NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(bcap.clone()),
+        ..Default::default()
+    };
+    csi.block_on(csi.node().node_stage_volume(stage)).unwrap();
+    let publish = NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(bcap.clone()),
+        ..Default::default()
+    };
+    csi.block_on(csi.node().node_publish_volume(publish))
+        .unwrap();
+    let size = |p: &Path| -> u64 {
+        run(Command::new("blockdev").arg("--getsize64").arg(p))
+            .ok()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(size(&target), 16 << 20);
+    assert_eq!(grow(&csi, &id, &bcap, &target, 48 << 20), 48 << 20);
+    assert_eq!(size(&target), 48 << 20, "the published device grew");
+    let req = NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    };
+    csi.block_on(csi.node().node_unpublish_volume(req)).unwrap();
+    let req = NodeUnstageVolumeRequest {
+        volume_id: id,
+        staging_target_path: staging.display().to_string(),
+    };
+    csi.block_on(csi.node().node_unstage_volume(req)).unwrap();
 }

@@ -4,6 +4,7 @@
 
 mod clients;
 mod ext4;
+mod files;
 mod full_disk;
 mod kill;
 mod shutdown;

@@ -10,13 +10,14 @@ use crate::state::{blocking, snapshot_export, State};
 use lamina_api as api;
 use std::sync::Arc;
 
-/// Export volume `volume` (or its `snapshot`, read-only) over NBD;
-/// attaching twice is harmless. A volume a full clone is still copying
-/// into is refused.
+/// Export volume `volume` (or its `snapshot`, read-only) over NBD, and
+/// with `file` as a file on this host too; attaching twice is harmless. A
+/// volume a full clone is still copying into is refused.
 pub async fn attach(
     st: &Arc<State>,
     volume: String,
     snapshot: Option<String>,
+    file: bool,
 ) -> Result<api::Export, Failure> {
     let s = st.clone();
     st.to_end(async move {
@@ -33,7 +34,7 @@ pub async fn attach(
                     ));
                 }
             }
-            s2.attach(&volume, snapshot.as_deref())
+            s2.attach(&volume, snapshot.as_deref(), file)
         })
         .await
     })

@@ -4,6 +4,7 @@
 
 use super::State;
 use crate::error::Failure;
+use crate::files::FileError;
 use crate::store::ExportRec;
 use lamina_api as api;
 use std::sync::Arc;
@@ -18,24 +19,31 @@ pub fn snapshot_export(volume: &str, snapshot: &str) -> String {
 }
 
 impl State {
-    /// Export a volume or snapshot over NBD (idempotent). The caller
-    /// holds the volume's operation lock, so that an attach cannot race the
-    /// deletion of what it exports; blocking (engine and store calls).
-    pub fn attach(&self, volume: &str, snapshot: Option<&str>) -> Result<api::Export, Failure> {
+    /// Export a volume or snapshot over NBD (idempotent), and with `file`
+    /// also as a file on this host. The caller holds the volume's operation
+    /// lock, so that an attach cannot race the deletion of what it exports;
+    /// blocking (engine and store calls). A file that cannot be served
+    /// leaves nothing of this call behind: an export it made is undone.
+    pub fn attach(
+        &self,
+        volume: &str,
+        snapshot: Option<&str>,
+        file: bool,
+    ) -> Result<api::Export, Failure> {
         let name = match snapshot {
             None => volume.to_string(),
             Some(s) => snapshot_export(volume, s),
         };
-        if !self.exports.contains(&name) {
+        let rec = |file| ExportRec {
+            volume: volume.into(),
+            snapshot: snapshot.map(Into::into),
+            file,
+        };
+        let fresh = !self.exports.contains(&name);
+        if fresh {
             let dev = self.exports.open_engine(&self.pool, volume, snapshot)?;
             self.store
-                .put_export(
-                    &name,
-                    &ExportRec {
-                        volume: volume.into(),
-                        snapshot: snapshot.map(Into::into),
-                    },
-                )
+                .put_export(&name, &rec(false))
                 .map_err(Failure::from)?;
             self.exports.insert(
                 &name,
@@ -45,10 +53,42 @@ impl State {
             );
             self.changes.bump();
         }
+        if file && self.files.served(&name).is_none() {
+            let served = self.serve_file(&name).and_then(|_| {
+                self.store.put_export(&name, &rec(true)).map_err(|e| {
+                    let _ = self.files.close(&name, true);
+                    Failure::from(e)
+                })
+            });
+            if let Err(e) = served {
+                if fresh {
+                    let _ = self.store.remove_export(&name);
+                    let _ = self.exports.remove(&name);
+                }
+                return Err(e);
+            }
+            self.changes.bump();
+        }
         self.export_of(&name).ok_or_else(|| {
             Failure::internal(format!(
                 "export {name:?} vanished while it was being attached"
             ))
+        })
+    }
+
+    /// Serve export `name`'s volume as its file.
+    pub(super) fn serve_file(&self, name: &str) -> Result<std::path::PathBuf, Failure> {
+        let vol = self
+            .exports
+            .open_for_file(name)
+            .ok_or_else(|| Failure::internal(format!("export {name:?} is not attached")))?;
+        self.files.serve(name, vol).map_err(|e| match e {
+            FileError::Refused { .. } => Failure::new(
+                api::ErrorCode::Unavailable,
+                e.to_string(),
+                Some("use the export's NBD URI instead"),
+            ),
+            e => Failure::internal(e.to_string()),
         })
     }
 
@@ -74,15 +114,35 @@ impl State {
             std::thread::sleep(std::time::Duration::from_millis(5));
             clients = self.exports.connections(&name);
         }
+        let cmd = match snapshot {
+            None => format!("lamina volume detach {volume} --force"),
+            Some(s) => format!("lamina snapshot detach {volume} {s} --force"),
+        };
         if clients > 0 && !force {
-            let cmd = match snapshot {
-                None => format!("lamina volume detach {volume} --force"),
-                Some(s) => format!("lamina snapshot detach {volume} {s} --force"),
-            };
             return Err(Failure::conflict(
                 format!("export {name} has {clients} NBD client(s) connected: they would get I/O errors"),
                 &format!("disconnect them first, or cut them off: {cmd}"),
             ));
+        }
+        // The file: a loop device that was just detached, or a process
+        // this daemon forked, may hold it a moment longer.
+        loop {
+            match self.files.close(&name, force) {
+                Ok(_) => break,
+                Err(FileError::Busy { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(FileError::Busy { path }) => {
+                    return Err(Failure::conflict(
+                        format!(
+                            "export {name}'s file {} is in use (a loop device or a process has it open): it would get I/O errors",
+                            path.display()
+                        ),
+                        &format!("detach its loop device first (losetup -d), or cut it off: {cmd}"),
+                    ));
+                }
+                Err(e) => return Err(Failure::internal(e.to_string())),
+            }
         }
         self.store.remove_export(&name).map_err(Failure::from)?;
         let removed = self

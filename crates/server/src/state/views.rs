@@ -33,6 +33,7 @@ impl State {
             name: name.to_string(),
             read_only,
             connections: self.exports.connections(name),
+            file: self.files.served(name).map(|p| p.display().to_string()),
         })
     }
 

@@ -12,6 +12,10 @@ use std::collections::BTreeMap;
 pub struct ExportRec {
     pub volume: String,
     pub snapshot: Option<String>,
+    /// Also served as a file (`DATA/files/NAME`); absent in records written
+    /// before files existed.
+    #[serde(default)]
+    pub file: bool,
 }
 
 /// Where a clone's data comes from.
