@@ -229,6 +229,7 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
     assert!(!loops.trim().is_empty(), "a loop device over {file}");
     let open = std::fs::OpenOptions::new()
         .create(true)
+        .truncate(true)
         .write(true)
         .open(target.join("open"))
         .unwrap();
