@@ -126,9 +126,9 @@ impl State {
         }
         // The file: a loop device that was just detached, or a process
         // this daemon forked, may hold it a moment longer.
-        loop {
+        let had_file = loop {
             match self.files.close(&name, force) {
-                Ok(_) => break,
+                Ok(closed) => break closed,
                 Err(FileError::Busy { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
@@ -143,8 +143,16 @@ impl State {
                 }
                 Err(e) => return Err(Failure::internal(e.to_string())),
             }
+        };
+        if let Err(e) = self.store.remove_export(&name) {
+            // Nothing may change when the answer is an error: the file is
+            // served again (unforced, it was closed only while unused; a
+            // forced close has cut its users off already).
+            if had_file {
+                let _ = self.serve_file(&name);
+            }
+            return Err(Failure::from(e));
         }
-        self.store.remove_export(&name).map_err(Failure::from)?;
         let removed = self
             .exports
             .remove(&name)
