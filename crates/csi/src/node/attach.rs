@@ -204,14 +204,20 @@ impl NodeService {
         let dev = match dev {
             Some(d) => d,
             None => {
-                // The file is opened without the page cache (the server
-                // answers every read and write), so the loop device needs
-                // no direct I/O of its own.
+                // Direct I/O: the loop device submits its requests
+                // asynchronously, so they reach the daemon in parallel, not
+                // one after another; a kernel that refuses it still works
+                // without.
                 let arg = file.to_string_lossy();
-                let args = ["--find", "--show", arg.as_ref()];
-                let o = exec::output("losetup", &args, QUICK).await?;
+                let args = ["--find", "--show", "--direct-io=on", arg.as_ref()];
+                let mut o = exec::output("losetup", &args, QUICK).await?;
                 if !o.success() {
-                    return Err(exec::failed("losetup", &args, &o).into());
+                    tracing::warn!(stderr = %o.stderr.trim(), "losetup with direct I/O failed; trying without");
+                    let args = ["--find", "--show", arg.as_ref()];
+                    o = exec::output("losetup", &args, QUICK).await?;
+                    if !o.success() {
+                        return Err(exec::failed("losetup", &args, &o).into());
+                    }
                 }
                 PathBuf::from(o.stdout.trim())
             }
