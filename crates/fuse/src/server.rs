@@ -71,6 +71,29 @@ struct Shared {
     init_cv: Condvar,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// The volume's size when last asked. Volumes only grow, so a read or
+    /// write inside it needs no question to the volume; one past it, and
+    /// every GETATTR, asks again.
+    size: AtomicU64,
+}
+
+impl Shared {
+    /// The volume's size, asked now.
+    fn fresh_size(&self) -> Result<u64, i32> {
+        let s = self.vol.size().map_err(|e| errno(e.kind))?;
+        self.size.store(s, Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// The volume's size as far as a request ending at `end` needs it.
+    fn size_for(&self, end: u64) -> Result<u64, i32> {
+        let s = self.size.load(Ordering::Relaxed);
+        if end <= s {
+            Ok(s)
+        } else {
+            self.fresh_size()
+        }
+    }
 }
 
 /// One volume served as one file. Dropped without [`FileServer::close`],
@@ -102,7 +125,7 @@ impl FileServer {
         vol: Arc<dyn BlockIo>,
         opts: Options,
     ) -> Result<FileServer, ServeError> {
-        vol.size()?;
+        let size = vol.size()?;
         let m = Mount::new(path, opts.uid, opts.gid)?;
         let conn = m.connection();
         let setup = |source| ServeError::Setup {
@@ -138,6 +161,7 @@ impl FileServer {
             init_cv: Condvar::new(),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            size: AtomicU64::new(size),
         });
         let name = path
             .file_name()
@@ -362,7 +386,7 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
     };
     let u = h.unique;
     let vol = &sh.vol;
-    let size = || vol.size().map_err(|e| errno(e.kind));
+    let size = || sh.fresh_size();
     match req {
         Request::Init {
             major,
@@ -412,7 +436,7 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
             }
         }
         Request::Read { offset, size: len } => {
-            let s = match size() {
+            let s = match sh.size_for(offset.saturating_add(len as u64)) {
                 Ok(s) => s,
                 Err(e) => return reply(dev, sh, u, e, &[]),
             };
@@ -437,7 +461,7 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
             if vol.read_only() {
                 return reply(dev, sh, u, libc::EROFS, &[]);
             }
-            let s = match size() {
+            let s = match sh.size_for(offset.saturating_add(data.len() as u64)) {
                 Ok(s) => s,
                 Err(e) => return reply(dev, sh, u, e, &[]),
             };
