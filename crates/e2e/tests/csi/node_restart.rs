@@ -34,10 +34,15 @@ fn mounted(path: &Path) -> bool {
 
 impl Csi {
     fn stage(&self, id: &str, staging: &Path) {
+        self.stage_as(id, staging, &mount_cap())
+    }
+
+    fn stage_as(&self, id: &str, staging: &Path, cap: &VolumeCapability) {
+        std::fs::create_dir_all(staging).unwrap();
         let req = NodeStageVolumeRequest {
             volume_id: id.into(),
             staging_target_path: staging.display().to_string(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(cap.clone()),
             ..Default::default()
         };
         self.block_on(self.node().node_stage_volume(req))
@@ -45,11 +50,15 @@ impl Csi {
     }
 
     fn publish(&self, id: &str, staging: &Path, target: &Path) {
+        self.publish_as(id, staging, target, &mount_cap())
+    }
+
+    fn publish_as(&self, id: &str, staging: &Path, target: &Path, cap: &VolumeCapability) {
         let req = NodePublishVolumeRequest {
             volume_id: id.into(),
             staging_target_path: staging.display().to_string(),
             target_path: target.display().to_string(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(cap.clone()),
             ..Default::default()
         };
         self.block_on(self.node().node_publish_volume(req))
@@ -203,23 +212,8 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
     let id = create(&csi, "pvc-grow", 320 << 20, cap.clone());
     let staging = data.join("stage-fs");
     let target = data.join("pods/p/fs");
-    std::fs::create_dir_all(&staging).unwrap();
-    let stage = NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        ..Default::default()
-    };
-    csi.block_on(csi.node().node_stage_volume(stage)).unwrap();
-    let publish = NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        ..Default::default()
-    };
-    csi.block_on(csi.node().node_publish_volume(publish))
-        .unwrap();
+    csi.stage_as(&id, &staging, &cap);
+    csi.publish_as(&id, &staging, &target, &cap);
     let v = csi.daemon.json(&["volume", "get", "pvc-grow"]);
     let file = v["export"]["file"]
         .as_str()
@@ -261,23 +255,8 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
     let id = create(&csi, "pvc-grow-block", 16 << 20, bcap.clone());
     let staging = data.join("stage-block");
     let target = data.join("pods/p/dev");
-    std::fs::create_dir_all(&staging).unwrap();
-    let stage = NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(bcap.clone()),
-        ..Default::default()
-    };
-    csi.block_on(csi.node().node_stage_volume(stage)).unwrap();
-    let publish = NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(bcap.clone()),
-        ..Default::default()
-    };
-    csi.block_on(csi.node().node_publish_volume(publish))
-        .unwrap();
+    csi.stage_as(&id, &staging, &bcap);
+    csi.publish_as(&id, &staging, &target, &bcap);
     let size = |p: &Path| -> u64 {
         run(Command::new("blockdev").arg("--getsize64").arg(p))
             .ok()
@@ -288,14 +267,5 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
     assert_eq!(size(&target), 16 << 20);
     assert_eq!(grow(&csi, &id, &bcap, &target, 48 << 20), 48 << 20);
     assert_eq!(size(&target), 48 << 20, "the published device grew");
-    let req = NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: target.display().to_string(),
-    };
-    csi.block_on(csi.node().node_unpublish_volume(req)).unwrap();
-    let req = NodeUnstageVolumeRequest {
-        volume_id: id,
-        staging_target_path: staging.display().to_string(),
-    };
-    csi.block_on(csi.node().node_unstage_volume(req)).unwrap();
+    csi.unpublish_and_unstage(&id, &staging, &target);
 }
