@@ -17,4 +17,4 @@ pub mod proto;
 pub mod server;
 
 pub use mount::{abort, connection_of, is_mounted, unmount, Mount, MountError};
-pub use server::{errno, FileServer, Options, ServeError};
+pub use server::{errno, FileServer, Handover, Options, ServeError, DRAIN_WAIT};

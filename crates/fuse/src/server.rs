@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -61,6 +61,46 @@ pub enum ServeError {
     NoInit { path: PathBuf },
     #[error("the volume's size is unknown: {0}")]
     Volume(#[from] IoError),
+    /// A handed-over connection that is no longer the one mounted on its
+    /// path (or a token this server did not write).
+    #[error("{path}: {reason}; it cannot be taken over")]
+    Stale { path: PathBuf, reason: String },
+}
+
+/// How long [`FileServer::release`] waits for requests the volume still
+/// holds before it gives up handing the connection over.
+pub const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// What a released connection needs to be served again: written by
+/// [`Handover::encode`] beside its descriptors, read back by
+/// [`FileServer::resume`]. Byte by byte (docs/fuse.md, "Handing a
+/// connection over"): `b'L' b'F'`, version 1, a reserved zero byte, then
+/// the connection's number (u32, little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handover {
+    /// The connection's number under fusectl: the minor of the mount's
+    /// device, which must still be the one mounted on the path.
+    pub conn: u32,
+}
+
+impl Handover {
+    pub const LEN: usize = 8;
+
+    pub fn encode(&self) -> [u8; Handover::LEN] {
+        let mut b = [0u8; Handover::LEN];
+        b[0..4].copy_from_slice(&[b'L', b'F', 1, 0]);
+        b[4..8].copy_from_slice(&self.conn.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Handover> {
+        if b.len() != Handover::LEN || b[0..4] != [b'L', b'F', 1, 0] {
+            return None;
+        }
+        Some(Handover {
+            conn: u32::from_le_bytes(b[4..8].try_into().ok()?),
+        })
+    }
 }
 
 struct Shared {
@@ -71,6 +111,9 @@ struct Shared {
     init_cv: Condvar,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Requests submitted to the volume and not yet answered.
+    held: Mutex<u64>,
+    held_cv: Condvar,
     /// The volume's size when last asked. Volumes only grow, so a read or
     /// write inside it needs no question to the volume; one past it, and
     /// every GETATTR, asks again.
@@ -78,6 +121,28 @@ struct Shared {
 }
 
 impl Shared {
+    fn hold(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn unhold(&self) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        *h = h.saturating_sub(1);
+        if *h == 0 {
+            self.held_cv.notify_all();
+        }
+    }
+
+    /// Wait until no request is with the volume; whether none is.
+    fn wait_unheld(&self, limit: Duration) -> bool {
+        let g = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self
+            .held_cv
+            .wait_timeout_while(g, limit, |h| *h > 0)
+            .unwrap_or_else(|e| e.into_inner());
+        *g == 0
+    }
+
     /// The volume's size, asked now.
     fn fresh_size(&self) -> Result<u64, i32> {
         let s = self.vol.size().map_err(|e| errno(e.kind))?;
@@ -105,7 +170,11 @@ pub struct FileServer {
     conn: u32,
     stop: File,
     threads: Vec<JoinHandle<()>>,
+    /// The connection's descriptors, the readers' own: kept to hand over.
+    devs: Vec<Arc<File>>,
     shared: Arc<Shared>,
+    /// Closed or handed over: dropping it leaves the connection alone.
+    done: bool,
 }
 
 impl std::fmt::Debug for FileServer {
@@ -143,48 +212,7 @@ impl FileServer {
         }
         let (first, _, _) = m.into_parts();
         devs.insert(0, first);
-        for d in &devs {
-            nonblocking(d).map_err(|e| abandon(setup(e)))?;
-        }
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new
-        // descriptor owned by nobody else.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(abandon(setup(io::Error::last_os_error())));
-        }
-        // SAFETY: `efd` was just created and is owned here alone.
-        let stop: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(efd) };
-        let shared = Arc::new(Shared {
-            vol,
-            opts,
-            init: Mutex::new(None),
-            init_cv: Condvar::new(),
-            requests: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            size: AtomicU64::new(size),
-        });
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut threads = Vec::new();
-        for (i, d) in devs.into_iter().enumerate() {
-            let dev = Arc::new(d);
-            let stop = stop.try_clone().map_err(|e| abandon(setup(e)))?;
-            let sh = shared.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("fuse-{i}-{name}"))
-                .spawn(move || reader(dev, stop, sh))
-                .map_err(|e| abandon(setup(e)))?;
-            threads.push(t);
-        }
-        let server = FileServer {
-            path: path.to_path_buf(),
-            conn,
-            stop,
-            threads,
-            shared,
-        };
+        let server = FileServer::spawn(path, conn, devs, vol, opts, size, None).map_err(abandon)?;
         let g = server.shared.init.lock().unwrap_or_else(|e| e.into_inner());
         let (g, _) = server
             .shared
@@ -198,6 +226,110 @@ impl FileServer {
             return Err(ServeError::NoInit { path });
         }
         drop(g);
+        Ok(server)
+    }
+
+    /// Serve a connection an earlier server let go with
+    /// [`FileServer::release`]: `token` and `fds` are what it handed over.
+    /// The connection must still be the one mounted on `path`; requests
+    /// the kernel queued meanwhile are answered from now on.
+    pub fn resume(
+        path: &Path,
+        vol: Arc<dyn BlockIo>,
+        opts: Options,
+        token: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> Result<FileServer, ServeError> {
+        let stale = |reason: &str| ServeError::Stale {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        let h = Handover::decode(token)
+            .ok_or_else(|| stale("the handover token is not one of this server's"))?;
+        if fds.is_empty() {
+            return Err(stale("no descriptor was handed over"));
+        }
+        match mount::connection_of(path) {
+            Some(c) if c == h.conn => {}
+            Some(_) => return Err(stale("another FUSE connection is mounted there now")),
+            None => return Err(stale("nothing is mounted there now")),
+        }
+        let size = vol.size()?;
+        let devs = fds.into_iter().map(File::from).collect();
+        FileServer::spawn(path, h.conn, devs, vol, opts, size, Some(true))
+    }
+
+    /// Start the readers on `devs`; `init` is `Some(true)` for a connection
+    /// whose INIT an earlier server answered.
+    fn spawn(
+        path: &Path,
+        conn: u32,
+        devs: Vec<File>,
+        vol: Arc<dyn BlockIo>,
+        opts: Options,
+        size: u64,
+        init: Option<bool>,
+    ) -> Result<FileServer, ServeError> {
+        let setup = |source| ServeError::Setup {
+            path: path.to_path_buf(),
+            source,
+        };
+        for d in &devs {
+            nonblocking(d).map_err(setup)?;
+        }
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new
+        // descriptor owned by nobody else.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(setup(io::Error::last_os_error()));
+        }
+        // SAFETY: `efd` was just created and is owned here alone.
+        let stop: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(efd) };
+        let shared = Arc::new(Shared {
+            vol,
+            opts,
+            init: Mutex::new(init),
+            init_cv: Condvar::new(),
+            requests: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            held: Mutex::new(0),
+            held_cv: Condvar::new(),
+            size: AtomicU64::new(size),
+        });
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let devs: Vec<Arc<File>> = devs.into_iter().map(Arc::new).collect();
+        let mut server = FileServer {
+            path: path.to_path_buf(),
+            conn,
+            stop,
+            threads: Vec::new(),
+            devs,
+            shared,
+            done: false,
+        };
+        for (i, dev) in server.devs.clone().into_iter().enumerate() {
+            let stop = match server.stop.try_clone() {
+                Ok(s) => s,
+                Err(e) => {
+                    server.halt();
+                    return Err(setup(e));
+                }
+            };
+            let sh = server.shared.clone();
+            match std::thread::Builder::new()
+                .name(format!("fuse-{i}-{name}"))
+                .spawn(move || reader(dev, stop, sh))
+            {
+                Ok(t) => server.threads.push(t),
+                Err(e) => {
+                    server.halt();
+                    return Err(setup(e));
+                }
+            }
+        }
         Ok(server)
     }
 
@@ -240,7 +372,44 @@ impl FileServer {
         }
         // Unmounted: the kernel ended the connection with its superblock.
         self.halt();
+        self.done = true;
         Ok(())
+    }
+
+    /// Stop serving and let the connection go without ending it, for
+    /// another server (a new daemon) to [`resume`](FileServer::resume):
+    /// the readers stop taking requests, requests already with the volume
+    /// are answered (waiting up to `wait`), and the handover token and the
+    /// connection's descriptors are returned. Until someone serves them
+    /// again, requests wait in the kernel: I/O on the file pauses, and
+    /// nothing fails. If requests are still with the volume after `wait`
+    /// the connection is not handed over (a new server could not answer
+    /// them); the server comes back to be closed.
+    pub fn release(mut self, wait: Duration) -> Result<(Handover, Vec<OwnedFd>), FileServer> {
+        self.halt();
+        if !self.shared.wait_unheld(wait) {
+            return Err(self);
+        }
+        let mut fds = Vec::with_capacity(self.devs.len());
+        for d in &self.devs {
+            match d.as_fd().try_clone_to_owned() {
+                Ok(fd) => fds.push(fd),
+                Err(e) => {
+                    tracing::warn!(error = %e, path = %self.path.display(), "cannot duplicate a FUSE descriptor to hand over");
+                    return Err(self);
+                }
+            }
+        }
+        // Nothing to abort on drop: the readers are stopped, and the
+        // connection lives on in the returned descriptors.
+        self.done = true;
+        Ok((Handover { conn: self.conn }, fds))
+    }
+
+    /// The connection's descriptors (for a caller that wants to know them;
+    /// [`FileServer::release`] hands over owned copies).
+    pub fn descriptors(&self) -> Vec<BorrowedFd<'_>> {
+        self.devs.iter().map(|d| d.as_fd()).collect()
     }
 
     /// Abort the connection if it is still the one mounted on the path.
@@ -260,7 +429,7 @@ impl FileServer {
 
 impl Drop for FileServer {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
+        if !self.done {
             // Requests the volume still holds keep a descriptor open:
             // aborting fails them, and everything after them, instead of
             // leaving the connection waiting.
@@ -445,7 +614,8 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
             }
             let len = (len as u64).min(s - offset) as usize;
             let (d, shc) = (dev.clone(), sh.clone());
-            vol.submit(
+            submit(
+                sh,
                 IoOp::Read {
                     offset,
                     buf: vec![0; len],
@@ -474,7 +644,8 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
                 return reply(dev, sh, u, 0, &[&proto::write_out(0)]);
             }
             let (d, shc) = (dev.clone(), sh.clone());
-            vol.submit(
+            submit(
+                sh,
                 IoOp::Write {
                     offset,
                     data: data.to_vec(),
@@ -491,7 +662,8 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
                 return reply(dev, sh, u, 0, &[]);
             }
             let (d, shc) = (dev.clone(), sh.clone());
-            vol.submit(
+            submit(
+                sh,
                 IoOp::Flush,
                 Box::new(move |r| match r {
                     Ok(_) => reply(&d, &shc, u, 0, &[]),
@@ -529,6 +701,20 @@ fn handle(dev: &Arc<File>, buf: &[u8], sh: &Arc<Shared>) {
             }
         }
     }
+}
+
+/// Submit `op` to the volume, counted as held until `done` has answered
+/// (what [`FileServer::release`] waits for).
+fn submit(sh: &Arc<Shared>, op: IoOp, done: lamina_blockio::Completion) {
+    sh.hold();
+    let shc = sh.clone();
+    sh.vol.submit(
+        op,
+        Box::new(move |r| {
+            done(r);
+            shc.unhold();
+        }),
+    );
 }
 
 fn attr(sh: &Shared, size: u64) -> [u8; 104] {
@@ -595,7 +781,8 @@ fn fallocate(
         return reply(dev, sh, u, 0, &[]);
     }
     let (d, shc) = (dev.clone(), sh.clone());
-    sh.vol.submit(
+    submit(
+        sh,
         op,
         Box::new(move |r| match r {
             Ok(_) => reply(&d, &shc, u, 0, &[]),
@@ -646,5 +833,19 @@ fn seek(vol: &dyn BlockIo, size: u64, offset: u64, whence: u32) -> Result<u64, i
         Err(libc::ENXIO)
     } else {
         Ok(size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handover_token_is_read_back_exactly() {
+        let h = Handover { conn: 0x0102_0304 };
+        assert_eq!(h.encode(), [b'L', b'F', 1, 0, 4, 3, 2, 1]);
+        assert_eq!(Handover::decode(&h.encode()), Some(h));
+        assert_eq!(Handover::decode(&[b'L', b'F', 2, 0, 4, 3, 2, 1]), None);
+        assert_eq!(Handover::decode(&h.encode()[..7]), None);
     }
 }

@@ -459,3 +459,98 @@ impl Drop for AlignedBuf {
         unsafe { std::alloc::dealloc(self.ptr, layout) }
     }
 }
+
+#[test]
+fn a_released_connection_pauses_io_and_a_new_server_answers_it() {
+    let mem = Arc::new(MemDevice::new(4 * MIB as usize));
+    mem.load(0, &pattern(3, 4096));
+    let gated = Arc::new(Gated::new(mem.clone()));
+    let mut s = Served::new(gated.clone(), "a_released_connection_pauses_io");
+    // A write the volume holds: release waits for it to be answered.
+    gated.hold(|op| matches!(op, IoOp::Write { offset: 0, .. }));
+    let f = s.open();
+    // The writer keeps its descriptor: a close is a request (FLUSH) too.
+    let writer = std::thread::spawn(move || {
+        let r = f.write_all_at(&pattern(4, 4096), 0);
+        (f, r)
+    });
+    gated.wait_held(1, Duration::from_secs(20));
+    // Opened now: an open is a request too, and would wait below.
+    let f = s.open();
+    let server = s.server.take().unwrap();
+    let releasing = std::thread::spawn(move || server.release(Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!releasing.is_finished(), "release waits for the held write");
+    gated.clear();
+    gated.release_all();
+    let (token, fds) = releasing
+        .join()
+        .unwrap()
+        .map_err(|_| "not released")
+        .unwrap();
+    let (written, r) = writer.join().unwrap();
+    r.unwrap();
+    assert_eq!(fds.len(), Options::default().threads);
+
+    // Nobody serves the file: a read waits in the kernel, and fails nothing.
+    let reader = std::thread::spawn(move || {
+        let mut b = vec![0u8; 4096];
+        let r = f.read_exact_at(&mut b, 0).map(|()| b);
+        (f, r)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    if reader.is_finished() {
+        panic!(
+            "the read did not wait for a server: {:?}",
+            reader.join().unwrap().1.map(|_| ())
+        );
+    }
+
+    // Someone else's token, or fewer descriptors than none, is refused and
+    // changes nothing; the right ones serve the waiting read.
+    let other = lamina_fuse::Handover {
+        conn: token.conn.wrapping_add(1000),
+    };
+    let dup: Vec<_> = fds.iter().map(|f| f.try_clone().unwrap()).collect();
+    let err = FileServer::resume(
+        &s.path,
+        mem.clone(),
+        Options::default(),
+        &other.encode(),
+        dup,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, lamina_fuse::ServeError::Stale { .. }),
+        "{err}"
+    );
+    let err = FileServer::resume(
+        &s.path,
+        mem.clone(),
+        Options::default(),
+        b"junk",
+        Vec::new(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, lamina_fuse::ServeError::Stale { .. }),
+        "{err}"
+    );
+    assert!(!reader.is_finished());
+    let server = FileServer::resume(
+        &s.path,
+        mem.clone(),
+        Options::default(),
+        &token.encode(),
+        fds,
+    )
+    .expect("served again");
+    assert_eq!(server.connection(), token.conn);
+    s.server = Some(server);
+    let (f, r) = reader.join().unwrap();
+    assert_eq!(r.unwrap(), pattern(4, 4096));
+    drop((f, written));
+    let mut b = vec![0u8; 4096];
+    s.open().read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(b, pattern(4, 4096));
+}
