@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// Serve attached volumes as files on this host when asked (`volume attach --file`, the CSI node plugin), through FUSE; off refuses them.
     #[arg(long, value_name = "ON|OFF", default_value_t = OnOff(lamina_server::DEFAULT_FILES), value_parser = on_off)]
     files: OnOff,
+    /// Hand the files' FUSE connections to the keeper at this socket when stopping (`lamina keeper`), and take them back when starting: the files' I/O waits across a restart instead of failing.
+    #[arg(long, value_name = "SOCKET")]
+    keeper: Option<PathBuf>,
     /// How much of the pool's metadata (volume maps, reference counts) the engine keeps in memory; more saves reads of the pool file on large pools.
     #[arg(long, value_name = "SIZE", help_heading = ENGINE, default_value_t = Size(lamina_server::DEFAULT_METADATA_CACHE_BYTES as u64), value_parser = metadata_cache)]
     metadata_cache: Size,
@@ -93,6 +96,7 @@ impl ServeArgs {
             .high_water(self.high_water)
             .volume_io_metrics(self.volume_io_metrics.0)
             .files(self.files.0)
+            .keeper(self.keeper)
             .metadata_cache_bytes(self.metadata_cache.0 as usize)
             .nbd(lamina_server::NbdConfig {
                 max_payload: self.nbd_max_payload.0 as u32,

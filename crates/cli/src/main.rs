@@ -154,6 +154,15 @@ enum Cmd {
     },
     /// Print the CustomResourceDefinitions of Lamina's Kubernetes resources (YAML).
     Crds,
+    /// Hold the daemon's files' FUSE connections while it restarts (`lamina serve --keeper SOCKET`): their I/O waits for the next daemon instead of failing.
+    Keeper {
+        /// Where to listen (default: DIR/keeper.sock).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Let go of a connection no daemon took back within this long: its I/O then fails instead of waiting (e.g. 5min, 1h).
+        #[arg(long, value_name = "DURATION", default_value_t = lamina_keeper::DEFAULT_HOLD.into())]
+        hold: humantime::Duration,
+    },
     /// Run SnapshotSchedules (recurring VolumeSnapshots with retention) in a Kubernetes cluster.
     ScheduleController {
         /// Its flags, e.g. --interval 10s.
@@ -219,7 +228,7 @@ fn main() {
                 == Some(clap::parser::ValueSource::CommandLine)
         })
         .collect();
-    let serving = matches!(cli.cmd, Cmd::Serve { .. });
+    let serving = matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Keeper { .. });
     init_tracing(if serving { "info" } else { "warn" });
     let data_dir = data_dir(cli.global.data_dir.clone());
     let mut client = None;
@@ -294,6 +303,13 @@ fn run(
             Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
         )),
         Cmd::Serve(args) => serve(args.config(data_dir)),
+        Cmd::Keeper { socket, hold } => {
+            let socket = socket.unwrap_or_else(|| data_dir.join("keeper.sock"));
+            let keeper = lamina_keeper::Keeper::bind(&socket, hold.into())?;
+            tracing::info!(socket = %socket.display(), "holding the daemon's file connections across its restarts");
+            keeper.run();
+            Ok(())
+        }
         Cmd::Certs { cmd } => cmd_certs::run(cmd),
         cmd => {
             let c = make_client(data_dir, g.endpoint.as_deref(), g.token.as_deref())?;
@@ -319,6 +335,7 @@ fn run(
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
                     Cmd::Pool { .. } => cmd_pool::daemon_stats(&ctx).await,
                     Cmd::Serve { .. }
+                    | Cmd::Keeper { .. }
                     | Cmd::Certs { .. }
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }

@@ -356,6 +356,8 @@ impl FileServer {
     /// server comes back with [`MountError::Busy`]. With `force` the mount
     /// is detached and the connection aborted: whoever still uses the file
     /// gets `ENOTCONN`.
+    // The server comes back whole, for the caller to close again.
+    #[allow(clippy::result_large_err)]
     pub fn close(mut self, force: bool) -> Result<(), (FileServer, MountError)> {
         if force {
             // Abort while the mount still holds the connection's number: once
@@ -385,6 +387,7 @@ impl FileServer {
     /// nothing fails. If requests are still with the volume after `wait`
     /// the connection is not handed over (a new server could not answer
     /// them); the server comes back to be closed.
+    #[allow(clippy::result_large_err)]
     pub fn release(mut self, wait: Duration) -> Result<(Handover, Vec<OwnedFd>), FileServer> {
         self.halt();
         if !self.shared.wait_unheld(wait) {

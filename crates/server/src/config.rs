@@ -63,6 +63,11 @@ pub struct Config {
     /// Serve attached volumes as files on request (`attach?file=true`,
     /// through FUSE); off refuses them.
     pub files: bool,
+    /// A file keeper's socket (`lamina keeper`): at a stop the files' FUSE
+    /// connections are handed to it, so their I/O waits for the next
+    /// daemon instead of failing, and at a start the connections it holds
+    /// are taken back. None: a stop fails the files' I/O.
+    pub keeper: Option<PathBuf>,
     /// Knobs for tests only.
     #[cfg(feature = "testing")]
     pub testing: Testing,
@@ -81,6 +86,7 @@ impl Default for Config {
             metadata_cache_bytes: DEFAULT_METADATA_CACHE_BYTES,
             nbd: NbdConfig::default(),
             files: DEFAULT_FILES,
+            keeper: None,
             #[cfg(feature = "testing")]
             testing: Testing::default(),
         }
@@ -129,6 +135,12 @@ impl Config {
     /// See [`Config::files`].
     pub fn files(mut self, on: bool) -> Config {
         self.files = on;
+        self
+    }
+
+    /// See [`Config::keeper`].
+    pub fn keeper(mut self, socket: impl Into<Option<PathBuf>>) -> Config {
+        self.keeper = socket.into();
         self
     }
 

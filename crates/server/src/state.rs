@@ -129,7 +129,11 @@ impl State {
             pool,
             store,
             exports,
-            files: crate::files::Files::new(layout.files.clone(), config.files),
+            files: crate::files::Files::new(
+                layout.files.clone(),
+                config.files,
+                config.keeper.clone(),
+            ),
             locks: Mutex::new(HashMap::new()),
             token,
             nbd_tcp: config.nbd_listen,
@@ -189,6 +193,8 @@ impl State {
                 Err(e) => return Err(e),
             }
         }
+        // Connections the keeper held for files no export has now.
+        state.files.forget_unclaimed();
         Ok(state)
     }
 

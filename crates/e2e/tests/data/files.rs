@@ -2,8 +2,10 @@
 //! the FUSE server in `crates/fuse`): xfs on a loop device over the file
 //! with fio's verify, a snapshot of it checked through NBD, the volume grown
 //! while mounted, detach refused while the loop device holds the file, the
-//! file served again after the daemon is killed, and refused on a daemon
-//! that serves no files. Needs root (FUSE, loop devices, mount), as CI has.
+//! file served again after the daemon is killed, fio's I/O and verify
+//! carried through a daemon restart by the keeper (`lamina keeper`), and
+//! refused on a daemon that serves no files. Needs root (FUSE, loop
+//! devices, mount), as CI has.
 //!
 //! The daemon is a process of its own: the process that mounts a file
 //! system on the file never serves it, so nothing here can wait on itself.
@@ -194,4 +196,168 @@ fn the_file_comes_back_after_a_kill_and_is_refused_where_files_are_off() {
         w["export"].is_null(),
         "a refused file attaches nothing: {w}"
     );
+}
+
+/// `lamina keeper` on a socket of its own, killed at the end; then the
+/// files it may have held (a test that failed half-way) are unmounted.
+struct KeeperProc {
+    child: std::process::Child,
+    socket: PathBuf,
+    files: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl KeeperProc {
+    fn start(hold: &str) -> KeeperProc {
+        let dir = tempfile::Builder::new()
+            .prefix("keeper")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let socket = dir.path().join("keeper.sock");
+        let child = LAMINA
+            .cmd()
+            .arg("keeper")
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--hold", hold])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = poll_until(std::time::Duration::from_secs(20), || {
+            socket.exists().then_some(())
+        });
+        assert!(up.is_some(), "lamina keeper made no socket");
+        KeeperProc {
+            child,
+            socket,
+            files: Vec::new(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for KeeperProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for f in &self.files {
+            if fuse_connection(f).is_some() {
+                let _ = try_run(Command::new("umount").args(["-l", f]));
+            }
+        }
+    }
+}
+
+/// The FUSE connection mounted on `file`, from this process's mountinfo.
+fn fuse_connection(file: &str) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == file && l.contains(" - fuse"))
+            .then(|| f[2].split(':').nth(1)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[test]
+fn io_on_the_file_waits_through_a_daemon_restart_handed_to_the_keeper() {
+    // The keeper lets go after a minute: if the new daemon never took the
+    // connection back, fio's I/O fails instead of waiting for ever.
+    let mut keeper = KeeperProc::start("60s");
+    let sock = keeper.socket.to_str().unwrap().to_string();
+    let mut d = LAMINA
+        .serve()
+        .args(["--keeper", sock.as_str()])
+        .start()
+        .unwrap();
+    let base = tempfile::tempdir().unwrap();
+    d.ok(&["volume", "create", "v", "--size", "320M"]);
+    let file = file_of(&d, "v");
+    keeper.files.push(file.clone());
+    let conn = fuse_connection(&file).expect("the file is a FUSE mount");
+    let dev = Loop::over(&file);
+    run(Command::new("mkfs.xfs").args(["-q", "-f", &dev.0])).ok();
+    let fs = Mounted::new(&dev.0, base.path().join("fs"));
+
+    // fio writes at a bounded rate (so that it is mid-run when the daemon
+    // stops), then reads everything back and checks it.
+    let report = base.path().join("fio.json");
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=restart",
+            "--size=64M",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--ioengine=libaio",
+            "--iodepth=8",
+            "--direct=1",
+            "--rate=8m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--output-format=json",
+        ])
+        .arg(format!("--filename={}", fs.0.join("data").display()))
+        .arg(format!("--output={}", report.display()))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+
+    // SIGTERM, as a DaemonSet rollout sends: the daemon answers what the
+    // volume holds, hands the connection to the keeper and exits 0.
+    let st = d.stop();
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", d.log());
+    assert!(d.log().contains("handed to the keeper"), "{}", d.log_tail());
+    assert_eq!(
+        fuse_connection(&file),
+        Some(conn),
+        "the file stays mounted on the same connection"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        fio.try_wait().unwrap().is_none(),
+        "fio waits while no daemon runs"
+    );
+
+    // The new daemon (the same binary: what matters is a new process on the
+    // same data) takes the connection back and fio goes on.
+    d.start_again();
+    assert!(
+        d.log()
+            .contains("serving the file again on the connection the keeper held"),
+        "{}",
+        d.log_tail()
+    );
+    let done = poll_until(std::time::Duration::from_secs(120), || {
+        fio.try_wait().unwrap()
+    });
+    let status = match done {
+        Some(s) => s,
+        None => {
+            // Unstick everything before failing: abort the connection.
+            let _ = std::fs::write(format!("/sys/fs/fuse/connections/{conn}/abort"), "1");
+            let _ = fio.kill();
+            let _ = fio.wait();
+            panic!("fio did not finish within 2 minutes of the restart");
+        }
+    };
+    let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert!(status.success(), "fio failed: {out}");
+    let job = &out["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    let longest = job["write"]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e9;
+    eprintln!("the longest write waited {longest:.2} s across the restart");
+    assert!(
+        longest >= 1.0,
+        "some write waited through the stop ({longest} s)"
+    );
+    assert_eq!(
+        fuse_connection(&file),
+        Some(conn),
+        "the same connection still serves the file"
+    );
+    drop(fs);
+    drop(dev);
+    d.ok(&["volume", "detach", "v"]);
+    drop(keeper);
 }
