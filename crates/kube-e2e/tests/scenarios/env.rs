@@ -266,6 +266,95 @@ impl Env {
     pub fn log_file(&self, component: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{component}.log"))
     }
+
+    /// Stop a component kube-env started (`lamina`, the daemon;
+    /// `lamina-csi-node`, the node plugin) with `signal`, wait until every
+    /// thread of it is gone, and start it again with the same command (its
+    /// log's first line, `+ CMD`, as kube-env's `start` wrote it), its pid
+    /// file updated so that kube-env/down stops the new one. Returns once
+    /// the daemon answers again, or the plugin's socket is back.
+    pub fn restart(&self, component: &str, signal: i32) -> Result<()> {
+        let pid_file = self.pid_file(component);
+        let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        // SAFETY: kill(2) of a pid kube-env wrote for this component.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            bail!("kill -{signal} {pid}: {}", std::io::Error::last_os_error());
+        }
+        // A killed process is a zombie at once, but its other threads (one
+        // may be inside a long write or fdatasync) hold its files, the pool
+        // lock and its sockets until they have exited too; started before
+        // then, a daemon meets a socket that still accepts and refuses to
+        // start.
+        wait(
+            &format!("{component} ({pid}) to exit"),
+            Duration::from_secs(60),
+            |last| {
+                let exited = gone(pid);
+                *last = format!("process exited: {exited}");
+                Ok(exited.then_some(()))
+            },
+        )?;
+        let text = std::fs::read_to_string(self.log_file(component))?;
+        let first = text.lines().next().unwrap_or_default();
+        let argv: Vec<&str> = first.split_whitespace().skip(1).collect();
+        ensure_cmd(&argv, first)?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.log_file(component))?;
+        let child = Command::new("setsid")
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("restart {component}"))?;
+        std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+        // The child is reaped by nobody but us: leave it to kube-env/down.
+        std::mem::forget(child);
+        let t = Duration::from_secs(60);
+        match argv.get(1).copied() {
+            Some("serve") => wait("the restarted daemon to answer", t, |_| {
+                Ok(self.lamina(&["status"]).ok().map(drop))
+            })?,
+            _ => {
+                let socket = argv
+                    .iter()
+                    .find_map(|a| a.strip_prefix("unix://"))
+                    .map(PathBuf::from);
+                wait(&format!("{component} to listen again"), t, |last| {
+                    *last = format!("socket {socket:?}");
+                    Ok(socket
+                        .as_ref()
+                        .is_none_or(|s| std::os::unix::net::UnixStream::connect(s).is_ok())
+                        .then_some(()))
+                })?
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A component's command, read back from its log: `lamina SUBCOMMAND ...`.
+fn ensure_cmd(argv: &[&str], line: &str) -> Result<()> {
+    if argv.len() < 2 || !argv[0].ends_with("lamina") {
+        bail!("the log does not start with a lamina command: {line:?}");
+    }
+    Ok(())
+}
+
+/// The process is gone, or a zombie none of whose threads still runs (a
+/// zombie leader lists its live threads under /proc/PID/task).
+fn gone(pid: i32) -> bool {
+    let zombie = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => return true,
+        Ok(s) => s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    };
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    zombie && threads <= 1
 }
 
 fn uri(v: &Value) -> Result<String> {

@@ -6,7 +6,7 @@
 use crate::env::{run, wait, Env};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
@@ -53,7 +53,7 @@ pub fn full_clone_daemon_killed(env: &Env) -> Result<()> {
         "the clone's PVC is bound while its copy runs"
     );
 
-    kill_and_restart_daemon(env)?;
+    env.restart("lamina", libc::SIGKILL)?;
     let resumed = env.lamina_json(&["operation", "get", &id])?;
     let from = resumed["done_bytes"].as_u64().unwrap_or(0);
     println!("    killed the daemon at {done} of {total} bytes of operation {id}; restarted, it resumed at {from}");
@@ -101,67 +101,4 @@ fn running_full_clones(env: &Env) -> Result<Vec<Value>> {
 fn pvc_phase(env: &Env, ns: &str, name: &str) -> Result<String> {
     let p = env.get(ns, "pvc", name)?.context("PVC missing")?;
     Ok(p["status"]["phase"].as_str().unwrap_or("").to_string())
-}
-
-/// SIGKILL the daemon kube-env/up started and start it again the same way
-/// (its pid file updated, so kube-env/down stops the new one).
-fn kill_and_restart_daemon(env: &Env) -> Result<()> {
-    let pid_file = env.pid_file("lamina");
-    let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
-    // SAFETY: kill(2) of the daemon's pid, read from the pid file up wrote.
-    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-        bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
-    }
-    // SIGKILL makes the process a zombie at once, but its other threads
-    // (one may be inside a long write or fdatasync) hold its files, the pool
-    // lock and the API socket until they have exited too; a daemon started
-    // before then meets a socket that still accepts and refuses to start.
-    let api = env.lamina_data.join("api.sock");
-    wait("the killed daemon's threads to exit", T, |last| {
-        let exited = gone(pid);
-        let accepts = std::os::unix::net::UnixStream::connect(&api).is_ok();
-        *last = format!("process exited: {exited}; API socket accepts: {accepts}");
-        Ok((exited && !accepts).then_some(()))
-    })?;
-    // The same command as kube-env/up ran (the log's first line, `+ CMD`),
-    // so that a transfer listener (KUBE_ENV_NODES=2) comes back too.
-    let text = std::fs::read_to_string(env.log_file("lamina"))?;
-    let first = text.lines().next().unwrap_or_default();
-    let argv: Vec<&str> = first.split_whitespace().skip(1).collect();
-    ensure!(
-        argv.get(1) == Some(&"serve"),
-        "the daemon's log does not start with its command: {first:?}"
-    );
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(env.log_file("lamina"))?;
-    let child = Command::new("setsid")
-        .args(&argv)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("restart lamina serve")?;
-    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
-    // The child is reaped by nobody but us: leave it to kube-env/down.
-    std::mem::forget(child);
-    wait("the restarted daemon to answer", T, |_| {
-        Ok(env.lamina(&["status"]).ok())
-    })?;
-    Ok(())
-}
-
-/// The process is gone, or a zombie none of whose threads still runs (a
-/// zombie leader lists its live threads under /proc/PID/task).
-fn gone(pid: i32) -> bool {
-    let zombie = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => return true,
-        Ok(s) => s
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    };
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    zombie && threads <= 1
 }

@@ -61,6 +61,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         pods::first_consumer_group_clone,
     ),
     ("pods-frozen-snapshot", pods::frozen_snapshot),
+    (
+        "pods-io-through-restarts-and-growth",
+        pods::io_through_restarts_and_growth,
+    ),
     ("cross-node-restore", cross_node::cross_node_restore),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
@@ -73,6 +77,7 @@ const KUBELET: &[&str] = &[
     "pods-write-restore-read",
     "pods-first-consumer-group-clone",
     "pods-frozen-snapshot",
+    "pods-io-through-restarts-and-growth",
 ];
 
 fn main() -> ExitCode {

@@ -3,7 +3,8 @@
 //! node plugin, registered with it by kube-env's registrar; kube-scheduler
 //! places the pods; images are kube-env's own (kube-env/kubelet.sh).
 //! The scenarios: p. write, restore, read (below); q. first consumer,
-//! group, clone; r. frozen snapshots of a filesystem in use.
+//! group, clone; r. frozen snapshots of a filesystem in use; s. I/O
+//! through a node plugin crash, a daemon upgrade and online growth.
 //!
 //! p. A pod writes files through an ext4 PVC; a VolumeSnapshot of it is
 //! restored into a PVC that a second pod, placed by the scheduler, reads
@@ -423,6 +424,136 @@ pub fn frozen_snapshot(env: &Env) -> Result<()> {
         "the frozen snapshot's filesystem: needs replay {}, e2fsck -fn clean {}",
         frozen.0,
         frozen.1
+    );
+    env.delete_pods(ns, &["writer"])?;
+    Ok(())
+}
+
+/// s. A pod writes and checks without pause on an ext4 PVC while Lamina
+/// changes under it: the node plugin killed with SIGKILL and started again
+/// (a crash, a new version of its container), the daemon stopped with
+/// SIGTERM and started again (an upgrade: the keeper holds its files'
+/// connections meanwhile), and the claim grown from 64Mi to 128Mi while
+/// the pod runs (the kubelet grows the loop device and the filesystem).
+/// Every write is `O_DIRECT` with fsync, so an I/O error fails the pod;
+/// at the end the pod reads every file back with `O_DIRECT` and checks it.
+pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
+    let ns = "pods-restarts";
+    env.namespace(ns)?;
+    env.apply(&pvc(ns, "busy", "lamina", "64Mi", None))?;
+    env.wait_bound(ns, "busy", T)?;
+    env.apply(&pod(
+        ns,
+        "writer",
+        "busy",
+        false,
+        "set -e; i=0; \
+         while [ ! -e /data/stop ]; do \
+           k=$((i % 16)); \
+           dd if=/dev/urandom of=/tmp/b bs=64k count=4 2>/dev/null; \
+           dd if=/tmp/b of=/data/f$k bs=64k oflag=direct conv=fsync 2>/dev/null; \
+           md5sum < /tmp/b > /data/f$k.md5; \
+           echo $i > /data/count; i=$((i+1)); \
+         done; \
+         n=0; for k in $(seq 0 15); do \
+           [ -e /data/f$k.md5 ] || continue; \
+           test \"$(dd if=/data/f$k bs=64k iflag=direct 2>/dev/null | md5sum)\" = \"$(cat /data/f$k.md5)\"; \
+           n=$((n+1)); \
+         done; \
+         echo verified $n files after $i writes",
+    ))?;
+    let count = || -> Result<u64> {
+        let c = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"])?;
+        Ok(c.trim().parse()?)
+    };
+    let running = |what: &str| -> Result<()> {
+        let p = env
+            .get(ns, "pod", "writer")?
+            .context("the writer vanished")?;
+        let phase = p["status"]["phase"].as_str().unwrap_or("");
+        ensure!(
+            phase == "Running",
+            "after {what} the writer is {phase}: {}\n{}",
+            p["status"],
+            log(env, ns, "writer").unwrap_or_default()
+        );
+        Ok(())
+    };
+    // Goes on writing: a few more writes counted after `what`.
+    let goes_on = |what: &str| -> Result<()> {
+        let before = count().unwrap_or(0);
+        wait(&format!("the writer to go on after {what}"), T, |last| {
+            running(what)?;
+            let now = count().unwrap_or(0);
+            *last = format!("count {now}, was {before}");
+            Ok((now >= before + 3).then_some(()))
+        })?;
+        Ok(())
+    };
+    goes_on("its start")?;
+
+    // The node plugin crashes and comes back: the volume's loop device
+    // and the daemon's file do not depend on it.
+    env.restart("lamina-csi-node", libc::SIGKILL)?;
+    goes_on("the node plugin's restart")?;
+
+    // The daemon is upgraded: SIGTERM hands the file's connection to the
+    // keeper, the writes wait, the new daemon answers them.
+    env.restart("lamina", libc::SIGTERM)?;
+    let daemon_log = std::fs::read_to_string(env.log_file("lamina"))?;
+    ensure!(
+        daemon_log.contains("handed to the keeper")
+            && daemon_log.contains("on the connection the keeper held"),
+        "the daemon did not hand its file over and take it back: {}",
+        daemon_log
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    goes_on("the daemon's restart")?;
+
+    // Grown while the pod runs.
+    let df = || -> Result<u64> {
+        let out = env.kubectl(&["exec", "-n", ns, "writer", "--", "df", "-k", "/data"])?;
+        let line = out.lines().last().unwrap_or_default().to_string();
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|k| k.parse().ok())
+            .with_context(|| format!("df printed {out:?}"))
+    };
+    let before = df()?;
+    env.kubectl(&[
+        "patch",
+        "pvc",
+        "busy",
+        "-n",
+        ns,
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
+    ])?;
+    wait("the claim to show 128Mi, grown online", T, |last| {
+        let p = env.get(ns, "pvc", "busy")?.context("PVC busy")?;
+        *last = p["status"].to_string();
+        Ok((p["status"]["capacity"]["storage"] == "128Mi").then_some(()))
+    })
+    .with_context(|| env.events(ns, "busy"))?;
+    let after = df()?;
+    ensure!(
+        after > before * 3 / 2,
+        "the filesystem the pod sees did not grow: {before} KiB, then {after} KiB"
+    );
+    goes_on("the growth")?;
+
+    // The pod stops writing and checks every file it wrote.
+    env.kubectl(&["exec", "-n", ns, "writer", "--", "touch", "/data/stop"])?;
+    env.wait_pod_succeeded(ns, "writer")?;
+    let out = log(env, ns, "writer")?;
+    ensure!(out.contains("verified"), "the writer's log: {out}");
+    println!(
+        "    {}; filesystem {before} KiB, then {after} KiB",
+        out.trim()
     );
     env.delete_pods(ns, &["writer"])?;
     Ok(())
