@@ -104,8 +104,11 @@ impl GroupController for GroupService {
         if req.source_volume_ids.is_empty() {
             return invalid!("source_volume_ids is required");
         }
-        let freeze =
-            crate::controller::snapshots::freeze_parameter(&req.parameters, "group snapshot")?;
+        let freeze = crate::controller::snapshots::freeze_parameter(
+            &req.parameters,
+            "group snapshot",
+            &["deletionPolicy"],
+        )?;
         let name = lamina_name(&req.name);
         let _g = self.c.lock(&format!("snapshot/{name}")).await;
         let mut vids = vec![];

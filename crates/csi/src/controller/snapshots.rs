@@ -43,9 +43,14 @@ pub(crate) fn csi_snapshot(node: Option<String>, s: &api::Snapshot) -> Snapshot 
 /// snapshot"): `freeze` (`"true"` or `"false"`, default false) is the only
 /// one; those the CO adds itself (`csi.storage.k8s.io/…`) are ignored, any
 /// other is INVALID_ARGUMENT. Whether to freeze.
+///
+/// `tolerated` names parameters accepted and ignored: a group snapshot
+/// class's `deletionPolicy`, which Kubernetes' storage e2e suite passes as
+/// a parameter (the class's own `deletionPolicy` field is what applies).
 pub(crate) fn freeze_parameter(
     parameters: &std::collections::HashMap<String, String>,
     what: &str,
+    tolerated: &[&str],
 ) -> Result<bool, Status> {
     let mut freeze = false;
     for (k, v) in parameters {
@@ -63,6 +68,9 @@ pub(crate) fn freeze_parameter(
                 }
             }
             k if k.starts_with("csi.storage.k8s.io/") => {}
+            k if tolerated.contains(&k) => {
+                tracing::debug!(parameter = k, "a {what} parameter Lamina ignores");
+            }
             k => {
                 return invalid!(
                     "unknown {what} parameter {} (Lamina takes freeze)",
@@ -85,7 +93,7 @@ impl ControllerService {
         if req.source_volume_id.is_empty() {
             return invalid!("source_volume_id is required");
         }
-        let freeze = freeze_parameter(&req.parameters, "snapshot")?;
+        let freeze = freeze_parameter(&req.parameters, "snapshot", &[])?;
         let name = lamina_name(&req.name);
         let _g = self.lock(&format!("snapshot/{name}")).await;
         let not_found = || {
@@ -280,5 +288,46 @@ impl ControllerService {
         Ok(GetSnapshotResponse {
             snapshot: Some(csi_snapshot(self.nodes.qualifier(&node.name), &s)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::freeze_parameter;
+    use std::collections::HashMap;
+
+    fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn freeze_is_read_the_cos_own_ignored_and_others_refused() {
+        let p = params(&[("freeze", "true"), ("csi.storage.k8s.io/x", "y")]);
+        assert!(freeze_parameter(&p, "snapshot", &[]).unwrap());
+        assert!(!freeze_parameter(&params(&[]), "snapshot", &[]).unwrap());
+        let bad = freeze_parameter(&params(&[("freeze", "yes")]), "snapshot", &[]).unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        let unknown = freeze_parameter(&params(&[("deletionPolicy", "Delete")]), "snapshot", &[])
+            .unwrap_err();
+        assert_eq!(unknown.code(), tonic::Code::InvalidArgument);
+        assert!(
+            unknown.message().contains("deletionPolicy"),
+            "{}",
+            unknown.message()
+        );
+    }
+
+    #[test]
+    fn a_group_class_may_pass_its_deletion_policy_as_a_parameter() {
+        let p = params(&[("deletionPolicy", "Delete"), ("freeze", "false")]);
+        assert!(!freeze_parameter(&p, "group snapshot", &["deletionPolicy"]).unwrap());
+        let other = freeze_parameter(
+            &params(&[("other", "1")]),
+            "group snapshot",
+            &["deletionPolicy"],
+        );
+        assert_eq!(other.unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 }
