@@ -429,18 +429,25 @@ pub fn frozen_snapshot(env: &Env) -> Result<()> {
     Ok(())
 }
 
-/// s. A pod writes and checks without pause on an ext4 PVC while Lamina
+/// s. A pod writes and checks without pause on an xfs PVC while Lamina
 /// changes under it: the node plugin killed with SIGKILL and started again
 /// (a crash, a new version of its container), the daemon stopped with
 /// SIGTERM and started again (an upgrade: the keeper holds its files'
-/// connections meanwhile), and the claim grown from 64Mi to 128Mi while
+/// connections meanwhile), and the claim grown from 320Mi to 640Mi while
 /// the pod runs (the kubelet grows the loop device and the filesystem).
+/// The claim is xfs: growing ext4 online needs CAP_SYS_RESOURCE, which
+/// root lacks on this VM (a privileged container has it).
 /// Every write is `O_DIRECT` with fsync, so an I/O error fails the pod;
 /// at the end the pod reads every file back with `O_DIRECT` and checks it.
 pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
     let ns = "pods-restarts";
     env.namespace(ns)?;
-    env.apply(&pvc(ns, "busy", "lamina", "64Mi", None))?;
+    env.apply(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: lamina-xfs}\n\
+         provisioner: lamina.csi.io\nreclaimPolicy: Delete\nallowVolumeExpansion: true\n\
+         parameters: {csi.storage.k8s.io/fstype: xfs}\n",
+    )?;
+    env.apply(&pvc(ns, "busy", "lamina-xfs", "320Mi", None))?;
     env.wait_bound(ns, "busy", T)?;
     env.apply(&pod(
         ns,
@@ -531,12 +538,12 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
         "-n",
         ns,
         "-p",
-        r#"{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}"#,
+        r#"{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}"#,
     ])?;
-    wait("the claim to show 128Mi, grown online", T, |last| {
+    wait("the claim to show 640Mi, grown online", T, |last| {
         let p = env.get(ns, "pvc", "busy")?.context("PVC busy")?;
         *last = p["status"].to_string();
-        Ok((p["status"]["capacity"]["storage"] == "128Mi").then_some(()))
+        Ok((p["status"]["capacity"]["storage"] == "640Mi").then_some(()))
     })
     .with_context(|| env.events(ns, "busy"))?;
     let after = df()?;
