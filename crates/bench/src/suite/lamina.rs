@@ -97,6 +97,15 @@ impl Lamina {
         Ok(self.call(self.client.attach_volume(volume))?.uri)
     }
 
+    /// Attach a volume served as a file too (FUSE); the file's path.
+    pub fn attach_file(&self, volume: &str) -> Result<PathBuf> {
+        let e = self.call(self.client.attach_volume_file(volume))?;
+        match e.file {
+            Some(f) => Ok(PathBuf::from(f)),
+            None => bail!("the daemon attached {volume} with no file"),
+        }
+    }
+
     /// Detach a volume (the suite's clients have disconnected by then).
     pub fn detach(&self, volume: &str) -> Result<()> {
         self.call(self.client.detach_volume(volume, false))?;

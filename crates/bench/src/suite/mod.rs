@@ -177,6 +177,7 @@ type CaseFn = fn(&mut Ctx) -> Result<()>;
 /// runs.
 pub const CASES: &[(&str, &str, CaseFn)] = &[
     ("io", "I/O path", cases::io::run),
+    ("node", "Node path (a claim vs hostPath)", cases::node::run),
     ("depth", "Snapshot depth", cases::depth::run),
     ("snapshot", "Snapshot latency", cases::snapshot::run),
     ("delete", "Snapshot delete", cases::delete::run),
@@ -198,6 +199,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("findmnt", "util-linux"),
     ("nbdinfo", "libnbd-bin"),
     ("ip", "iproute2"),
+    ("losetup", "mount"),
+    ("mkfs.ext4", "e2fsprogs"),
 ];
 
 fn check_tools() -> Result<()> {

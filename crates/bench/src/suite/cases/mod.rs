@@ -7,5 +7,6 @@ pub mod delete;
 pub mod depth;
 pub mod index;
 pub mod io;
+pub mod node;
 pub mod scale;
 pub mod snapshot;

@@ -1,0 +1,133 @@
+//! The node path: a volume as the CSI node plugin stages it on a node with
+//! FUSE (the daemon serves it as a file, a loop device with direct I/O over
+//! the file, ext4 on the loop device), against a file in a directory of the
+//! host's own filesystem on the same disk: what a pod gets from a Lamina
+//! claim next to what it gets from a hostPath volume (a pod's volume is a
+//! bind mount of the same filesystem, so the pod adds no hop of its own).
+//! Each hop is measured on its own too: fio on the daemon's file, and on
+//! the loop device. Every target is written whole before the jobs run.
+
+use crate::suite::fio::{self, Job, Target};
+use crate::suite::{proc, Ctx};
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CASE: &str = "node";
+const HOST: &str = "hostPath (host filesystem)";
+const EXT4: &str = "claim (ext4, loop, daemon's file)";
+const LOOP: &str = "loop device over the daemon's file";
+const FILE: &str = "the daemon's file (FUSE)";
+
+/// A loop device, detached when dropped.
+struct Loop(String);
+
+impl Loop {
+    fn over(file: &Path) -> Result<Loop> {
+        let dev = proc::run(
+            Command::new("losetup")
+                .args(["--find", "--show", "--direct-io=on"])
+                .arg(file),
+        )
+        .context("losetup over the daemon's file")?;
+        Ok(Loop(dev.trim().to_string()))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// A mounted filesystem, unmounted when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Write `target`'s first `size` bytes once, 1 MiB at a time.
+fn fill(target: &Target, size: u64) -> Result<()> {
+    let mut job = Job::new("write", "1m", 8, 0.0);
+    job.number_ios = Some(size >> 20);
+    job.size = Some(size);
+    fio::run(&job, target).map(drop)
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let dir = ctx.scratch("node")?;
+    let size = ctx.p.size;
+    // What fio works on in every target: the filesystem's share of a claim
+    // of `size` leaves room for ext4's own blocks.
+    let work = size * 3 / 4;
+    let lamina = ctx.lamina("node-lamina")?;
+    lamina.create_volume("raw", size)?;
+    lamina.create_volume("fs", size)?;
+    let raw_file = lamina.attach_file("raw")?;
+    let fs_file = lamina.attach_file("fs")?;
+    // Dropped in reverse: the mount, then the loop devices, then (with
+    // `lamina`, declared first) the daemon.
+    let raw_loop = Loop::over(&raw_file)?;
+    let fs_loop = Loop::over(&fs_file)?;
+    proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &fs_loop.0]))?;
+    let mnt = dir.join("claim");
+    std::fs::create_dir_all(&mnt)?;
+    proc::run(Command::new("mount").arg(&fs_loop.0).arg(&mnt))?;
+    let _mounted = Mounted(mnt.clone());
+    let host = dir.join("hostpath");
+    std::fs::create_dir_all(&host)?;
+
+    let targets = vec![
+        (HOST, Target::File(host.join("fio.dat"), work)),
+        (EXT4, Target::File(mnt.join("fio.dat"), work)),
+        (LOOP, Target::File(PathBuf::from(&raw_loop.0), work)),
+        (FILE, Target::File(raw_file.clone(), work)),
+    ];
+    for (_, t) in &targets {
+        fill(t, work)?;
+    }
+    let jobs = crate::suite::cases::io::jobs(ctx.p.seconds);
+    for round in 0..ctx.p.rounds {
+        for (label, job) in &jobs {
+            for i in 0..targets.len() {
+                let (name, t) = &targets[(i + round) % targets.len()];
+                let o = fio::run(job, t)?;
+                eprintln!(
+                    "  round {round} {label:18} {name:34} {:>9.0} IOPS {:>7.0} MB/s p99 {:>7.0} µs",
+                    o.iops, o.mb_per_s, o.p99_us
+                );
+                crate::suite::cases::io::record(ctx, CASE, name, label, job.bs, &o);
+            }
+        }
+    }
+    for (label, _) in &jobs {
+        // Issue 40: a claim gives a pod at least 0.8x of what a hostPath
+        // volume on the same disk gives it.
+        ctx.rec.compare(
+            CASE,
+            &format!("{label}: claim vs hostPath"),
+            label,
+            EXT4,
+            HOST,
+            Some(0.8),
+        );
+        for hop in [LOOP, FILE] {
+            ctx.rec
+                .compare(CASE, &format!("{label}: {hop} vs hostPath"), label, hop, HOST, None);
+        }
+    }
+    ctx.rec.note(
+        CASE,
+        format!(
+            "fio with io_uring and O_DIRECT on {} MiB of each target, written whole first: a file in ext4 on a loop device \
+             (losetup --direct-io=on) over the daemon's file of a {} MiB volume, as the node plugin stages a claim; a file in \
+             a directory of the host's filesystem (a hostPath volume); and the hops alone: the loop device, the daemon's file.",
+            work >> 20,
+            size >> 20
+        ),
+    );
+    Ok(())
+}
