@@ -115,8 +115,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             Some(0.8),
         );
         for hop in [LOOP, FILE] {
-            ctx.rec
-                .compare(CASE, &format!("{label}: {hop} vs hostPath"), label, hop, HOST, None);
+            ctx.rec.compare(
+                CASE,
+                &format!("{label}: {hop} vs hostPath"),
+                label,
+                hop,
+                HOST,
+                None,
+            );
         }
     }
     ctx.rec.note(
