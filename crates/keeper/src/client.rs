@@ -114,6 +114,22 @@ impl Client {
         )
         .map_err(|e| unreachable(e.into()))?;
         rustix::net::connect(&fd, &addr).map_err(|e| unreachable(e.into()))?;
+        // Descriptors go only to a keeper of this process's own user: one
+        // that anyone could have bound at the path would be handed the
+        // files' connections, and could answer for the volumes.
+        match rustix::net::sockopt::socket_peercred(&fd) {
+            Ok(c) if c.uid == rustix::process::geteuid() => {}
+            Ok(c) => {
+                return Err(KeeperError::Refused {
+                    path: self.path.clone(),
+                    message: format!(
+                        "the process at the socket runs as uid {}, not this process's",
+                        c.uid.as_raw()
+                    ),
+                })
+            }
+            Err(e) => return Err(unreachable(e.into())),
+        }
         let io = |e: rustix::io::Errno| KeeperError::Io {
             path: self.path.clone(),
             source: e.into(),

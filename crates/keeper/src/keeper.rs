@@ -22,6 +22,9 @@ use crate::KeeperError;
 /// How long an entry is held when nobody takes it back: five minutes.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(300);
 
+/// How long one send or receive on a connection may take.
+const IO_LIMIT: Duration = Duration::from_secs(10);
+
 struct Entry {
     token: Vec<u8>,
     fds: Vec<OwnedFd>,
@@ -108,12 +111,14 @@ impl Keeper {
         loop {
             let conn = match rustix::net::accept_with(&*self.listener, SocketFlags::CLOEXEC) {
                 Ok(c) => Arc::new(c),
+                Err(_) if self.shared.stop.load(Ordering::SeqCst) => break,
                 Err(rustix::io::Errno::INTR) | Err(rustix::io::Errno::CONNABORTED) => continue,
                 Err(e) => {
-                    if !self.shared.stop.load(Ordering::SeqCst) {
-                        tracing::error!(error = %e, "the keeper's socket failed; it stops");
-                    }
-                    break;
+                    // Out of descriptors or memory: what it holds matters
+                    // more than this caller; wait and go on.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
                 }
             };
             if self.shared.stop.load(Ordering::SeqCst) {
@@ -129,6 +134,14 @@ impl Keeper {
                     tracing::warn!(error = %e, "refused a peer whose credentials are unknown");
                     continue;
                 }
+            }
+            // A peer that stops reading or writing is cut off, so that it
+            // cannot hold a connection's thread for ever.
+            for dir in [
+                rustix::net::sockopt::Timeout::Recv,
+                rustix::net::sockopt::Timeout::Send,
+            ] {
+                let _ = rustix::net::sockopt::set_socket_timeout(&*conn, dir, Some(IO_LIMIT));
             }
             lock(&self.shared.conns).push(conn.clone());
             let sh = self.shared.clone();
@@ -272,15 +285,25 @@ fn serve(conn: &OwnedFd, sh: &Shared) {
     }
 }
 
+/// Send copies of every entry: copied under the lock, sent without it, so
+/// that a slow peer holds up nobody else.
 fn list(conn: &OwnedFd, sh: &Shared) -> std::io::Result<()> {
-    let entries = lock(&sh.entries);
-    for (key, e) in entries.iter() {
-        let fds: Vec<BorrowedFd<'_>> = e.fds.iter().map(|f| f.as_fd()).collect();
-        let m = Message::Entry {
-            key: key.clone(),
-            token: e.token.clone(),
-        };
-        sock::send(conn, &m, &fds)?;
+    let copies = {
+        let entries = lock(&sh.entries);
+        let mut copies = Vec::with_capacity(entries.len());
+        for (key, e) in entries.iter() {
+            let fds = e
+                .fds
+                .iter()
+                .map(|f| f.try_clone())
+                .collect::<std::io::Result<Vec<OwnedFd>>>()?;
+            copies.push((key.clone(), e.token.clone(), fds));
+        }
+        copies
+    };
+    for (key, token, fds) in copies {
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        sock::send(conn, &Message::Entry { key, token }, &borrowed)?;
     }
     sock::send(conn, &Message::End, &[])
 }

@@ -154,3 +154,40 @@ fn a_second_keeper_is_refused_and_a_stale_socket_replaced() {
         Err(KeeperError::Unreachable { .. })
     ));
 }
+
+#[test]
+fn descriptors_go_to_no_keeper_of_another_user() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let path = dir.path().join("keeper.sock");
+    // A listener made by a thread running as nobody: the kernel records
+    // the listener's credentials at listen(2).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    let t = std::thread::spawn(move || {
+        rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(65534)).unwrap();
+        let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        rustix::net::bind(&fd, &SocketAddrUnix::new(&p).unwrap()).unwrap();
+        rustix::net::listen(&fd, 4).unwrap();
+        tx.send(()).unwrap();
+        // Accept one connection and hold it until the test is done.
+        let c = rustix::net::accept(&fd);
+        std::thread::sleep(Duration::from_millis(500));
+        drop(c);
+    });
+    rx.recv().unwrap();
+    let (_r, w) = pipe();
+    let err = Client::new(&path)
+        .put("k", b"", &[w.as_fd()])
+        .expect_err("refused");
+    assert!(
+        matches!(&err, KeeperError::Refused { message, .. } if message.contains("uid 65534")),
+        "{err}"
+    );
+    t.join().unwrap();
+}

@@ -214,6 +214,7 @@ impl KeeperProc {
             .tempdir_in("/tmp")
             .unwrap();
         let socket = dir.path().join("keeper.sock");
+        let log = std::fs::File::create(dir.path().join("keeper.log")).unwrap();
         let child = LAMINA
             .cmd()
             .arg("keeper")
@@ -221,6 +222,8 @@ impl KeeperProc {
             .arg(&socket)
             .args(["--hold", hold])
             .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
             .spawn()
             .unwrap();
         let up = poll_until(std::time::Duration::from_secs(20), || {
@@ -358,6 +361,21 @@ fn io_on_the_file_waits_through_a_daemon_restart_handed_to_the_keeper() {
     );
     drop(fs);
     drop(dev);
+
+    // Handed over once more, to a daemon that serves no files: nothing
+    // claims the connection, so it is ended and its mount detached, and the
+    // file's users get an error at once instead of waiting for the keeper's
+    // hold limit.
+    d.stop();
+    assert_eq!(fuse_connection(&file), Some(conn), "held by the keeper");
+    d.set_extra(&["--keeper", sock.as_str(), "--files", "off"]);
+    d.start_again();
+    assert_eq!(fuse_connection(&file), None, "{}", d.log_tail());
+    assert!(
+        d.log().contains("its held connection is ended"),
+        "{}",
+        d.log_tail()
+    );
     d.ok(&["volume", "detach", "v"]);
     drop(keeper);
 }
