@@ -269,13 +269,23 @@ impl Env {
 
     /// Stop a component kube-env started (`lamina`, the daemon;
     /// `lamina-csi-node`, the node plugin) with `signal`, wait until every
-    /// thread of it is gone, and start it again with the same command (its
-    /// log's first line, `+ CMD`, as kube-env's `start` wrote it), its pid
-    /// file updated so that kube-env/down stops the new one. Returns once
-    /// the daemon answers again, or the plugin's socket is back.
+    /// thread of it is gone, and start it again with the same command line
+    /// and environment (read from /proc before the signal), its output
+    /// appended to its log and its pid file updated so that kube-env/down
+    /// stops the new one. Returns once the daemon answers again, or the
+    /// plugin's socket is back.
     pub fn restart(&self, component: &str, signal: i32) -> Result<()> {
         let pid_file = self.pid_file(component);
         let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        let nul_split = |b: Vec<u8>| -> Vec<String> {
+            b.split(|c| *c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        };
+        let argv = nul_split(std::fs::read(format!("/proc/{pid}/cmdline"))?);
+        let environ = nul_split(std::fs::read(format!("/proc/{pid}/environ"))?);
+        ensure_cmd(&argv, component)?;
         // SAFETY: kill(2) of a pid kube-env wrote for this component.
         if unsafe { libc::kill(pid, signal) } != 0 {
             bail!("kill -{signal} {pid}: {}", std::io::Error::last_os_error());
@@ -294,15 +304,14 @@ impl Env {
                 Ok(exited.then_some(()))
             },
         )?;
-        let text = std::fs::read_to_string(self.log_file(component))?;
-        let first = text.lines().next().unwrap_or_default();
-        let argv: Vec<&str> = first.split_whitespace().skip(1).collect();
-        ensure_cmd(&argv, first)?;
         let log = std::fs::OpenOptions::new()
+            .create(true)
             .append(true)
             .open(self.log_file(component))?;
         let child = Command::new("setsid")
             .args(&argv)
+            .env_clear()
+            .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -312,7 +321,7 @@ impl Env {
         // The child is reaped by nobody but us: leave it to kube-env/down.
         std::mem::forget(child);
         let t = Duration::from_secs(60);
-        match argv.get(1).copied() {
+        match argv.get(1).map(String::as_str) {
             Some("serve") => wait("the restarted daemon to answer", t, |_| {
                 Ok(self.lamina(&["status"]).ok().map(drop))
             })?,
@@ -334,10 +343,10 @@ impl Env {
     }
 }
 
-/// A component's command, read back from its log: `lamina SUBCOMMAND ...`.
-fn ensure_cmd(argv: &[&str], line: &str) -> Result<()> {
+/// A component's command line: `lamina SUBCOMMAND ...`.
+fn ensure_cmd(argv: &[String], component: &str) -> Result<()> {
     if argv.len() < 2 || !argv[0].ends_with("lamina") {
-        bail!("the log does not start with a lamina command: {line:?}");
+        bail!("{component} does not run a lamina command: {argv:?}");
     }
     Ok(())
 }

@@ -62,7 +62,7 @@ pub fn stage_and_publish(env: &Env) -> Result<()> {
         .prefix("kube-env-node-")
         .tempdir()?;
     let sock = work.path().join("csi.sock");
-    let log = std::fs::File::create(env.dir.join("logs/lamina-csi-node.log"))?;
+    let log = std::fs::File::create(env.dir.join("logs/node-stage-publish-plugin.log"))?;
     let child = Command::new(&env.lamina)
         .args(["csi", "--mode", "node", "--node-id", NODE_ID, "--endpoint"])
         .arg(format!("unix://{}", sock.display()))
