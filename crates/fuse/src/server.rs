@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -111,9 +111,13 @@ struct Shared {
     init_cv: Condvar,
     requests: AtomicU64,
     errors: AtomicU64,
-    /// Requests submitted to the volume and not yet answered.
-    held: Mutex<u64>,
-    held_cv: Condvar,
+    /// Requests submitted to the volume and not yet answered: an atomic,
+    /// so the I/O path takes no lock; only while a release waits
+    /// (`draining`) does the answer that brings it to zero wake it.
+    held: AtomicU64,
+    draining: std::sync::atomic::AtomicBool,
+    drained: Mutex<()>,
+    drained_cv: Condvar,
     /// The volume's size when last asked. Volumes only grow, so a read or
     /// write inside it needs no question to the volume; one past it, and
     /// every GETATTR, asks again.
@@ -122,25 +126,27 @@ struct Shared {
 
 impl Shared {
     fn hold(&self) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.held.fetch_add(1, Ordering::SeqCst);
     }
 
     fn unhold(&self) {
-        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        *h = h.saturating_sub(1);
-        if *h == 0 {
-            self.held_cv.notify_all();
+        if self.held.fetch_sub(1, Ordering::SeqCst) == 1 && self.draining.load(Ordering::SeqCst) {
+            // Taken so that the notice cannot fall between the waiter's
+            // check and its wait.
+            let _g = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+            self.drained_cv.notify_all();
         }
     }
 
     /// Wait until no request is with the volume; whether none is.
     fn wait_unheld(&self, limit: Duration) -> bool {
-        let g = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let (g, _) = self
-            .held_cv
-            .wait_timeout_while(g, limit, |h| *h > 0)
+        self.draining.store(true, Ordering::SeqCst);
+        let g = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        let (_g, _) = self
+            .drained_cv
+            .wait_timeout_while(g, limit, |_| self.held.load(Ordering::SeqCst) > 0)
             .unwrap_or_else(|e| e.into_inner());
-        *g == 0
+        self.held.load(Ordering::SeqCst) == 0
     }
 
     /// The volume's size, asked now.
@@ -292,8 +298,10 @@ impl FileServer {
             init_cv: Condvar::new(),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            held: Mutex::new(0),
-            held_cv: Condvar::new(),
+            held: AtomicU64::new(0),
+            draining: std::sync::atomic::AtomicBool::new(false),
+            drained: Mutex::new(()),
+            drained_cv: Condvar::new(),
             size: AtomicU64::new(size),
         });
         let name = path
@@ -407,12 +415,6 @@ impl FileServer {
         // connection lives on in the returned descriptors.
         self.done = true;
         Ok((Handover { conn: self.conn }, fds))
-    }
-
-    /// The connection's descriptors (for a caller that wants to know them;
-    /// [`FileServer::release`] hands over owned copies).
-    pub fn descriptors(&self) -> Vec<BorrowedFd<'_>> {
-        self.devs.iter().map(|d| d.as_fd()).collect()
     }
 
     /// Abort the connection if it is still the one mounted on the path.

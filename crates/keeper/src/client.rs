@@ -5,7 +5,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::SocketAddrUnix;
 
 use crate::proto::{self, Message};
 use crate::sock::{self, RecvError};
@@ -106,13 +106,7 @@ impl Client {
             source: e,
         };
         let addr = SocketAddrUnix::new(&self.path).map_err(|e| unreachable(e.into()))?;
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| unreachable(e.into()))?;
+        let fd = sock::seqpacket().map_err(unreachable)?;
         rustix::net::connect(&fd, &addr).map_err(|e| unreachable(e.into()))?;
         // Descriptors go only to a keeper of this process's own user: one
         // that anyone could have bound at the path would be handed the

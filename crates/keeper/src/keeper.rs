@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{SocketAddrUnix, SocketFlags};
 
 use crate::proto::Message;
 use crate::sock::{self, RecvError};
@@ -72,13 +72,7 @@ impl Keeper {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| failed(e.to_string()))?;
         }
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| failed(e.to_string()))?;
+        let fd = sock::seqpacket().map_err(|e| failed(e.to_string()))?;
         rustix::net::bind(&fd, &addr).map_err(|e| failed(e.to_string()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| failed(e.to_string()))?;

@@ -20,6 +20,16 @@ pub enum RecvError {
     Proto(ProtoError),
 }
 
+/// A new `SOCK_SEQPACKET` Unix socket, closed on exec.
+pub fn seqpacket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
 pub fn send(sock: impl AsFd, m: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let bytes = m.encode();
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];

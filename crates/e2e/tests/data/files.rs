@@ -251,15 +251,9 @@ impl Drop for KeeperProc {
     }
 }
 
-/// The FUSE connection mounted on `file`, from this process's mountinfo.
+/// The FUSE connection mounted on `file`.
 fn fuse_connection(file: &str) -> Option<u32> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && f[4] == file && l.contains(" - fuse"))
-            .then(|| f[2].split(':').nth(1)?.parse().ok())
-            .flatten()
-    })
+    lamina_fuse::connection_of(Path::new(file))
 }
 
 #[test]

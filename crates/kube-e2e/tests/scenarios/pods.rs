@@ -319,6 +319,12 @@ pub fn first_consumer_group_clone(env: &Env) -> Result<()> {
     Ok(())
 }
 
+/// The number a writer pod keeps in /data/count.
+fn written(env: &Env, ns: &str, pod: &str) -> Result<u64> {
+    let c = env.kubectl(&["exec", "-n", ns, pod, "--", "cat", "/data/count"])?;
+    Ok(c.trim().parse()?)
+}
+
 /// What a Lamina volume's ext4 shows, read whole through its export:
 /// whether its journal needs replaying (`dumpe2fs -h`), and whether
 /// `e2fsck -fn` (which replays nothing) finds it clean.
@@ -369,26 +375,18 @@ pub fn frozen_snapshot(env: &Env) -> Result<()> {
          echo $i > /data/count; i=$((i+1)); done",
     ))?;
     wait("the writer to run and write", T, |last| {
-        let out = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"]);
+        let out = written(env, ns, "writer");
         *last = format!("{out:?}");
-        Ok(out
-            .ok()
-            .and_then(|c| c.trim().parse::<u64>().ok())
-            .filter(|&n| n > 10)
-            .map(drop))
+        Ok(out.ok().filter(|&n| n > 10).map(drop))
     })?;
     env.apply(&volume_snapshot(ns, "plain", "busy", "lamina"))?;
     env.apply(&volume_snapshot(ns, "frozen", "busy", "lamina-frozen"))?;
     env.wait_snapshot_ready(ns, "plain", T)?;
     env.wait_snapshot_ready(ns, "frozen", T)?;
     // The writer was not stopped by the freeze: it goes on writing.
-    let count = |()| -> Result<u64> {
-        let c = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"])?;
-        Ok(c.trim().parse()?)
-    };
-    let before = count(())?;
+    let before = written(env, ns, "writer")?;
     wait("the writer to go on after the freeze", T, |last| {
-        let now = count(())?;
+        let now = written(env, ns, "writer")?;
         *last = format!("count {now}, was {before}");
         Ok((now > before).then_some(()))
     })?;
@@ -469,10 +467,7 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
          done; \
          echo verified $n files after $i writes",
     ))?;
-    let count = || -> Result<u64> {
-        let c = env.kubectl(&["exec", "-n", ns, "writer", "--", "cat", "/data/count"])?;
-        Ok(c.trim().parse()?)
-    };
+    let count = || written(env, ns, "writer");
     let running = |what: &str| -> Result<()> {
         let p = env
             .get(ns, "pod", "writer")?

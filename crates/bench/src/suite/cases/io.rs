@@ -51,6 +51,32 @@ pub fn record(ctx: &mut Ctx, case: &str, target: &str, label: &str, bs: &str, o:
     );
 }
 
+/// Every job against every target, `ctx.p.rounds` times, each outcome
+/// printed and recorded under `case`.
+pub fn rounds(
+    ctx: &mut Ctx,
+    case: &str,
+    targets: &[(&str, Target)],
+    jobs: &[(&'static str, Job)],
+) -> Result<()> {
+    for round in 0..ctx.p.rounds {
+        for (label, job) in jobs {
+            // Rotate who goes first, so no target always runs on a warm or
+            // a cold machine.
+            for i in 0..targets.len() {
+                let (name, t) = &targets[(i + round) % targets.len()];
+                let o = fio::run(job, t)?;
+                eprintln!(
+                    "  round {round} {label:18} {name:34} {:>9.0} IOPS {:>7.0} MB/s p99 {:>7.0} µs",
+                    o.iops, o.mb_per_s, o.p99_us
+                );
+                record(ctx, case, name, label, job.bs, &o);
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let dir = ctx.scratch("io")?;
     let size = ctx.p.size;
@@ -100,21 +126,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         targets.push((BASELINE, Target::Nbd(uri.clone())));
     }
     let jobs = jobs(ctx.p.seconds);
-    for round in 0..ctx.p.rounds {
-        for (label, job) in &jobs {
-            // Rotate who goes first, so no target always runs on a warm or
-            // a cold machine.
-            for i in 0..targets.len() {
-                let (name, t) = &targets[(i + round) % targets.len()];
-                let o = fio::run(job, t)?;
-                eprintln!(
-                    "  round {round} {label:18} {name:15} {:>9.0} IOPS {:>7.0} MB/s p99 {:>7.0} µs",
-                    o.iops, o.mb_per_s, o.p99_us
-                );
-                record(ctx, CASE, name, label, job.bs, &o);
-            }
-        }
-    }
+    rounds(ctx, CASE, &targets, &jobs)?;
     for (label, _) in &jobs {
         // targets.md and issue 14: 4 KiB random reads and writes at least
         // match nbdkit's file plugin, and random writes reach 0.8× of fio

@@ -90,19 +90,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         fill(t, work)?;
     }
     let jobs = crate::suite::cases::io::jobs(ctx.p.seconds);
-    for round in 0..ctx.p.rounds {
-        for (label, job) in &jobs {
-            for i in 0..targets.len() {
-                let (name, t) = &targets[(i + round) % targets.len()];
-                let o = fio::run(job, t)?;
-                eprintln!(
-                    "  round {round} {label:18} {name:34} {:>9.0} IOPS {:>7.0} MB/s p99 {:>7.0} µs",
-                    o.iops, o.mb_per_s, o.p99_us
-                );
-                crate::suite::cases::io::record(ctx, CASE, name, label, job.bs, &o);
-            }
-        }
-    }
+    crate::suite::cases::io::rounds(ctx, CASE, &targets, &jobs)?;
     for (label, _) in &jobs {
         // Issue 40: a claim gives a pod at least 0.8x of what a hostPath
         // volume on the same disk gives it.
