@@ -25,7 +25,8 @@
 //! for integration tests of the package that builds the binary, and builds it
 //! fresh before running them. Tests of other packages (the end-to-end suites
 //! of lamina-e2e, the controllers') take [`Lamina::built`], which runs
-//! `cargo build -p lamina-cli --bin lamina --features testing` and takes the
+//! `cargo build --profile test -p lamina-cli --bin lamina --features testing`
+//! (the profile whose dependencies `cargo test` has built) and takes the
 //! path Cargo reports, so that they never pick up a binary left by an earlier
 //! build. Either way the binary takes `lamina serve`'s hidden test flags
 //! (`--test-clock`, `--test-crash-at`): lamina-cli's dev-dependency turns on
