@@ -22,9 +22,23 @@ done
   || fail kubelet "the CNI plugins are not installed (apt-get install containernetworking-plugins)"
 ip link show "$node_bridge" >/dev/null 2>&1 \
   && fail kubelet "the link $node_bridge exists: another kube-env with a kubelet runs on this machine (kube-env/down it first)"
-# kube-env/down reads this to know there is a node to take apart, and with
-# which kubectl.
+# The kubelet's root directory: DIR/kubelet, or KUBE_ENV_KUBELET_ROOT
+# (kube-env/e2e asks for /var/lib/kubelet, which Kubernetes' storage tests
+# look in on the host). A root that has mounts or pods, or a running
+# kubelet, is refused: it may be a real kubelet's. (Every kubelet makes
+# /var/lib/kubelet/device-plugins, whatever its root.)
+kubelet_root=${KUBE_ENV_KUBELET_ROOT:-$dir/kubelet}
+case "$kubelet_root" in /*) ;; *) fail kubelet "KUBE_ENV_KUBELET_ROOT must be an absolute path, not $kubelet_root" ;; esac
+if [ "$kubelet_root" != "$dir/kubelet" ]; then
+  if findmnt -rn -o TARGET | grep -qF "$kubelet_root/" || [ -n "$(ls -A "$kubelet_root/pods" 2>/dev/null)" ] \
+     || pgrep -x kubelet >/dev/null; then
+    fail kubelet "$kubelet_root has mounts or pods, or a kubelet runs: another kubelet's root, or one a kube-env left (kube-env/down its directory)"
+  fi
+fi
+# kube-env/down reads these to know there is a node to take apart, with
+# which kubectl, and where the kubelet's root was.
 echo "$bin" > "$dir/kubelet.on"
+echo "$kubelet_root" > "$dir/kubelet.root"
 
 # ---- the node's address, on a bridge of its own
 ip link add "$node_bridge" type bridge || fail kubelet "ip link add $node_bridge failed"
@@ -112,13 +126,43 @@ start containerd containerd --config "$ctrd/config.toml"
 wait_for containerd 30 ctr --address "$ctrd/containerd.sock" version
 image "$pause_image" pause_rootfs --config.entrypoint /pause --config.user 65535:65535
 image "$busybox_image" busybox_rootfs --config.cmd /bin/sh
+# Kubernetes' storage e2e suite (kube-env/e2e sets KUBE_ENV_E2E_BIN to the
+# directory holding agnhost, built from the pinned module): agnhost is
+# busybox plus the agnhost program, as upstream's image is a shell and tools
+# plus it; the suite runs only shell commands in its "nginx" image
+# (testsuites/volumes.go), so that name is busybox alone. The suite's host
+# commands enter PID 1's mount namespace, which this VM's PID 1 refuses
+# even to root: agnhost's nsenter enters the kubelet's (the host's mount
+# namespace all the same) when PID 1's cannot be opened.
+if [ -n "${KUBE_ENV_E2E_BIN:-}" ]; then
+  agnhost_rootfs() {
+    busybox_rootfs "$1" && cp "$KUBE_ENV_E2E_BIN/agnhost" "$1/agnhost" && rm "$1/bin/nsenter" &&
+    cat > "$1/bin/nsenter" <<'NSENTER' && chmod 755 "$1/bin/nsenter"
+#!/bin/busybox sh
+# kube-env's agnhost: PID 1's mount namespace when it can be entered, else
+# the kubelet's (kube-env/kubelet.sh says why)
+n=$#
+for a in "$@"; do
+  if [ "$a" = --mount=/rootfs/proc/1/ns/mnt ] && ! /bin/busybox nsenter "$a" -- true 2>/dev/null; then
+    for p in /rootfs/proc/[0-9]*; do
+      [ "$(/bin/busybox cat "$p/comm" 2>/dev/null)" = kubelet ] && { a="--mount=$p/ns/mnt"; break; }
+    done
+  fi
+  set -- "$@" "$a"
+done
+shift "$n"
+exec /bin/busybox nsenter "$@"
+NSENTER
+  }
+  image registry.k8s.io/e2e-test-images/agnhost:2.66.1 agnhost_rootfs --config.entrypoint /agnhost --config.cmd pause
+  image registry.k8s.io/e2e-test-images/nginx:1.27.0-2 busybox_rootfs --config.cmd /bin/sh
+fi
 
 # ---- the kubelet: a client certificate of the node's identity (the Node
 # authorizer and NodeRestriction hold it to its node), its own root
 # directory, the cgroupfs driver on this host's cgroup v1
 cert kubelet "/O=system:nodes/CN=system:node:$node" "$pki/client.ext"
 kubeconfig "$dir/kubelet.kubeconfig" "client-certificate: $pki/kubelet.crt" "client-key: $pki/kubelet.key"
-kubelet_root=$dir/kubelet
 mkdir -p "$kubelet_root"
 cat > "$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -142,6 +186,10 @@ makeIPTablesUtilChains: false
 resolvConf: ""
 serializeImagePulls: false
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+# no image garbage collection: the images are made here, and no registry
+# gives them back (at the default 85% of a shared disk the kubelet removed
+# the pause image, and every new pod failed)
+imageGCHighThresholdPercent: 100
 volumePluginDir: $kubelet_root/volume-plugins
 EOF
 start kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
