@@ -23,14 +23,15 @@ done
 ip link show "$node_bridge" >/dev/null 2>&1 \
   && fail kubelet "the link $node_bridge exists: another kube-env with a kubelet runs on this machine (kube-env/down it first)"
 # The kubelet's root directory: DIR/kubelet, or KUBE_ENV_KUBELET_ROOT
-# (kube-env/e2e asks for /var/lib/kubelet, which Kubernetes' storage tests
+# (kube-env/storage-e2e/run asks for /var/lib/kubelet, which Kubernetes' storage tests
 # look in on the host). A root that has mounts or pods, or a running
 # kubelet, is refused: it may be a real kubelet's. (Every kubelet makes
 # /var/lib/kubelet/device-plugins, whatever its root.)
 kubelet_root=${KUBE_ENV_KUBELET_ROOT:-$dir/kubelet}
 case "$kubelet_root" in /*) ;; *) fail kubelet "KUBE_ENV_KUBELET_ROOT must be an absolute path, not $kubelet_root" ;; esac
 if [ "$kubelet_root" != "$dir/kubelet" ]; then
-  if findmnt -rn -o TARGET | grep -qF "$kubelet_root/" || [ -n "$(ls -A "$kubelet_root/pods" 2>/dev/null)" ] \
+  if findmnt -rn -o TARGET | awk -v r="$kubelet_root" '$0 == r || index($0, r "/") == 1' | grep -q . \
+     || [ -n "$(ls -A "$kubelet_root/pods" 2>/dev/null)" ] \
      || pgrep -x kubelet >/dev/null; then
     fail kubelet "$kubelet_root has mounts or pods, or a kubelet runs: another kubelet's root, or one a kube-env left (kube-env/down its directory)"
   fi
@@ -126,7 +127,7 @@ start containerd containerd --config "$ctrd/config.toml"
 wait_for containerd 30 ctr --address "$ctrd/containerd.sock" version
 image "$pause_image" pause_rootfs --config.entrypoint /pause --config.user 65535:65535
 image "$busybox_image" busybox_rootfs --config.cmd /bin/sh
-# Kubernetes' storage e2e suite (kube-env/e2e sets KUBE_ENV_E2E_BIN to the
+# Kubernetes' storage e2e suite (kube-env/storage-e2e/run sets KUBE_ENV_E2E_BIN to the
 # directory holding agnhost, built from the pinned module): agnhost is
 # busybox plus the agnhost program, as upstream's image is a shell and tools
 # plus it; the suite runs only shell commands in its "nginx" image

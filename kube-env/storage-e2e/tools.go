@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools names what kube-env/e2e builds from the pinned module:
+// Package tools names what kube-env/storage-e2e/run builds from the pinned module:
 // Kubernetes' end-to-end suite (with its storage tests), the agnhost image's
 // program, and the ginkgo CLI that runs the suite in parallel.
 package tools
