@@ -25,21 +25,20 @@ require (
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-logr/zapr v1.3.0 // indirect
-	github.com/go-openapi/jsonpointer v0.23.1 // indirect
+	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/go-openapi/jsonreference v0.21.6 // indirect
 	github.com/go-openapi/swag v0.26.0 // indirect
-	github.com/go-openapi/swag/cmdutils v0.26.0 // indirect
-	github.com/go-openapi/swag/conv v0.26.0 // indirect
-	github.com/go-openapi/swag/fileutils v0.26.0 // indirect
-	github.com/go-openapi/swag/jsonname v0.26.0 // indirect
-	github.com/go-openapi/swag/jsonutils v0.26.0 // indirect
-	github.com/go-openapi/swag/loading v0.26.0 // indirect
-	github.com/go-openapi/swag/mangling v0.26.0 // indirect
-	github.com/go-openapi/swag/netutils v0.26.0 // indirect
-	github.com/go-openapi/swag/stringutils v0.26.0 // indirect
-	github.com/go-openapi/swag/typeutils v0.26.0 // indirect
-	github.com/go-openapi/swag/yamlutils v0.26.0 // indirect
-	github.com/gogo/protobuf v1.3.2 // indirect
+	github.com/go-openapi/swag/cmdutils v0.27.1 // indirect
+	github.com/go-openapi/swag/conv v0.27.1 // indirect
+	github.com/go-openapi/swag/fileutils v0.27.1 // indirect
+	github.com/go-openapi/swag/jsonutils v0.27.1 // indirect
+	github.com/go-openapi/swag/loading v0.27.1 // indirect
+	github.com/go-openapi/swag/mangling v0.27.1 // indirect
+	github.com/go-openapi/swag/netutils v0.27.1 // indirect
+	github.com/go-openapi/swag/pools v0.27.1 // indirect
+	github.com/go-openapi/swag/stringutils v0.27.1 // indirect
+	github.com/go-openapi/swag/typeutils v0.27.1 // indirect
+	github.com/go-openapi/swag/yamlutils v0.27.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/cel-go v0.27.0 // indirect
 	github.com/google/gnostic-models v0.7.1 // indirect
@@ -59,13 +58,13 @@ require (
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.23.2 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
-	github.com/prometheus/common v0.68.0 // indirect
-	github.com/prometheus/procfs v0.20.1 // indirect
+	github.com/prometheus/common v0.70.0 // indirect
+	github.com/prometheus/procfs v0.21.1 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
-	go.etcd.io/etcd/api/v3 v3.6.11 // indirect
-	go.etcd.io/etcd/client/pkg/v3 v3.6.11 // indirect
+	go.etcd.io/etcd/api/v3 v3.7.0 // indirect
+	go.etcd.io/etcd/client/pkg/v3 v3.7.0 // indirect
 	go.etcd.io/etcd/client/v3 v3.6.11 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.69.0 // indirect
@@ -82,17 +81,17 @@ require (
 	go.uber.org/zap v1.28.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
-	golang.org/x/crypto v0.52.0 // indirect
+	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/exp v0.0.0-20260218203240-3dfff04db8fa // indirect
-	golang.org/x/mod v0.36.0 // indirect
-	golang.org/x/net v0.55.0 // indirect
+	golang.org/x/mod v0.37.0 // indirect
+	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
-	golang.org/x/sync v0.20.0 // indirect
-	golang.org/x/sys v0.45.0 // indirect
-	golang.org/x/term v0.43.0 // indirect
-	golang.org/x/text v0.37.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/term v0.45.0 // indirect
+	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	golang.org/x/tools v0.45.0 // indirect
+	golang.org/x/tools v0.47.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 	google.golang.org/grpc v1.81.1 // indirect
@@ -185,3 +184,125 @@ replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.36.1
 replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.36.1
 
 replace k8s.io/streaming => k8s.io/streaming v0.36.1
+
+replace cel.dev/expr => cel.dev/expr v0.25.1
+
+replace cyphar.com/go-pathrs => cyphar.com/go-pathrs v0.2.5
+
+replace github.com/Azure/go-ansiterm => github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c
+
+replace github.com/GoogleCloudPlatform/opentelemetry-operations-go/detectors/gcp => github.com/GoogleCloudPlatform/opentelemetry-operations-go/detectors/gcp v1.32.0
+
+replace github.com/Masterminds/semver/v3 => github.com/Masterminds/semver/v3 v3.4.0
+
+replace github.com/container-storage-interface/spec => github.com/container-storage-interface/spec v1.12.1-0.20260720052920-cd9e7ad1ae09
+
+replace github.com/cyphar/filepath-securejoin => github.com/cyphar/filepath-securejoin v0.7.0
+
+replace github.com/fsnotify/fsnotify => github.com/fsnotify/fsnotify v1.9.0
+
+replace github.com/fxamacker/cbor/v2 => github.com/fxamacker/cbor/v2 v2.9.1
+
+replace github.com/go-openapi/jsonpointer => github.com/go-openapi/jsonpointer v1.0.0
+
+replace github.com/go-openapi/jsonreference => github.com/go-openapi/jsonreference v1.0.0
+
+replace github.com/go-openapi/swag => github.com/go-openapi/swag v0.27.1
+
+replace github.com/go-openapi/swag/cmdutils => github.com/go-openapi/swag/cmdutils v0.27.1
+
+replace github.com/go-openapi/swag/conv => github.com/go-openapi/swag/conv v0.27.1
+
+replace github.com/go-openapi/swag/fileutils => github.com/go-openapi/swag/fileutils v0.27.1
+
+replace github.com/go-openapi/swag/jsonutils => github.com/go-openapi/swag/jsonutils v0.27.1
+
+replace github.com/go-openapi/swag/jsonutils/fixtures_test => github.com/go-openapi/swag/jsonutils/fixtures_test v0.27.1
+
+replace github.com/go-openapi/swag/loading => github.com/go-openapi/swag/loading v0.27.1
+
+replace github.com/go-openapi/swag/mangling => github.com/go-openapi/swag/mangling v0.27.1
+
+replace github.com/go-openapi/swag/netutils => github.com/go-openapi/swag/netutils v0.27.1
+
+replace github.com/go-openapi/swag/stringutils => github.com/go-openapi/swag/stringutils v0.27.1
+
+replace github.com/go-openapi/swag/typeutils => github.com/go-openapi/swag/typeutils v0.27.1
+
+replace github.com/go-openapi/swag/yamlutils => github.com/go-openapi/swag/yamlutils v0.27.1
+
+replace github.com/go-openapi/testify/enable/yaml/v2 => github.com/go-openapi/testify/enable/yaml/v2 v2.6.0
+
+replace github.com/go-openapi/testify/v2 => github.com/go-openapi/testify/v2 v2.6.0
+
+replace github.com/godbus/dbus/v5 => github.com/godbus/dbus/v5 v5.2.2
+
+replace github.com/google/cel-go => github.com/google/cel-go v0.29.2
+
+replace github.com/google/gnostic-models => github.com/google/gnostic-models v0.7.0
+
+replace github.com/google/gofuzz => github.com/google/gofuzz v1.0.0
+
+replace github.com/klauspost/compress => github.com/klauspost/compress v1.19.0
+
+replace github.com/mailru/easyjson => github.com/mailru/easyjson v0.7.7
+
+replace github.com/moby/term => github.com/moby/term v0.5.2
+
+replace github.com/onsi/ginkgo/v2 => github.com/onsi/ginkgo/v2 v2.32.0
+
+replace github.com/onsi/gomega => github.com/onsi/gomega v1.40.0
+
+replace github.com/opencontainers/selinux => github.com/opencontainers/selinux v1.15.1
+
+replace github.com/prometheus/client_golang => github.com/prometheus/client_golang v1.24.0
+
+replace github.com/prometheus/common => github.com/prometheus/common v0.70.0
+
+replace github.com/prometheus/procfs => github.com/prometheus/procfs v0.21.1
+
+replace github.com/sirupsen/logrus => github.com/sirupsen/logrus v1.9.4
+
+replace github.com/stretchr/objx => github.com/stretchr/objx v0.5.3
+
+replace go.etcd.io/bbolt => go.etcd.io/bbolt v1.5.0
+
+replace go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 v3.7.0
+
+replace go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 v3.7.0
+
+replace go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 v3.7.0
+
+replace go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 v3.7.0
+
+replace go.etcd.io/etcd/server/v3 => go.etcd.io/etcd/server/v3 v3.7.0
+
+replace go.etcd.io/raft/v3 => go.etcd.io/raft/v3 v3.7.0
+
+replace go.opentelemetry.io/contrib/detectors/gcp => go.opentelemetry.io/contrib/detectors/gcp v1.43.0
+
+replace go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc => go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.68.0
+
+replace go.uber.org/zap => go.uber.org/zap v1.27.1
+
+replace golang.org/x/crypto => golang.org/x/crypto v0.54.0
+
+replace golang.org/x/exp => golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f
+
+replace golang.org/x/mod => golang.org/x/mod v0.37.0
+
+replace golang.org/x/net => golang.org/x/net v0.57.0
+
+replace golang.org/x/sync => golang.org/x/sync v0.22.0
+
+replace golang.org/x/sys => golang.org/x/sys v0.47.0
+
+replace golang.org/x/telemetry => golang.org/x/telemetry v0.0.0-20260625142307-59b4966ccb57
+
+replace golang.org/x/term => golang.org/x/term v0.45.0
+
+replace golang.org/x/text => golang.org/x/text v0.40.0
+
+replace golang.org/x/tools => golang.org/x/tools v0.47.0
+
+replace google.golang.org/grpc => google.golang.org/grpc v1.82.1
