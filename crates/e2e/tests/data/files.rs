@@ -106,6 +106,8 @@ fn xfs_on_the_daemons_file_passes_fio_verify_snapshots_and_grows_while_mounted()
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // no verify state file in the working directory (the crate's)
+            "--verify_state_save=0",
             "--output-format=terse",
         ])
         .arg(format!("--filename={}", fs.0.join("data").display())))
@@ -292,6 +294,7 @@ fn io_on_the_file_waits_through_a_daemon_restart_handed_to_the_keeper() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--output-format=json",
         ])
         .arg(format!("--filename={}", fs.0.join("data").display()))
