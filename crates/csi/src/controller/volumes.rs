@@ -32,6 +32,22 @@ fn round_up(n: u64) -> u64 {
     n.max(1).div_ceil(SECTOR).saturating_mul(SECTOR)
 }
 
+/// The smallest device mkfs.xfs formats: it refuses anything under 300 MiB
+/// ("Filesystem must be larger than 300MB", xfsprogs 5.19 and later).
+pub const XFS_MIN_SIZE: u64 = 300 << 20;
+
+/// The least size a new volume with these capabilities is made at, and the
+/// file system that sets it: a volume to be mounted as xfs gets at least
+/// [`XFS_MIN_SIZE`] (CSI lets a plugin give more than `required_bytes`), so
+/// that NodeStageVolume's mkfs succeeds on a claim of 1Mi. ext4 and block
+/// volumes have no floor.
+fn fs_floor(caps: &[VolumeCapability]) -> Option<(u64, &'static str)> {
+    use volume_capability::AccessType;
+    caps.iter()
+        .any(|c| matches!(&c.access_type, Some(AccessType::Mount(m)) if m.fs_type == "xfs"))
+        .then_some((XFS_MIN_SIZE, "xfs"))
+}
+
 /// Whether clones and restores copy the data (`clone: full`).
 fn full_clone(params: &std::collections::HashMap<String, String>) -> Result<bool, Status> {
     let mut full = false;
@@ -138,6 +154,17 @@ impl ControllerService {
                 source_size.unwrap_or(0)
             )));
         }
+        let size = match fs_floor(&req.volume_capabilities) {
+            Some((floor, fs)) if size < floor => {
+                if limit > 0 && floor > limit {
+                    return Err(Status::out_of_range(format!(
+                        "a volume formatted {fs} needs at least {floor} bytes (mkfs.{fs} refuses a smaller device), but limit_bytes is {limit}"
+                    )));
+                }
+                floor
+            }
+            _ => size,
+        };
 
         let node = self
             .place(req.accessibility_requirements.as_ref(), &source, size)
@@ -739,5 +766,35 @@ mod tests {
     #[test]
     fn the_largest_size_is_the_engines() {
         assert_eq!(MAX_SIZE, lamina_engine::MAX_VOLUME_SIZE);
+    }
+
+    fn cap(access: volume_capability::AccessType) -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(access),
+            access_mode: None,
+        }
+    }
+
+    fn mount(fs: &str) -> VolumeCapability {
+        cap(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume {
+                fs_type: fs.into(),
+                ..Default::default()
+            },
+        ))
+    }
+
+    #[test]
+    fn only_xfs_has_a_floor() {
+        assert_eq!(fs_floor(&[mount("xfs")]), Some((XFS_MIN_SIZE, "xfs")));
+        assert_eq!(
+            fs_floor(&[mount("ext4"), mount("xfs")]),
+            Some((XFS_MIN_SIZE, "xfs"))
+        );
+        assert_eq!(fs_floor(&[mount("ext4")]), None);
+        assert_eq!(fs_floor(&[mount("")]), None);
+        let block = cap(volume_capability::AccessType::Block(Default::default()));
+        assert_eq!(fs_floor(&[block]), None);
+        assert_eq!(fs_floor(&[]), None);
     }
 }

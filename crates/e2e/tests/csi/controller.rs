@@ -421,3 +421,58 @@ fn a_retry_finishes_a_restore_cut_off_before_it_was_grown() {
         4 * MIB
     );
 }
+
+/// mkfs.xfs refuses a device under 300 MiB, and Kubernetes' claims are
+/// often smaller (its own storage tests claim 1Mi): a volume to be mounted
+/// as xfs is made at 300 MiB at least, a retry answers that same volume,
+/// and a limit below the floor is refused with nothing made.
+#[test]
+fn an_xfs_volume_is_made_as_large_as_mkfs_xfs_needs() {
+    const FLOOR: i64 = 300 * MIB;
+    let csi = Csi::start();
+    let xfs = |name: &str, required: i64, limit: i64| {
+        let mut r = create(name, required, None, false);
+        r.capacity_range = Some(CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        });
+        if let Some(AccessType::Mount(m)) = &mut r.volume_capabilities[0].access_type {
+            m.fs_type = "xfs".into();
+        }
+        r
+    };
+    let v = csi.create_ok(xfs("pvc-xfs", MIB, 0));
+    assert_eq!(v.capacity_bytes, FLOOR);
+    let again = csi.create_ok(xfs("pvc-xfs", MIB, 0));
+    assert_eq!(
+        (again.volume_id, again.capacity_bytes),
+        (v.volume_id, FLOOR)
+    );
+    // Above the floor, the size asked; ext4 and block have no floor.
+    assert_eq!(
+        csi.create_ok(xfs("pvc-xfs-big", FLOOR + MIB, 0))
+            .capacity_bytes,
+        FLOOR + MIB
+    );
+    assert_eq!(
+        csi.create_ok(create("pvc-ext4", MIB, None, false))
+            .capacity_bytes,
+        MIB
+    );
+
+    let e = csi.create_err(xfs("pvc-xfs-small", MIB, 8 * MIB));
+    assert_eq!(e.code(), Code::OutOfRange, "{e}");
+    assert!(e.message().contains("mkfs.xfs"), "{e}");
+    let mut c = csi.controller();
+    let listed = csi
+        .block_on(c.list_volumes(ListVolumesRequest::default()))
+        .unwrap()
+        .into_inner();
+    let names: Vec<_> = listed
+        .entries
+        .iter()
+        .map(|e| name_of(&e.volume.as_ref().unwrap().volume_id).to_string())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("small")), "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
+}
