@@ -81,6 +81,19 @@ busybox_rootfs() {
   printf 'root:x:0:\nnogroup:x:65534:\n' > "$1/etc/group"
 }
 
+# The host's GNU dd, with the libraries it links, over busybox's: the
+# storage suite's multiVolume specs write with `dd oflag=nocache`, which
+# busybox's dd refuses, in an image of its own (glibc-dns-testing, Debian's
+# tools upstream). The shell is the host's dash too: Debian's busybox shell
+# runs its own applets before any file of the same name.
+glibc_rootfs() {
+  busybox_rootfs "$1" && rm "$1/bin/dd" "$1/bin/sh" &&
+  cp /usr/bin/dd "$1/bin/dd" && cp /usr/bin/dash "$1/bin/sh" &&
+  for lib in $(ldd /usr/bin/dd /usr/bin/dash | awk '/^\t/ { for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }' | sort -u); do
+    mkdir -p "$1$(dirname "$lib")" && cp -L "$lib" "$1$lib" || return 1
+  done
+}
+
 # ---- containerd, its own root, state and socket; the CRI plugin as the
 # kubelet needs it here
 ctrd=$dir/containerd
@@ -131,7 +144,9 @@ image "$busybox_image" busybox_rootfs --config.cmd /bin/sh
 # directory holding agnhost, built from the pinned module): agnhost is
 # busybox plus the agnhost program, as upstream's image is a shell and tools
 # plus it; the suite runs only shell commands in its "nginx" image
-# (testsuites/volumes.go), so that name is busybox alone. The suite's host
+# (testsuites/volumes.go), so that name is busybox alone, and in its
+# "glibc-dns-testing" one (the multiVolume specs: sleep, GNU dd,
+# sha256sum), which is busybox with GNU dd and dash (glibc_rootfs). The suite's host
 # commands enter PID 1's mount namespace, which this VM's PID 1 refuses
 # even to root: agnhost's nsenter enters the kubelet's (the host's mount
 # namespace all the same) when PID 1's cannot be opened.
@@ -157,6 +172,7 @@ NSENTER
   }
   image registry.k8s.io/e2e-test-images/agnhost:2.66.1 agnhost_rootfs --config.entrypoint /agnhost --config.cmd pause
   image registry.k8s.io/e2e-test-images/nginx:1.27.0-2 busybox_rootfs --config.cmd /bin/sh
+  image registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1 glibc_rootfs --config.cmd /bin/sh
 fi
 
 # ---- the kubelet: a client certificate of the node's identity (the Node
