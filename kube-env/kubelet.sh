@@ -146,8 +146,8 @@ image "$busybox_image" busybox_rootfs --config.cmd /bin/sh
 # plus it; the suite runs only shell commands in its "nginx" image
 # (testsuites/volumes.go), so that name is busybox alone, and in its
 # "glibc-dns-testing" one (the multiVolume specs: sleep, GNU dd,
-# sha256sum), which is busybox with GNU dd and dash (glibc_rootfs). The suite's host
-# commands enter PID 1's mount namespace, which this VM's PID 1 refuses
+# sha256sum), which is busybox with GNU dd and dash (glibc_rootfs). The
+# suite's host commands enter PID 1's mount namespace, which this VM's PID 1 refuses
 # even to root: agnhost's nsenter enters the kubelet's (the host's mount
 # namespace all the same) when PID 1's cannot be opened.
 if [ -n "${KUBE_ENV_E2E_BIN:-}" ]; then
