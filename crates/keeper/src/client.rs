@@ -111,18 +111,17 @@ impl Client {
         // Descriptors go only to a keeper of this process's own user: one
         // that anyone could have bound at the path would be handed the
         // files' connections, and could answer for the volumes.
-        match rustix::net::sockopt::socket_peercred(&fd) {
-            Ok(c) if c.uid == rustix::process::geteuid() => {}
-            Ok(c) => {
+        match sock::peer_uid(&fd) {
+            Ok(uid) if uid == rustix::process::geteuid().as_raw() => {}
+            Ok(uid) => {
                 return Err(KeeperError::Refused {
                     path: self.path.clone(),
                     message: format!(
-                        "the process at the socket runs as uid {}, not this process's",
-                        c.uid.as_raw()
+                        "the process at the socket runs as uid {uid}, not this process's"
                     ),
                 })
             }
-            Err(e) => return Err(unreachable(e.into())),
+            Err(e) => return Err(unreachable(e)),
         }
         let io = |e: rustix::io::Errno| KeeperError::Io {
             path: self.path.clone(),

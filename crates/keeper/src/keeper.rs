@@ -118,10 +118,10 @@ impl Keeper {
             if self.shared.stop.load(Ordering::SeqCst) {
                 break;
             }
-            match rustix::net::sockopt::socket_peercred(&*conn) {
-                Ok(c) if c.uid == rustix::process::geteuid() => {}
-                Ok(c) => {
-                    tracing::warn!(uid = c.uid.as_raw(), "refused a peer of another user");
+            match sock::peer_uid(&*conn) {
+                Ok(uid) if uid == rustix::process::geteuid().as_raw() => {}
+                Ok(uid) => {
+                    tracing::warn!(uid, "refused a peer of another user");
                     continue;
                 }
                 Err(e) => {

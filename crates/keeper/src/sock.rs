@@ -20,6 +20,47 @@ pub enum RecvError {
     Proto(ProtoError),
 }
 
+/// The user id of the process at the other end of a connected Unix socket
+/// (`SO_PEERCRED`).
+///
+/// Not rustix's `socket_peercred`: its answer holds the peer's pid as a
+/// non-zero `Pid`, and the kernel gives 0 for a peer in a PID namespace
+/// the caller cannot see (the keeper and the daemon in pods of their own,
+/// as the chart runs them), which it then turns into an error of errno 0
+/// ("Success"): no daemon in another pod could reach the keeper.
+pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let size = std::mem::size_of::<libc::ucred>();
+    let mut len = size as libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `cred`, a live
+    // `libc::ucred` of exactly that size (any bytes are a valid ucred), on
+    // a descriptor borrowed for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("SO_PEERCRED answered {len} bytes, not {size}"),
+        ));
+    }
+    Ok(cred.uid)
+}
+
 /// A new `SOCK_SEQPACKET` Unix socket, closed on exec.
 pub fn seqpacket() -> io::Result<OwnedFd> {
     Ok(rustix::net::socket_with(

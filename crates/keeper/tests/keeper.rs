@@ -191,3 +191,69 @@ fn descriptors_go_to_no_keeper_of_another_user() {
     );
     t.join().unwrap();
 }
+
+/// The chart runs the keeper and the daemon in pods of their own, each in
+/// a PID namespace the other cannot see, where the kernel gives the peer's
+/// pid as 0 (SO_PEERCRED). Here both are this test binary run again under
+/// `unshare --pid --fork`, the keeper in one new namespace and the daemon's
+/// side (the client) in another: a descriptor is put and listed back.
+#[test]
+fn a_keeper_and_a_daemon_in_pid_namespaces_of_their_own_talk() {
+    const ROLE: &str = "LAMINA_KEEPER_TEST_ROLE";
+    const SOCKET: &str = "LAMINA_KEEPER_TEST_SOCKET";
+    if let Ok(role) = std::env::var(ROLE) {
+        let path = std::path::PathBuf::from(std::env::var(SOCKET).unwrap());
+        if role == "keeper" {
+            let _k = Keeper::bind(&path, Duration::from_secs(300))
+                .unwrap()
+                .spawn();
+            std::thread::sleep(Duration::from_secs(60));
+        } else {
+            let c = Client::new(&path);
+            let (_r, w) = pipe();
+            c.put("/data/files/a", b"token", &[w.as_fd()]).unwrap();
+            let held = c.list().unwrap();
+            assert_eq!(held.len(), 1);
+            assert_eq!(held[0].token, b"token");
+        }
+        return;
+    }
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test needs root: it makes PID namespaces (unshare --pid)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keeper.sock");
+    let exe = std::env::current_exe().unwrap();
+    let run = |role: &str| {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--pid", "--fork", "--kill-child"])
+            .arg(&exe)
+            .args([
+                "--exact",
+                "a_keeper_and_a_daemon_in_pid_namespaces_of_their_own_talk",
+                "--nocapture",
+            ])
+            .env(ROLE, role)
+            .env(SOCKET, &path);
+        c
+    };
+    let mut keeper = run("keeper").spawn().unwrap();
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the keeper never bound {path:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let daemon = run("daemon").output().unwrap();
+    let _ = keeper.kill();
+    let _ = keeper.wait();
+    assert!(
+        daemon.status.success(),
+        "the daemon's side failed:\n{}\n{}",
+        String::from_utf8_lossy(&daemon.stdout),
+        String::from_utf8_lossy(&daemon.stderr)
+    );
+}
