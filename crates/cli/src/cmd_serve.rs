@@ -20,6 +20,9 @@ pub struct ServeArgs {
     /// Also serve the API on TCP at ADDR (e.g. 127.0.0.1:7480); requests need the token in DIR/token.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Read the TCP API's token from FILE instead of DIR/token (e.g. a Kubernetes Secret mounted outside the data directory); the daemon never writes it.
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    token_file: Option<PathBuf>,
     /// Also serve NBD on TCP at ADDR (e.g. 127.0.0.1:10809).
     #[arg(long, value_name = "ADDR")]
     nbd_listen: Option<SocketAddr>,
@@ -97,6 +100,7 @@ impl ServeArgs {
             .volume_io_metrics(self.volume_io_metrics.0)
             .files(self.files.0)
             .keeper(self.keeper)
+            .token_file(self.token_file)
             .metadata_cache_bytes(self.metadata_cache.0 as usize)
             .nbd(lamina_server::NbdConfig {
                 max_payload: self.nbd_max_payload.0 as u32,

@@ -99,7 +99,7 @@ fn not_for_serve<T>(_: &str) -> Result<T, String> {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon: the API on DIR/api.sock, NBD on DIR/nbd.sock (SIGTERM or Ctrl-C stops it).
-    Serve(cmd_serve::ServeArgs),
+    Serve(Box<cmd_serve::ServeArgs>),
     /// Certificates for copies between nodes: a cluster CA and one certificate per node.
     Certs {
         #[command(subcommand)]

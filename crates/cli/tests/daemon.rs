@@ -334,6 +334,63 @@ fn pool_tools_still_work() {
 }
 
 #[test]
+fn the_token_can_come_from_a_file_the_daemon_only_reads() {
+    // The chart mounts the token Secret outside the data directory and
+    // passes --token-file: the daemon takes its token from there, and
+    // writes no DATA/token.
+    let secret = tempfile::tempdir().unwrap();
+    let file = secret.path().join("token");
+    std::fs::write(&file, "from-the-secret-0123456789abcdef\n").unwrap();
+    let file = file.to_str().unwrap().to_string();
+    let mut tries = 0;
+    let (d, port) = loop {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        match LAMINA.start_with(&["--listen", &listen, "--token-file", &file]) {
+            Ok(d) => break (d, port),
+            Err(StartError::Exited { log, .. }) if tries < 3 && log.contains("bind") => tries += 1,
+            Err(e) => panic!("lamina serve --token-file did not start: {e}"),
+        }
+    };
+    assert!(
+        !d.data().join("token").exists(),
+        "the daemon wrote DATA/token"
+    );
+    let ep = format!("http://127.0.0.1:{port}");
+    let o = run(LAMINA.cmd().args([
+        "--endpoint",
+        &ep,
+        "--token",
+        "from-the-secret-0123456789abcdef",
+        "volume",
+        "list",
+    ]));
+    o.ok();
+    let o = run(LAMINA
+        .cmd()
+        .args(["--endpoint", &ep, "--token", "not-it", "volume", "list"]));
+    assert!(o.fails(7).contains("token"));
+    d.stop_cleanly();
+
+    // An empty token file, or none: the daemon does not start, and says why.
+    let empty = secret.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    for (f, says) in [
+        (empty.to_str().unwrap(), "is empty"),
+        ("/nonexistent/token", "/nonexistent/token"),
+    ] {
+        match LAMINA.start_with(&["--listen", "127.0.0.1:0", "--token-file", f]) {
+            Err(StartError::Exited { log, .. }) => assert!(log.contains(says), "{log}"),
+            Ok(_) => panic!("lamina serve started with the token file {f}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // Without --listen it has nothing to guard: refused by the command line.
+    let o = run(LAMINA.cmd().args(["serve", "--token-file", "/x"]));
+    assert!(o.fails(2).contains("--listen"));
+}
+
+#[test]
 fn tcp_needs_the_token() {
     // The port is free when picked; another process may take it before the
     // daemon binds it, so try a few.

@@ -44,6 +44,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Also serve the management API on TCP (requires the bearer token).
     pub listen: Option<SocketAddr>,
+    /// Where the TCP API's bearer token is read from: a file the daemon
+    /// only reads (a Kubernetes Secret mounted outside the data directory).
+    /// None: DATA_DIR/token, made on first use.
+    pub token_file: Option<PathBuf>,
     /// Also serve NBD on TCP.
     pub nbd_listen: Option<SocketAddr>,
     /// Finished operation records older than this are pruned.
@@ -78,6 +82,7 @@ impl Default for Config {
         Config {
             data_dir: crate::default_data_dir(),
             listen: None,
+            token_file: None,
             nbd_listen: None,
             operation_retention: DEFAULT_OPERATION_RETENTION,
             transfer: TransferConfig::default(),
@@ -105,6 +110,12 @@ impl Config {
     /// See [`Config::listen`].
     pub fn listen(mut self, addr: impl Into<Option<SocketAddr>>) -> Config {
         self.listen = addr.into();
+        self
+    }
+
+    /// See [`Config::token_file`].
+    pub fn token_file(mut self, file: impl Into<Option<PathBuf>>) -> Config {
+        self.token_file = file.into();
         self
     }
 

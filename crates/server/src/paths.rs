@@ -83,6 +83,21 @@ impl Layout {
     }
 }
 
+/// The TCP bearer token in `file`, which the daemon only reads
+/// (`Config::token_file`): its first line, trimmed, which may not be empty.
+pub(crate) fn read_token_file(file: &Path) -> Result<String, ServerError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| ServerError::io("read token file", file.display().to_string(), e))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Err(ServerError::Config(format!(
+            "the token file {} is empty: the TCP API needs a bearer token",
+            file.display()
+        )));
+    }
+    Ok(token.to_string())
+}
+
 /// Bytes new data can still take in a pool with `stats` in `dir`: its free
 /// space plus what its filesystem can still give, up to its cap if it has one.
 pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolStats) -> u64 {

@@ -88,9 +88,10 @@ impl State {
         .await
         .expect("pool open task")?;
         let store = Arc::new(Store::open(&layout.store)?);
-        let token = match config.listen {
-            Some(_) => Some(layout.token()?),
-            None => None,
+        let token = match (config.listen, &config.token_file) {
+            (Some(_), Some(file)) => Some(crate::paths::read_token_file(file)?),
+            (Some(_), None) => Some(layout.token()?),
+            (None, _) => None,
         };
         let identity = match &config.transfer.tls_dir {
             Some(dir) => Some(Arc::new(
