@@ -225,6 +225,10 @@ start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/scheduler.kubeconf
   --bind-address 127.0.0.1 --secure-port "$p_sched" --leader-elect=false
 wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$p_sched/healthz"
 
+csinode_has_driver() {
+  [ "$(kubectl get csinode "$node" -o 'jsonpath={.spec.drivers[?(@.name=="lamina.csi.io")].nodeID}' 2>/dev/null)" = "$node" ]
+}
+if [ "$node_pod" = 0 ]; then
 # ---- Lamina's node plugin, registered with the kubelet by kube-env's
 # registrar (kube-env/go/kubernetes/registrar, standing in for
 # node-driver-registrar, which the Go module proxy does not serve): the
@@ -236,7 +240,76 @@ start lamina-csi-node "$lamina" csi --mode node --node-id "$node" --endpoint "un
 wait_for lamina-csi-node 30 test -S "$csi_socket"
 start registrar "$bin/registrar" --driver-name lamina.csi.io --kubelet-endpoint "$csi_socket" \
   --registration-socket "$kubelet_root/plugins_registry/lamina.csi.io-reg.sock"
-csinode_has_driver() {
-  [ "$(kubectl get csinode "$node" -o 'jsonpath={.spec.drivers[?(@.name=="lamina.csi.io")].nodeID}' 2>/dev/null)" = "$node" ]
-}
 wait_for registrar 60 csinode_has_driver
+else
+# ---- KUBE_ENV_NODE_POD=1: the chart's node pods, from the image. Node 1's
+# daemon, node plugin and keeper are not host processes: the chart's node
+# and keeper DaemonSets (rendered by helm, nothing else of the chart) run
+# them in pods from LAMINA_IMAGE (an OCI archive, deploy/image/build), as a
+# cluster runs them. The registrar container runs kube-env's registrar
+# (node-driver-registrar's flags) from an image made here. The daemon's
+# data directory is DIR/lamina, made a shared mount so that the FUSE mounts
+# the daemon makes in its container reach the host and the plugin
+# (mountPropagation: Bidirectional), as the kubelet does with its root.
+lamina_tag=$(tar -xOf "$LAMINA_IMAGE" ./index.json | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])') \
+  || fail images "$LAMINA_IMAGE has no tagged image (deploy/image/build makes one)"
+ctr --address "$ctrd/containerd.sock" -n k8s.io images import --base-name docker.io/library/lamina \
+  "$LAMINA_IMAGE" >> "$logs/images.log" 2>&1 || fail images "importing $LAMINA_IMAGE failed"
+registrar_image=lamina.io/kube-env/registrar:dev
+registrar_rootfs() { cp "$bin/registrar" "$1/registrar"; }
+image "$registrar_image" registrar_rootfs --config.entrypoint /registrar
+mkdir -p "$dir/lamina"
+mount --bind "$dir/lamina" "$dir/lamina" && mount --make-rshared "$dir/lamina" \
+  || fail node-pod "cannot make $dir/lamina a shared mount"
+(cd "$repo/deploy/tools" && go build -o "$dir/helm" helm.sh/helm/v3/cmd/helm) > "$logs/helm.log" 2>&1 \
+  || fail helm "building helm (deploy/tools) failed"
+# The token Secret the daemon reads its bearer token from (the chart's
+# token.create writes the same); its endpoint is added once the pod has
+# an address.
+kubectl -n lamina create secret generic lamina-token --from-literal=token="$lamina_token" >> "$logs/rbac.log" 2>&1 \
+  && kubectl -n lamina label secret lamina-token "lamina.io/node=$node" >> "$logs/rbac.log" 2>&1 \
+  || fail rbac "creating the node Secret lamina-token failed"
+"$dir/helm" template lamina "$repo/deploy/helm/lamina" --namespace lamina \
+  --set image.repository=lamina --set image.tag="$lamina_tag" --set image.pullPolicy=Never \
+  --set sidecars.pullPolicy=Never --set sidecars.nodeDriverRegistrar.image="$registrar_image" \
+  --set dataDir="$dir/lamina" --set kubeletDir="$kubelet_root" --set keeper.socketDir="$dir/keeper" \
+  --set storageNode="$node" > "$dir/chart.yaml" 2> "$logs/helm.log" || fail helm "helm template failed"
+python3 - "$dir/chart.yaml" > "$dir/node-pods.yaml" <<'PY' || fail helm "no node or keeper DaemonSet in the chart"
+import sys
+docs = open(sys.argv[1]).read().split("\n---\n")
+keep = [d for d in docs if "\nkind: DaemonSet\n" in "\n" + d
+        and ("app.kubernetes.io/component: node\n" in d or "app.kubernetes.io/component: keeper\n" in d)]
+if len(keep) != 2:
+    sys.exit(1)
+print("\n---\n".join(keep))
+PY
+kubectl apply -f "$dir/node-pods.yaml" > "$logs/node-pods.log" 2>&1 || fail node-pods "kubectl apply of the node DaemonSets failed"
+node_pod_ready() {
+  kubectl -n lamina wait --for condition=Ready pod -l app.kubernetes.io/component=node --timeout 5s
+}
+# node_pods_wait SECONDS CMD...: wait_for for the pods, whose state and
+# containers' logs land in logs/node-pods.log if CMD does not succeed in time
+node_pods_wait() {
+  local deadline=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      { kubectl -n lamina describe pods
+        for p in $(kubectl -n lamina get pods -o name); do
+          kubectl -n lamina logs "$p" --all-containers --prefix --tail 40
+        done; } >> "$logs/node-pods.log" 2>&1
+      fail node-pods "not ready within the time (waiting for: $*)"
+    fi
+    sleep 0.5
+  done
+}
+node_pods_wait 180 node_pod_ready
+node_pods_wait 60 csinode_has_driver
+pod_ip=$(kubectl -n lamina get pod -l app.kubernetes.io/component=node -o 'jsonpath={.items[0].status.podIP}')
+api_port=$(awk '$1 == "apiPort:" {print $2}' "$repo/deploy/helm/lamina/values.yaml")
+lamina_endpoint=http://$pod_ip:$api_port
+node_pods_wait 30 "$lamina" --endpoint "$lamina_endpoint" --token "$lamina_token" status
+kubectl -n lamina patch secret lamina-token -p "{\"stringData\": {\"endpoint\": \"$lamina_endpoint\"}}" \
+  >> "$logs/rbac.log" 2>&1 || fail rbac "adding the endpoint to the node Secret failed"
+fi

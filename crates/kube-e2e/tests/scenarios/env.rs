@@ -32,6 +32,9 @@ pub struct Env {
     pub lamina_data: PathBuf,
     /// Node 2's daemon (endpoint, token, data directory), if it runs.
     pub node_2: Option<(String, String, PathBuf)>,
+    /// Node 1's daemon, node plugin and keeper run in the chart's pods
+    /// (KUBE_ENV_NODE_POD=1); `endpoint` is then the first pod's address.
+    pub node_pod: bool,
 }
 
 fn repo_root() -> PathBuf {
@@ -58,18 +61,45 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 impl Env {
     /// Build what is needed, start kube-env in `dir`, and read DIR/env.
     pub fn up(dir: &Path) -> Result<Env> {
+        Env::up_with(dir, false)
+    }
+
+    /// The same with Lamina's node side in the chart's pods: the image of
+    /// the `lamina` under test made by deploy/image/build (DIR/lamina.oci.tar),
+    /// and kube-env/up with a kubelet, one storage node and
+    /// KUBE_ENV_NODE_POD=1.
+    pub fn up_node_pod(dir: &Path) -> Result<Env> {
+        Env::up_with(dir, true)
+    }
+
+    fn up_with(dir: &Path, node_pod: bool) -> Result<Env> {
         let root = repo_root();
         let lamina = match std::env::var_os("LAMINA_BIN") {
             Some(p) => PathBuf::from(p),
             // The outer cargo has released the build directory by now.
             None => lamina_test_support::Lamina::built().bin().to_path_buf(),
         };
-        let up = Command::new(root.join("kube-env/up"))
-            .arg(dir)
-            .env("LAMINA_BIN", &lamina)
-            .stdin(Stdio::null())
-            .status()
-            .context("run kube-env/up")?;
+        let mut up = Command::new(root.join("kube-env/up"));
+        up.arg(dir).env("LAMINA_BIN", &lamina).stdin(Stdio::null());
+        if node_pod {
+            let image = dir.join("lamina.oci.tar");
+            let built = Command::new(root.join("deploy/image/build"))
+                .arg("--binary")
+                .arg(&lamina)
+                .arg("--out")
+                .arg(&image)
+                .stdin(Stdio::null())
+                .status()
+                .context("run deploy/image/build")?;
+            if !built.success() {
+                bail!("deploy/image/build failed ({built}): its output is above");
+            }
+            up.env("KUBE_ENV_KUBELET", "1")
+                .env("KUBE_ENV_NODES", "1")
+                .env("KUBE_ENV_NODE_POD", "1")
+                .env("LAMINA_IMAGE", &image);
+        }
+        let up = up.status().context("run kube-env/up")?;
         if !up.success() {
             bail!(
                 "kube-env/up {} failed ({up}): its output is above",
@@ -98,6 +128,7 @@ impl Env {
                 (Ok(e), Ok(t), Ok(d)) => Some((e, t, d.into())),
                 _ => None,
             },
+            node_pod,
         })
     }
 

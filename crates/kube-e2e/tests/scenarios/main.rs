@@ -10,6 +10,11 @@
 //! otherwise; the others run the same either way (kube-env's classes keep
 //! their volumes on node 1). Scenarios with real pods (KUBELET) start it
 //! with KUBE_ENV_KUBELET=1 the same way.
+//!
+//! The scenarios of NODE_POD run Lamina's node side as a cluster does: the
+//! chart's node and keeper pods, from the image deploy/image/build makes of
+//! the `lamina` under test, on kube-env's kubelet (KUBE_ENV_NODE_POD=1). They
+//! get an environment of their own, after the others'.
 
 mod cross_node;
 mod env;
@@ -68,6 +73,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("cross-node-restore", cross_node::cross_node_restore),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
+    (
+        "chart-pods-io-through-restarts-and-growth",
+        pods::io_through_restarts_and_growth,
+    ),
 ];
 
 /// The scenarios that need a second storage node.
@@ -79,6 +88,8 @@ const KUBELET: &[&str] = &[
     "pods-frozen-snapshot",
     "pods-io-through-restarts-and-growth",
 ];
+/// The scenarios whose node side is the chart's pods (see the top).
+const NODE_POD: &[&str] = &["chart-pods-io-through-restarts-and-growth"];
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
@@ -100,37 +111,70 @@ fn main() -> ExitCode {
         println!("kube-env scenarios cannot run: {e:#}");
         return ExitCode::FAILURE;
     }
+    let (in_pods, on_host): (Vec<_>, Vec<_>) = chosen
+        .into_iter()
+        .partition(|(name, _)| NODE_POD.contains(name));
+    let mut ok = true;
+    if !on_host.is_empty() {
+        if on_host.iter().any(|(n, _)| TWO_NODES.contains(n))
+            && std::env::var_os("KUBE_ENV_NODES").is_none()
+        {
+            // Read by kube-env/up, which inherits this process's environment;
+            // set before any thread is started.
+            std::env::set_var("KUBE_ENV_NODES", "2");
+        }
+        if on_host.iter().any(|(n, _)| KUBELET.contains(n))
+            && std::env::var_os("KUBE_ENV_KUBELET").is_none()
+        {
+            // As above.
+            std::env::set_var("KUBE_ENV_KUBELET", "1");
+        }
+        ok &= run_in_env(&on_host, false);
+    }
+    if !in_pods.is_empty() {
+        ok &= run_in_env(&in_pods, true);
+    }
+    if ok {
+        println!("all scenarios passed");
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One environment (its node side in the chart's pods if `node_pod`): up,
+/// the scenarios in order, the RBAC check, down. False if anything failed;
+/// the logs of a failed run are kept.
+fn run_in_env(chosen: &[(&str, Scenario)], node_pod: bool) -> bool {
     let dir = match tempfile::Builder::new().prefix("kube-env-").tempdir() {
         Ok(d) => d,
         Err(e) => {
             println!("kube-env scenarios: no temporary directory: {e}");
-            return ExitCode::FAILURE;
+            return false;
         }
     };
-    if chosen.iter().any(|(n, _)| TWO_NODES.contains(n))
-        && std::env::var_os("KUBE_ENV_NODES").is_none()
-    {
-        // Read by kube-env/up, which inherits this process's environment;
-        // set before any thread is started.
-        std::env::set_var("KUBE_ENV_NODES", "2");
-    }
-    if chosen.iter().any(|(n, _)| KUBELET.contains(n))
-        && std::env::var_os("KUBE_ENV_KUBELET").is_none()
-    {
-        // As above.
-        std::env::set_var("KUBE_ENV_KUBELET", "1");
-    }
     let started = Instant::now();
-    let up = catch_unwind(AssertUnwindSafe(|| Env::up(dir.path())));
+    let up = catch_unwind(AssertUnwindSafe(|| {
+        if node_pod {
+            Env::up_node_pod(dir.path())
+        } else {
+            Env::up(dir.path())
+        }
+    }));
     let env = match up {
         Ok(Ok(env)) => env,
         Ok(Err(e)) => return give_up(dir, &format!("{e:#}")),
         Err(_) => return give_up(dir, "kube-env/up panicked"),
     };
     println!(
-        "kube-env up in {:.1} s ({})",
+        "kube-env up in {:.1} s ({}{})",
         started.elapsed().as_secs_f64(),
-        dir.path().display()
+        dir.path().display(),
+        if node_pod {
+            ", Lamina's node side in the chart's pods"
+        } else {
+            ""
+        }
     );
 
     let mut failed = Vec::new();
@@ -185,10 +229,9 @@ fn main() -> ExitCode {
             "failed: {failed:?}; the environment's logs are in {}/logs",
             kept.display()
         );
-        return ExitCode::FAILURE;
+        return false;
     }
-    println!("all scenarios passed");
-    ExitCode::SUCCESS
+    true
 }
 
 /// What the environment needs that only the machine can give: fail with
@@ -226,13 +269,13 @@ fn which(tool: &str) -> Option<PathBuf> {
 }
 
 /// kube-env/up failed: stop what it started, keep its logs, and fail.
-fn give_up(dir: tempfile::TempDir, why: &str) -> ExitCode {
+fn give_up(dir: tempfile::TempDir, why: &str) -> bool {
     println!("kube-env/up failed:\n{}", indent(why));
     if let Err(e) = env::down(dir.path()).context("kube-env/down after a failed up") {
         println!("{e:#}");
     }
     println!("logs kept in {}/logs", dir.keep().display());
-    ExitCode::FAILURE
+    false
 }
 
 fn indent(s: &str) -> String {

@@ -12,8 +12,9 @@
 //! it wrote. Once the pods are gone, the kubelet has unpublished and
 //! unstaged every volume: no export is left attached.
 
-use crate::env::{pvc, volume_snapshot, wait, Env, NODE_ID};
+use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_ID};
 use anyhow::{ensure, Context, Result};
+use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
@@ -80,6 +81,185 @@ impl Env {
                 .unwrap_or_else(|e| format!("(no log: {e:#})"));
             format!("its log:\n{log}\nits events:\n{}", self.events(ns, name))
         })
+    }
+
+    /// KUBE_ENV_NODE_POD=1: the node pod's name.
+    fn node_pod_name(&self) -> Result<String> {
+        let name = self.kubectl(&[
+            "-n",
+            "lamina",
+            "get",
+            "pod",
+            "-l",
+            "app.kubernetes.io/component=node",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        let names: Vec<&str> = name.split_whitespace().collect();
+        ensure!(names.len() == 1, "not one node pod: {names:?}");
+        Ok(names[0].to_string())
+    }
+
+    /// KUBE_ENV_NODE_POD=1: the node plugin's container crashes (its
+    /// process, found on the host by its command line, gets SIGKILL) and
+    /// the kubelet starts it again; returns once it is ready again.
+    fn crash_node_plugin_container(&self) -> Result<()> {
+        let pod = self.node_pod_name()?;
+        let restarts = || -> Result<(u64, bool)> {
+            let p = self
+                .get("lamina", "pod", &pod)?
+                .context("the node pod vanished")?;
+            let statuses = p["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let c = statuses
+                .iter()
+                .find(|c| c["name"] == "csi-node")
+                .context("no csi-node container status")?;
+            Ok((c["restartCount"].as_u64().unwrap_or(0), c["ready"] == true))
+        };
+        let (before, _) = restarts()?;
+        let data_dir = format!("--data-dir={}", self.lamina_data.display());
+        let mut killed = Vec::new();
+        for entry in std::fs::read_dir("/proc")? {
+            let entry = entry?;
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let argv: Vec<String> = cmdline
+                .split(|c| *c == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if argv.get(1).map(String::as_str) == Some("csi")
+                && argv.iter().any(|a| a == "--mode=node")
+                && argv.contains(&data_dir)
+            {
+                // SAFETY: kill(2) of the process whose command line is the
+                // node pod's plugin (the chart's arguments).
+                if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                    killed.push(pid);
+                }
+            }
+        }
+        ensure!(
+            killed.len() == 1,
+            "killed {killed:?}: not one node plugin process of the node pod"
+        );
+        wait(
+            "the node plugin's container to be restarted and ready",
+            T,
+            |last| {
+                let (n, ready) = restarts()?;
+                *last = format!("restartCount {n} (was {before}), ready {ready}");
+                Ok((n > before && ready).then_some(()))
+            },
+        )
+    }
+
+    /// KUBE_ENV_NODE_POD=1: a new image rolled out to the node pod as
+    /// docs/kubernetes.md tells operators (the DaemonSet updates OnDelete):
+    /// the same image under a new tag (kube-env has one build), set on the
+    /// DaemonSet, then the pod deleted. Returns the new daemon's log once
+    /// its pod is ready; the node Secret then gets the new pod's address,
+    /// as a registering node pod writes it.
+    fn roll_node_pod(&self) -> Result<String> {
+        let old = self.node_pod_name()?;
+        let image = self.kubectl(&[
+            "-n",
+            "lamina",
+            "get",
+            "daemonset",
+            "lamina-node",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])?;
+        let next = format!("{}-next", image.trim());
+        let ctr_socket = self.dir.join("containerd/containerd.sock");
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(&ctr_socket)
+            .args(["-n", "k8s.io", "images", "tag", "--force"])
+            .arg(format!("docker.io/library/{}", image.trim()))
+            .arg(format!("docker.io/library/{next}")))?;
+        self.kubectl(&[
+            "-n",
+            "lamina",
+            "set",
+            "image",
+            "daemonset/lamina-node",
+            &format!("lamina={next}"),
+            &format!("csi-node={next}"),
+        ])?;
+        self.kubectl(&[
+            "-n",
+            "lamina",
+            "delete",
+            "pod",
+            &old,
+            "--wait",
+            "--timeout",
+            "90s",
+        ])?;
+        let new = wait("a new node pod of the new image to be ready", T, |last| {
+            let pods = self.kubectl(&[
+                "-n",
+                "lamina",
+                "get",
+                "pod",
+                "-l",
+                "app.kubernetes.io/component=node",
+                "-o",
+                "json",
+            ])?;
+            let pods: serde_json::Value = serde_json::from_str(&pods)?;
+            *last = pods["items"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .map(|p| p["status"].to_string())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .unwrap_or_default();
+            Ok(pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    let ready = p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    let of_next = p["spec"]["containers"][0]["image"] == next.as_str();
+                    (ready && of_next && p["metadata"]["name"] != old.as_str()).then(|| {
+                        (
+                            p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                            p["status"]["podIP"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                }))
+        })?;
+        let (pod, ip) = new;
+        let endpoint = self
+            .endpoint
+            .rsplit_once(':')
+            .map(|(_, port)| port)
+            .unwrap_or("7480");
+        self.kubectl(&[
+            "-n",
+            "lamina",
+            "patch",
+            "secret",
+            "lamina-token",
+            "-p",
+            &format!(r#"{{"stringData": {{"endpoint": "http://{ip}:{endpoint}"}}}}"#),
+        ])?;
+        self.kubectl(&["-n", "lamina", "logs", &pod, "-c", "lamina"])
     }
 
     /// Delete pods and wait until they are gone (their volumes unpublished).
@@ -496,15 +676,27 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
 
     // The node plugin crashes and comes back: the volume's loop device
     // and the daemon's file do not depend on it.
-    env.restart("lamina-csi-node", libc::SIGKILL)?;
+    if env.node_pod {
+        env.crash_node_plugin_container()?;
+    } else {
+        env.restart("lamina-csi-node", libc::SIGKILL)?;
+    }
     goes_on("the node plugin's restart")?;
 
     // The daemon is upgraded: SIGTERM hands the file's connection to the
-    // keeper, the writes wait, the new daemon answers them.
-    env.restart("lamina", libc::SIGTERM)?;
-    let daemon_log = std::fs::read_to_string(env.log_file("lamina"))?;
+    // keeper, the writes wait, the new daemon answers them. In the chart's
+    // pods: a new image rolled out as docs/kubernetes.md says (the
+    // DaemonSet's image changed, its pod deleted), the keeper's pod holding
+    // the connection in between.
+    let daemon_log = if env.node_pod {
+        env.roll_node_pod()?
+    } else {
+        env.restart("lamina", libc::SIGTERM)?;
+        std::fs::read_to_string(env.log_file("lamina"))?
+    };
+    // (the old pod's log is gone with it: only the new daemon's is read)
     ensure!(
-        daemon_log.contains("handed to the keeper")
+        (env.node_pod || daemon_log.contains("handed to the keeper"))
             && daemon_log.contains("on the connection the keeper held"),
         "the daemon did not hand its file over and take it back: {}",
         daemon_log
