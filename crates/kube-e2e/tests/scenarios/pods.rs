@@ -245,11 +245,11 @@ impl Env {
                 }))
         })?;
         let (pod, ip) = new;
-        let endpoint = self
+        // The first pod's port (the chart's apiPort), at the new pod's address.
+        let (_, port) = self
             .endpoint
             .rsplit_once(':')
-            .map(|(_, port)| port)
-            .unwrap_or("7480");
+            .with_context(|| format!("no port in {}", self.endpoint))?;
         self.kubectl(&[
             "-n",
             "lamina",
@@ -257,7 +257,7 @@ impl Env {
             "secret",
             "lamina-token",
             "-p",
-            &format!(r#"{{"stringData": {{"endpoint": "http://{ip}:{endpoint}"}}}}"#),
+            &format!(r#"{{"stringData": {{"endpoint": "http://{ip}:{port}"}}}}"#),
         ])?;
         self.kubectl(&["-n", "lamina", "logs", &pod, "-c", "lamina"])
     }
