@@ -290,6 +290,7 @@ mod tests {
     fn every_option_reaches_the_config() {
         let c = config(&[
             "--listen=127.0.0.1:1",
+            "--token-file=/secret/token",
             "--nbd-listen=127.0.0.1:2",
             "--operation-retention=90min",
             "--high-water=500G",
@@ -314,6 +315,7 @@ mod tests {
         let addr = |p: u16| Some(SocketAddr::from(([127, 0, 0, 1], p)));
         let want = Config::new("/data")
             .listen(addr(1))
+            .token_file(PathBuf::from("/secret/token"))
             .nbd_listen(addr(2))
             .operation_retention(Duration::from_secs(5400))
             .high_water(lamina_server::HighWater::Bytes(500 << 30))
