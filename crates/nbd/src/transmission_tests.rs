@@ -499,10 +499,17 @@ async fn late_completions_from_another_thread_answer_in_their_own_order() {
         c.request(CMD_READ, 0, 20 + i, i * 4096, 3).await;
     }
     // Released newest first: the replies come in that order, each with its
-    // own data.
+    // own data. Each read is found by its offset: the server may hand the
+    // three to the volume in any order (on 2 busy cores the second came
+    // first).
     g.wait_held(3, Duration::from_secs(60));
-    for (i, want) in [(2usize, 22u64), (1, 21), (0, 20)] {
-        release(&g, i + 1, Some(i)).await;
+    for (i, want) in [(2u64, 22u64), (1, 21), (0, 20)] {
+        let at = g
+            .held()
+            .iter()
+            .position(|&(_, offset, _)| offset == i * 4096)
+            .expect("the read is held");
+        release(&g, i as usize + 1, Some(at)).await;
         let ch = c.chunk().await;
         assert_eq!(ch.cookie, want);
         let data = &ch.payload[8..];
