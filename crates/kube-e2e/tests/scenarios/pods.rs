@@ -83,9 +83,9 @@ impl Env {
         })
     }
 
-    /// KUBE_ENV_NODE_POD=1: the node pod's name.
-    fn node_pod_name(&self) -> Result<String> {
-        let name = self.kubectl(&[
+    /// KUBE_ENV_NODE_POD=1: the chart's node pods, as kubectl's `-o output`.
+    fn node_pods(&self, output: &str) -> Result<String> {
+        self.kubectl(&[
             "-n",
             "lamina",
             "get",
@@ -93,8 +93,13 @@ impl Env {
             "-l",
             "app.kubernetes.io/component=node",
             "-o",
-            "jsonpath={.items[*].metadata.name}",
-        ])?;
+            output,
+        ])
+    }
+
+    /// KUBE_ENV_NODE_POD=1: the node pod's name.
+    fn node_pod_name(&self) -> Result<String> {
+        let name = self.node_pods("jsonpath={.items[*].metadata.name}")?;
         let names: Vec<&str> = name.split_whitespace().collect();
         ensure!(names.len() == 1, "not one node pod: {names:?}");
         Ok(names[0].to_string())
@@ -205,17 +210,7 @@ impl Env {
             "90s",
         ])?;
         let new = wait("a new node pod of the new image to be ready", T, |last| {
-            let pods = self.kubectl(&[
-                "-n",
-                "lamina",
-                "get",
-                "pod",
-                "-l",
-                "app.kubernetes.io/component=node",
-                "-o",
-                "json",
-            ])?;
-            let pods: serde_json::Value = serde_json::from_str(&pods)?;
+            let pods: serde_json::Value = serde_json::from_str(&self.node_pods("json")?)?;
             *last = pods["items"]
                 .as_array()
                 .map(|v| {
