@@ -75,6 +75,17 @@ impl Lamina {
         clear_lamina_vars(Command::new(self.bin()))
     }
 
+    /// The CLI run by a command prefix that execs it (`unshare --mount`),
+    /// with none of the caller's `LAMINA_*` settings.
+    pub fn cmd_in(&self, prefix: &[&str]) -> Command {
+        let Some((first, rest)) = prefix.split_first() else {
+            return self.cmd();
+        };
+        let mut c = Command::new(first);
+        c.args(rest).arg(self.bin());
+        clear_lamina_vars(c)
+    }
+
     /// The CLI pointed at a data directory.
     pub fn at(&self, data: &Path) -> Command {
         let mut c = self.cmd();

@@ -88,7 +88,7 @@ impl NodeService {
     pub(super) fn device_ok(&self, rec: &Record) -> Result<(), String> {
         match &rec.device {
             None => Err("no device was made".into()),
-            Some(Device::File { file, loop_dev }) => {
+            Some(Device::File { file, loop_dev, .. }) => {
                 let Some(dev) = loop_dev else {
                     return Err("no loop device was set up".into());
                 };
@@ -111,7 +111,7 @@ impl NodeService {
                     Err(format!("{} is no longer connected", dev.display()))
                 }
             }
-            Some(Device::Fuse { pid, loop_dev }) => {
+            Some(Device::Fuse { pid, loop_dev, .. }) => {
                 let file = self.store.fuse_file(&rec.volume_id);
                 let arg = file.to_string_lossy();
                 if !pid.is_some_and(|p| sys::process_alive(p, &arg)) {
@@ -120,10 +120,11 @@ impl NodeService {
                         file.display()
                     ));
                 }
-                match (sys::loop_for(&file), loop_dev) {
-                    (Some(found), Some(want)) if &found == want => Ok(()),
-                    (found, want) => Err(format!(
-                        "the loop device over {} is {found:?}, expected {want:?}",
+                let found = sys::loops_over(&file);
+                match loop_dev {
+                    Some(want) if found.contains(want) => Ok(()),
+                    want => Err(format!(
+                        "the loop devices over {} are {found:?}, expected {want:?}",
                         file.display()
                     )),
                 }
@@ -186,17 +187,29 @@ impl NodeService {
     /// if any, after any over an earlier file at the same path (served by a
     /// daemon since restarted) is let go.
     async fn attach_file(&self, rec: &mut Record, file: PathBuf) -> Result<PathBuf, Status> {
+        // The record keeps naming a loop device set up before, until it is
+        // let go or used again.
+        let (old_dev, old_seq) = match &rec.device {
+            Some(Device::File {
+                loop_dev, loop_seq, ..
+            }) => (loop_dev.clone(), *loop_seq),
+            _ => (None, None),
+        };
         rec.device = Some(Device::File {
             file: file.clone(),
-            loop_dev: None,
+            loop_dev: old_dev.clone(),
+            loop_seq: old_seq,
         });
         self.store.save(rec)?;
         let want = sys::file_id(&file);
         let mut dev = None;
-        while let Some(found) = sys::loop_for(&file) {
-            if want.is_some() && sys::loop_backing(&found) == want {
-                dev = Some(found);
-                break;
+        for found in loops_of(&file, old_dev.as_deref(), old_seq) {
+            let current = want.is_some() && sys::loop_backing(&found) == want;
+            if current {
+                // The first over the file served now is used; any other
+                // over it may be in use too, and is left alone.
+                dev.get_or_insert(found);
+                continue;
             }
             tracing::warn!(loop_dev = %found.display(), file = %file.display(), "detaching a loop device over an earlier file");
             self.detach_loop(&found).await?;
@@ -224,6 +237,7 @@ impl NodeService {
         };
         rec.device = Some(Device::File {
             file,
+            loop_seq: sys::loop_seq(&dev),
             loop_dev: Some(dev.clone()),
         });
         self.store.save(rec)?;
@@ -265,21 +279,27 @@ impl NodeService {
         let id = rec.volume_id.clone();
         let file = self.store.fuse_file(&id);
         let arg = file.to_string_lossy().into_owned();
-        let (mut pid, mut loop_dev) = match &rec.device {
-            Some(Device::Fuse { pid, loop_dev }) => (*pid, loop_dev.clone()),
-            _ => (None, None),
+        let (mut pid, mut loop_dev, mut loop_seq) = match &rec.device {
+            Some(Device::Fuse {
+                pid,
+                loop_dev,
+                loop_seq,
+            }) => (*pid, loop_dev.clone(), *loop_seq),
+            _ => (None, None, None),
         };
         if !pid.is_some_and(|p| sys::process_alive(p, &arg)) {
             pid = sys::find_process("nbdfuse", &arg);
         }
         if pid.is_none() {
             // A loop device over a dead nbdfuse's file cannot be used again.
-            if let Some(stale) = sys::loop_for(&file) {
+            for stale in loops_of(&file, loop_dev.as_deref(), loop_seq) {
                 self.detach_loop(&stale).await?;
             }
+            (loop_dev, loop_seq) = (None, None);
             rec.device = Some(Device::Fuse {
                 pid: None,
                 loop_dev: None,
+                loop_seq: None,
             });
             self.store.save(rec)?;
             pid = Some(self.start_nbdfuse(&id, uri).await?);
@@ -287,9 +307,10 @@ impl NodeService {
         rec.device = Some(Device::Fuse {
             pid,
             loop_dev: loop_dev.clone(),
+            loop_seq,
         });
         self.store.save(rec)?;
-        let dev = match sys::loop_for(&file) {
+        let dev = match loops_of(&file, loop_dev.as_deref(), loop_seq).into_iter().next() {
             Some(d) => d,
             None => {
                 let out = exec::output(
@@ -315,8 +336,11 @@ impl NodeService {
                 PathBuf::from(out.stdout.trim())
             }
         };
-        loop_dev = Some(dev.clone());
-        rec.device = Some(Device::Fuse { pid, loop_dev });
+        rec.device = Some(Device::Fuse {
+            pid,
+            loop_seq: sys::loop_seq(&dev),
+            loop_dev: Some(dev.clone()),
+        });
         self.store.save(rec)?;
         Ok(dev)
     }
@@ -428,9 +452,14 @@ impl NodeService {
             }
             return Ok(());
         }
-        if let Some(Device::File { file, .. }) = &rec.device {
+        if let Some(Device::File {
+            file,
+            loop_dev,
+            loop_seq,
+        }) = &rec.device
+        {
             // The file is the daemon's: it stops serving it at the detach.
-            while let Some(dev) = sys::loop_for(file) {
+            for dev in loops_of(file, loop_dev.as_deref(), *loop_seq) {
                 self.detach_loop(&dev).await?;
             }
             return Ok(());
@@ -439,7 +468,13 @@ impl NodeService {
         let dir = self.store.fuse_dir(id);
         let file = self.store.fuse_file(id);
         let arg = file.to_string_lossy().into_owned();
-        while let Some(dev) = sys::loop_for(&file) {
+        let (loop_dev, loop_seq) = match &rec.device {
+            Some(Device::Fuse {
+                loop_dev, loop_seq, ..
+            }) => (loop_dev.as_deref(), *loop_seq),
+            _ => (None, None),
+        };
+        for dev in loops_of(&file, loop_dev, loop_seq) {
             self.detach_loop(&dev).await?;
         }
         let recorded = match &rec.device {
@@ -484,6 +519,25 @@ impl NodeService {
             Err(e) => Err(Error::io("remove", &dir, e)),
         }
     }
+}
+
+/// The loop devices over a volume's file: the one its record names, while
+/// that is still the device set up then (the same sequence number: its
+/// file may have no name now, see [`sys::loops_over`]), then every one over
+/// the file now.
+fn loops_of(file: &Path, loop_dev: Option<&Path>, loop_seq: Option<u64>) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    if let (Some(d), Some(seq)) = (loop_dev, loop_seq) {
+        if sys::loop_seq(d) == Some(seq) {
+            all.push(d.to_path_buf());
+        }
+    }
+    for d in sys::loops_over(file) {
+        if !all.contains(&d) {
+            all.push(d);
+        }
+    }
+    all
 }
 
 /// Poll `done` until it holds or `limit` passes; whether it held.

@@ -35,6 +35,10 @@ pub enum Device {
         pid: Option<u32>,
         /// The loop device, once set up.
         loop_dev: Option<PathBuf>,
+        /// Its sequence number (`diskseq`) at its setup, which tells it
+        /// from a later loop device of the same number.
+        #[serde(default)]
+        loop_seq: Option<u64>,
     },
     /// The kernel's NBD client (`nbd-client`) on this device.
     Kernel { dev: PathBuf },
@@ -44,6 +48,11 @@ pub enum Device {
         file: PathBuf,
         /// The loop device, once set up.
         loop_dev: Option<PathBuf>,
+        /// Its sequence number (`diskseq`) at its setup, which tells it
+        /// from a later loop device of the same number, also once its file
+        /// no longer has a name (see `sys::loops_over`).
+        #[serde(default)]
+        loop_seq: Option<u64>,
     },
 }
 
@@ -235,6 +244,7 @@ mod tests {
             device: Some(Device::Fuse {
                 pid: Some(42),
                 loop_dev: Some("/dev/loop3".into()),
+                loop_seq: Some(9),
             }),
             fs: Some("ext4".into()),
             staged: true,
@@ -263,6 +273,25 @@ mod tests {
         s.remove("pvc-1@7").unwrap();
         s.remove("pvc-1@7").unwrap();
         assert_eq!(s.load("pvc-1@7").unwrap(), None);
+    }
+
+    #[test]
+    fn a_record_from_before_loop_sequence_numbers_reads_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let old = r#"{"volume_id":"v@1","name":"v","staging_path":"/s","access":"block",
+            "mode":1,"device":{"file":{"file":"/d/files/v","loop_dev":"/dev/loop4"}},
+            "fs":null,"staged":true,"publishes":[]}"#;
+        std::fs::write(s.record_path("v@1"), old).unwrap();
+        let r = s.load("v@1").unwrap().unwrap();
+        assert_eq!(
+            r.device,
+            Some(Device::File {
+                file: "/d/files/v".into(),
+                loop_dev: Some("/dev/loop4".into()),
+                loop_seq: None,
+            })
+        );
     }
 
     #[test]

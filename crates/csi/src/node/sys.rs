@@ -117,10 +117,20 @@ pub fn device_size(dev: (u32, u32)) -> Result<u64, Error> {
     Ok(sectors * 512)
 }
 
-/// The loop device whose backing file is `file`, if one is set up.
-pub fn loop_for(file: &Path) -> Option<PathBuf> {
+/// Every loop device set up over `file`: named by its path, or, whatever
+/// name the kernel gives it, reading the very file now at `file` (same
+/// device and inode). A loop device set up through a copy of the file's
+/// mount in another mount namespace (the node plugin's container) is named
+/// "/" once that namespace is gone, so the path alone would miss it; the
+/// device and inode of a mounted file belong to it alone while it is
+/// mounted.
+pub fn loops_over(file: &Path) -> Vec<PathBuf> {
     let want = file.as_os_str().as_encoded_bytes();
-    let dir = std::fs::read_dir("/sys/block").ok()?;
+    let id = file_id(file);
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
     for e in dir.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
@@ -131,11 +141,26 @@ pub fn loop_for(file: &Path) -> Option<PathBuf> {
             continue;
         };
         let b = b.strip_suffix(b"\n").unwrap_or(&b);
-        if b == want {
-            return Some(PathBuf::from(format!("/dev/{name}")));
+        let dev = PathBuf::from(format!("/dev/{name}"));
+        if b == want || (id.is_some() && loop_backing(&dev) == id) {
+            found.push(dev);
         }
     }
-    None
+    found.sort();
+    found
+}
+
+/// A loop device's sequence number (`diskseq`), while it is set up: the
+/// kernel gives a new one at every setup, so a device number another
+/// volume's loop device took since is told apart. `None` on a kernel
+/// without it (before 5.15).
+pub fn loop_seq(dev: &Path) -> Option<u64> {
+    let name = dev.file_name()?;
+    if !loop_in_use(dev) {
+        return None;
+    }
+    let p = Path::new("/sys/block").join(name).join("diskseq");
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
 /// `struct loop_info64` (`linux/loop.h`), as `LOOP_GET_STATUS64` fills it.

@@ -269,3 +269,70 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
     assert_eq!(size(&target), 48 << 20, "the published device grew");
     csi.unpublish_and_unstage(&id, &staging, &target);
 }
+
+/// The source device of the mount at `path`, as this namespace sees it.
+fn mount_source(path: &Path) -> Option<String> {
+    let p = path.display().to_string();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(p.as_str()))?;
+    let (_, after) = line.split_once(" - ")?;
+    after.split(' ').nth(1).map(str::to_string)
+}
+
+/// A loop device's file as the kernel names it, and the device's sequence
+/// number (`diskseq`: new at every setup, so a number reused by another
+/// loop device is told apart), while it is set up.
+fn loop_state(dev: &str) -> Option<(String, u64)> {
+    let sys = Path::new("/sys/block").join(dev.trim_start_matches("/dev/"));
+    let file = std::fs::read_to_string(sys.join("loop/backing_file")).ok()?;
+    let seq = std::fs::read_to_string(sys.join("diskseq")).ok()?;
+    Some((file.trim_end().to_string(), seq.trim().parse().ok()?))
+}
+
+#[test]
+fn a_driver_whose_mount_namespace_ended_still_detaches_its_loop_device() {
+    need("mkfs.ext4", "e2fsprogs");
+    need("losetup", "mount");
+    need("unshare", "util-linux");
+    let mut csi = Csi::start_in_mount_namespace();
+    let id = create(&csi, "pvc-ns", 64 << 20, mount_cap());
+    let data = csi.daemon.data().to_path_buf();
+    let staging = data.join("stage");
+    let target = data.join("pods/p/mount");
+    csi.stage(&id, &staging);
+    csi.publish(&id, &staging, &target);
+    let v = csi.daemon.json(&["volume", "get", "pvc-ns"]);
+    let file = v["export"]["file"]
+        .as_str()
+        .unwrap_or_else(|| panic!("staged on the daemon's file: {v}"))
+        .to_string();
+    let dev = mount_source(&staging).expect("the staging mount reached this namespace");
+    let (named, seq) = loop_state(&dev).unwrap_or_else(|| panic!("{dev} is set up"));
+    assert_eq!(named, file, "{dev} over the daemon's file");
+    std::fs::write(target.join("f"), b"written before the kill").unwrap();
+    run(Command::new("sync").arg("-f").arg(target.join("f"))).ok();
+
+    // The driver's namespace ends with it, and with it the copy of the
+    // file's mount that the loop device was set up through: the kernel no
+    // longer names the device's file by that path. The device, and the
+    // pod's mounts on it, live on.
+    csi.kill_and_restart_driver();
+    let (named, again) = loop_state(&dev).unwrap_or_else(|| panic!("{dev} is still set up"));
+    assert_eq!(again, seq);
+    assert_ne!(named, file, "the premise: the path is gone with the namespace");
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"written before the kill"
+    );
+
+    // The kubelet repeats its calls, then unpublishes and unstages: the
+    // loop device goes with the staging, as when it was named by the path.
+    csi.stage(&id, &staging);
+    csi.publish(&id, &staging, &target);
+    csi.unpublish_and_unstage(&id, &staging, &target);
+    assert!(!mounted(&target) && !mounted(&staging), "a mount is left");
+    let left = loop_state(&dev).filter(|(_, s)| *s == seq);
+    assert!(left.is_none(), "{dev} is left set up over {left:?}");
+    let v = csi.daemon.json(&["volume", "get", "pvc-ns"]);
+    assert!(v["export"].is_null(), "the export is left: {v}");
+}

@@ -7,9 +7,9 @@ use crate::LAMINA;
 use lamina_csi::proto::controller_client::ControllerClient;
 use lamina_csi::proto::group_controller_client::GroupControllerClient;
 use lamina_csi::proto::node_client::NodeClient;
-use lamina_test_support::{wait_until, Daemon};
+use lamina_test_support::{run, wait_until, Daemon};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -20,14 +20,39 @@ pub struct Csi {
     pub sock: PathBuf,
     pub rt: tokio::runtime::Runtime,
     channel: Channel,
+    /// The driver runs in a mount namespace of its own (`unshare`), as in
+    /// the node pod's container: see [`Csi::start_in_mount_namespace`].
+    own_ns: bool,
 }
 
 impl Csi {
     #[track_caller]
     pub fn start() -> Csi {
+        Csi::start_with(false)
+    }
+
+    /// The driver in a mount namespace of its own, as the chart's node
+    /// plugin runs in its container: the daemon's data directory is made a
+    /// shared mount first (the chart's Bidirectional propagation), so the
+    /// daemon's FUSE files reach the driver and the driver's staging and
+    /// publish mounts (under the data directory here) reach this test. Each
+    /// driver's namespace ends with it, and with it the driver's copies of
+    /// the mounts it opened.
+    #[track_caller]
+    pub fn start_in_mount_namespace() -> Csi {
+        Csi::start_with(true)
+    }
+
+    #[track_caller]
+    fn start_with(own_ns: bool) -> Csi {
         let daemon = LAMINA.start();
+        if own_ns {
+            let d = daemon.data().display().to_string();
+            run(Command::new("mount").args(["--bind", &d, &d])).ok();
+            run(Command::new("mount").args(["--make-rshared", &d])).ok();
+        }
         let sock = daemon.data().join("csi.sock");
-        let child = spawn_driver(&daemon, &sock);
+        let child = spawn_driver(&daemon, &sock, own_ns);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -40,6 +65,7 @@ impl Csi {
             sock,
             rt,
             channel,
+            own_ns,
         }
     }
 
@@ -49,7 +75,7 @@ impl Csi {
     pub fn kill_and_restart_driver(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        self.child = spawn_driver(&self.daemon, &self.sock);
+        self.child = spawn_driver(&self.daemon, &self.sock, self.own_ns);
         self.channel = connect(&self.rt, &self.sock);
     }
 
@@ -75,7 +101,7 @@ impl Csi {
 }
 
 #[track_caller]
-fn spawn_driver(daemon: &Daemon, sock: &Path) -> Child {
+fn spawn_driver(daemon: &Daemon, sock: &Path, own_ns: bool) -> Child {
     // A socket left by a killed driver: wait for the new one's.
     let _ = std::fs::remove_file(sock);
     let log = std::fs::OpenOptions::new()
@@ -83,8 +109,13 @@ fn spawn_driver(daemon: &Daemon, sock: &Path) -> Child {
         .append(true)
         .open(daemon.data().join("csi.log"))
         .unwrap();
+    // unshare(1) execs the driver: the child's pid is the driver's.
+    let prefix: &[&str] = match own_ns {
+        true => &["unshare", "--mount", "--propagation", "unchanged"],
+        false => &[],
+    };
     let child = LAMINA
-        .cmd()
+        .cmd_in(prefix)
         .args([
             "csi",
             "--mode",
@@ -136,6 +167,15 @@ impl Drop for Csi {
         }
         if std::thread::panicking() {
             eprintln!("lamina csi log:\n{}", self.log());
+        }
+        if self.own_ns {
+            // The daemon stops first (its FUSE files are under the shared
+            // mount), then the mount goes, so its directory can be removed.
+            if let Err(e) = self.daemon.try_stop() {
+                eprintln!("{e}");
+            }
+            let d = self.daemon.data().display().to_string();
+            let _ = lamina_test_support::try_run(Command::new("umount").args(["--recursive", &d]));
         }
     }
 }

@@ -4,7 +4,8 @@
 //! places the pods; images are kube-env's own (kube-env/kubelet.sh).
 //! The scenarios: p. write, restore, read (below); q. first consumer,
 //! group, clone; r. frozen snapshots of a filesystem in use; s. I/O
-//! through a node plugin crash, a daemon upgrade and online growth.
+//! through a node plugin crash, a daemon upgrade and online growth, and
+//! the volume's loop device detached at the end all the same.
 //!
 //! p. A pod writes files through an ext4 PVC; a VolumeSnapshot of it is
 //! restored into a PVC that a second pod, placed by the scheduler, reads
@@ -598,8 +599,46 @@ pub fn frozen_snapshot(env: &Env) -> Result<()> {
         frozen.0,
         frozen.1
     );
+    // Its loop device goes with the unstage once the pod is gone, though
+    // the plugin that set it up (in the chart, in a container now gone
+    // with its mount namespace) is not the one that unstages.
+    let pv = env
+        .get(ns, "pvc", "busy")?
+        .context("PVC busy")?["spec"]["volumeName"]
+        .as_str()
+        .context("PVC busy has no volume")?
+        .to_string();
+    let (dev, seq) = published_loop(&pv)?;
     env.delete_pods(ns, &["writer"])?;
+    wait(&format!("{dev} to be detached at the unstage"), T, |last| {
+        let now = loop_seq(&dev);
+        *last = format!("{dev} set up with sequence number {now:?}, was {seq}");
+        Ok((now != Some(seq)).then_some(()))
+    })?;
     Ok(())
+}
+
+/// The loop device under PV `pv`'s publish mount (seen from the host: the
+/// kubelet's mounts propagate), and its sequence number (`diskseq`, new at
+/// every setup, so a device number set up again is told apart).
+fn published_loop(pv: &str) -> Result<(String, u64)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let suffix = format!("/kubernetes.io~csi/{pv}/mount");
+    let dev = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.ends_with(&suffix)))
+        .find_map(|l| l.split_once(" - ")?.1.split(' ').nth(1).map(str::to_string))
+        .with_context(|| format!("no mount of {pv} on this host"))?;
+    ensure!(dev.starts_with("/dev/loop"), "{pv} is mounted from {dev}");
+    let seq = loop_seq(&dev).with_context(|| format!("{dev} is not set up"))?;
+    Ok((dev, seq))
+}
+
+/// A loop device's `diskseq` while it is set up.
+fn loop_seq(dev: &str) -> Option<u64> {
+    let sys = std::path::Path::new("/sys/block").join(dev.trim_start_matches("/dev/"));
+    std::fs::metadata(sys.join("loop/backing_file")).ok()?;
+    std::fs::read_to_string(sys.join("diskseq")).ok()?.trim().parse().ok()
 }
 
 /// s. A pod writes and checks without pause on an xfs PVC while Lamina
