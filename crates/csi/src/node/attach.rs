@@ -310,7 +310,10 @@ impl NodeService {
             loop_seq,
         });
         self.store.save(rec)?;
-        let dev = match loops_of(&file, loop_dev.as_deref(), loop_seq).into_iter().next() {
+        let dev = match loops_of(&file, loop_dev.as_deref(), loop_seq)
+            .into_iter()
+            .next()
+        {
             Some(d) => d,
             None => {
                 let out = exec::output(

@@ -274,7 +274,9 @@ fn volumes_staged_on_the_daemons_file_grow_while_published_filesystem_and_block(
 fn mount_source(path: &Path) -> Option<String> {
     let p = path.display().to_string();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(p.as_str()))?;
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(p.as_str()))?;
     let (_, after) = line.split_once(" - ")?;
     after.split(' ').nth(1).map(str::to_string)
 }
@@ -319,7 +321,10 @@ fn a_driver_whose_mount_namespace_ended_still_detaches_its_loop_device() {
     csi.kill_and_restart_driver();
     let (named, again) = loop_state(&dev).unwrap_or_else(|| panic!("{dev} is still set up"));
     assert_eq!(again, seq);
-    assert_ne!(named, file, "the premise: the path is gone with the namespace");
+    assert_ne!(
+        named, file,
+        "the premise: the path is gone with the namespace"
+    );
     assert_eq!(
         std::fs::read(target.join("f")).unwrap(),
         b"written before the kill"

@@ -602,9 +602,7 @@ pub fn frozen_snapshot(env: &Env) -> Result<()> {
     // Its loop device goes with the unstage once the pod is gone, though
     // the plugin that set it up (in the chart, in a container now gone
     // with its mount namespace) is not the one that unstages.
-    let pv = env
-        .get(ns, "pvc", "busy")?
-        .context("PVC busy")?["spec"]["volumeName"]
+    let pv = env.get(ns, "pvc", "busy")?.context("PVC busy")?["spec"]["volumeName"]
         .as_str()
         .context("PVC busy has no volume")?
         .to_string();
@@ -638,7 +636,11 @@ fn published_loop(pv: &str) -> Result<(String, u64)> {
 fn loop_seq(dev: &str) -> Option<u64> {
     let sys = std::path::Path::new("/sys/block").join(dev.trim_start_matches("/dev/"));
     std::fs::metadata(sys.join("loop/backing_file")).ok()?;
-    std::fs::read_to_string(sys.join("diskseq")).ok()?.trim().parse().ok()
+    std::fs::read_to_string(sys.join("diskseq"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// s. A pod writes and checks without pause on an xfs PVC while Lamina
