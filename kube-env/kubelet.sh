@@ -9,7 +9,7 @@
 # One such environment per machine: the kubelet's cgroups (kubepods), its
 # port 10250 and the bridges are the machine's.
 
-kubelet_ip=10.213.0.1          # the node's address (the kubelet refuses a loopback one)
+kubelet_ip=$node_ip           # the node's address (kube-env/up; the kubelet refuses a loopback one)
 pod_subnet=10.213.128.0/24     # the CNI bridge's pods
 node_bridge=lamina-kenv        # holds the node's address
 cni_bridge=lamina-kenv-cni     # the pods' bridge (made by the CNI bridge plugin)
@@ -130,11 +130,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/cni/net.d"
 EOF
-# No masquerading and no iptables rules: pods reach the node, nothing else.
+# No masquerading and no iptables rules: pods reach the node (its address
+# and, through kube-proxy with KUBE_ENV_NODE_POD=1, the Services), nothing
+# else: no default route.
 cat > "$dir/cni/net.d/10-kube-env.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "kube-env", "plugins": [
   {"type": "bridge", "bridge": "$cni_bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$pod_subnet"}]], "dataDir": "$dir/cni/ipam"}}]}
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$pod_subnet"}]], "dataDir": "$dir/cni/ipam",
+            "routes": [{"dst": "$kubelet_ip/32"}, {"dst": "10.96.0.0/24"}]}}]}
 EOF
 start containerd containerd --config "$ctrd/config.toml"
 wait_for containerd 30 ctr --address "$ctrd/containerd.sock" version
@@ -242,6 +245,33 @@ start registrar "$bin/registrar" --driver-name lamina.csi.io --kubelet-endpoint 
   --registration-socket "$kubelet_root/plugins_registry/lamina.csi.io-reg.sock"
 wait_for registrar 60 csinode_has_driver
 else
+# ---- KUBE_ENV_NODE_POD=1: kube-proxy (iptables mode), so that pods reach
+# the Services (kubernetes, the API server; lamina-api, the daemon) as in a
+# cluster. Its rules match only the Service range (10.96.0.0/24) and the
+# node's address; kube-env/down removes them (kube-proxy --cleanup).
+cert kube-proxy "/CN=system:kube-proxy" "$pki/client.ext"
+kubeconfig "$dir/kube-proxy.kubeconfig" "client-certificate: $pki/kube-proxy.crt" "client-key: $pki/kube-proxy.key"
+cat > "$dir/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $dir/kube-proxy.kubeconfig}
+hostnameOverride: $node
+mode: iptables
+clusterCIDR: $pod_subnet
+nodePortAddresses: [$kubelet_ip/32]
+metricsBindAddress: 127.0.0.1:$p_proxy_metrics
+healthzBindAddress: 127.0.0.1:$p_proxy_healthz
+# the machine's conntrack table and timeouts, and its route_localnet: left
+# as they are (0 leaves a setting alone)
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+iptables: {localhostNodePorts: false}
+EOF
+echo "$bin" > "$dir/kube-proxy.on"
+start kube-proxy "$bin/kube-proxy" --config "$dir/kube-proxy.yaml" --v=2
+# its rule for the Service kubernetes: the API server's endpoint is synced
+service_rules() { iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "-d 10.96.0.1/32"; }
+wait_for kube-proxy 60 service_rules
+
 # ---- KUBE_ENV_NODE_POD=1: the chart's node pods, from the image. Node 1's
 # daemon, node plugin and keeper are not host processes: the chart's node
 # and keeper DaemonSets (rendered by helm, nothing else of the chart) run
@@ -260,6 +290,17 @@ ctr --address "$ctrd/containerd.sock" -n k8s.io images import --base-name docker
 registrar_image=lamina.io/kube-env/registrar:dev
 registrar_rootfs() { cp "$bin/registrar" "$1/registrar"; }
 image "$registrar_image" registrar_rootfs --config.entrypoint /registrar
+# The controller pod's sidecars, under the chart's image names: the same
+# releases (kube-env/go pins them at the chart's tags), built here, each
+# image one static binary.
+sidecar_rootfs() { cp "$bin/$sidecar" "$1/$sidecar"; }
+for s in provisioner snapshotter resizer; do
+  ref=$(awk -v k="$s:" '$1 == k {getline; if ($1 == "image:") print $2; exit}' "$repo/deploy/helm/lamina/values.yaml")
+  [ -n "$ref" ] || fail images "the chart's values.yaml names no sidecars.$s.image"
+  sidecar=${ref##*/} sidecar=${sidecar%%:*}
+  [ -x "$bin/$sidecar" ] || fail images "kube-env/build made no $sidecar for $ref"
+  image "$ref" sidecar_rootfs --config.entrypoint "/$sidecar"
+done
 mkdir -p "$dir/lamina"
 mount --bind "$dir/lamina" "$dir/lamina" && mount --make-rshared "$dir/lamina" \
   || fail node-pod "cannot make $dir/lamina a shared mount"
@@ -276,15 +317,24 @@ kubectl -n lamina create secret generic lamina-token --from-literal=token="$lami
   --set sidecars.pullPolicy=Never --set sidecars.nodeDriverRegistrar.image="$registrar_image" \
   --set dataDir="$dir/lamina" --set kubeletDir="$kubelet_root" --set keeper.socketDir="$dir/keeper" \
   --set storageNode="$node" > "$dir/chart.yaml" 2> "$logs/helm.log" || fail helm "helm template failed"
-python3 - "$dir/chart.yaml" > "$dir/node-pods.yaml" <<'PY' || fail helm "no node or keeper DaemonSet in the chart"
+# chart_docs KIND COMPONENT...: the chart's objects of that kind and those
+# components (app.kubernetes.io/component), one of each
+chart_docs() {
+  python3 - "$dir/chart.yaml" "$@" <<'PY'
 import sys
 docs = open(sys.argv[1]).read().split("\n---\n")
-keep = [d for d in docs if "\nkind: DaemonSet\n" in "\n" + d
-        and ("app.kubernetes.io/component: node\n" in d or "app.kubernetes.io/component: keeper\n" in d)]
-if len(keep) != 2:
+kind, comps = sys.argv[2], sys.argv[3:]
+keep = [d for d in docs if f"\nkind: {kind}\n" in "\n" + d
+        and any(f"app.kubernetes.io/component: {c}\n" in d for c in comps)]
+if len(keep) != len(comps):
     sys.exit(1)
 print("\n---\n".join(keep))
 PY
+}
+chart_docs DaemonSet node keeper > "$dir/node-pods.yaml" || fail helm "no node or keeper DaemonSet in the chart"
+chart_docs Service node > "$dir/api-service.yaml" || fail helm "no Service of the node pods in the chart"
+chart_docs Deployment controller > "$dir/controller-pod.yaml" || fail helm "no controller Deployment in the chart"
+chart_docs Deployment operator > "$dir/operator-pod.yaml" || fail helm "no operator Deployment in the chart"
 kubectl apply -f "$dir/node-pods.yaml" > "$logs/node-pods.log" 2>&1 || fail node-pods "kubectl apply of the node DaemonSets failed"
 node_pod_ready() {
   kubectl -n lamina wait --for condition=Ready pod -l app.kubernetes.io/component=node --timeout 5s
@@ -313,3 +363,57 @@ node_pods_wait 30 "$lamina" --endpoint "$lamina_endpoint" --token "$lamina_token
 kubectl -n lamina patch secret lamina-token -p "{\"stringData\": {\"endpoint\": \"$lamina_endpoint\"}}" \
   >> "$logs/rbac.log" 2>&1 || fail rbac "adding the endpoint to the node Secret failed"
 fi
+
+# controller_pod (KUBE_ENV_NODE_POD=1, called by kube-env/up once the node
+# Secret names the daemon): the chart's controller Deployment, the CSI
+# driver's controller side and its sidecars in one pod, and the Service it
+# reaches the daemon through. kube-env has no cluster DNS: the pod's
+# /etc/hosts names the Service's address (hostAliases), the one thing
+# changed in what the chart renders; kube-proxy does the rest.
+controller_pod() {
+  kubectl apply -f "$dir/api-service.yaml" > "$logs/controller-pod.log" 2>&1 \
+    || fail controller-pod "kubectl apply of the chart's Service failed"
+  local api_ip api_host
+  api_ip=$(kubectl -n lamina get -f "$dir/api-service.yaml" -o 'jsonpath={.spec.clusterIP}')
+  api_host=$(sed -n 's|.*--lamina-endpoint=http://\([^:/]*\).*|\1|p' "$dir/controller-pod.yaml" | head -n 1)
+  [ -n "$api_ip" ] && [ -n "$api_host" ] || fail controller-pod "no Service address ($api_ip) or daemon host name ($api_host)"
+  kubectl patch --local -f "$dir/controller-pod.yaml" --type merge -o yaml \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"hostAliases\":[{\"ip\":\"$api_ip\",\"hostnames\":[\"$api_host\"]}]}}}}" \
+    > "$dir/controller-pod.applied.yaml" 2>> "$logs/controller-pod.log" \
+    && kubectl apply -f "$dir/controller-pod.applied.yaml" >> "$logs/controller-pod.log" 2>&1 \
+    || fail controller-pod "kubectl apply of the chart's controller Deployment failed"
+  controller_ready() {
+    kubectl -n lamina wait --for condition=Ready pod -l app.kubernetes.io/component=controller --timeout 5s
+  }
+  provisioner_started() {
+    kubectl -n lamina logs deployment/lamina-controller -c csi-provisioner | grep -q "Started provisioner controller"
+  }
+  node_pods_wait 120 controller_ready
+  node_pods_wait 60 lease_held lamina lamina-csi-io
+  # its informers synced (a verb missing from the chart's RBAC stops it here)
+  node_pods_wait 60 provisioner_started
+  node_pods_wait 60 lease_held lamina external-snapshotter-leader-lamina-csi-io
+  node_pods_wait 60 lease_held lamina external-resizer-lamina-csi-io
+  # The chart's RBAC is enough for what the sidecars did so far.
+  local c
+  for c in csi-provisioner csi-snapshotter csi-resizer; do
+    kubectl -n lamina logs deployment/lamina-controller -c "$c" > "$logs/$c.log" 2>&1
+    grep -q forbidden "$logs/$c.log" && fail "$c" "forbidden by the chart's RBAC"
+  done
+  return 0
+}
+
+# operator_pods (KUBE_ENV_NODE_POD=1, called by kube-env/up after Lamina's
+# CRDs and the operator's RBAC): the chart's operator Deployment, Lamina's
+# own controllers (`lamina controller`, its replicas one active by the
+# Lease lamina-operator), which reach the daemon at the node Secret's
+# endpoint.
+operator_pods() {
+  kubectl apply -f "$dir/operator-pod.yaml" > "$logs/operator-pods.log" 2>&1 \
+    || fail operator-pods "kubectl apply of the chart's operator Deployment failed"
+  operators_ready() {
+    kubectl -n lamina rollout status deployment/lamina-operator --timeout 5s
+  }
+  node_pods_wait 120 operators_ready
+  node_pods_wait 60 lease_held lamina lamina-operator
+}

@@ -283,7 +283,30 @@ impl Env {
             if c == "schedule-controller" && !path.exists() {
                 continue;
             }
-            let text = std::fs::read_to_string(path)?;
+            // In the chart's pods (node_pod) the sidecars run in the
+            // controller pod and Lamina's controllers in the operator pods:
+            // their containers' logs now.
+            let text = match (self.node_pod, c) {
+                (true, "lamina-operator-2") => continue,
+                (true, "lamina-operator-1") => self.kubectl(&[
+                    "-n",
+                    "lamina",
+                    "logs",
+                    "-l",
+                    "app.kubernetes.io/component=operator",
+                    "--prefix",
+                    "--tail=-1",
+                ])?,
+                (true, c) if c.starts_with("csi-") => self.kubectl(&[
+                    "-n",
+                    "lamina",
+                    "logs",
+                    "deployment/lamina-controller",
+                    "-c",
+                    c,
+                ])?,
+                _ => std::fs::read_to_string(path)?,
+            };
             lines.extend(
                 text.lines()
                     .filter(|l| l.contains("forbidden"))
