@@ -274,8 +274,9 @@ wait_for kube-proxy 60 service_rules
 
 # ---- KUBE_ENV_NODE_POD=1: the chart's node pods, from the image. Node 1's
 # daemon, node plugin and keeper are not host processes: the chart's node
-# and keeper DaemonSets (rendered by helm, nothing else of the chart) run
-# them in pods from LAMINA_IMAGE (an OCI archive, deploy/image/build), as a
+# and keeper DaemonSets (rendered by helm; its controller and operator
+# Deployments follow, controller_pod and operator_pods below) run them in
+# pods from LAMINA_IMAGE (an OCI archive, deploy/image/build), as a
 # cluster runs them. The registrar container runs kube-env's registrar
 # (node-driver-registrar's flags) from an image made here. The daemon's
 # data directory is DIR/lamina, made a shared mount so that the FUSE mounts
