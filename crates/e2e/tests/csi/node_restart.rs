@@ -65,6 +65,16 @@ impl Csi {
             .unwrap_or_else(|e| panic!("publish: {e}"));
     }
 
+    /// What the kubelet does after a driver restart, then at the pod's end:
+    /// stage and publish again (they must find the work done), unpublish
+    /// and unstage; no mount is left.
+    fn repeat_then_tear_down(&self, id: &str, staging: &Path, target: &Path) {
+        self.stage(id, staging);
+        self.publish(id, staging, target);
+        self.unpublish_and_unstage(id, staging, target);
+        assert!(!mounted(target) && !mounted(staging), "a mount is left");
+    }
+
     fn unpublish_and_unstage(&self, id: &str, staging: &Path, target: &Path) {
         let req = NodeUnpublishVolumeRequest {
             volume_id: id.into(),
@@ -119,10 +129,7 @@ fn a_killed_driver_is_followed_by_one_that_finishes_its_work() {
         std::fs::read(target.join("f")).unwrap(),
         b"written before the kill"
     );
-    csi.stage(&id, &staging);
-    csi.publish(&id, &staging, &target);
-    csi.unpublish_and_unstage(&id, &staging, &target);
-    assert!(!mounted(&target) && !mounted(&staging), "a mount is left");
+    csi.repeat_then_tear_down(&id, &staging, &target);
     let loops = run(Command::new("losetup").arg("-a")).ok();
     let data = csi.daemon.data().display().to_string();
     assert!(!loops.contains(&data), "a loop device is left: {loops}");
@@ -332,10 +339,7 @@ fn a_driver_whose_mount_namespace_ended_still_detaches_its_loop_device() {
 
     // The kubelet repeats its calls, then unpublishes and unstages: the
     // loop device goes with the staging, as when it was named by the path.
-    csi.stage(&id, &staging);
-    csi.publish(&id, &staging, &target);
-    csi.unpublish_and_unstage(&id, &staging, &target);
-    assert!(!mounted(&target) && !mounted(&staging), "a mount is left");
+    csi.repeat_then_tear_down(&id, &staging, &target);
     let left = loop_state(&dev).filter(|(_, s)| *s == seq);
     assert!(left.is_none(), "{dev} is left set up over {left:?}");
     let v = csi.daemon.json(&["volume", "get", "pvc-ns"]);
