@@ -20,29 +20,47 @@ for tool in containerd containerd-shim-runc-v2 runc ctr umoci busybox ip; do
 done
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] \
   || fail kubelet "the CNI plugins are not installed (apt-get install containernetworking-plugins)"
-ip link show "$node_bridge" >/dev/null 2>&1 \
-  && fail kubelet "the link $node_bridge exists: another kube-env with a kubelet runs on this machine (kube-env/down it first)"
 # The kubelet's root directory: DIR/kubelet, or KUBE_ENV_KUBELET_ROOT
 # (kube-env/storage-e2e/run asks for /var/lib/kubelet, which Kubernetes' storage tests
 # look in on the host). A root that has mounts or pods, or a running
-# kubelet, is refused: it may be a real kubelet's. (Every kubelet makes
-# /var/lib/kubelet/device-plugins, whatever its root.)
+# kubelet, is refused (below): it may be a real kubelet's. (Every kubelet
+# makes /var/lib/kubelet/device-plugins, whatever its root.)
 kubelet_root=${KUBE_ENV_KUBELET_ROOT:-$dir/kubelet}
 case "$kubelet_root" in /*) ;; *) fail kubelet "KUBE_ENV_KUBELET_ROOT must be an absolute path, not $kubelet_root" ;; esac
+# The node's bridge is the machine's lock on its one kubelet environment:
+# making it is atomic, and kube-env/down deletes it last, once its kubelet,
+# pods, mounts and cgroups are gone. Another environment's bridge is
+# waited for up to KUBE_ENV_NODE_WAIT seconds (default 0: refused at once),
+# so that CI can run Kubernetes' storage tests beside the kube-e2e
+# scenarios, whose environments then take the node in turn.
+node_wait=${KUBE_ENV_NODE_WAIT:-0}
+case "$node_wait" in ''|*[!0-9]*) fail kubelet "KUBE_ENV_NODE_WAIT must be a number of seconds, not $node_wait" ;; esac
+node_deadline=$((SECONDS + node_wait))
+waited=0
+until ip link add "$node_bridge" type bridge 2>/dev/null; do
+  ip link show "$node_bridge" >/dev/null 2>&1 || fail kubelet "ip link add $node_bridge failed"
+  [ "$SECONDS" -lt "$node_deadline" ] \
+    || fail kubelet "the link $node_bridge exists: another kube-env with a kubelet runs on this machine (kube-env/down it first)$([ "$node_wait" = 0 ] || echo "; waited $node_wait s for it")"
+  [ "$waited" = 1 ] || say "another kube-env has the machine's node ($node_bridge): waiting up to $node_wait s"
+  waited=1
+  sleep 2
+done
+[ "$waited" = 0 ] || say "the machine's node is free: taking it"
 if [ "$kubelet_root" != "$dir/kubelet" ]; then
   if findmnt -rn -o TARGET | awk -v r="$kubelet_root" '$0 == r || index($0, r "/") == 1' | grep -q . \
      || [ -n "$(ls -A "$kubelet_root/pods" 2>/dev/null)" ] \
      || pgrep -x kubelet >/dev/null; then
+    ip link del "$node_bridge" 2>/dev/null
     fail kubelet "$kubelet_root has mounts or pods, or a kubelet runs: another kubelet's root, or one a kube-env left (kube-env/down its directory)"
   fi
 fi
-# kube-env/down reads these to know there is a node to take apart, with
-# which kubectl, and where the kubelet's root was.
+# The node is this environment's now. kube-env/down reads these to know
+# there is a node to take apart (and a bridge to free), with which
+# kubectl, and where the kubelet's root was.
 echo "$bin" > "$dir/kubelet.on"
 echo "$kubelet_root" > "$dir/kubelet.root"
 
 # ---- the node's address, on a bridge of its own
-ip link add "$node_bridge" type bridge || fail kubelet "ip link add $node_bridge failed"
 ip addr add "$kubelet_ip/32" dev "$node_bridge" && ip link set "$node_bridge" up \
   || fail kubelet "cannot give $node_bridge the address $kubelet_ip"
 
