@@ -300,9 +300,11 @@ wait_for kube-proxy 60 service_rules
 # data directory is DIR/lamina, made a shared mount so that the FUSE mounts
 # the daemon makes in its container reach the host and the plugin
 # (mountPropagation: Bidirectional), as the kubelet does with its root.
-lamina_tag=$(tar -xOf "$LAMINA_IMAGE" ./index.json | python3 -c '
-import json, sys
-print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])') \
+lamina_tag=$(python3 -c '
+import json, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    index = next(m for m in t.getmembers() if m.name.lstrip("./") == "index.json")
+    print(json.load(t.extractfile(index))["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])' "$LAMINA_IMAGE") \
   || fail images "$LAMINA_IMAGE has no tagged image (deploy/image/build makes one)"
 ctr --address "$ctrd/containerd.sock" -n k8s.io images import --base-name docker.io/library/lamina \
   "$LAMINA_IMAGE" >> "$logs/images.log" 2>&1 || fail images "importing $LAMINA_IMAGE failed"
