@@ -457,36 +457,70 @@ fn nonblocking(f: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Tokens of a reader's epoll set.
+const DEV: u64 = 0;
+const STOP: u64 = 1;
+
+/// A reader's epoll set: the connection's descriptor, exclusive, and the
+/// stop signal. The readers' descriptors are clones of one connection and
+/// share its wait queue: with poll(2) every idle reader woke at each request
+/// and all but one found nothing to read. EPOLLEXCLUSIVE wakes one.
+fn reader_epoll(dev: &File, stop: &File) -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a non-negative result is a
+    // new descriptor owned by nobody else.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `ep` was just created and is owned here alone.
+    let ep = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) };
+    for (fd, events, token) in [
+        (
+            dev.as_raw_fd(),
+            (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+            DEV,
+        ),
+        (stop.as_raw_fd(), libc::EPOLLIN as u32, STOP),
+    ] {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a valid epoll_event for the call; both descriptors
+        // are open for the epoll set's life (the reader holds them).
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(ep)
+}
+
 /// One reader: wait for a request or the stop signal, read, answer or
 /// submit. Ends on the stop signal or when the connection is gone.
 fn reader(dev: Arc<File>, stop: File, sh: Arc<Shared>) {
+    let ep = match reader_epoll(&dev, &stop) {
+        Ok(ep) => ep,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot wait for FUSE requests; this reader stops");
+            return;
+        }
+    };
     let mut buf = vec![0u8; proto::READ_BUFFER];
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: dev.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd for the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: `evs` is a valid array of two epoll_event for the call.
+        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), 2, -1) };
+        if n < 0 {
             if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
             return;
         }
-        if fds[1].revents != 0 {
+        let evs = &evs[..n as usize];
+        if evs.iter().any(|e| e.u64 == STOP) {
             return;
         }
-        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
-            && fds[0].revents & libc::POLLIN == 0
+        let hup = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+        if evs
+            .iter()
+            .any(|e| e.u64 == DEV && e.events & hup != 0 && e.events & libc::EPOLLIN as u32 == 0)
         {
             // The connection was aborted or unmounted.
             return;

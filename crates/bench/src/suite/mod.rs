@@ -50,9 +50,10 @@ pub struct SuiteArgs {
     #[arg(long)]
     seconds: Option<f64>,
     /// Another build's `lamina` binary (an earlier commit's, say): the io
-    /// case serves one more volume from it, beside this build's, in the
-    /// same rounds, and compares the two (before and after a change to
-    /// the data path, in one run).
+    /// case serves one more volume from it, and the node case stages one
+    /// more claim over it, beside this build's, in the same rounds, and
+    /// each compares the two (before and after a change to the data path,
+    /// in one run).
     #[arg(long)]
     baseline: Option<PathBuf>,
 }
@@ -138,7 +139,7 @@ pub struct Ctx {
     pub work: PathBuf,
     pub logs: PathBuf,
     pub lamina_bin: PathBuf,
-    /// `--baseline`: another build's `lamina`, for the io case.
+    /// `--baseline`: another build's `lamina`, for the io and node cases.
     pub baseline_bin: Option<PathBuf>,
     pub rec: Records,
 }

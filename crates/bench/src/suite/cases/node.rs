@@ -18,6 +18,8 @@ const HOST: &str = "hostPath (host filesystem)";
 const EXT4: &str = "claim (ext4, loop, daemon's file)";
 const LOOP: &str = "loop device over the daemon's file";
 const FILE: &str = "the daemon's file (FUSE)";
+/// `--baseline`: the same claim staged over another build's daemon.
+const BASELINE: &str = "claim, baseline build";
 
 /// A loop device, detached when dropped.
 struct Loop(String);
@@ -79,13 +81,32 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let _mounted = Mounted(mnt.clone());
     let host = dir.join("hostpath");
     std::fs::create_dir_all(&host)?;
+    // The tuple is taken apart in its order: the mount, the loop device,
+    // the daemon.
+    let baseline = match ctx.baseline_bin.clone() {
+        Some(bin) => {
+            let b = ctx.lamina_of(&bin, "node-lamina-baseline")?;
+            b.create_volume("fs", size)?;
+            let file = b.attach_file("fs")?;
+            let lo = Loop::over(&file)?;
+            proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &lo.0]))?;
+            let m = dir.join("claim-baseline");
+            std::fs::create_dir_all(&m)?;
+            proc::run(Command::new("mount").arg(&lo.0).arg(&m))?;
+            Some((Mounted(m), lo, b))
+        }
+        None => None,
+    };
 
-    let targets = vec![
+    let mut targets = vec![
         (HOST, Target::File(host.join("fio.dat"), work)),
         (EXT4, Target::File(mnt.join("fio.dat"), work)),
         (LOOP, Target::File(PathBuf::from(&raw_loop.0), work)),
         (FILE, Target::File(raw_file.clone(), work)),
     ];
+    if let Some((m, _, _)) = &baseline {
+        targets.push((BASELINE, Target::File(m.0.join("fio.dat"), work)));
+    }
     for (_, t) in &targets {
         fill(t, work)?;
     }
@@ -102,6 +123,19 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             HOST,
             Some(0.8),
         );
+        if let Some(bin) = &ctx.baseline_bin {
+            ctx.rec.compare(
+                CASE,
+                &format!(
+                    "{label}: claim, this build vs the baseline ({})",
+                    bin.display()
+                ),
+                label,
+                EXT4,
+                BASELINE,
+                None,
+            );
+        }
         for hop in [LOOP, FILE] {
             ctx.rec.compare(
                 CASE,
