@@ -326,10 +326,19 @@ impl FileServer {
                     return Err(setup(e));
                 }
             };
+            // Made here, so that a reader that could not wait is a failure
+            // to start, not a silent reader short.
+            let ep = match reader_epoll(&dev, &stop) {
+                Ok(ep) => ep,
+                Err(e) => {
+                    server.halt();
+                    return Err(setup(e));
+                }
+            };
             let sh = server.shared.clone();
             match std::thread::Builder::new()
                 .name(format!("fuse-{i}-{name}"))
-                .spawn(move || reader(dev, stop, sh))
+                .spawn(move || reader(dev, stop, ep, sh))
             {
                 Ok(t) => server.threads.push(t),
                 Err(e) => {
@@ -492,16 +501,12 @@ fn reader_epoll(dev: &File, stop: &File) -> io::Result<OwnedFd> {
     Ok(ep)
 }
 
-/// One reader: wait for a request or the stop signal, read, answer or
-/// submit. Ends on the stop signal or when the connection is gone.
-fn reader(dev: Arc<File>, stop: File, sh: Arc<Shared>) {
-    let ep = match reader_epoll(&dev, &stop) {
-        Ok(ep) => ep,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot wait for FUSE requests; this reader stops");
-            return;
-        }
-    };
+/// One reader: wait in `ep` (its [`reader_epoll`] set over `dev` and
+/// `stop`) for a request or the stop signal, read, answer or submit. Ends
+/// on the stop signal or when the connection is gone.
+fn reader(dev: Arc<File>, stop: File, ep: OwnedFd, sh: Arc<Shared>) {
+    // The epoll set refers to `stop`'s open file: held for the reader's life.
+    let _stop = stop;
     let mut buf = vec![0u8; proto::READ_BUFFER];
     loop {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
