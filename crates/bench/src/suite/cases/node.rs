@@ -8,6 +8,7 @@
 //! the loop device. Every target is written whole before the jobs run.
 
 use crate::suite::fio::{self, Job, Target};
+use crate::suite::lamina::Lamina;
 use crate::suite::{proc, Ctx};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -51,6 +52,20 @@ impl Drop for Mounted {
     }
 }
 
+/// A claim staged as the node plugin stages it: volume `fs` of `size` on
+/// `lamina` served as a file, a loop device over it, ext4 on the loop
+/// device, mounted on `mnt`. Taken apart in the tuple's order: the mount,
+/// then the loop device (the daemon goes after, with its owner's value).
+fn claim(lamina: &Lamina, size: u64, mnt: &Path) -> Result<(Mounted, Loop)> {
+    lamina.create_volume("fs", size)?;
+    let file = lamina.attach_file("fs")?;
+    let lo = Loop::over(&file)?;
+    proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &lo.0]))?;
+    std::fs::create_dir_all(mnt)?;
+    proc::run(Command::new("mount").arg(&lo.0).arg(mnt))?;
+    Ok((Mounted(mnt.to_path_buf()), lo))
+}
+
 /// Write `target`'s first `size` bytes once, 1 MiB at a time.
 fn fill(target: &Target, size: u64) -> Result<()> {
     let mut job = Job::new("write", "1m", 8, 0.0);
@@ -67,33 +82,22 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let work = size * 3 / 4;
     let lamina = ctx.lamina("node-lamina")?;
     lamina.create_volume("raw", size)?;
-    lamina.create_volume("fs", size)?;
     let raw_file = lamina.attach_file("raw")?;
-    let fs_file = lamina.attach_file("fs")?;
-    // Dropped in reverse: the mount, then the loop devices, then (with
-    // `lamina`, declared first) the daemon.
+    // Dropped in reverse: the claim (its mount, then its loop device), the
+    // raw volume's loop device, then (declared first) the daemon.
     let raw_loop = Loop::over(&raw_file)?;
-    let fs_loop = Loop::over(&fs_file)?;
-    proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &fs_loop.0]))?;
     let mnt = dir.join("claim");
-    std::fs::create_dir_all(&mnt)?;
-    proc::run(Command::new("mount").arg(&fs_loop.0).arg(&mnt))?;
-    let _mounted = Mounted(mnt.clone());
+    let _claim = claim(&lamina, size, &mnt)?;
     let host = dir.join("hostpath");
     std::fs::create_dir_all(&host)?;
-    // The tuple is taken apart in its order: the mount, the loop device,
-    // the daemon.
+    // `--baseline`: the same claim over the other build's daemon; the claim
+    // goes before that daemon.
     let baseline = match ctx.baseline_bin.clone() {
         Some(bin) => {
             let b = ctx.lamina_of(&bin, "node-lamina-baseline")?;
-            b.create_volume("fs", size)?;
-            let file = b.attach_file("fs")?;
-            let lo = Loop::over(&file)?;
-            proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &lo.0]))?;
             let m = dir.join("claim-baseline");
-            std::fs::create_dir_all(&m)?;
-            proc::run(Command::new("mount").arg(&lo.0).arg(&m))?;
-            Some((Mounted(m), lo, b))
+            let c = claim(&b, size, &m)?;
+            Some((c, b, m))
         }
         None => None,
     };
@@ -104,8 +108,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         (LOOP, Target::File(PathBuf::from(&raw_loop.0), work)),
         (FILE, Target::File(raw_file.clone(), work)),
     ];
-    if let Some((m, _, _)) = &baseline {
-        targets.push((BASELINE, Target::File(m.0.join("fio.dat"), work)));
+    if let Some((_, _, m)) = &baseline {
+        targets.push((BASELINE, Target::File(m.join("fio.dat"), work)));
     }
     for (_, t) in &targets {
         fill(t, work)?;
