@@ -37,6 +37,50 @@ impl Loop {
     }
 }
 
+impl Loop {
+    /// Detach the loop device and wait until the kernel has let go of its
+    /// file: a detach is only marked while anything else has the device open
+    /// (another process probing it, or another mount namespace holding a
+    /// copy of a file system mounted on it), and the daemon refuses to stop
+    /// serving a file that is held.
+    fn detach(self) {
+        let name = Path::new(&self.0).file_name().unwrap().to_owned();
+        let sys = Path::new("/sys/block").join(&name);
+        let dev = std::fs::read_to_string(sys.join("dev")).unwrap_or_default();
+        run(Command::new("losetup").args(["-d", &self.0])).ok();
+        std::mem::forget(self);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while sys.join("loop").exists() {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "{} still holds its file 60 s after losetup -d; mount namespaces with a file system on it: {:?}",
+                    name.to_string_lossy(),
+                    mounted_in(dev.trim())
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// The processes (pid and name) whose mount namespace has a file system on
+/// the block device `majmin` ("7:3").
+fn mounted_in(majmin: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let info = std::fs::read_to_string(e.path().join("mountinfo")).unwrap_or_default();
+        if info.lines().any(|l| l.split(' ').nth(2) == Some(majmin)) {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            found.push(format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                comm.trim()
+            ));
+        }
+    }
+    found
+}
+
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = try_run(Command::new("losetup").args(["-d", &self.0]));
@@ -51,6 +95,14 @@ impl Mounted {
         std::fs::create_dir_all(&dir).unwrap();
         run(Command::new("mount").arg(dev).arg(&dir)).ok();
         Mounted(dir)
+    }
+}
+
+impl Mounted {
+    /// Unmount now; a failure fails the test (the drop only tries).
+    fn unmount(self) {
+        run(Command::new("umount").arg(&self.0)).ok();
+        std::mem::forget(self);
     }
 }
 
@@ -135,8 +187,8 @@ fn xfs_on_the_daemons_file_passes_fio_verify_snapshots_and_grows_while_mounted()
     let big = vec![7u8; 64 << 20];
     std::fs::write(fs.0.join("big"), &big).unwrap();
     run(Command::new("sync").arg("-f").arg(&fs.0)).ok();
-    drop(fs);
-    drop(dev);
+    fs.unmount();
+    dev.detach();
     let r = d.json(&["volume", "detach", "v"]);
     assert_eq!(r["existed"], true);
     assert!(!Path::new(&file).exists(), "the detached file is gone");
@@ -360,8 +412,8 @@ fn io_on_the_file_waits_through_a_daemon_restart_handed_to_the_keeper() {
         Some(conn),
         "the same connection still serves the file"
     );
-    drop(fs);
-    drop(dev);
+    fs.unmount();
+    dev.detach();
 
     // Handed over once more, to a daemon that serves no files: nothing
     // claims the connection, so it is ended and its mount detached, and the
