@@ -5,7 +5,11 @@
 //! claim next to what it gets from a hostPath volume (a pod's volume is a
 //! bind mount of the same filesystem, so the pod adds no hop of its own).
 //! Each hop is measured on its own too: fio on the daemon's file, and on
-//! the loop device. Every target is written whole before the jobs run.
+//! the loop device. And the bound of any claim staged through a loop
+//! device (this kernel has no ublk and no NBD client, so a loop device is
+//! the only block device a userspace store can give a filesystem): ext4 on
+//! a loop device over a plain file of the host, with nothing of Lamina in
+//! the path. Every target is written whole before the jobs run.
 
 use crate::suite::fio::{self, Job, Target};
 use crate::suite::lamina::Lamina;
@@ -19,6 +23,7 @@ const HOST: &str = "hostPath (host filesystem)";
 const EXT4: &str = "claim (ext4, loop, daemon's file)";
 const LOOP: &str = "loop device over the daemon's file";
 const FILE: &str = "the daemon's file (FUSE)";
+const BOUND: &str = "ext4, loop, a file of the host (no Lamina)";
 /// `--baseline`: the same claim staged over another build's daemon.
 const BASELINE: &str = "claim, baseline build";
 
@@ -32,7 +37,7 @@ impl Loop {
                 .args(["--find", "--show", "--direct-io=on"])
                 .arg(file),
         )
-        .context("losetup over the daemon's file")?;
+        .with_context(|| format!("losetup over {}", file.display()))?;
         Ok(Loop(dev.trim().to_string()))
     }
 }
@@ -53,13 +58,18 @@ impl Drop for Mounted {
 }
 
 /// A claim staged as the node plugin stages it: volume `fs` of `size` on
-/// `lamina` served as a file, a loop device over it, ext4 on the loop
-/// device, mounted on `mnt`. Taken apart in the tuple's order: the mount,
-/// then the loop device (the daemon goes after, with its owner's value).
+/// `lamina` served as a file, then [`stage`]d on `mnt`. Taken apart in the
+/// tuple's order: the mount, then the loop device (the daemon goes after,
+/// with its owner's value).
 fn claim(lamina: &Lamina, size: u64, mnt: &Path) -> Result<(Mounted, Loop)> {
     lamina.create_volume("fs", size)?;
     let file = lamina.attach_file("fs")?;
-    let lo = Loop::over(&file)?;
+    stage(&file, mnt)
+}
+
+/// A loop device with direct I/O over `file`, ext4 on it, mounted on `mnt`.
+fn stage(file: &Path, mnt: &Path) -> Result<(Mounted, Loop)> {
+    let lo = Loop::over(file)?;
     proc::run(Command::new("mkfs.ext4").args(["-q", "-F", &lo.0]))?;
     std::fs::create_dir_all(mnt)?;
     proc::run(Command::new("mount").arg(&lo.0).arg(mnt))?;
@@ -90,6 +100,12 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let _claim = claim(&lamina, size, &mnt)?;
     let host = dir.join("hostpath");
     std::fs::create_dir_all(&host)?;
+    // The bound: the same staging over a file of the host's filesystem, of
+    // the claim's size and as thin as the claim's volume.
+    let backing = dir.join("bound.img");
+    std::fs::File::create(&backing)?.set_len(size)?;
+    let bound_mnt = dir.join("bound");
+    let _bound = stage(&backing, &bound_mnt)?;
     // `--baseline`: the same claim over the other build's daemon; the claim
     // goes before that daemon.
     let baseline = match ctx.baseline_bin.clone() {
@@ -107,6 +123,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         (EXT4, Target::File(mnt.join("fio.dat"), work)),
         (LOOP, Target::File(PathBuf::from(&raw_loop.0), work)),
         (FILE, Target::File(raw_file.clone(), work)),
+        (BOUND, Target::File(bound_mnt.join("fio.dat"), work)),
     ];
     if let Some((_, _, m)) = &baseline {
         targets.push((BASELINE, Target::File(m.join("fio.dat"), work)));
@@ -140,7 +157,15 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 None,
             );
         }
-        for hop in [LOOP, FILE] {
+        ctx.rec.compare(
+            CASE,
+            &format!("{label}: claim vs the loop bound"),
+            label,
+            EXT4,
+            BOUND,
+            None,
+        );
+        for hop in [LOOP, FILE, BOUND] {
             ctx.rec.compare(
                 CASE,
                 &format!("{label}: {hop} vs hostPath"),
@@ -156,7 +181,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         format!(
             "fio with io_uring and O_DIRECT on {} MiB of each target, written whole first: a file in ext4 on a loop device \
              (losetup --direct-io=on) over the daemon's file of a {} MiB volume, as the node plugin stages a claim; a file in \
-             a directory of the host's filesystem (a hostPath volume); and the hops alone: the loop device, the daemon's file.",
+             a directory of the host's filesystem (a hostPath volume); the hops alone: the loop device, the daemon's file; \
+             and the same ext4 on a loop device over a file of the host's filesystem, nothing of Lamina in the path: the \
+             bound of any claim staged through a loop device.",
             work >> 20,
             size >> 20
         ),
