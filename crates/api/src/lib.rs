@@ -290,7 +290,32 @@ pub struct CreateClone {
 pub struct PeerNode {
     /// The node's name: its transfer certificate must carry it.
     pub name: String,
+    /// Its transfer listener, `HOST:PORT`; empty or absent: the address
+    /// the daemon's node list has for `name` (`POST /v1/nodes`).
+    #[serde(default)]
+    pub address: String,
+}
+
+/// A node in the daemon's node list: another Lamina node it reaches by
+/// name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    /// The node's name: its transfer certificate must carry it.
+    pub name: String,
     /// Its transfer listener, `HOST:PORT`.
+    pub address: String,
+    /// When it was added (RFC 3339, UTC).
+    pub added: String,
+}
+
+/// A node to add to the daemon's node list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AddNode {
+    /// A DNS name of at most 63 characters (lowercase letters, digits,
+    /// `-` and `.`, starting and ending with a letter or digit), as its
+    /// certificate names it.
+    pub name: String,
+    /// Its transfer listener, `HOST:PORT` (an IPv6 host in brackets).
     pub address: String,
 }
 

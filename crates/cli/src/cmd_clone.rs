@@ -25,10 +25,11 @@ pub enum CloneCmd {
         #[arg(long)]
         full: bool,
         /// The snapshot is on another node, NODE: copy it here over the network
-        /// (always a full copy; needs --from-address and a node certificate).
-        #[arg(long, value_name = "NODE", requires_all = ["from_address", "from_snapshot"])]
+        /// (always a full copy; needs a node certificate, and NODE's address:
+        /// --from-address, or NODE in the daemon's node list, `lamina node add`).
+        #[arg(long, value_name = "NODE", requires = "from_snapshot")]
         from_node: Option<String>,
-        /// The other node's transfer address, HOST:PORT (its `lamina serve --transfer-listen`).
+        /// The other node's transfer address, HOST:PORT (its `lamina serve --transfer-listen`) [default: the node list's].
         #[arg(long, value_name = "HOST:PORT", requires = "from_node")]
         from_address: Option<String>,
         /// Return as soon as a copy (--full or --from-node) has started, without waiting for it.

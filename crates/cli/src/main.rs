@@ -12,6 +12,7 @@ mod cmd_controller;
 mod cmd_csi;
 #[cfg(feature = "kubernetes")]
 mod cmd_node;
+mod cmd_nodes;
 mod cmd_operation;
 mod cmd_pool;
 mod cmd_schedule;
@@ -146,11 +147,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Register this storage node with Lamina's controllers (its own flags: `lamina node register --help`).
+    /// Other Lamina nodes this daemon reaches by name; and `register`, this storage node's registration with Lamina's controllers.
     Node {
-        /// The command and its flags, e.g. register --node NAME --endpoint URL --token-file PATH.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        #[command(subcommand)]
+        cmd: cmd_nodes::NodeCmd,
     },
     /// Print the CustomResourceDefinitions of Lamina's Kubernetes resources (YAML).
     Crds,
@@ -208,7 +208,7 @@ fn main() {
         }
         return;
     }
-    if args.get(1).is_some_and(|a| a == "node") {
+    if args.get(1).is_some_and(|a| a == "node") && args.get(2).is_some_and(|a| a == "register") {
         init_tracing("warn");
         if let Err(e) = cmd_node::main(args) {
             eprintln!("error: {e:#}");
@@ -290,9 +290,11 @@ fn run(
             Some("run it as `lamina csi --mode ... --endpoint unix:///...` (see `lamina csi --help`)".into()),
         )),
         Cmd::Crds => cmd_controller::crds(),
-        Cmd::Node { .. } => anyhow::bail!(Failure::new(
-            "`lamina node` takes its own options after the word node".to_string(),
-            Some("run it as `lamina node register --node NAME ...` (see `lamina node --help`)".into()),
+        Cmd::Node {
+            cmd: cmd_nodes::NodeCmd::Register { .. },
+        } => anyhow::bail!(Failure::new(
+            "`lamina node register` takes its own options after the words node register".to_string(),
+            Some("run it as `lamina node register --node NAME ...` (see `lamina node register --help`)".into()),
         )),
         Cmd::ScheduleController { .. } => anyhow::bail!(Failure::new(
             "`lamina schedule-controller` takes its own options after its name".to_string(),
@@ -333,6 +335,7 @@ fn run(
                         Ok(())
                     }
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
+                    Cmd::Node { cmd } => cmd_nodes::run(&ctx, cmd).await,
                     Cmd::Pool { .. } => cmd_pool::daemon_stats(&ctx).await,
                     Cmd::Serve { .. }
                     | Cmd::Keeper { .. }
@@ -340,7 +343,6 @@ fn run(
                     | Cmd::Csi { .. }
                     | Cmd::Controller { .. }
                     | Cmd::ScheduleController { .. }
-                    | Cmd::Node { .. }
                     | Cmd::Crds => {
                         unreachable!("handled above")
                     }

@@ -276,3 +276,69 @@ fn a_closed_pipe_ends_the_output_quietly() {
     );
     d.stop_cleanly();
 }
+
+#[test]
+fn the_node_list_keeps_other_nodes_by_name() {
+    let mut d = LAMINA.start();
+    let out = d.ok(&["node", "add", "n2", "10.0.0.2:7481"]);
+    assert_eq!(out.trim(), "added node n2 at 10.0.0.2:7481");
+    d.ok(&["node", "add", "n1", "[fd00::1]:7481"]);
+    // The same again succeeds and changes nothing; another address is
+    // refused, saying how to change it.
+    let out = d.ok(&["node", "add", "n2", "10.0.0.2:7481"]);
+    assert!(out.contains("in the list already"), "{out}");
+    let e = d.err(&["node", "add", "n2", "10.0.0.9:7481"]);
+    assert!(
+        e.contains("10.0.0.2:7481") && e.contains("lamina node remove n2"),
+        "{e}"
+    );
+    for (args, says) in [
+        (["node", "add", "N2", "10.0.0.2:7481"], "node name"),
+        (["node", "add", "n3", "10.0.0.3"], "no port"),
+        (["node", "add", "n3", "fd00::3:7481"], "bracketed IPv6"),
+    ] {
+        let e = d.err(&args);
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+    let list = d.json(&["node", "list"]);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["n1", "n2"], "{list}");
+    assert_eq!(list[1]["address"], "10.0.0.2:7481");
+    let table = d.ok(&["node", "list"]);
+    assert!(table.starts_with("NAME"), "{table}");
+
+    // Kept across a restart.
+    d.restart();
+    assert_eq!(d.json(&["node", "list"]), list);
+
+    // A clone naming a node the list does not have, with no address, is
+    // refused before anything is made.
+    d.ok(&["node", "remove", "n1"]);
+    let out = d.ok(&["node", "remove", "n1"]);
+    assert!(out.contains("not in the list"), "{out}");
+    let e = d.err(&[
+        "clone",
+        "create",
+        "c",
+        "--from-snapshot",
+        "src/gold",
+        "--from-node",
+        "n1",
+    ]);
+    assert!(
+        e.contains("no node \"n1\"") && e.contains("lamina node add"),
+        "{e}"
+    );
+    assert_eq!(d.json(&["volume", "list"]), serde_json::json!([]));
+
+    // `register` is still the Kubernetes registration, with its own flags.
+    let help =
+        run(Command::new(env!("CARGO_BIN_EXE_lamina")).args(["node", "register", "--help"])).ok();
+    assert!(help.contains("--token-file"), "{help}");
+    d.stop_cleanly();
+}

@@ -382,6 +382,31 @@ impl Client {
     // --- schedules ---
 
     /// Every schedule, by name.
+    /// The daemon's node list, by name.
+    pub async fn list_nodes(&self) -> Result<Vec<api::Node>> {
+        self.get(&path::api("/nodes", &[])).await
+    }
+
+    /// Add a node to the list; the same address again succeeds (`created`
+    /// false), another is refused (409).
+    pub async fn add_node(&self, req: &api::AddNode) -> Result<Created<api::Node>> {
+        self.create(&path::api("/nodes", &[]), req).await
+    }
+
+    pub async fn get_node(&self, name: &str) -> Result<api::Node> {
+        self.get(&path::api("/nodes/{}", &[name])).await
+    }
+
+    /// Remove a node from the list; an absent one answers `existed: false`.
+    pub async fn remove_node(&self, name: &str) -> Result<api::Removed> {
+        self.remove(
+            Method::DELETE,
+            &path::api("/nodes/{}", &[name]),
+            format!("node {name}"),
+        )
+        .await
+    }
+
     pub async fn list_schedules(&self) -> Result<Vec<api::Schedule>> {
         self.get(&path::api("/schedules", &[])).await
     }

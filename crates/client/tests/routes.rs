@@ -615,3 +615,56 @@ async fn space_routes() {
         )
     );
 }
+
+#[tokio::test]
+async fn node_routes() {
+    let f = Fake::start();
+    let c = &f.client;
+    let req = api::AddNode {
+        name: "n2".into(),
+        address: "[fd00::2]:7481".into(),
+    };
+    let node = api::Node {
+        name: "n2".into(),
+        address: "[fd00::2]:7481".into(),
+        added: "2030-01-01T00:00:00Z".into(),
+    };
+    f.answer(201, json(&node));
+    let r = c.add_node(&req).await.unwrap();
+    assert!(r.created);
+    assert_eq!(r.value, node);
+    assert_eq!(f.last(), seen("POST", "/v1/nodes", Some(json(&req))));
+    f.answer(200, json(&node));
+    assert!(!c.add_node(&req).await.unwrap().created);
+    f.answer(200, json(&vec![node.clone()]));
+    assert_eq!(c.list_nodes().await.unwrap(), vec![node.clone()]);
+    assert_eq!(f.last(), seen("GET", "/v1/nodes", None));
+    f.answer(200, json(&node));
+    assert_eq!(c.get_node("n2").await.unwrap(), node);
+    assert_eq!(f.last(), seen("GET", "/v1/nodes/n2", None));
+    let removed = api::Removed {
+        what: "node n2".into(),
+        existed: true,
+    };
+    f.answer(200, json(&removed));
+    assert_eq!(c.remove_node("n2").await.unwrap(), removed);
+    assert_eq!(f.last(), seen("DELETE", "/v1/nodes/n2", None));
+    // A clone naming its source node alone sends no address.
+    let clone = api::CreateClone {
+        name: "c".into(),
+        from_snapshot: Some("v/s".into()),
+        from_volume: None,
+        full: false,
+        from_node: Some(api::PeerNode {
+            name: "n2".into(),
+            address: String::new(),
+        }),
+    };
+    assert_eq!(
+        serde_json::from_value::<api::CreateClone>(serde_json::json!({
+            "name": "c", "from_snapshot": "v/s", "from_node": {"name": "n2"}
+        }))
+        .unwrap(),
+        clone
+    );
+}

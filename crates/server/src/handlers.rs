@@ -451,7 +451,11 @@ pub async fn create_clone(
     st: St,
     b: Result<Json<api::CreateClone>, JsonRejection>,
 ) -> R<(StatusCode, Json<api::CloneCreated>)> {
-    let req = body(b)?;
+    let mut req = body(b)?;
+    if let Some(node) = req.from_node.take() {
+        let s = st.clone();
+        req.from_node = Some(blocking(move || crate::nodes::resolve(&s, node)).await?);
+    }
     let op = operations::clone_op(req)?;
     let Outcome::Started {
         info,

@@ -23,7 +23,16 @@ const LAYERS: &[(&str, &[&str])] = &[
             "paths",
         ],
     ),
-    ("store", &["migrate", "store", "store/db", "store/records"]),
+    (
+        "store",
+        &[
+            "migrate",
+            "store",
+            "store/db",
+            "store/nodes",
+            "store/records",
+        ],
+    ),
     (
         "beside the state",
         &[
@@ -61,6 +70,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "extract",
             "groups",
             "handlers",
+            "nodes",
             "openapi",
             "router",
             "schedules/api",

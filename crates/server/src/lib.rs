@@ -19,6 +19,7 @@ mod jobs;
 mod layers;
 pub mod metrics;
 mod migrate;
+mod nodes;
 mod openapi;
 mod operations;
 pub mod pacing;

@@ -5,6 +5,7 @@
 
 use crate::groups::*;
 use crate::handlers::*;
+use crate::nodes::*;
 use crate::schedules::api::*;
 use crate::space::*;
 use lamina_api as api;
@@ -54,7 +55,11 @@ use utoipa::{Modify, OpenApi};
         create_schedule,
         get_schedule,
         update_schedule,
-        delete_schedule
+        delete_schedule,
+        list_nodes,
+        add_node,
+        get_node,
+        remove_node
     ),
     components(schemas(
         api::Volume,
@@ -83,6 +88,8 @@ use utoipa::{Modify, OpenApi};
         api::PruneResult,
         api::Changes,
         api::PeerNode,
+        api::Node,
+        api::AddNode,
         api::FailureReason,
         api::ScheduleSpec,
         api::Schedule,
@@ -201,6 +208,15 @@ fn apply_rules(doc: &mut utoipa::openapi::OpenApi) -> Vec<String> {
             Some(o) => labels_rule(o),
             None => missing.push(format!("{schema}.labels")),
         }
+    }
+    // A node's name (the node list's rule, not the engine's).
+    match object(doc, "AddNode", "name") {
+        Some(o) => {
+            o.pattern = Some(crate::nodes::NAME_PATTERN.into());
+            o.min_length = Some(1);
+            o.max_length = Some(crate::nodes::MAX_NAME);
+        }
+        None => missing.push("AddNode.name".into()),
     }
     // A snapshot's path names its volume by name, or by NAME@ID once the
     // volume was deleted (its snapshots outlive it).

@@ -72,6 +72,14 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
                 .delete(crate::schedules::api::delete_schedule),
         )
         .route("/v1/clones", post(create_clone))
+        .route(
+            "/v1/nodes",
+            get(crate::nodes::list_nodes).post(crate::nodes::add_node),
+        )
+        .route(
+            "/v1/nodes/{name}",
+            get(crate::nodes::get_node).delete(crate::nodes::remove_node),
+        )
         .route("/v1/operations", get(list_operations))
         .route("/v1/changes", get(handlers::changes))
         .route("/v1/operations/{id}", get(get_operation))

@@ -119,7 +119,17 @@ impl<'a> Node<'a> {
     /// Start pulling `src/gold` from `from` into a new volume `name`; the
     /// operation's id.
     fn pull(&self, name: &str, from: &Node) -> String {
-        let j = self.d.json(&[
+        self.start_pull(name, from, Some(&from.transfer()))
+    }
+
+    /// [`Node::pull`], `from` named alone: its address comes from this
+    /// daemon's node list.
+    fn pull_by_name(&self, name: &str, from: &Node) -> String {
+        self.start_pull(name, from, None)
+    }
+
+    fn start_pull(&self, name: &str, from: &Node, address: Option<&str>) -> String {
+        let mut args = vec![
             "clone",
             "create",
             name,
@@ -127,10 +137,12 @@ impl<'a> Node<'a> {
             "src/gold",
             "--from-node",
             &from.name,
-            "--from-address",
-            &from.transfer(),
             "--no-wait",
-        ]);
+        ];
+        if let Some(a) = address {
+            args.extend(["--from-address", a]);
+        }
+        let j = self.d.json(&args);
         let id = j["operation"]["id"]
             .as_str()
             .unwrap_or_else(|| panic!("clone create printed no operation id: {j}"))
@@ -295,9 +307,11 @@ fn a_clone_crosses_nodes_sparse_and_unusable_until_done() {
     assert!(v["operation"].is_null(), "{v}");
     same_data(&src, &dst, "c1");
 
-    // A second clone of the same snapshot, to the third node, at full speed.
+    // A second clone of the same snapshot, to the third node, at full speed,
+    // naming the source alone: the third node has it in its node list.
     src.host.unshape();
-    let id = third.pull("c2", &src);
+    third.d.ok(&["node", "add", &src.name, &src.transfer()]);
+    let id = third.pull_by_name("c2", &src);
     third.succeeded(&id);
     same_data(&src, &third, "c2");
 }

@@ -11,10 +11,12 @@
 //! the format.
 
 mod db;
+mod nodes;
 mod records;
 
 use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
+pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec};
 
 use crate::error::ServerError;
