@@ -414,21 +414,35 @@ mod tests {
     use lamina_blockio::testing::{contract, Mirror};
     use lamina_engine::{Pool, PoolOptions};
 
-    /// The daemon's pool and store in a directory, with volumes "a" and "b"
-    /// of 8 MiB. A restart abandons the pool, as a killed daemon would, and
-    /// opens both again.
+    /// The daemon's pool and store in a directory, with volumes "a", "b"
+    /// and "c" of 8 MiB. A restart abandons the pool, as a killed daemon
+    /// would, and opens both again.
     struct Daemon {
         dir: tempfile::TempDir,
         pool: Option<Pool>,
         registry: Option<Registry>,
         mirror: bool,
+        /// Opened as a replicated volume of the three, whose faults land
+        /// here (the contract faults none).
+        replicated: Option<Arc<Faults>>,
+    }
+
+    /// A replicated volume's membership that records faults in memory.
+    #[derive(Default)]
+    struct Faults(std::sync::Mutex<Vec<String>>);
+
+    impl lamina_replica::Membership for Faults {
+        fn fault(&self, _index: usize, name: &str, reason: &str) -> Result<(), IoError> {
+            self.0.lock().unwrap().push(format!("{name}: {reason}"));
+            Ok(())
+        }
     }
 
     impl Daemon {
         fn new(mirror: bool) -> Daemon {
             let dir = tempfile::tempdir().unwrap();
             let pool = Pool::create_dir(dir.path().join("pool"), PoolOptions::default()).unwrap();
-            for v in ["a", "b"] {
+            for v in ["a", "b", "c"] {
                 pool.create_volume(v, 8 << 20).unwrap();
             }
             let mut d = Daemon {
@@ -436,6 +450,7 @@ mod tests {
                 pool: Some(pool),
                 registry: None,
                 mirror,
+                replicated: None,
             };
             d.open_store();
             d
@@ -457,6 +472,18 @@ mod tests {
 
     impl contract::Subject for Daemon {
         fn open(&mut self) -> Arc<dyn BlockIo> {
+            if let Some(faults) = &self.replicated {
+                let replicas = ["a", "b", "c"]
+                    .into_iter()
+                    .map(|v| lamina_replica::Replica {
+                        name: v.into(),
+                        io: self.engine(v),
+                    })
+                    .collect();
+                return Arc::new(
+                    lamina_replica::Replicated::new("r", replicas, faults.clone()).unwrap(),
+                );
+            }
             if self.mirror {
                 Arc::new(Mirror::new(self.engine("a"), self.engine("b")))
             } else {
@@ -496,6 +523,32 @@ mod tests {
             ) {
                 Ok(lamina_blockio::IoDone::Read(b)) => assert_eq!(b, vec![4; 4096], "leg {leg}"),
                 r => panic!("leg {leg}: {r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_replicated_volume_of_three_engine_volumes_keeps_the_contract() {
+        let mut d = Daemon::new(false);
+        let faults = Arc::new(Faults::default());
+        d.replicated = Some(faults.clone());
+        contract::run(&mut d);
+        assert_eq!(*faults.0.lock().unwrap(), Vec::<String>::new());
+        // Every replica holds what the volume wrote (the suite's last write).
+        for replica in ["a", "b", "c"] {
+            let v = d.engine(replica);
+            v.activate(4).unwrap();
+            match wait(
+                &*v,
+                IoOp::Read {
+                    offset: 0,
+                    buf: vec![0; 4096],
+                },
+            ) {
+                Ok(lamina_blockio::IoDone::Read(b)) => {
+                    assert_eq!(b, vec![4; 4096], "replica {replica}")
+                }
+                r => panic!("replica {replica}: {r:?}"),
             }
         }
     }

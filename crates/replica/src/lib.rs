@@ -1,0 +1,480 @@
+//! A replicated volume's front end: one [`BlockIo`] made of the volume's
+//! replicas, each itself a [`BlockIo`] (the local engine volume in
+//! process, a remote one over the network), so that the NBD server and the
+//! CSI node path serve a replicated volume exactly as a local one. This
+//! crate owns how each operation is fanned out and when it completes, and
+//! the healthy set as the front end sees it; it must not know where a
+//! replica lives or how it is reached (its [`BlockIo`] does), nor where the
+//! healthy set is recorded (its [`Membership`] does: the daemon's store
+//! today, the Kubernetes API next).
+//!
+//! # Rules (docs/volume-io.md, "Replicated volumes")
+//!
+//! 1. **Writes, trims, write-zeroes and flushes go to every healthy replica**
+//!    and complete when all of them have answered: successfully if at least
+//!    one replica succeeded and every replica that failed is faulted.
+//! 2. **A replica that fails a change is faulted before the change
+//!    completes**: taken out of the healthy set in memory (nothing is sent
+//!    to it or read from it after that), then recorded through
+//!    [`Membership::fault`], which returns once the record is durable. Only
+//!    then does the change complete, so no acknowledged write is missing
+//!    from a replica the record still calls healthy. If the record fails,
+//!    the change fails ([`IoErrorKind::Io`]).
+//! 3. **A change every replica failed fails**, and faults none of them: no
+//!    replica holds it, so none is behind the others.
+//! 4. **Reads and block status go to the first healthy replica** (the
+//!    local one, put first); one that fails is faulted, as for a change, and
+//!    the read is asked of the next.
+//! 5. **Fenced is final**: a replica answering [`IoErrorKind::Fenced`] says
+//!    another front end took the volume over at a higher generation. The
+//!    operation fails with it, no replica is faulted for it, and every later
+//!    operation fails the same way.
+//! 6. **No healthy replica left**: every operation fails with
+//!    [`IoErrorKind::Io`] naming the volume.
+//! 7. **Activation** ([`BlockIo::activate`]) activates every healthy
+//!    replica at the generation; one refusing with Fenced fails it, one
+//!    failing otherwise is faulted. An activation that succeeds ends rule
+//!    5's refusal: the front end holds the volume again, at a generation
+//!    every healthy replica accepted.
+
+//!
+//! Not yet here: a faulted replica coming back (it stays out until the
+//! volume is opened again), one order for overlapping writes in flight on
+//! every replica (the contract lets a volume keep either; replicas that
+//! keep different ones would read differently after a failover), replicas
+//! over the network.
+
+use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where the healthy set is recorded.
+pub trait Membership: Send + Sync + 'static {
+    /// Record, durably, that replica `index` (in the order given to
+    /// [`Replicated::new`]) is faulted: it may miss acknowledged writes.
+    /// Returns once the record survives a crash; an error if it could not
+    /// be made. Called at most once per replica by one front end, from the
+    /// thread of the operation that found the fault (it may block).
+    fn fault(&self, index: usize, name: &str, reason: &str) -> Result<(), IoError>;
+}
+
+/// One replica: a name for errors and records, and its volume.
+pub struct Replica {
+    pub name: String,
+    pub io: Arc<dyn BlockIo>,
+}
+
+/// A replica's state as the front end sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Healthy,
+    /// Out of the healthy set: why.
+    Faulted(String),
+}
+
+struct Shared {
+    name: String,
+    replicas: Vec<Replica>,
+    /// Per replica; changed under `faulting`, read without it.
+    healthy: Vec<AtomicBool>,
+    /// Held while a fault is recorded: each replica is recorded once.
+    faulting: Mutex<()>,
+    /// Each replica's recorded fault (a short lock, never held while a
+    /// record is made).
+    reasons: Mutex<Vec<Option<String>>>,
+    fenced: AtomicBool,
+    /// The Fenced answer that set `fenced` (it names the new holder's
+    /// generation).
+    fenced_by: Mutex<String>,
+    /// A replica is out of the healthy set but its record failed.
+    unrecorded: AtomicBool,
+    membership: Arc<dyn Membership>,
+}
+
+/// A volume made of replicas (see the crate's rules).
+pub struct Replicated {
+    shared: Arc<Shared>,
+    caps: Caps,
+    read_only: bool,
+}
+
+impl Replicated {
+    /// The volume `name` of `replicas`, all healthy, of one size; reads go
+    /// to the first healthy one in this order.
+    pub fn new(
+        name: &str,
+        replicas: Vec<Replica>,
+        membership: Arc<dyn Membership>,
+    ) -> Result<Replicated, IoError> {
+        if replicas.is_empty() {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {name} needs at least one replica"),
+            ));
+        }
+        let caps = replicas
+            .iter()
+            .map(|r| r.io.caps())
+            .reduce(Caps::and)
+            .unwrap_or(Caps::ALL);
+        let read_only = replicas.iter().any(|r| r.io.read_only());
+        let n = replicas.len();
+        Ok(Replicated {
+            shared: Arc::new(Shared {
+                name: name.to_string(),
+                replicas,
+                healthy: (0..n).map(|_| AtomicBool::new(true)).collect(),
+                faulting: Mutex::new(()),
+                reasons: Mutex::new(vec![None; n]),
+                fenced: AtomicBool::new(false),
+                fenced_by: Mutex::new(String::new()),
+                unrecorded: AtomicBool::new(false),
+                membership,
+            }),
+            caps,
+            read_only,
+        })
+    }
+
+    /// Each replica's name and state, in order.
+    pub fn states(&self) -> Vec<(String, State)> {
+        let reasons = self.shared.reasons().clone();
+        self.shared
+            .replicas
+            .iter()
+            .zip(reasons.iter())
+            .map(|(r, why)| {
+                let s = match why {
+                    None => State::Healthy,
+                    Some(w) => State::Faulted(w.clone()),
+                };
+                (r.name.clone(), s)
+            })
+            .collect()
+    }
+}
+
+impl Shared {
+    fn serial(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.faulting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reasons(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
+        self.reasons.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recorded(&self, i: usize) -> bool {
+        self.reasons()[i].is_some()
+    }
+
+    /// Rule 5: every later operation fails as `e` did.
+    fn fence(&self, e: &IoError) {
+        *self.fenced_by.lock().unwrap_or_else(|p| p.into_inner()) = e.message.clone();
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    fn healthy(&self) -> Vec<usize> {
+        (0..self.replicas.len())
+            .filter(|&i| self.healthy[i].load(Ordering::SeqCst))
+            .collect()
+    }
+
+    fn unavailable(&self) -> IoError {
+        if self.fenced.load(Ordering::SeqCst) {
+            let by = self.fenced_by.lock().unwrap_or_else(|p| p.into_inner());
+            return IoError::new(
+                IoErrorKind::Fenced,
+                format!(
+                    "volume {} was taken over by a front end of a higher generation: {by}",
+                    self.name
+                ),
+            );
+        }
+        IoError::new(
+            IoErrorKind::Io,
+            format!("volume {} has no healthy replica left", self.name),
+        )
+    }
+
+    /// Rule 2: out of the healthy set, then recorded; Ok once recorded
+    /// (now or by an earlier fault of the same replica).
+    fn fault(&self, i: usize, reason: &str) -> Result<(), IoError> {
+        let serial = self.serial();
+        if self.recorded(i) {
+            return Ok(());
+        }
+        if !self.healthy[i].load(Ordering::SeqCst) {
+            // Out already, its record failed: tried again below.
+            drop(serial);
+            self.unrecorded.store(true, Ordering::SeqCst);
+            return self.pending_records();
+        }
+        self.healthy[i].store(false, Ordering::SeqCst);
+        let name = &self.replicas[i].name;
+        tracing::warn!(volume = %self.name, replica = %name, %reason, "replica faulted");
+        match self.membership.fault(i, name, reason) {
+            Ok(()) => {
+                self.reasons()[i] = Some(reason.to_string());
+                Ok(())
+            }
+            // Stays out of the healthy set in memory; the record is tried
+            // again before the next change completes.
+            Err(e) => {
+                self.unrecorded.store(true, Ordering::SeqCst);
+                Err(IoError::new(
+                    IoErrorKind::Io,
+                    format!(
+                        "volume {}: replica {name} failed ({reason}) and that could not be recorded: {}",
+                        self.name, e.message
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Faults not yet recorded (a record that failed): tried again before
+    /// anything is acknowledged.
+    fn pending_records(&self) -> Result<(), IoError> {
+        if !self.unrecorded.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let pending: Vec<usize> = {
+            let reasons = self.reasons();
+            (0..self.replicas.len())
+                .filter(|&i| !self.healthy[i].load(Ordering::SeqCst) && reasons[i].is_none())
+                .collect()
+        };
+        for i in pending {
+            if let Err(e) = self.record_again(i) {
+                self.unrecorded.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Record a fault whose first record failed.
+    fn record_again(&self, i: usize) -> Result<(), IoError> {
+        let _serial = self.serial();
+        if self.recorded(i) {
+            return Ok(());
+        }
+        let name = &self.replicas[i].name;
+        let reason = "it failed an operation earlier (that record failed then)";
+        self.membership.fault(i, name, reason).map_err(|e| {
+            IoError::new(
+                IoErrorKind::Io,
+                format!(
+                    "volume {}: replica {name} is faulted and that still cannot be recorded: {}",
+                    self.name, e.message
+                ),
+            )
+        })?;
+        self.reasons()[i] = Some(reason.to_string());
+        Ok(())
+    }
+}
+
+/// One change sent to several replicas: the caller's completion runs once
+/// all answered (rules 1 to 3, 5).
+struct Fan {
+    shared: Arc<Shared>,
+    remaining: usize,
+    ok: Option<IoDone>,
+    failed: Vec<(usize, IoError)>,
+    done: Option<Completion>,
+}
+
+fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
+    let finished = {
+        let mut f = fan.lock().unwrap_or_else(|p| p.into_inner());
+        f.remaining -= 1;
+        match r {
+            Ok(d) => {
+                f.ok.get_or_insert(d);
+            }
+            Err(e) => f.failed.push((i, e)),
+        }
+        if f.remaining > 0 {
+            return;
+        }
+        (
+            f.shared.clone(),
+            f.ok.take(),
+            std::mem::take(&mut f.failed),
+            f.done.take(),
+        )
+    };
+    // Outside the lock: recording a fault blocks, and the completion may
+    // submit again.
+    let (shared, ok, failed, done) = finished;
+    let Some(done) = done else { return };
+    done(settle(&shared, ok, failed));
+}
+
+fn settle(
+    shared: &Shared,
+    ok: Option<IoDone>,
+    failed: Vec<(usize, IoError)>,
+) -> Result<IoDone, IoError> {
+    if let Some((_, e)) = failed.iter().find(|(_, e)| e.kind == IoErrorKind::Fenced) {
+        shared.fence(e);
+        return Err(e.clone());
+    }
+    let Some(ok) = ok else {
+        // Rule 3: nobody holds it.
+        return Err(failed
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .unwrap_or_else(|| shared.unavailable()));
+    };
+    for (i, e) in &failed {
+        shared.fault(*i, &e.to_string())?;
+    }
+    shared.pending_records()?;
+    Ok(ok)
+}
+
+/// The same operation again, for another replica (the buffers are copied;
+/// a read's is not: reads go to one replica at a time).
+fn copy_of(op: &IoOp) -> IoOp {
+    match op {
+        IoOp::Read { offset, buf } => IoOp::Read {
+            offset: *offset,
+            buf: vec![0; buf.len()],
+        },
+        IoOp::Write { offset, data, fua } => IoOp::Write {
+            offset: *offset,
+            data: data.clone(),
+            fua: *fua,
+        },
+        IoOp::Flush => IoOp::Flush,
+        IoOp::Trim { offset, len } => IoOp::Trim {
+            offset: *offset,
+            len: *len,
+        },
+        IoOp::WriteZeroes {
+            offset,
+            len,
+            may_trim,
+        } => IoOp::WriteZeroes {
+            offset: *offset,
+            len: *len,
+            may_trim: *may_trim,
+        },
+        IoOp::BlockStatus { offset, len } => IoOp::BlockStatus {
+            offset: *offset,
+            len: *len,
+        },
+    }
+}
+
+/// Rule 4: ask the first healthy replica; on a failure, fault it and ask
+/// the next.
+fn read_from(shared: Arc<Shared>, op: IoOp, done: Completion) {
+    if shared.fenced.load(Ordering::SeqCst) {
+        return done(Err(shared.unavailable().at(op.describe())));
+    }
+    let Some(&i) = shared.healthy().first() else {
+        return done(Err(shared.unavailable().at(op.describe())));
+    };
+    let again = copy_of(&op);
+    let s = shared.clone();
+    shared.replicas[i].io.submit(
+        op,
+        Box::new(move |r| match r {
+            Ok(d) => done(Ok(d)),
+            Err(e) if e.kind == IoErrorKind::Fenced => {
+                s.fence(&e);
+                done(Err(e))
+            }
+            // Out of range or not supported is the request's fault, the
+            // same on every replica.
+            Err(e) if matches!(e.kind, IoErrorKind::Invalid | IoErrorKind::NotSupported) => {
+                done(Err(e))
+            }
+            Err(e) => match s.fault(i, &e.to_string()) {
+                Ok(()) => read_from(s, again, done),
+                Err(f) => done(Err(f.at((e.op, e.offset, e.len)))),
+            },
+        }),
+    );
+}
+
+impl BlockIo for Replicated {
+    fn size(&self) -> Result<u64, IoError> {
+        let s = &self.shared;
+        let i = *s.healthy().first().ok_or_else(|| s.unavailable())?;
+        s.replicas[i].io.size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn activate(&self, generation: u64) -> Result<(), IoError> {
+        let s = &self.shared;
+        let mut activated = 0;
+        for i in s.healthy() {
+            match s.replicas[i].io.activate(generation) {
+                Ok(()) => activated += 1,
+                Err(e) if e.kind == IoErrorKind::Fenced => {
+                    s.fence(&e);
+                    return Err(e);
+                }
+                Err(e) if e.kind == IoErrorKind::NotSupported => return Err(e),
+                Err(e) => s.fault(i, &e.to_string())?,
+            }
+        }
+        if activated == 0 {
+            return Err(s.unavailable().at(("activate", 0, 0)));
+        }
+        // A generation newer than ours cleared by this activation is not
+        // possible: the replicas refused with Fenced above.
+        s.fenced.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn submit(&self, op: IoOp, done: Completion) {
+        let s = &self.shared;
+        if matches!(op, IoOp::Read { .. } | IoOp::BlockStatus { .. }) {
+            return read_from(s.clone(), op, done);
+        }
+        if s.fenced.load(Ordering::SeqCst) {
+            return done(Err(s.unavailable().at(op.describe())));
+        }
+        let targets = s.healthy();
+        if targets.is_empty() {
+            return done(Err(s.unavailable().at(op.describe())));
+        }
+        let fan = Arc::new(Mutex::new(Fan {
+            shared: s.clone(),
+            remaining: targets.len(),
+            ok: None,
+            failed: Vec::new(),
+            done: Some(done),
+        }));
+        let last = targets.len() - 1;
+        let mut op = Some(op);
+        for (n, i) in targets.into_iter().enumerate() {
+            // The last replica takes the caller's buffer; the others copies.
+            let this = if n == last {
+                op.take().expect("the operation is taken once, last")
+            } else {
+                copy_of(op.as_ref().expect("the operation is still here"))
+            };
+            let fan = fan.clone();
+            s.replicas[i]
+                .io
+                .submit(this, Box::new(move |r| fan_done(&fan, i, r)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

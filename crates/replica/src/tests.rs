@@ -1,0 +1,331 @@
+//! The rules of the crate's documentation, each checked with in-memory
+//! replicas whose operations a test fails or holds (`Gated`), and a
+//! model-based test: random writes, reads and flushes, with replicas
+//! failing at random, against a model of what was acknowledged.
+
+use super::*;
+use lamina_blockio::testing::{Gated, MemDevice};
+use lamina_blockio::wait;
+use proptest::prelude::*;
+use std::sync::mpsc;
+use std::time::Duration;
+
+const SIZE: usize = 1 << 20;
+
+/// The records made, and whether the next ones fail or wait.
+#[derive(Default)]
+struct Record {
+    faults: Mutex<Vec<(usize, String)>>,
+    refuse: AtomicBool,
+    /// While set, a record waits for `go`.
+    hold: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl Membership for Record {
+    fn fault(&self, index: usize, name: &str, _reason: &str) -> Result<(), IoError> {
+        if let Some(go) = self.hold.lock().unwrap().take() {
+            go.recv().unwrap();
+        }
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(IoError::new(IoErrorKind::Io, "the store failed"));
+        }
+        self.faults.lock().unwrap().push((index, name.to_string()));
+        Ok(())
+    }
+}
+
+impl Record {
+    fn faulted(&self) -> Vec<usize> {
+        self.faults.lock().unwrap().iter().map(|f| f.0).collect()
+    }
+}
+
+struct Set {
+    devices: Vec<Arc<MemDevice>>,
+    gates: Vec<Arc<Gated<MemDevice>>>,
+    record: Arc<Record>,
+    vol: Arc<Replicated>,
+}
+
+fn set(n: usize) -> Set {
+    let devices: Vec<_> = (0..n).map(|_| Arc::new(MemDevice::new(SIZE))).collect();
+    let gates: Vec<_> = devices
+        .iter()
+        .map(|d| Arc::new(Gated::new(d.clone())))
+        .collect();
+    let record = Arc::new(Record::default());
+    let vol = Arc::new(
+        Replicated::new(
+            "v",
+            gates
+                .iter()
+                .enumerate()
+                .map(|(i, g)| Replica {
+                    name: format!("r{i}"),
+                    io: g.clone() as Arc<dyn BlockIo>,
+                })
+                .collect(),
+            record.clone(),
+        )
+        .unwrap(),
+    );
+    Set {
+        devices,
+        gates,
+        record,
+        vol,
+    }
+}
+
+fn write(v: &dyn BlockIo, offset: u64, byte: u8) -> Result<(), IoError> {
+    wait(
+        v,
+        IoOp::Write {
+            offset,
+            data: vec![byte; 4096],
+            fua: false,
+        },
+    )
+    .map(|_| ())
+}
+
+fn read(v: &dyn BlockIo, offset: u64) -> Result<Vec<u8>, IoError> {
+    match wait(
+        v,
+        IoOp::Read {
+            offset,
+            buf: vec![0xEE; 4096],
+        },
+    )? {
+        IoDone::Read(b) => Ok(b),
+        d => panic!("a read completed as {d:?}"),
+    }
+}
+
+fn is_write(op: &IoOp) -> bool {
+    matches!(op, IoOp::Write { .. })
+}
+
+fn is_read(op: &IoOp) -> bool {
+    matches!(op, IoOp::Read { .. })
+}
+
+#[test]
+fn changes_reach_every_replica_and_reads_the_first() {
+    let s = set(3);
+    write(&*s.vol, 8192, 7).unwrap();
+    wait(&*s.vol, IoOp::Flush).unwrap();
+    for d in &s.devices {
+        assert_eq!(&d.contents()[8192..8192 + 4096], &[7u8; 4096][..]);
+        assert_eq!(d.flush_count(), 1);
+    }
+    s.gates[1].fail(IoErrorKind::Io, is_read);
+    s.gates[2].fail(IoErrorKind::Io, is_read);
+    assert_eq!(read(&*s.vol, 8192).unwrap(), vec![7; 4096]);
+    assert_eq!(s.vol.size().unwrap(), SIZE as u64);
+    assert!(s.record.faulted().is_empty());
+}
+
+#[test]
+fn a_replica_that_fails_a_write_is_recorded_faulted_before_the_write_completes() {
+    let s = set(2);
+    s.gates[1].fail(IoErrorKind::Io, is_write);
+    let (go, wait_go) = mpsc::channel();
+    *s.record.hold.lock().unwrap() = Some(wait_go);
+    let (tx, rx) = mpsc::channel();
+    // The failing replica answers at once, on the submitting thread, which
+    // then records the fault: submitted from a thread of its own.
+    let vol = s.vol.clone();
+    let submitter = std::thread::spawn(move || {
+        vol.submit(
+            IoOp::Write {
+                offset: 0,
+                data: vec![1; 4096],
+                fua: false,
+            },
+            Box::new(move |r| tx.send(r).unwrap()),
+        )
+    });
+    // The record is held: the write must not have completed.
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    // Already out of the healthy set: nothing more goes to it.
+    assert_eq!(
+        s.vol.states()[1],
+        ("r1".to_string(), State::Healthy),
+        "recorded only once the store answers"
+    );
+    go.send(()).unwrap();
+    assert!(matches!(rx.recv().unwrap(), Ok(IoDone::Write(_))));
+    submitter.join().unwrap();
+    assert_eq!(s.record.faulted(), vec![1]);
+    assert!(matches!(s.vol.states()[1].1, State::Faulted(_)));
+    // Later writes skip it; the healthy one has them.
+    s.gates[1].clear();
+    write(&*s.vol, 4096, 2).unwrap();
+    assert_eq!(&s.devices[0].contents()[4096..8192], &[2u8; 4096][..]);
+    assert_eq!(&s.devices[1].contents()[4096..8192], &[0u8; 4096][..]);
+    assert_eq!(s.record.faulted(), vec![1], "recorded once");
+}
+
+#[test]
+fn a_read_that_fails_is_asked_of_the_next_replica_and_the_first_is_faulted() {
+    let s = set(3);
+    write(&*s.vol, 0, 5).unwrap();
+    s.gates[0].fail(IoErrorKind::Io, is_read);
+    assert_eq!(read(&*s.vol, 0).unwrap(), vec![5; 4096]);
+    assert_eq!(s.record.faulted(), vec![0]);
+    // Out of range is the request's fault: nobody is faulted for it.
+    let e = read(&*s.vol, SIZE as u64).unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::Invalid, "{e}");
+    assert_eq!(s.record.faulted(), vec![0]);
+}
+
+#[test]
+fn a_change_every_replica_failed_fails_and_faults_none() {
+    let s = set(2);
+    for g in &s.gates {
+        g.fail(IoErrorKind::NoSpace, is_write);
+    }
+    let e = write(&*s.vol, 0, 1).unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::NoSpace, "{e}");
+    assert!(s.record.faulted().is_empty());
+    for g in &s.gates {
+        g.clear();
+    }
+    write(&*s.vol, 0, 1).unwrap();
+}
+
+#[test]
+fn a_fault_that_cannot_be_recorded_fails_the_change_until_it_is() {
+    let s = set(2);
+    s.gates[0].fail(IoErrorKind::Io, is_write);
+    s.record.refuse.store(true, Ordering::SeqCst);
+    let e = write(&*s.vol, 0, 1).unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::Io, "{e}");
+    assert!(e.message.contains("could not be recorded"), "{e}");
+    s.gates[0].clear();
+    // Still out, so reads come from the other, which holds the write (the
+    // first never got it); the next change tries the record again, and
+    // fails while the store does.
+    assert_eq!(read(&*s.vol, 0).unwrap(), vec![1; 4096]);
+    assert_eq!(&s.devices[0].contents()[..4096], &[0u8; 4096][..]);
+    assert!(write(&*s.vol, 4096, 2).is_err());
+    s.record.refuse.store(false, Ordering::SeqCst);
+    write(&*s.vol, 4096, 3).unwrap();
+    assert_eq!(s.record.faulted(), vec![0]);
+    assert_eq!(&s.devices[0].contents()[4096..8192], &[0u8; 4096][..]);
+}
+
+#[test]
+fn fenced_fails_everything_and_faults_nobody() {
+    let s = set(2);
+    s.gates[1].fail(IoErrorKind::Fenced, |_| true);
+    let e = write(&*s.vol, 0, 1).unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::Fenced, "{e}");
+    s.gates[1].clear();
+    assert_eq!(write(&*s.vol, 0, 1).unwrap_err().kind, IoErrorKind::Fenced);
+    assert_eq!(read(&*s.vol, 0).unwrap_err().kind, IoErrorKind::Fenced);
+    assert!(s.record.faulted().is_empty());
+}
+
+#[test]
+fn with_no_healthy_replica_left_everything_fails() {
+    let s = set(2);
+    s.gates[0].fail(IoErrorKind::Io, is_read);
+    s.gates[1].fail(IoErrorKind::Io, is_read);
+    let e = read(&*s.vol, 0).unwrap_err();
+    assert!(e.message.contains("no healthy replica"), "{e}");
+    let e = write(&*s.vol, 0, 1).unwrap_err();
+    assert!(e.message.contains("no healthy replica"), "{e}");
+    assert!(s.vol.size().is_err());
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Write `byte` to block `block`, the replicas of `failing` (a bit
+    /// each) failing it.
+    Write {
+        block: u8,
+        byte: u8,
+        failing: u8,
+    },
+    Read {
+        block: u8,
+        failing: u8,
+    },
+    Flush,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..16, 1u8..=255, 0u8..8).prop_map(|(block, byte, failing)| Step::Write { block, byte, failing }),
+        3 => (0u8..16, 0u8..8).prop_map(|(block, failing)| Step::Read { block, failing }),
+        1 => Just(Step::Flush),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Whatever fails: an acknowledged write is read back, every replica
+    /// not recorded faulted holds every acknowledged write, and a write
+    /// that failed leaves its block old or new.
+    #[test]
+    fn acknowledged_writes_survive_failing_replicas(steps in prop::collection::vec(step(), 1..60)) {
+        let s = set(3);
+        // Per block: the values it may hold (one once acknowledged).
+        let mut model: Vec<Vec<u8>> = vec![vec![0]; 16];
+        for st in steps {
+            match st {
+                Step::Write { block, byte, failing } => {
+                    for (i, g) in s.gates.iter().enumerate() {
+                        if failing & (1 << i) != 0 {
+                            g.fail(IoErrorKind::Io, is_write);
+                        }
+                    }
+                    let r = write(&*s.vol, block as u64 * 4096, byte);
+                    for g in &s.gates {
+                        g.clear();
+                    }
+                    let m = &mut model[block as usize];
+                    match r {
+                        Ok(()) => *m = vec![byte],
+                        Err(_) => m.push(byte),
+                    }
+                }
+                Step::Read { block, failing } => {
+                    for (i, g) in s.gates.iter().enumerate() {
+                        if failing & (1 << i) != 0 {
+                            g.fail(IoErrorKind::Io, is_read);
+                        }
+                    }
+                    let r = read(&*s.vol, block as u64 * 4096);
+                    for g in &s.gates {
+                        g.clear();
+                    }
+                    if let Ok(b) = r {
+                        prop_assert!(model[block as usize].contains(&b[0]), "block {block}: {} not in {:?}", b[0], model[block as usize]);
+                        prop_assert!(b.iter().all(|&x| x == b[0]));
+                    }
+                }
+                Step::Flush => {
+                    let _ = wait(&*s.vol, IoOp::Flush);
+                }
+            }
+            // Every replica the record does not call faulted holds what was
+            // acknowledged.
+            let faulted = s.record.faulted();
+            for (i, d) in s.devices.iter().enumerate() {
+                if faulted.contains(&i) {
+                    continue;
+                }
+                let c = d.contents();
+                for (b, m) in model.iter().enumerate() {
+                    if m.len() == 1 {
+                        prop_assert_eq!(c[b * 4096], m[0], "replica {} block {}", i, b);
+                    }
+                }
+            }
+        }
+    }
+}
