@@ -36,15 +36,17 @@
 //!    failing otherwise is faulted. An activation that succeeds ends rule
 //!    5's refusal: the front end holds the volume again, at a generation
 //!    every healthy replica accepted.
-
+//! 8. **Overlapping changes in one order**: a change that overlaps one in
+//!    flight (or one waiting) waits until that one has completed, and is
+//!    then sent to every replica; so all replicas apply overlapping
+//!    changes in the order they were submitted, and read alike. Changes
+//!    that do not overlap, and flushes, are not held.
 //!
 //! Not yet here: a faulted replica coming back (it stays out until the
-//! volume is opened again), one order for overlapping writes in flight on
-//! every replica (the contract lets a volume keep either; replicas that
-//! keep different ones would read differently after a failover), replicas
-//! over the network.
+//! volume is opened again), replicas over the network.
 
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -86,6 +88,8 @@ struct Shared {
     /// The Fenced answer that set `fenced` (it names the new holder's
     /// generation).
     fenced_by: Mutex<String>,
+    /// Rule 8.
+    order: Mutex<Order>,
     /// A replica is out of the healthy set but its record failed.
     unrecorded: AtomicBool,
     membership: Arc<dyn Membership>,
@@ -128,6 +132,7 @@ impl Replicated {
                 reasons: Mutex::new(vec![None; n]),
                 fenced: AtomicBool::new(false),
                 fenced_by: Mutex::new(String::new()),
+                order: Mutex::new(Order::default()),
                 unrecorded: AtomicBool::new(false),
                 membership,
             }),
@@ -275,10 +280,145 @@ impl Shared {
     }
 }
 
+/// Changes in flight by range, and those waiting for an overlapping one
+/// (rule 8), in submission order.
+#[derive(Default)]
+struct Order {
+    next: u64,
+    /// (id, start, end) of each change sent to the replicas.
+    running: Vec<(u64, u64, u64)>,
+    waiting: VecDeque<Waiting>,
+}
+
+struct Waiting {
+    id: u64,
+    start: u64,
+    end: u64,
+    op: IoOp,
+    done: Completion,
+}
+
+/// The bytes a change covers; none for a flush.
+fn range(op: &IoOp) -> Option<(u64, u64)> {
+    match op {
+        IoOp::Write { offset, data, .. } => {
+            Some((*offset, offset.saturating_add(data.len() as u64)))
+        }
+        IoOp::Trim { offset, len } | IoOp::WriteZeroes { offset, len, .. } => {
+            Some((*offset, offset.saturating_add(*len)))
+        }
+        _ => None,
+    }
+}
+
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl Order {
+    /// Take change `op` in: Some(id) to send it now, None if it waits.
+    fn admit(&mut self, op: IoOp, done: Completion) -> Option<(u64, IoOp, Completion)> {
+        let id = self.next;
+        self.next += 1;
+        let Some(r) = range(&op) else {
+            return Some((id, op, done));
+        };
+        let busy = self.running.iter().any(|&(_, a, b)| overlap(r, (a, b)))
+            || self.waiting.iter().any(|w| overlap(r, (w.start, w.end)));
+        if busy {
+            self.waiting.push_back(Waiting {
+                id,
+                start: r.0,
+                end: r.1,
+                op,
+                done,
+            });
+            return None;
+        }
+        self.running.push((id, r.0, r.1));
+        Some((id, op, done))
+    }
+
+    /// Change `id` completed: the waiting changes it let go, now running.
+    fn finish(&mut self, id: u64) -> Vec<Waiting> {
+        self.running.retain(|r| r.0 != id);
+        let mut ready = Vec::new();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let w = (self.waiting[i].start, self.waiting[i].end);
+            let blocked = self.running.iter().any(|&(_, a, b)| overlap(w, (a, b)))
+                || self
+                    .waiting
+                    .iter()
+                    .take(i)
+                    .any(|x| overlap(w, (x.start, x.end)));
+            if blocked {
+                i += 1;
+                continue;
+            }
+            let Some(w) = self.waiting.remove(i) else {
+                break;
+            };
+            self.running.push((w.id, w.start, w.end));
+            ready.push(w);
+        }
+        ready
+    }
+}
+
+/// Change `id`'s outcome to its caller, then the changes it held back sent.
+fn complete(shared: &Arc<Shared>, id: u64, done: Completion, r: Result<IoDone, IoError>) {
+    let ready = shared
+        .order
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .finish(id);
+    done(r);
+    for w in ready {
+        dispatch(shared, w.id, w.op, w.done);
+    }
+}
+
+/// Send change `id` to every healthy replica.
+fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
+    if s.fenced.load(Ordering::SeqCst) {
+        let e = s.unavailable().at(op.describe());
+        return complete(s, id, done, Err(e));
+    }
+    let targets = s.healthy();
+    if targets.is_empty() {
+        let e = s.unavailable().at(op.describe());
+        return complete(s, id, done, Err(e));
+    }
+    let fan = Arc::new(Mutex::new(Fan {
+        shared: s.clone(),
+        id,
+        remaining: targets.len(),
+        ok: None,
+        failed: Vec::new(),
+        done: Some(done),
+    }));
+    let last = targets.len() - 1;
+    let mut op = Some(op);
+    for (n, i) in targets.into_iter().enumerate() {
+        // The last replica takes the caller's buffer; the others copies.
+        let this = if n == last {
+            op.take().expect("the operation is taken once, last")
+        } else {
+            copy_of(op.as_ref().expect("the operation is still here"))
+        };
+        let fan = fan.clone();
+        s.replicas[i]
+            .io
+            .submit(this, Box::new(move |r| fan_done(&fan, i, r)));
+    }
+}
+
 /// One change sent to several replicas: the caller's completion runs once
 /// all answered (rules 1 to 3, 5).
 struct Fan {
     shared: Arc<Shared>,
+    id: u64,
     remaining: usize,
     ok: Option<IoDone>,
     failed: Vec<(usize, IoError)>,
@@ -300,6 +440,7 @@ fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
         }
         (
             f.shared.clone(),
+            f.id,
             f.ok.take(),
             std::mem::take(&mut f.failed),
             f.done.take(),
@@ -307,9 +448,10 @@ fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
     };
     // Outside the lock: recording a fault blocks, and the completion may
     // submit again.
-    let (shared, ok, failed, done) = finished;
+    let (shared, id, ok, failed, done) = finished;
     let Some(done) = done else { return };
-    done(settle(&shared, ok, failed));
+    let r = settle(&shared, ok, failed);
+    complete(&shared, id, done, r);
 }
 
 fn settle(
@@ -445,33 +587,13 @@ impl BlockIo for Replicated {
         if matches!(op, IoOp::Read { .. } | IoOp::BlockStatus { .. }) {
             return read_from(s.clone(), op, done);
         }
-        if s.fenced.load(Ordering::SeqCst) {
-            return done(Err(s.unavailable().at(op.describe())));
-        }
-        let targets = s.healthy();
-        if targets.is_empty() {
-            return done(Err(s.unavailable().at(op.describe())));
-        }
-        let fan = Arc::new(Mutex::new(Fan {
-            shared: s.clone(),
-            remaining: targets.len(),
-            ok: None,
-            failed: Vec::new(),
-            done: Some(done),
-        }));
-        let last = targets.len() - 1;
-        let mut op = Some(op);
-        for (n, i) in targets.into_iter().enumerate() {
-            // The last replica takes the caller's buffer; the others copies.
-            let this = if n == last {
-                op.take().expect("the operation is taken once, last")
-            } else {
-                copy_of(op.as_ref().expect("the operation is still here"))
-            };
-            let fan = fan.clone();
-            s.replicas[i]
-                .io
-                .submit(this, Box::new(move |r| fan_done(&fan, i, r)));
+        let admitted = s
+            .order
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(op, done);
+        if let Some((id, op, done)) = admitted {
+            dispatch(s, id, op, done);
         }
     }
 }

@@ -329,3 +329,48 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn overlapping_changes_reach_every_replica_in_the_order_they_were_submitted() {
+    let s = set(2);
+    // The first replica holds every write: the second answers at once.
+    s.gates[0].hold(is_write);
+    let submit = |byte: u8| {
+        let vol = s.vol.clone();
+        let (tx, rx) = mpsc::channel();
+        vol.submit(
+            IoOp::Write {
+                offset: 0,
+                data: vec![byte; 8192],
+                fua: false,
+            },
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        rx
+    };
+    let first = submit(1);
+    s.gates[0].wait_held(1, Duration::from_secs(10));
+    // Overlapping the first, still in flight: it waits, and reaches
+    // neither replica; one that does not overlap goes at once.
+    let second = submit(2);
+    let apart = std::thread::spawn({
+        let vol = s.vol.clone();
+        move || write(&*vol, 65536, 3)
+    });
+    s.gates[0].wait_held(2, Duration::from_secs(10));
+    assert_eq!(
+        s.gates[0].held(),
+        vec![("write", 0, 8192), ("write", 65536, 4096)]
+    );
+    assert_eq!(&s.devices[1].contents()[..8192], &[1u8; 8192][..]);
+    // The first completes, then the second is sent to both.
+    s.gates[0].release(0);
+    assert!(first.recv().unwrap().is_ok());
+    s.gates[0].wait_held(2, Duration::from_secs(10));
+    s.gates[0].release_all();
+    assert!(second.recv().unwrap().is_ok());
+    apart.join().unwrap().unwrap();
+    for d in &s.devices {
+        assert_eq!(&d.contents()[..8192], &[2u8; 8192][..]);
+    }
+}
