@@ -67,6 +67,11 @@ pub async fn run(ctx: &Ctx, cmd: NodeCmd) -> Result<()> {
                 }
             })
         }
-        NodeCmd::Register { .. } => unreachable!("parsed apart by main"),
+        // main parses `node register` apart, before the client is made.
+        NodeCmd::Register { .. } => anyhow::bail!(crate::failure::Failure::new(
+            "`lamina node register` takes its own options after the words node register"
+                .to_string(),
+            Some("see `lamina node register --help`".into()),
+        )),
     }
 }

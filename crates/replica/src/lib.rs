@@ -18,8 +18,11 @@
 //!    to it or read from it after that), then recorded through
 //!    [`Membership::fault`], which returns once the record is durable. Only
 //!    then does the change complete, so no acknowledged write is missing
-//!    from a replica the record still calls healthy. If the record fails,
-//!    the change fails ([`IoErrorKind::Io`]).
+//!    from a replica the record still calls healthy; for the same reason
+//!    no change completes while a fault's record is on its way, not even
+//!    one sent only to the healthy replicas. If the record fails, the change
+//!    fails ([`IoErrorKind::Io`]), and the record is tried again before the
+//!    next change completes.
 //! 3. **A change every replica failed fails**, and faults none of them: no
 //!    replica holds it, so none is behind the others.
 //! 4. **Reads and block status go to the first healthy replica** (the
@@ -47,7 +50,7 @@
 
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where the healthy set is recorded.
@@ -81,17 +84,20 @@ struct Shared {
     healthy: Vec<AtomicBool>,
     /// Held while a fault is recorded: each replica is recorded once.
     faulting: Mutex<()>,
-    /// Each replica's recorded fault (a short lock, never held while a
-    /// record is made).
+    /// Why each replica left the healthy set (a short lock, never held
+    /// while a record is made).
     reasons: Mutex<Vec<Option<String>>>,
+    /// Whether each one's fault is durable.
+    recorded: Vec<AtomicBool>,
     fenced: AtomicBool,
     /// The Fenced answer that set `fenced` (it names the new holder's
     /// generation).
     fenced_by: Mutex<String>,
     /// Rule 8.
     order: Mutex<Order>,
-    /// A replica is out of the healthy set but its record failed.
-    unrecorded: AtomicBool,
+    /// Replicas out of the healthy set whose fault is not durable yet (a
+    /// record in progress, or one that failed).
+    unrecorded: AtomicUsize,
     membership: Arc<dyn Membership>,
 }
 
@@ -130,10 +136,11 @@ impl Replicated {
                 healthy: (0..n).map(|_| AtomicBool::new(true)).collect(),
                 faulting: Mutex::new(()),
                 reasons: Mutex::new(vec![None; n]),
+                recorded: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 fenced: AtomicBool::new(false),
                 fenced_by: Mutex::new(String::new()),
                 order: Mutex::new(Order::default()),
-                unrecorded: AtomicBool::new(false),
+                unrecorded: AtomicUsize::new(0),
                 membership,
             }),
             caps,
@@ -141,7 +148,8 @@ impl Replicated {
         })
     }
 
-    /// Each replica's name and state, in order.
+    /// Each replica's name and state, in order: faulted from the moment it
+    /// is out of the healthy set (its record may still be on its way).
     pub fn states(&self) -> Vec<(String, State)> {
         let reasons = self.shared.reasons().clone();
         self.shared
@@ -169,7 +177,7 @@ impl Shared {
     }
 
     fn recorded(&self, i: usize) -> bool {
-        self.reasons()[i].is_some()
+        self.recorded[i].load(Ordering::SeqCst)
     }
 
     /// Rule 5: every later operation fails as `e` did.
@@ -204,78 +212,56 @@ impl Shared {
     /// Rule 2: out of the healthy set, then recorded; Ok once recorded
     /// (now or by an earlier fault of the same replica).
     fn fault(&self, i: usize, reason: &str) -> Result<(), IoError> {
-        let serial = self.serial();
-        if self.recorded(i) {
-            return Ok(());
-        }
-        if !self.healthy[i].load(Ordering::SeqCst) {
-            // Out already, its record failed: tried again below.
-            drop(serial);
-            self.unrecorded.store(true, Ordering::SeqCst);
-            return self.pending_records();
-        }
-        self.healthy[i].store(false, Ordering::SeqCst);
-        let name = &self.replicas[i].name;
-        tracing::warn!(volume = %self.name, replica = %name, %reason, "replica faulted");
-        match self.membership.fault(i, name, reason) {
-            Ok(()) => {
-                self.reasons()[i] = Some(reason.to_string());
-                Ok(())
-            }
-            // Stays out of the healthy set in memory; the record is tried
-            // again before the next change completes.
-            Err(e) => {
-                self.unrecorded.store(true, Ordering::SeqCst);
-                Err(IoError::new(
-                    IoErrorKind::Io,
-                    format!(
-                        "volume {}: replica {name} failed ({reason}) and that could not be recorded: {}",
-                        self.name, e.message
-                    ),
-                ))
-            }
-        }
-    }
-
-    /// Faults not yet recorded (a record that failed): tried again before
-    /// anything is acknowledged.
-    fn pending_records(&self) -> Result<(), IoError> {
-        if !self.unrecorded.swap(false, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let pending: Vec<usize> = {
-            let reasons = self.reasons();
-            (0..self.replicas.len())
-                .filter(|&i| !self.healthy[i].load(Ordering::SeqCst) && reasons[i].is_none())
-                .collect()
-        };
-        for i in pending {
-            if let Err(e) = self.record_again(i) {
-                self.unrecorded.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Record a fault whose first record failed.
-    fn record_again(&self, i: usize) -> Result<(), IoError> {
         let _serial = self.serial();
         if self.recorded(i) {
             return Ok(());
         }
+        if self.healthy[i].swap(false, Ordering::SeqCst) {
+            self.unrecorded.fetch_add(1, Ordering::SeqCst);
+            self.reasons()[i] = Some(reason.to_string());
+            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name, %reason, "replica faulted");
+        }
+        self.record(i)
+    }
+
+    /// Record replica `i`'s fault (out of the healthy set, not recorded);
+    /// the caller holds `serial`.
+    fn record(&self, i: usize) -> Result<(), IoError> {
         let name = &self.replicas[i].name;
-        let reason = "it failed an operation earlier (that record failed then)";
-        self.membership.fault(i, name, reason).map_err(|e| {
-            IoError::new(
+        let reason = self.reasons()[i].clone().unwrap_or_default();
+        match self.membership.fault(i, name, &reason) {
+            Ok(()) => {
+                self.recorded[i].store(true, Ordering::SeqCst);
+                self.unrecorded.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+            // Stays out of the healthy set in memory; the record is tried
+            // again before the next change completes.
+            Err(e) => Err(IoError::new(
                 IoErrorKind::Io,
                 format!(
-                    "volume {}: replica {name} is faulted and that still cannot be recorded: {}",
+                    "volume {}: replica {name} failed ({reason}) and that could not be recorded: {}",
                     self.name, e.message
                 ),
-            )
-        })?;
-        self.reasons()[i] = Some(reason.to_string());
+            )),
+        }
+    }
+
+    /// Before a change is acknowledged: every replica out of the healthy
+    /// set is recorded (a record in progress is waited for, one that failed
+    /// is tried again). A change sent only to the healthy ones could
+    /// otherwise be acknowledged while the record still calls a replica
+    /// that never got it healthy.
+    fn all_recorded(&self) -> Result<(), IoError> {
+        if self.unrecorded.load(Ordering::SeqCst) == 0 {
+            return Ok(());
+        }
+        let _serial = self.serial();
+        for i in 0..self.replicas.len() {
+            if !self.healthy[i].load(Ordering::SeqCst) && !self.recorded(i) {
+                self.record(i)?;
+            }
+        }
         Ok(())
     }
 }
@@ -474,7 +460,7 @@ fn settle(
     for (i, e) in &failed {
         shared.fault(*i, &e.to_string())?;
     }
-    shared.pending_records()?;
+    shared.all_recorded()?;
     Ok(ok)
 }
 

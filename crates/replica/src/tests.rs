@@ -149,14 +149,36 @@ fn a_replica_that_fails_a_write_is_recorded_faulted_before_the_write_completes()
     // The record is held: the write must not have completed.
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
     // Already out of the healthy set: nothing more goes to it.
+    assert!(matches!(s.vol.states()[1].1, State::Faulted(_)));
+    // A write that goes to the healthy one alone, and succeeds there, must
+    // not complete either while the record is on its way: the record still
+    // calls r1 healthy, and r1 never got it.
+    let (tx2, rx2) = mpsc::channel();
+    let vol = s.vol.clone();
+    let other = std::thread::spawn(move || {
+        vol.submit(
+            IoOp::Write {
+                offset: 65536,
+                data: vec![9; 4096],
+                fua: false,
+            },
+            Box::new(move |r| tx2.send(r).unwrap()),
+        )
+    });
+    assert!(rx2.recv_timeout(Duration::from_millis(200)).is_err());
     assert_eq!(
-        s.vol.states()[1],
-        ("r1".to_string(), State::Healthy),
-        "recorded only once the store answers"
+        &s.devices[0].contents()[65536..65536 + 4096],
+        &[9u8; 4096][..]
+    );
+    assert_eq!(
+        &s.devices[1].contents()[65536..65536 + 4096],
+        &[0u8; 4096][..]
     );
     go.send(()).unwrap();
     assert!(matches!(rx.recv().unwrap(), Ok(IoDone::Write(_))));
+    assert!(matches!(rx2.recv().unwrap(), Ok(IoDone::Write(_))));
     submitter.join().unwrap();
+    other.join().unwrap();
     assert_eq!(s.record.faulted(), vec![1]);
     assert!(matches!(s.vol.states()[1].1, State::Faulted(_)));
     // Later writes skip it; the healthy one has them.
