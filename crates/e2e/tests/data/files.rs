@@ -35,9 +35,7 @@ impl Loop {
             .parse()
             .unwrap()
     }
-}
 
-impl Loop {
     /// Detach the loop device and wait until the kernel has let go of its
     /// file: a detach is only marked while anything else has the device open
     /// (another process probing it, or another mount namespace holding a
@@ -96,9 +94,7 @@ impl Mounted {
         run(Command::new("mount").arg(dev).arg(&dir)).ok();
         Mounted(dir)
     }
-}
 
-impl Mounted {
     /// Unmount now; a failure fails the test (the drop only tries).
     fn unmount(self) {
         run(Command::new("umount").arg(&self.0)).ok();
