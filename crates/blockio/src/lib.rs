@@ -147,6 +147,41 @@ pub enum IoOp {
 }
 
 impl IoOp {
+    /// The same operation, for another volume (a mirror's second leg, a
+    /// replica): a write's data copied, a read given a new buffer of its
+    /// length.
+    pub fn again(&self) -> IoOp {
+        match self {
+            IoOp::Read { offset, buf } => IoOp::Read {
+                offset: *offset,
+                buf: vec![0; buf.len()],
+            },
+            IoOp::Write { offset, data, fua } => IoOp::Write {
+                offset: *offset,
+                data: data.clone(),
+                fua: *fua,
+            },
+            IoOp::Flush => IoOp::Flush,
+            IoOp::Trim { offset, len } => IoOp::Trim {
+                offset: *offset,
+                len: *len,
+            },
+            IoOp::WriteZeroes {
+                offset,
+                len,
+                may_trim,
+            } => IoOp::WriteZeroes {
+                offset: *offset,
+                len: *len,
+                may_trim: *may_trim,
+            },
+            IoOp::BlockStatus { offset, len } => IoOp::BlockStatus {
+                offset: *offset,
+                len: *len,
+            },
+        }
+    }
+
     /// The operation's name, offset and length, for errors and logs.
     pub fn describe(&self) -> (&'static str, u64, u64) {
         match self {

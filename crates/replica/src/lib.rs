@@ -391,7 +391,7 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         let this = if n == last {
             op.take().expect("the operation is taken once, last")
         } else {
-            copy_of(op.as_ref().expect("the operation is still here"))
+            op.as_ref().expect("the operation is still here").again()
         };
         let fan = fan.clone();
         s.replicas[i]
@@ -464,40 +464,6 @@ fn settle(
     Ok(ok)
 }
 
-/// The same operation again, for another replica (the buffers are copied;
-/// a read's is not: reads go to one replica at a time).
-fn copy_of(op: &IoOp) -> IoOp {
-    match op {
-        IoOp::Read { offset, buf } => IoOp::Read {
-            offset: *offset,
-            buf: vec![0; buf.len()],
-        },
-        IoOp::Write { offset, data, fua } => IoOp::Write {
-            offset: *offset,
-            data: data.clone(),
-            fua: *fua,
-        },
-        IoOp::Flush => IoOp::Flush,
-        IoOp::Trim { offset, len } => IoOp::Trim {
-            offset: *offset,
-            len: *len,
-        },
-        IoOp::WriteZeroes {
-            offset,
-            len,
-            may_trim,
-        } => IoOp::WriteZeroes {
-            offset: *offset,
-            len: *len,
-            may_trim: *may_trim,
-        },
-        IoOp::BlockStatus { offset, len } => IoOp::BlockStatus {
-            offset: *offset,
-            len: *len,
-        },
-    }
-}
-
 /// Rule 4: ask the first healthy replica; on a failure, fault it and ask
 /// the next.
 fn read_from(shared: Arc<Shared>, op: IoOp, done: Completion) {
@@ -507,7 +473,10 @@ fn read_from(shared: Arc<Shared>, op: IoOp, done: Completion) {
     let Some(&i) = shared.healthy().first() else {
         return done(Err(shared.unavailable().at(op.describe())));
     };
-    let again = copy_of(&op);
+    // What to ask the next replica if this one fails: built then, so that
+    // a read allocates no spare buffer on its way.
+    let is_read = matches!(op, IoOp::Read { .. });
+    let (_, offset, len) = op.describe();
     let s = shared.clone();
     shared.replicas[i].io.submit(
         op,
@@ -523,7 +492,17 @@ fn read_from(shared: Arc<Shared>, op: IoOp, done: Completion) {
                 done(Err(e))
             }
             Err(e) => match s.fault(i, &e.to_string()) {
-                Ok(()) => read_from(s, again, done),
+                Ok(()) => {
+                    let again = if is_read {
+                        IoOp::Read {
+                            offset,
+                            buf: vec![0; len as usize],
+                        }
+                    } else {
+                        IoOp::BlockStatus { offset, len }
+                    };
+                    read_from(s, again, done)
+                }
                 Err(f) => done(Err(f.at((e.op, e.offset, e.len)))),
             },
         }),

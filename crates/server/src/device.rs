@@ -461,6 +461,25 @@ mod tests {
             self.registry = Some(Registry::new(Arc::new(store)));
         }
 
+        /// Each of `volumes` holds the contract suite's last write (4s at
+        /// offset 0, by a holder of generation 4).
+        fn hold_the_last_write(&self, volumes: &[&str]) {
+            for name in volumes {
+                let v = self.engine(name);
+                v.activate(4).unwrap();
+                match wait(
+                    &*v,
+                    IoOp::Read {
+                        offset: 0,
+                        buf: vec![0; 4096],
+                    },
+                ) {
+                    Ok(lamina_blockio::IoDone::Read(b)) => assert_eq!(b, vec![4; 4096], "{name}"),
+                    r => panic!("{name}: {r:?}"),
+                }
+            }
+        }
+
         fn engine(&self, volume: &str) -> Arc<dyn BlockIo> {
             let r = self.registry.as_ref().unwrap();
             Arc::new(
@@ -510,21 +529,8 @@ mod tests {
     fn a_mirror_of_two_engine_volumes_keeps_the_contract() {
         let mut d = Daemon::new(true);
         contract::run(&mut d);
-        // Both legs hold what the mirror wrote (the suite's last write).
-        for leg in ["a", "b"] {
-            let v = d.engine(leg);
-            v.activate(4).unwrap();
-            match wait(
-                &*v,
-                IoOp::Read {
-                    offset: 0,
-                    buf: vec![0; 4096],
-                },
-            ) {
-                Ok(lamina_blockio::IoDone::Read(b)) => assert_eq!(b, vec![4; 4096], "leg {leg}"),
-                r => panic!("leg {leg}: {r:?}"),
-            }
-        }
+        // Both legs hold what the mirror wrote.
+        d.hold_the_last_write(&["a", "b"]);
     }
 
     #[test]
@@ -534,23 +540,8 @@ mod tests {
         d.replicated = Some(faults.clone());
         contract::run(&mut d);
         assert_eq!(*faults.0.lock().unwrap(), Vec::<String>::new());
-        // Every replica holds what the volume wrote (the suite's last write).
-        for replica in ["a", "b", "c"] {
-            let v = d.engine(replica);
-            v.activate(4).unwrap();
-            match wait(
-                &*v,
-                IoOp::Read {
-                    offset: 0,
-                    buf: vec![0; 4096],
-                },
-            ) {
-                Ok(lamina_blockio::IoDone::Read(b)) => {
-                    assert_eq!(b, vec![4; 4096], "replica {replica}")
-                }
-                r => panic!("replica {replica}: {r:?}"),
-            }
-        }
+        // Every replica holds what the volume wrote.
+        d.hold_the_last_write(&["a", "b", "c"]);
     }
 
     #[test]

@@ -89,30 +89,10 @@ impl BlockIo for Mirror {
     }
 
     fn submit(&self, op: IoOp, done: Completion) {
-        let second = match &op {
-            IoOp::Read { .. } | IoOp::BlockStatus { .. } => {
-                return self.legs[0].submit(op, done);
-            }
-            IoOp::Write { offset, data, fua } => IoOp::Write {
-                offset: *offset,
-                data: data.clone(),
-                fua: *fua,
-            },
-            IoOp::Flush => IoOp::Flush,
-            IoOp::Trim { offset, len } => IoOp::Trim {
-                offset: *offset,
-                len: *len,
-            },
-            IoOp::WriteZeroes {
-                offset,
-                len,
-                may_trim,
-            } => IoOp::WriteZeroes {
-                offset: *offset,
-                len: *len,
-                may_trim: *may_trim,
-            },
-        };
+        if matches!(op, IoOp::Read { .. } | IoOp::BlockStatus { .. }) {
+            return self.legs[0].submit(op, done);
+        }
+        let second = op.again();
         let join = Arc::new(Mutex::new(Join {
             remaining: 2,
             first: None,
