@@ -6,7 +6,7 @@ use crate::error::TransferError;
 use crate::frames::{read_sync_reusing, write_sync, ReadError};
 use crate::source::Limits;
 use crate::tls::Identity;
-use crate::wire::{Answer, Frame, Request, VERSION};
+use crate::wire::{Answer, Frame, Request, PULL_VERSION};
 use rustls::pki_types::ServerName;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -135,11 +135,15 @@ impl Conn {
             let s = &mut c.stream;
             s.conn.complete_io(&mut s.sock).map_err(|e| c.io_error(e))?;
         }
-        c.send(&Frame::Hello { version: VERSION })?;
+        // A pull needs nothing of version 2 (replica sessions): it says 1,
+        // which a source of either version serves.
+        c.send(&Frame::Hello {
+            version: PULL_VERSION,
+        })?;
         match c.read()? {
-            Frame::Hello { version } if version == VERSION => Ok(c),
+            Frame::Hello { version } if version == PULL_VERSION => Ok(c),
             Frame::Hello { version } => Err(c.protocol(format!(
-                "the source speaks transfer protocol version {version}, this node version {VERSION}"
+                "the source speaks transfer protocol version {version}, this node version {PULL_VERSION}"
             ))),
             f => Err(c.unexpected("Hello", f, "", "")),
         }
@@ -213,22 +217,32 @@ impl Conn {
     /// TLS failures that mean "not authenticated" become Refused; the rest
     /// is a lost connection.
     pub(crate) fn io_error(&self, e: std::io::Error) -> TransferError {
-        use rustls::Error as R;
-        match e.get_ref().and_then(|i| i.downcast_ref::<R>()) {
-            Some(
-                r @ (R::InvalidCertificate(_)
-                | R::NoCertificatesPresented
-                | R::AlertReceived(_)
-                | R::PeerIncompatible(_)),
-            ) => TransferError::Refused {
-                peer: self.peer.clone(),
-                detail: r.to_string(),
-            },
-            Some(r) => self.protocol(format!("TLS: {r}")),
-            None => TransferError::Connection {
-                peer: self.peer.clone(),
-                source: e,
-            },
-        }
+        io_error(&self.peer, e)
+    }
+}
+
+/// A stream's error, from `peer`: TLS failures that mean "not
+/// authenticated" are Refused, other TLS failures a protocol error, the
+/// rest a lost connection.
+pub(crate) fn io_error(peer: &str, e: std::io::Error) -> TransferError {
+    use rustls::Error as R;
+    match e.get_ref().and_then(|i| i.downcast_ref::<R>()) {
+        Some(
+            r @ (R::InvalidCertificate(_)
+            | R::NoCertificatesPresented
+            | R::AlertReceived(_)
+            | R::PeerIncompatible(_)),
+        ) => TransferError::Refused {
+            peer: peer.to_string(),
+            detail: r.to_string(),
+        },
+        Some(r) => TransferError::Protocol {
+            peer: peer.to_string(),
+            detail: format!("TLS: {r}"),
+        },
+        None => TransferError::Connection {
+            peer: peer.to_string(),
+            source: e,
+        },
     }
 }

@@ -112,11 +112,15 @@ impl TransferError {
             TransferError::Protocol { .. } => Reason::Protocol,
             TransferError::Checksum { .. } => Reason::Checksum,
             TransferError::Remote { code, .. } => match code {
-                Code::SnapshotMissing | Code::SnapshotReplaced => Reason::SnapshotMissing,
+                Code::SnapshotMissing | Code::SnapshotReplaced | Code::VolumeMissing => {
+                    Reason::SnapshotMissing
+                }
                 // Both pass: a pull retries them within its window.
                 Code::ShuttingDown | Code::Busy => Reason::SourceUnreachable,
                 Code::SourceIo => Reason::Io,
-                Code::Version | Code::BadRequest | Code::Other(_) => Reason::Protocol,
+                Code::Version | Code::BadRequest | Code::NotServed | Code::Other(_) => {
+                    Reason::Protocol
+                }
             },
             TransferError::Connection { .. } => Reason::SourceUnreachable,
             TransferError::Engine { source, .. } => match source {

@@ -15,6 +15,7 @@ mod conn;
 mod error;
 mod frames;
 mod pull;
+pub mod replica;
 mod source;
 mod tls;
 pub mod wire;

@@ -13,14 +13,15 @@
 
 use crate::error::TransferError;
 use crate::frames::{read_async, write_async, ReadError};
+use crate::replica::Volumes;
 use crate::tls::{cert_node, Identity};
-use crate::wire::{self, Answer, Code, Frame, Mode, Request, VERSION};
+use crate::wire::{self, Answer, Code, Frame, Mode, Request, PULL_VERSION, VERSION};
 use lamina_engine::{Piece, Pool, Target};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -53,6 +54,11 @@ pub struct Limits {
     pub sessions: usize,
     /// Authenticated sessions of one peer (its certificate's node name).
     pub sessions_per_peer: usize,
+    /// Replica sessions (attached to a volume), in all: a session leaves
+    /// the two counts above for this one when it attaches, since a front
+    /// end holds one for each volume it serves. Beyond it an Attach is
+    /// answered with an Error frame, code `Busy`.
+    pub replica_sessions: usize,
     /// How long a peer has for its TLS handshake, and for each of its
     /// Hello and Request.
     pub opening_timeout: Duration,
@@ -72,6 +78,8 @@ impl Limits {
     pub const SESSIONS: usize = 32;
     /// Default of [`Limits::sessions_per_peer`].
     pub const SESSIONS_PER_PEER: usize = 8;
+    /// Default of [`Limits::replica_sessions`].
+    pub const REPLICA_SESSIONS: usize = 1024;
     /// Default of [`Limits::opening_timeout`].
     pub const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default of [`Limits::stall_timeout`]: the target takes a source
@@ -86,6 +94,7 @@ impl Default for Limits {
             handshakes_per_address: Limits::HANDSHAKES_PER_ADDRESS,
             sessions: Limits::SESSIONS,
             sessions_per_peer: Limits::SESSIONS_PER_PEER,
+            replica_sessions: Limits::REPLICA_SESSIONS,
             opening_timeout: Limits::OPENING_TIMEOUT,
             stall_timeout: Limits::STALL_TIMEOUT,
         }
@@ -116,6 +125,10 @@ pub struct Source {
     turned_away: AtomicU64,
     busy: AtomicU64,
     frame_buffers: Arc<AtomicUsize>,
+    volumes: OnceLock<Arc<dyn Volumes>>,
+    /// The replica sessions' call data, all together
+    /// ([`crate::replica::CALL_BYTES`]).
+    call_bytes: Arc<tokio::sync::Semaphore>,
 }
 
 /// The connections a source holds, by kind, and whose they are.
@@ -125,6 +138,7 @@ struct Held {
     by_address: HashMap<IpAddr, usize>,
     sessions: usize,
     by_peer: HashMap<String, usize>,
+    replicas: usize,
 }
 
 /// A connection's place among the handshakes or the sessions of a source,
@@ -137,6 +151,7 @@ struct Slot {
 enum SlotKind {
     Handshake(IpAddr),
     Session(String),
+    Replica,
 }
 
 impl Drop for Slot {
@@ -159,6 +174,7 @@ impl Drop for Slot {
                 h.sessions -= 1;
                 release(&mut h.by_peer, node);
             }
+            SlotKind::Replica => h.replicas -= 1,
         }
     }
 }
@@ -189,7 +205,7 @@ impl Drop for FrameBuf {
 /// How a session's exchange ended: whether its peer still takes data (and
 /// is worth an Error frame or a close_notify), or stalled or went away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ended {
+pub(crate) enum Ended {
     Open,
     Gone,
 }
@@ -220,12 +236,12 @@ impl Drop for Reading<'_> {
 }
 
 /// A session's failure: what to log, and the Error frame to send if any.
-struct Refusal {
+pub(crate) struct Refusal {
     code: Code,
     message: String,
 }
 
-fn refuse(code: Code, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(code: Code, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
@@ -275,7 +291,29 @@ impl Source {
             turned_away: AtomicU64::new(0),
             busy: AtomicU64::new(0),
             frame_buffers: Arc::default(),
+            volumes: OnceLock::new(),
+            call_bytes: Arc::new(tokio::sync::Semaphore::new(crate::replica::CALL_BYTES)),
         })
+    }
+
+    /// Serve replica sessions on `volumes` from now on (without it, an
+    /// Attach is refused with `NotServed`). Set once: later calls are
+    /// ignored.
+    pub fn serve_volumes(&self, volumes: Arc<dyn Volumes>) {
+        let _ = self.volumes.set(volumes);
+    }
+
+    pub(crate) fn call_bytes(&self) -> Arc<tokio::sync::Semaphore> {
+        self.call_bytes.clone()
+    }
+
+    pub(crate) fn volumes(&self) -> Option<&Arc<dyn Volumes>> {
+        self.volumes.get()
+    }
+
+    /// Replica sessions attached now.
+    pub fn replica_sessions(&self) -> usize {
+        self.held().replicas
     }
 
     /// Its limits.
@@ -378,8 +416,28 @@ impl Source {
         })
     }
 
+    /// A session's place moved among the replica sessions, if the limit
+    /// leaves one.
+    fn take_replica(self: &Arc<Self>) -> Result<Slot, String> {
+        let mut h = self.held();
+        if h.replicas >= self.limits.replica_sessions {
+            return Err(format!(
+                "this node holds {} replica sessions, its limit: try again later",
+                h.replicas
+            ));
+        }
+        h.replicas += 1;
+        Ok(Slot {
+            source: self.clone(),
+            kind: SlotKind::Replica,
+        })
+    }
+
     /// `io` within the stall limit; a timeout is an error like the others.
-    async fn timed<T>(&self, io: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+    pub(crate) async fn timed<T>(
+        &self,
+        io: impl Future<Output = std::io::Result<T>>,
+    ) -> std::io::Result<T> {
         let limit = self.limits.stall_timeout;
         match tokio::time::timeout(limit, io).await {
             Ok(r) => r,
@@ -476,7 +534,7 @@ impl Source {
         };
         let span = info_span!("transfer_session", peer = %addr, node = %node);
         async move {
-            let session = match self.take_session(&node) {
+            let mut session = match self.take_session(&node) {
                 Ok(s) => s,
                 Err(why) => {
                     // Still counted among the handshakes until it is gone.
@@ -488,7 +546,7 @@ impl Source {
             };
             drop(handshake);
             info!("transfer: accepted a session");
-            let ended = match self.run(&mut tls, &node).await {
+            let ended = match self.clone().run(&mut tls, &node, &mut session).await {
                 Ok(ended) => ended,
                 Err(r) => {
                     warn!(code = ?r.code, "transfer: session failed: {}", r.message);
@@ -525,7 +583,7 @@ impl Source {
     }
 
     /// Write one frame within the stall limit.
-    async fn send(&self, tls: &mut TlsStream<TcpStream>, f: &Frame) -> Ended {
+    pub(crate) async fn send(&self, tls: &mut TlsStream<TcpStream>, f: &Frame) -> Ended {
         match self.timed(write_async(tls, f)).await {
             Ok(()) => Ended::Open,
             Err(e) => {
@@ -544,13 +602,18 @@ impl Source {
         }
     }
 
-    async fn run(&self, tls: &mut TlsStream<TcpStream>, node: &str) -> Result<Ended, Refusal> {
-        match self.opening(tls).await? {
-            Frame::Hello { version } if version == VERSION => {}
+    async fn run(
+        self: Arc<Self>,
+        tls: &mut TlsStream<TcpStream>,
+        node: &str,
+        slot: &mut Slot,
+    ) -> Result<Ended, Refusal> {
+        let version = match self.opening(tls).await? {
+            Frame::Hello { version } if (PULL_VERSION..=VERSION).contains(&version) => version,
             Frame::Hello { version } => {
                 return Err(refuse(
                     Code::Version,
-                    format!("this source speaks transfer protocol version {VERSION}, the peer version {version}"),
+                    format!("this source speaks transfer protocol version {PULL_VERSION} or {VERSION}, the peer version {version}"),
                 ))
             }
             f => {
@@ -559,12 +622,20 @@ impl Source {
                     format!("expected Hello, got {}", f.summary()),
                 ))
             }
-        }
-        if self.send(tls, &Frame::Hello { version: VERSION }).await == Ended::Gone {
+        };
+        if self.send(tls, &Frame::Hello { version }).await == Ended::Gone {
             return Ok(Ended::Gone);
         }
         let req = match self.opening(tls).await? {
             Frame::Request(r) => r,
+            Frame::Attach { create, volume } if version >= 2 => {
+                // A front end's session leaves the pull sessions' counts.
+                *slot = self.take_replica().map_err(|why| {
+                    self.busy.fetch_add(1, Ordering::Relaxed);
+                    refuse(Code::Busy, why)
+                })?;
+                return crate::replica::serve::session(&self, tls, node, volume, create).await;
+            }
             f => {
                 return Err(refuse(
                     Code::BadRequest,

@@ -7,8 +7,14 @@
 
 /// First bytes of a Hello body: says "this is Lamina's transfer protocol".
 pub const MAGIC: [u8; 8] = *b"LAMINAXF";
-/// The protocol version this code speaks.
-pub const VERSION: u16 = 1;
+/// The newest protocol version this code speaks: 2 added replica sessions
+/// (Attach, Attached, Call, Reply). A source serves peers of versions 1
+/// and 2 alike; a target pulling a snapshot says 1 (all a pull needs, so it
+/// also pulls from a source of version 1), a front end reaching a replica
+/// says 2.
+pub const VERSION: u16 = 2;
+/// The oldest version a source still serves, and the one a pull speaks.
+pub const PULL_VERSION: u16 = 1;
 /// Bytes of a frame header: kind, 3 reserved zero bytes, body length.
 pub const HEADER: usize = 8;
 /// Bytes of a frame trailer: the CRC-32C.
@@ -19,6 +25,13 @@ pub const MAX_DATA: usize = 1 << 20;
 pub const MAX_NAME: usize = 255;
 /// Longest message in an Error frame.
 pub const MAX_MESSAGE: usize = 4096;
+
+mod calls;
+pub use calls::{
+    caps_byte, status_of, Answered, Call, CallOp, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM,
+    MAX_EXTENTS,
+};
+use lamina_blockio::Caps;
 
 /// Frame kinds, as on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +44,10 @@ pub enum Kind {
     Zero = 5,
     End = 6,
     Error = 7,
+    Attach = 8,
+    Attached = 9,
+    Call = 10,
+    Reply = 11,
 }
 
 impl Kind {
@@ -43,6 +60,10 @@ impl Kind {
             5 => Kind::Zero,
             6 => Kind::End,
             7 => Kind::Error,
+            8 => Kind::Attach,
+            9 => Kind::Attached,
+            10 => Kind::Call,
+            11 => Kind::Reply,
             _ => return None,
         })
     }
@@ -57,6 +78,10 @@ impl Kind {
             Kind::Zero => 16,
             Kind::End => 16,
             Kind::Error => 2 + MAX_MESSAGE,
+            Kind::Attach => 8 + 2 + MAX_NAME,
+            Kind::Attached => 10,
+            Kind::Call => calls::CALL_MAX,
+            Kind::Reply => calls::REPLY_MAX,
         }
     }
 }
@@ -104,6 +129,10 @@ pub enum Code {
     /// The source holds as many sessions as its limits allow (in all, or
     /// of this peer): try again later.
     Busy,
+    /// An Attach named a volume the node does not hold.
+    VolumeMissing,
+    /// The node serves no replica sessions.
+    NotServed,
     /// A code this version does not know.
     Other(u16),
 }
@@ -118,6 +147,8 @@ impl Code {
             Code::SourceIo => 5,
             Code::ShuttingDown => 6,
             Code::Busy => 7,
+            Code::VolumeMissing => 8,
+            Code::NotServed => 9,
             Code::Other(n) => n,
         }
     }
@@ -131,6 +162,8 @@ impl Code {
             5 => Code::SourceIo,
             6 => Code::ShuttingDown,
             7 => Code::Busy,
+            8 => Code::VolumeMissing,
+            9 => Code::NotServed,
             n => Code::Other(n),
         }
     }
@@ -161,6 +194,21 @@ pub enum Frame {
         code: Code,
         message: String,
     },
+    /// A replica session on `volume`: a handle to it, never activated.
+    /// With `create` above 0, a volume of that size is made first if the
+    /// node has none of that name.
+    Attach {
+        create: u64,
+        volume: String,
+    },
+    /// The attached volume: its size, what it does, whether it is read-only.
+    Attached {
+        size: u64,
+        caps: Caps,
+        read_only: bool,
+    },
+    Call(Call),
+    Reply(Reply),
 }
 
 /// Most bytes of a peer's text (a name, an Error message), quoted, that
@@ -199,10 +247,37 @@ impl Frame {
                 r.from_offset
             ),
             Frame::Error { code, message } => format!("Error ({code:?}: {})", echo(message)),
+            Frame::Attach { create, volume } => match create {
+                0 => format!("Attach ({})", echo(volume)),
+                n => format!("Attach ({}, creating {n} bytes)", echo(volume)),
+            },
+            Frame::Call(c) => match &c.op {
+                CallOp::Write { offset, data, fua } => format!(
+                    "Call {} (write at {offset}, {} bytes{})",
+                    c.tag,
+                    data.len(),
+                    if *fua { ", FUA" } else { "" }
+                ),
+                op => format!("Call {} ({op:?})", c.tag),
+            },
+            Frame::Reply(r) => match &r.outcome {
+                Outcome::Done(Answered::Read(d)) => {
+                    format!("Reply {} (read, {} bytes)", r.tag, d.len())
+                }
+                Outcome::Done(Answered::BlockStatus(e)) => {
+                    format!("Reply {} (block-status, {} extents)", r.tag, e.len())
+                }
+                Outcome::Done(a) => format!("Reply {} ({a:?})", r.tag),
+                Outcome::Failed { op, kind, message } => {
+                    format!("Reply {} ({op:?} failed: {kind}: {})", r.tag, echo(message))
+                }
+            },
             // Numbers only.
-            Frame::Hello { .. } | Frame::Answer(_) | Frame::Zero { .. } | Frame::End { .. } => {
-                format!("{self:?}")
-            }
+            Frame::Hello { .. }
+            | Frame::Answer(_)
+            | Frame::Zero { .. }
+            | Frame::End { .. }
+            | Frame::Attached { .. } => format!("{self:?}"),
         }
     }
 }
@@ -273,7 +348,7 @@ fn be64(b: &[u8]) -> u64 {
 }
 
 /// Reads a body field by field; every shortfall is a Malformed error.
-struct Body<'a> {
+pub(crate) struct Body<'a> {
     kind: Kind,
     rest: &'a [u8],
 }
@@ -372,6 +447,20 @@ fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
                 String::from_utf8(msg.to_vec()).map_err(|_| b.bad("message is not UTF-8"))?;
             Frame::Error { code, message }
         }
+        Kind::Attach => Frame::Attach {
+            create: b.u64("create")?,
+            volume: b.name("volume")?,
+        },
+        Kind::Attached => {
+            let (size, caps, read_only) = calls::attached(&mut b)?;
+            Frame::Attached {
+                size,
+                caps,
+                read_only,
+            }
+        }
+        Kind::Call => Frame::Call(calls::call(&mut b)?),
+        Kind::Reply => Frame::Reply(calls::reply(&mut b)?),
     };
     b.end()?;
     Ok(frame)
@@ -390,6 +479,10 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         Frame::Zero { .. } => Kind::Zero,
         Frame::End { .. } => Kind::End,
         Frame::Error { .. } => Kind::Error,
+        Frame::Attach { .. } => Kind::Attach,
+        Frame::Attached { .. } => Kind::Attached,
+        Frame::Call(_) => Kind::Call,
+        Frame::Reply(_) => Kind::Reply,
     };
     out.extend_from_slice(&[kind as u8, 0, 0, 0, 0, 0, 0, 0]);
     match frame {
@@ -425,17 +518,39 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Error { code, message } => {
             out.extend_from_slice(&code.to_u16().to_be_bytes());
-            let mut end = message.len().min(MAX_MESSAGE);
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            out.extend_from_slice(&message.as_bytes()[..end]);
+            push_message(message, out);
         }
+        Frame::Attach { create, volume } => {
+            out.extend_from_slice(&create.to_be_bytes());
+            out.extend_from_slice(&(volume.len() as u16).to_be_bytes());
+            out.extend_from_slice(volume.as_bytes());
+        }
+        Frame::Attached {
+            size,
+            caps,
+            read_only,
+        } => {
+            out.extend_from_slice(&size.to_be_bytes());
+            out.push(calls::caps_byte(*caps));
+            out.push(u8::from(*read_only));
+        }
+        Frame::Call(c) => calls::encode_call(c, out),
+        Frame::Reply(r) => calls::encode_reply(r, out),
     }
     let body = (out.len() - start - HEADER) as u32;
     out[start + 4..start + HEADER].copy_from_slice(&body.to_be_bytes());
     let sum = crc32c::crc32c(&out[start..]);
     out.extend_from_slice(&sum.to_be_bytes());
+}
+
+/// Append `message`, cut at a character boundary to at most
+/// [`MAX_MESSAGE`] bytes (an Error frame's, a failed Reply's).
+fn push_message(message: &str, out: &mut Vec<u8>) {
+    let mut end = message.len().min(MAX_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&message.as_bytes()[..end]);
 }
 
 /// Append a Data frame without building a [`Frame`] (no copy of the payload
@@ -518,6 +633,28 @@ pub(crate) fn framed(kind: u8, body: &[u8]) -> Vec<u8> {
     let sum = crc32c::crc32c(&buf);
     buf.extend_from_slice(&sum.to_be_bytes());
     buf
+}
+
+/// Append a Call frame of `op` with `flags`, `offset`, `len` and (a
+/// write's) `payload`, without building a [`Frame`]: a front end sends a
+/// write's data straight from the caller's buffer.
+pub fn encode_call(
+    tag: u64,
+    op: OpCode,
+    flags: u8,
+    offset: u64,
+    len: u64,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    out.reserve(HEADER + calls::CALL_FIXED + payload.len() + TRAILER);
+    out.extend_from_slice(&[Kind::Call as u8, 0, 0, 0, 0, 0, 0, 0]);
+    calls::call_body(tag, op, flags, offset, len, payload, out);
+    let body = (out.len() - start - HEADER) as u32;
+    out[start + 4..start + HEADER].copy_from_slice(&body.to_be_bytes());
+    let sum = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&sum.to_be_bytes());
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use lamina_transfer::wire::{self, Code, Frame, Mode, Request, VERSION};
+use lamina_transfer::wire::{self, Code, Frame, Mode, Request, PULL_VERSION};
 use lamina_transfer::{describe, pull_into, Limits, Reason, SESSION_FRAMES};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -51,8 +51,18 @@ type Client = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 /// A pull of the source's `src/s` by `client`'s node that, once answered,
 /// reads nothing more.
 fn stalled_pull(client: &mut Client) {
-    write_frame(client, &Frame::Hello { version: VERSION });
-    assert_eq!(read_frame(client), Frame::Hello { version: VERSION });
+    write_frame(
+        client,
+        &Frame::Hello {
+            version: PULL_VERSION,
+        },
+    );
+    assert_eq!(
+        read_frame(client),
+        Frame::Hello {
+            version: PULL_VERSION
+        }
+    );
     let r = Request {
         mode: Mode::Pull,
         expect_id: 0,
@@ -303,7 +313,12 @@ fn a_certificate_of_the_ca_naming_no_node_is_refused() {
     let mut c = rustls::StreamOwned::new(conn, tcp);
     // TLS 1.3: the client's side of the handshake ends before the source
     // has looked at its certificate; the refusal comes as an alert.
-    write_frame(&mut c, &Frame::Hello { version: VERSION });
+    write_frame(
+        &mut c,
+        &Frame::Hello {
+            version: PULL_VERSION,
+        },
+    );
     let mut b = [0u8; 64];
     let got = c.read(&mut b);
     assert!(

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, VERSION};
+use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, PULL_VERSION};
 use lamina_transfer::{describe, Reason, Remote};
 
 #[test]
@@ -91,7 +91,12 @@ fn a_source_of_another_version_gets_a_clear_error() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
+        assert_eq!(
+            read_frame(s),
+            Frame::Hello {
+                version: PULL_VERSION
+            }
+        );
         write_frame(s, &Frame::Hello { version: 2 });
     });
     let remote = Remote {
@@ -113,8 +118,18 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
-        write_frame(s, &Frame::Hello { version: VERSION });
+        assert_eq!(
+            read_frame(s),
+            Frame::Hello {
+                version: PULL_VERSION
+            }
+        );
+        write_frame(
+            s,
+            &Frame::Hello {
+                version: PULL_VERSION,
+            },
+        );
         let Frame::Request(r) = read_frame(s) else {
             panic!("no request")
         };
@@ -176,7 +191,12 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
         read_frame(s);
-        write_frame(s, &Frame::Hello { version: VERSION });
+        write_frame(
+            s,
+            &Frame::Hello {
+                version: PULL_VERSION,
+            },
+        );
         read_frame(s);
         let a = Answer {
             id: 7,
@@ -231,8 +251,18 @@ fn a_client_breaking_the_protocol_gets_a_bad_request() {
     ];
     for f in bad_requests {
         let mut c = fake_client(&dst_id, served.addr, "source");
-        write_frame(&mut c, &Frame::Hello { version: VERSION });
-        assert_eq!(read_frame(&mut c), Frame::Hello { version: VERSION });
+        write_frame(
+            &mut c,
+            &Frame::Hello {
+                version: PULL_VERSION,
+            },
+        );
+        assert_eq!(
+            read_frame(&mut c),
+            Frame::Hello {
+                version: PULL_VERSION
+            }
+        );
         write_frame(&mut c, &f);
         match read_frame(&mut c) {
             Frame::Error { code, message } => {

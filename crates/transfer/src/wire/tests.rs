@@ -1,4 +1,5 @@
 use super::*;
+use lamina_blockio::IoErrorKind;
 use proptest::prelude::*;
 
 fn name() -> impl Strategy<Value = String> {
@@ -36,6 +37,97 @@ fn frame() -> impl Strategy<Value = Frame> {
             code: Code::from_u16(c),
             message
         }),
+        (any::<u64>(), name()).prop_map(|(create, volume)| Frame::Attach { create, volume }),
+        (any::<u64>(), 0u8..32, any::<bool>()).prop_map(|(size, caps, read_only)| {
+            Frame::Attached {
+                size,
+                caps: super::calls::caps_of(caps),
+                read_only,
+            }
+        }),
+        (any::<u64>(), call_op()).prop_map(|(tag, op)| Frame::Call(Call { tag, op })),
+        (any::<u64>(), outcome()).prop_map(|(tag, outcome)| Frame::Reply(Reply { tag, outcome })),
+    ]
+}
+
+fn range() -> impl Strategy<Value = (u64, u64)> {
+    (0u64..1 << 50, 1u64..1 << 40)
+}
+
+fn call_op() -> impl Strategy<Value = CallOp> {
+    prop_oneof![
+        (0u64..1 << 50, 1u64..=MAX_DATA as u64)
+            .prop_map(|(offset, len)| CallOp::Read { offset, len }),
+        (
+            0u64..1 << 50,
+            proptest::collection::vec(any::<u8>(), 1..3000),
+            any::<bool>()
+        )
+            .prop_map(|(offset, data, fua)| CallOp::Write { offset, data, fua }),
+        Just(CallOp::Flush),
+        range().prop_map(|(offset, len)| CallOp::Trim { offset, len }),
+        (range(), any::<bool>()).prop_map(|((offset, len), may_trim)| CallOp::WriteZeroes {
+            offset,
+            len,
+            may_trim
+        }),
+        range().prop_map(|(offset, len)| CallOp::BlockStatus { offset, len }),
+        any::<u64>().prop_map(|generation| CallOp::Activate { generation }),
+        Just(CallOp::Size),
+        Just(CallOp::Ping),
+        name().prop_map(|name| CallOp::Snapshot { name }),
+        name().prop_map(|name| CallOp::DeleteSnapshot { name }),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    let extent = (1u64..1 << 40, any::<bool>(), any::<bool>())
+        .prop_map(|(length, hole, zero)| lamina_blockio::Extent { length, hole, zero });
+    let kinds = [
+        IoErrorKind::Io,
+        IoErrorKind::NoSpace,
+        IoErrorKind::Invalid,
+        IoErrorKind::ReadOnly,
+        IoErrorKind::NotSupported,
+        IoErrorKind::Gone,
+        IoErrorKind::Fenced,
+    ];
+    let ops = [
+        OpCode::Read,
+        OpCode::Write,
+        OpCode::Flush,
+        OpCode::Trim,
+        OpCode::WriteZeroes,
+        OpCode::BlockStatus,
+        OpCode::Activate,
+        OpCode::Size,
+        OpCode::Ping,
+        OpCode::Snapshot,
+        OpCode::DeleteSnapshot,
+    ];
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 1..3000)
+            .prop_map(|d| Outcome::Done(Answered::Read(d))),
+        proptest::collection::vec(extent, 1..50)
+            .prop_map(|e| Outcome::Done(Answered::BlockStatus(e))),
+        any::<u64>().prop_map(|s| Outcome::Done(Answered::Size(s))),
+        proptest::sample::select(vec![
+            Answered::Write,
+            Answered::Flush,
+            Answered::Trim,
+            Answered::WriteZeroes,
+            Answered::Activate,
+            Answered::Ping,
+            Answered::Snapshot,
+            Answered::DeleteSnapshot,
+        ])
+        .prop_map(Outcome::Done),
+        (
+            proptest::sample::select(ops.to_vec()),
+            proptest::sample::select(kinds.to_vec()),
+            ".{0,100}"
+        )
+            .prop_map(|(op, kind, message)| Outcome::Failed { op, kind, message }),
     ]
 }
 
@@ -65,7 +157,7 @@ proptest! {
 
     #[test]
     fn any_checksummed_body_decodes_to_a_frame_or_an_error(
-        kind in 0u8..9,
+        kind in 0u8..13,
         body in proptest::collection::vec(any::<u8>(), 0..600),
     ) {
         // A valid header and checksum around random bytes: the body parsers
@@ -120,8 +212,8 @@ fn lengths_are_bounded_before_reading_the_body() {
     h[4..].copy_from_slice(&((8 + MAX_DATA) as u32).to_be_bytes());
     assert_eq!(check_header(&h), Ok((Kind::Data, 8 + MAX_DATA + TRAILER)));
     assert_eq!(
-        check_header(&[9, 0, 0, 0, 0, 0, 0, 0]),
-        Err(WireError::UnknownKind(9))
+        check_header(&[12, 0, 0, 0, 0, 0, 0, 0]),
+        Err(WireError::UnknownKind(12))
     );
     assert_eq!(
         check_header(&[1, 0, 1, 0, 0, 0, 0, 0]),
@@ -180,5 +272,98 @@ fn a_megabyte_of_payload_is_summarized_by_its_length() {
     assert!(
         s.starts_with("Error (Busy: \"xxx") && s.ends_with("...)"),
         "{s}"
+    );
+}
+
+#[test]
+fn a_call_is_checked_field_by_field() {
+    let body = |tag: u64, op: u8, flags: u8, offset: u64, len: u64, payload: &[u8]| {
+        let mut b = tag.to_be_bytes().to_vec();
+        b.push(op);
+        b.push(flags);
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(payload);
+        super::framed(Kind::Call as u8, &b)
+    };
+    let bad = |buf: Vec<u8>, want: &str| {
+        let e = decode(&buf).unwrap_err().to_string();
+        assert!(e.contains(want), "{e} (wanted {want:?})");
+    };
+    bad(body(1, 11, 0, 0, 0, &[]), "unknown op 11");
+    bad(body(1, 10, 0, 0, 0, &[]), "a name of 0 bytes");
+    bad(body(1, 9, 0, 0, 0, &[]), "a name of 0 bytes");
+    bad(body(1, 9, 0, 0, 3, b"ab"), "len 3 and a name of 2 bytes");
+    bad(body(1, 9, 0, 0, 256, &[b'a'; 256]), "a name of 256 bytes");
+    bad(body(1, 9, 0, 0, 1, &[0xff]), "not UTF-8");
+    bad(body(1, 0, 1, 0, 4096, &[]), "flags 0x01 on a Read call");
+    bad(body(1, 0, 0, 0, MAX_DATA as u64 + 1, &[]), "more than");
+    bad(body(1, 0, 0, 0, 0, &[]), "bad range");
+    bad(body(1, 0, 0, 0, 4096, &[1]), "after the last field");
+    bad(body(1, 1, 0, 0, 2, &[1]), "announces 2 bytes and carries 1");
+    bad(body(1, 1, 4, 0, 1, &[1]), "flags 0x04");
+    bad(body(1, 3, 0, u64::MAX, 2, &[]), "bad range");
+    bad(body(1, 2, 0, 5, 0, &[]), "flush call with offset 5");
+    bad(body(1, 6, 0, 5, 1, &[]), "activate call with len 1");
+    assert_eq!(
+        decode(&body(7, 1, FLAG_FUA, 4096, 3, &[1, 2, 3]))
+            .unwrap()
+            .unwrap()
+            .0,
+        Frame::Call(Call {
+            tag: 7,
+            op: CallOp::Write {
+                offset: 4096,
+                data: vec![1, 2, 3],
+                fua: true
+            }
+        })
+    );
+    assert_eq!(
+        decode(&body(8, 6, 0, 42, 0, &[])).unwrap().unwrap().0,
+        Frame::Call(Call {
+            tag: 8,
+            op: CallOp::Activate { generation: 42 }
+        })
+    );
+    // The fast encoder gives what encode gives.
+    let mut fast = Vec::new();
+    encode_call(7, OpCode::Write, FLAG_FUA, 4096, 3, &[1, 2, 3], &mut fast);
+    assert_eq!(fast, body(7, 1, FLAG_FUA, 4096, 3, &[1, 2, 3]));
+}
+
+#[test]
+fn a_reply_is_checked_field_by_field() {
+    let reply = |op: u8, status: u8, rest: &[u8]| {
+        let mut b = 5u64.to_be_bytes().to_vec();
+        b.push(op);
+        b.push(status);
+        b.extend_from_slice(rest);
+        super::framed(Kind::Reply as u8, &b)
+    };
+    let bad = |buf: Vec<u8>, want: &str| {
+        let e = decode(&buf).unwrap_err().to_string();
+        assert!(e.contains(want), "{e} (wanted {want:?})");
+    };
+    bad(reply(0, 8, b"x"), "unknown status 8");
+    bad(reply(0, 0, &[]), "read reply without data");
+    bad(reply(5, 0, &[0; 8]), "8 bytes of extents");
+    bad(reply(5, 0, &[0; 9]), "extent of 0 bytes");
+    let mut flags4 = 1u64.to_be_bytes().to_vec();
+    flags4.push(4);
+    bad(reply(5, 0, &flags4), "flags 0x04");
+    bad(reply(7, 0, &[0; 4]), "body ends inside size");
+    bad(reply(1, 0, &[0]), "after the last field");
+    bad(reply(1, 3, &[0xff]), "not UTF-8");
+    assert_eq!(
+        decode(&reply(1, 7, b"held at 9")).unwrap().unwrap().0,
+        Frame::Reply(Reply {
+            tag: 5,
+            outcome: Outcome::Failed {
+                op: OpCode::Write,
+                kind: IoErrorKind::Fenced,
+                message: "held at 9".into()
+            }
+        })
     );
 }

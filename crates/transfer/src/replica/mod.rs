@@ -1,0 +1,57 @@
+//! Replica sessions: a front end reaches a replica's volume on another node
+//! through the data path's trait, over the transfer protocol's TLS and
+//! frames (version 2, `docs/transfer.md`, "Replica sessions"). One protocol
+//! serves both pulls and replicas: the same listener, certificates, frame
+//! codec, checksums and limits; a session is a pull or a replica session by
+//! its first frame after the Hellos.
+//!
+//! - The replica's side ([`serve`]): a [`Source`](crate::Source) given
+//!   [`Volumes`] answers Attach with a handle the daemon opens, and runs
+//!   each Call on it where the daemon runs volume I/O.
+//! - The front end's side ([`RemoteVolume`]): a [`BlockIo`] whose every
+//!   operation is a Call on one session, answered by a Reply of the same
+//!   tag.
+//!
+//! Written here rather than taken from an RPC crate (tonic): a call carries
+//! a MiB of data that must go into the frame without a copy, and each
+//! frame's checksum and limits are checked before anything is allocated,
+//! as for the pulls it shares the codec with.
+
+mod client;
+pub(crate) mod serve;
+
+pub use client::{RemoteVolume, SessionOptions};
+pub use serve::{CALL_BYTES, SESSION_CALLS, SESSION_CALL_BYTES};
+
+use lamina_blockio::{BlockIo, IoError};
+use std::sync::Arc;
+
+/// What a node serves replica sessions from: the daemon's volumes, and the
+/// threads its volume I/O runs on.
+pub trait Volumes: Send + Sync + 'static {
+    /// A new handle to `volume`, never activated, for the front end of node
+    /// `peer`. With `create`, a volume of that size is made first if the
+    /// node has none of that name (one of another size is an error of kind
+    /// [`IoErrorKind::Invalid`](lamina_blockio::IoErrorKind::Invalid)).
+    /// A volume this node does not hold is an error of kind
+    /// [`IoErrorKind::Gone`](lamina_blockio::IoErrorKind::Gone). Called
+    /// from a thread that may block.
+    fn open(
+        &self,
+        volume: &str,
+        peer: &str,
+        create: Option<u64>,
+    ) -> Result<Arc<dyn BlockIo>, IoError>;
+    /// Snapshot this node's `volume` as `name` for the front end of node
+    /// `peer`; one of that name there already is as good. Called from a
+    /// thread that may block.
+    fn snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError>;
+    /// Delete this node's snapshot `volume`/`name`, made for the front end
+    /// of node `peer`; one not there is as good. Called from a thread that
+    /// may block.
+    fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError>;
+    /// Run `job` (it submits to a volume handle and may block) on a thread
+    /// that may block, at the priority of the node's volume I/O: never on an
+    /// async reactor.
+    fn run(&self, job: Box<dyn FnOnce() + Send>);
+}
