@@ -44,9 +44,17 @@
 //!    then sent to every replica; so all replicas apply overlapping
 //!    changes in the order they were submitted, and read alike. Changes
 //!    that do not overlap, and flushes, are not held.
+//! 9. **Quiesced**: [`Replicated::quiesced`] holds every change submitted
+//!    from its call on (they wait, in order, as in rule 8), waits for every
+//!    change in flight to complete, and only then runs its work (a
+//!    snapshot of every replica at one point of the write stream); the
+//!    held changes are sent once it returns.
 //!
-//! Not yet here: a faulted replica coming back (it stays out until the
-//! volume is opened again), replicas over the network.
+//! A replica on another node is a `lamina_transfer::replica::RemoteVolume`
+//! (a session of the transfer protocol); whatever fails that session fails
+//! its calls with [`IoErrorKind::Io`], and rule 2 faults it. Not yet here:
+//! a faulted replica coming back (it stays out until the volume is opened
+//! again).
 
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use std::collections::VecDeque;
@@ -93,8 +101,10 @@ struct Shared {
     /// The Fenced answer that set `fenced` (it names the new holder's
     /// generation).
     fenced_by: Mutex<String>,
-    /// Rule 8.
+    /// Rule 8 and 9.
     order: Mutex<Order>,
+    /// Signalled when the last change in flight completes (rule 9).
+    drained: std::sync::Condvar,
     /// Replicas out of the healthy set whose fault is not durable yet (a
     /// record in progress, or one that failed).
     unrecorded: AtomicUsize,
@@ -140,12 +150,58 @@ impl Replicated {
                 fenced: AtomicBool::new(false),
                 fenced_by: Mutex::new(String::new()),
                 order: Mutex::new(Order::default()),
+                drained: std::sync::Condvar::new(),
                 unrecorded: AtomicUsize::new(0),
                 membership,
             }),
             caps,
             read_only,
         })
+    }
+
+    /// Run `work` with no change in flight (rule 9): changes submitted from
+    /// now on wait, those in flight complete first, then `work` runs with
+    /// the names of the healthy replicas, and the held changes are sent
+    /// once it returns. Blocks; must not be called from a completion of
+    /// this volume.
+    pub fn quiesced<T>(&self, work: impl FnOnce(&[String]) -> T) -> T {
+        let s = &self.shared;
+        {
+            let mut o = s.order.lock().unwrap_or_else(|p| p.into_inner());
+            o.paused += 1;
+            while !o.running.is_empty() {
+                o = s.drained.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        let healthy: Vec<String> = s
+            .healthy()
+            .into_iter()
+            .map(|i| s.replicas[i].name.clone())
+            .collect();
+        let out = work(&healthy);
+        let ready = {
+            let mut o = s.order.lock().unwrap_or_else(|p| p.into_inner());
+            o.paused -= 1;
+            o.ready()
+        };
+        for w in ready {
+            dispatch(s, w.id, w.op, w.done);
+        }
+        out
+    }
+
+    /// Take replica `name` out of the healthy set for `reason` and record
+    /// it (rule 2), as a failed change would: for work done outside the
+    /// data path that the replica failed (a snapshot).
+    pub fn fault(&self, name: &str, reason: &str) -> Result<(), IoError> {
+        let s = &self.shared;
+        match s.replicas.iter().position(|r| r.name == name) {
+            Some(i) => s.fault(i, reason),
+            None => Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {} has no replica {name}", s.name),
+            )),
+        }
     }
 
     /// Each replica's name and state, in order: faulted from the moment it
@@ -270,6 +326,8 @@ impl Shared {
 /// (rule 8), in submission order.
 #[derive(Default)]
 struct Order {
+    /// Quiesced calls running (rule 9): while above 0, every change waits.
+    paused: usize,
     next: u64,
     /// (id, start, end) of each change sent to the replicas.
     running: Vec<(u64, u64, u64)>,
@@ -309,7 +367,8 @@ impl Order {
         let Some(r) = range(&op) else {
             return Some((id, op, done));
         };
-        let busy = self.running.iter().any(|&(_, a, b)| overlap(r, (a, b)))
+        let busy = self.paused > 0
+            || self.running.iter().any(|&(_, a, b)| overlap(r, (a, b)))
             || self.waiting.iter().any(|w| overlap(r, (w.start, w.end)));
         if busy {
             self.waiting.push_back(Waiting {
@@ -328,7 +387,15 @@ impl Order {
     /// Change `id` completed: the waiting changes it let go, now running.
     fn finish(&mut self, id: u64) -> Vec<Waiting> {
         self.running.retain(|r| r.0 != id);
+        self.ready()
+    }
+
+    /// The waiting changes nothing holds back any more, now running.
+    fn ready(&mut self) -> Vec<Waiting> {
         let mut ready = Vec::new();
+        if self.paused > 0 {
+            return ready;
+        }
         let mut i = 0;
         while i < self.waiting.len() {
             let w = (self.waiting[i].start, self.waiting[i].end);
@@ -354,11 +421,14 @@ impl Order {
 
 /// Change `id`'s outcome to its caller, then the changes it held back sent.
 fn complete(shared: &Arc<Shared>, id: u64, done: Completion, r: Result<IoDone, IoError>) {
-    let ready = shared
-        .order
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .finish(id);
+    let ready = {
+        let mut o = shared.order.lock().unwrap_or_else(|p| p.into_inner());
+        let ready = o.finish(id);
+        if o.running.is_empty() {
+            shared.drained.notify_all();
+        }
+        ready
+    };
     done(r);
     for w in ready {
         dispatch(shared, w.id, w.op, w.done);

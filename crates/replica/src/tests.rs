@@ -396,3 +396,62 @@ fn overlapping_changes_reach_every_replica_in_the_order_they_were_submitted() {
         assert_eq!(&d.contents()[..8192], &[2u8; 8192][..]);
     }
 }
+
+#[test]
+fn quiesced_work_runs_with_no_change_in_flight_and_holds_new_ones_until_it_returns() {
+    let s = set(2);
+    s.gates[0].hold(is_write);
+    let (tx, rx) = mpsc::channel();
+    let submit = |offset: u64, byte: u8, tx: mpsc::Sender<(u64, Result<(), IoError>)>| {
+        s.vol.submit(
+            IoOp::Write {
+                offset,
+                data: vec![byte; 4096],
+                fua: false,
+            },
+            Box::new(move |r| tx.send((offset, r.map(|_| ()))).unwrap()),
+        )
+    };
+    submit(0, 1, tx.clone());
+    s.gates[0].wait_held(1, Duration::from_secs(30));
+
+    // The work waits for the write in flight.
+    let (ran_tx, ran) = mpsc::channel();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let vol = s.vol.clone();
+    let quiet = std::thread::spawn(move || {
+        vol.quiesced(|healthy| {
+            ran_tx.send(healthy.to_vec()).unwrap();
+            wait_go.recv().unwrap();
+        })
+    });
+    assert!(
+        ran.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the work ran while a write was in flight"
+    );
+    s.gates[0].clear();
+    s.gates[0].release_all();
+    assert_eq!(rx.recv().unwrap(), (0, Ok(())));
+    assert_eq!(
+        ran.recv().unwrap(),
+        vec!["r0".to_string(), "r1".to_string()]
+    );
+
+    // While the work runs, a new change (not overlapping anything) waits:
+    // no replica has it.
+    submit(8192, 2, tx.clone());
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    for d in &s.devices {
+        assert_eq!(&d.contents()[8192..8192 + 4096], &[0u8; 4096][..]);
+    }
+    go.send(()).unwrap();
+    quiet.join().unwrap();
+    assert_eq!(rx.recv().unwrap(), (8192, Ok(())));
+    for d in &s.devices {
+        assert_eq!(&d.contents()[8192..8192 + 4096], &[2u8; 4096][..]);
+    }
+    // A replica the work failed is faulted and recorded as a change's.
+    s.vol.fault("r1", "the snapshot failed").unwrap();
+    assert_eq!(s.record.faulted(), vec![1]);
+    assert!(s.vol.fault("r9", "x").is_err());
+}
