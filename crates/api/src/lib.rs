@@ -110,6 +110,9 @@ pub struct Volume {
     /// The volume's labels (schedules select volumes by them).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// A replicated volume's replicas; absent for a volume of one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<Replication>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -173,6 +176,61 @@ pub struct CreateVolume {
     /// Labels; the `lamina.io/` prefix is the system's.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Other nodes that hold a replica each, by name in the node list (at
+    /// most 2: a volume has 1 to 3 replicas, and this node holds the
+    /// first). Empty: one replica, here, as a volume has always had.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
+}
+
+/// A replicated volume's replicas and the front end's generation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Replication {
+    /// The generation the front end last activated the replicas at (0:
+    /// never served yet); every replica refuses requests of a lower one.
+    pub generation: u64,
+    pub state: ReplicationState,
+    /// In order: this node's replica first.
+    pub replicas: Vec<ReplicaInfo>,
+}
+
+/// Whether a replicated volume has all its replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationState {
+    /// Every replica is healthy.
+    Healthy,
+    /// Some replica is faulted; at least one is healthy.
+    Degraded,
+    /// No replica is healthy.
+    Unavailable,
+}
+
+/// One replica of a replicated volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaInfo {
+    /// The node that holds it.
+    pub node: String,
+    /// Its transfer listener (`HOST:PORT`); absent for this node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub state: ReplicaState,
+    /// Why it was faulted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Since when it is in this state (RFC 3339, UTC).
+    pub since: String,
+}
+
+/// A replica's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaState {
+    /// Holds every acknowledged write.
+    Healthy,
+    /// Out of the healthy set: it may miss acknowledged writes, and is
+    /// neither written nor read until it is rebuilt.
+    Faulted,
 }
 
 /// A volume's new labels (`PUT /v1/volumes/{name}/labels`): they replace

@@ -120,6 +120,7 @@ fn volume(name: &str) -> api::Volume {
         export: None,
         operation: None,
         labels: Default::default(),
+        replication: None,
     }
 }
 
@@ -195,6 +196,7 @@ async fn volume_routes() {
         name: "a b".into(),
         size: 1 << 20,
         labels: [("tier".to_string(), "gold".to_string())].into(),
+        replicas: vec!["b".into(), "c".into()],
     };
     let r = c.create_volume(&req).await.unwrap();
     assert!(r.created);

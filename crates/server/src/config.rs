@@ -420,6 +420,7 @@ impl TransferConfig {
             l.handshakes_per_address,
             l.sessions,
             l.sessions_per_peer,
+            l.replica_sessions,
         ]
         .contains(&0)
         {

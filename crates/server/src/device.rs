@@ -409,7 +409,7 @@ impl Exports for Registry {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use lamina_blockio::testing::{contract, Mirror};
     use lamina_engine::{Pool, PoolOptions};
@@ -427,9 +427,10 @@ mod tests {
         replicated: Option<Arc<Faults>>,
     }
 
-    /// A replicated volume's membership that records faults in memory.
+    /// A replicated volume's membership that records faults in memory
+    /// (`replicas.rs`'s tests use it too).
     #[derive(Default)]
-    struct Faults(std::sync::Mutex<Vec<String>>);
+    pub(crate) struct Faults(pub(crate) std::sync::Mutex<Vec<String>>);
 
     impl lamina_replica::Membership for Faults {
         fn fault(&self, _index: usize, name: &str, reason: &str) -> Result<(), IoError> {

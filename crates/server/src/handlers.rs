@@ -115,8 +115,10 @@ pub async fn set_volume_labels(
     responses((status = 201, description = "created", body = api::Volume),
         (status = 200, description = "exists already with the same size", body = api::Volume),
         (status = 400, description = "malformed body, bad name, or a size that is not a whole number of 512-byte sectors", body = api::ApiError),
-        (status = 409, description = "exists with another size", body = api::ApiError),
-        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError),
+        (status = 404, description = "a replica's node is not in the node list", body = api::ApiError),
+        (status = 409, description = "exists with another size or other replicas", body = api::ApiError),
+        (status = 500, body = api::ApiError),
+        (status = 503, description = "a replica's node could not make its replica", body = api::ApiError),
         (status = 507, description = "no space", body = api::ApiError)))]
 pub async fn create_volume(
     st: St,
@@ -127,6 +129,7 @@ pub async fn create_volume(
         name: req.name,
         size: req.size,
         labels: req.labels,
+        replicas: req.replicas,
     };
     match operations::run(&st, op).await? {
         Outcome::Volume { info, created: c } => Ok((created(c), Json(describe(&st, info).await?))),

@@ -31,6 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "store/db",
             "store/nodes",
             "store/records",
+            "store/replicas",
         ],
     ),
     (
@@ -39,6 +40,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "changes",
             "device",
             "files",
+            "front",
+            "replicas",
             "schedules",
             "schedules/records",
         ],
@@ -46,7 +49,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     // The operations' records move in `state/ledger` only.
     (
         "state",
-        &["state", "state/exports", "state/ledger", "state/views"],
+        &[
+            "state",
+            "state/exports",
+            "state/ledger",
+            "state/nodes",
+            "state/views",
+        ],
     ),
     ("jobs", &["jobs", "jobs/copy", "jobs/flatten", "jobs/pull"]),
     (

@@ -52,6 +52,7 @@ pub fn v1_to_v2(json: &str) -> Result<OpRec, String> {
             name: s(a, "name")?,
             size: n(a, "size")?,
             labels: Default::default(),
+            replicas: Vec::new(),
         },
         "expand-volume" => Op::ExpandVolume {
             name: s(a, "name")?,

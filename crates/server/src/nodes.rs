@@ -18,30 +18,7 @@ use lamina_api as api;
 
 type R<T> = Result<T, Failure>;
 
-/// Longest node name: a DNS label's length, as Kubernetes node names and
-/// the node certificates' names are kept.
-pub const MAX_NAME: usize = 63;
-
-/// [`check_name`]'s rule as the OpenAPI document declares it.
-pub const NAME_PATTERN: &str = "^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$";
-
-/// A node name: 1 to 63 lowercase letters, digits, `-` and `.`, starting
-/// and ending with a letter or digit.
-pub fn check_name(name: &str) -> R<()> {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
-        && name.starts_with(alnum)
-        && name.ends_with(alnum);
-    if ok {
-        Ok(())
-    } else {
-        Err(Failure::invalid(format!(
-            "node name {name:?}: 1 to {MAX_NAME} lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
-        )))
-    }
-}
+pub use crate::state::nodes::{check_name, no_such_node, resolve, MAX_NAME, NAME_PATTERN};
 
 /// A transfer address: `HOST:PORT`, the port 1 to 65535, an IPv6 host in
 /// brackets.
@@ -83,15 +60,6 @@ fn view(rec: NodeRec) -> api::Node {
         address: rec.address,
         added: crate::schedules::rfc3339(rec.added),
     }
-}
-
-/// The answer to a node name the list does not have.
-pub fn no_such_node(name: &str) -> Failure {
-    Failure::new(
-        api::ErrorCode::NotFound,
-        format!("no node {name:?} in this daemon's node list"),
-        Some("add it with `lamina node add NAME HOST:PORT`, or give its address"),
-    )
 }
 
 fn now() -> i64 {
@@ -173,22 +141,6 @@ pub async fn remove_node(st: St, Path(name): Path<String>) -> R<Json<api::Remove
         tracing::info!(node = %what, "node removed");
     }
     Ok(Json(api::Removed { what, existed }))
-}
-
-/// `node` with its address from the node list when the request gave none.
-pub fn resolve(st: &crate::state::State, node: api::PeerNode) -> R<api::PeerNode> {
-    if !node.address.is_empty() {
-        return Ok(node);
-    }
-    check_name(&node.name)?;
-    let rec = st
-        .store
-        .node(&node.name)?
-        .ok_or_else(|| no_such_node(&node.name))?;
-    Ok(api::PeerNode {
-        name: rec.name,
-        address: rec.address,
-    })
 }
 
 #[cfg(test)]

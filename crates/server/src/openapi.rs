@@ -211,12 +211,20 @@ fn apply_rules(doc: &mut utoipa::openapi::OpenApi) -> Vec<String> {
     }
     // A node's name (the node list's rule, not the engine's).
     match object(doc, "AddNode", "name") {
-        Some(o) => {
-            o.pattern = Some(crate::nodes::NAME_PATTERN.into());
-            o.min_length = Some(1);
-            o.max_length = Some(crate::nodes::MAX_NAME);
-        }
+        Some(o) => node_rule(o),
         None => missing.push("AddNode.name".into()),
+    }
+    match items(doc, "CreateVolume", "replicas") {
+        Some(o) => node_rule(o),
+        None => missing.push("CreateVolume.replicas[]".into()),
+    }
+    // At most 2 replicas on other nodes, each named once.
+    match property(doc, "CreateVolume", "replicas") {
+        Some(RefOr::T(Schema::Array(a))) => {
+            a.max_items = Some(2);
+            a.unique_items = true;
+        }
+        _ => missing.push("CreateVolume.replicas".into()),
     }
     // A snapshot's path names its volume by name, or by NAME@ID once the
     // volume was deleted (its snapshots outlive it).
@@ -295,6 +303,13 @@ fn property<'a>(
 }
 
 /// The inline schema of the items of the array `schema.field`.
+/// A node name's rule (the node list's, not the engine's).
+fn node_rule(o: &mut Object) {
+    o.pattern = Some(crate::nodes::NAME_PATTERN.into());
+    o.min_length = Some(1);
+    o.max_length = Some(crate::nodes::MAX_NAME);
+}
+
 fn items<'a>(
     doc: &'a mut utoipa::openapi::OpenApi,
     schema: &str,

@@ -4,6 +4,7 @@
 
 mod exports;
 mod ledger;
+pub mod nodes;
 mod views;
 
 pub use exports::snapshot_export;
@@ -29,6 +30,8 @@ pub struct State {
     pub pool: Pool,
     pub store: Arc<Store>,
     pub exports: Arc<Registry>,
+    /// Attached replicated volumes' front ends.
+    pub fronts: crate::front::Fronts,
     /// Exports also served as files.
     pub files: crate::files::Files,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -125,11 +128,21 @@ impl State {
             _ => None,
         };
         let exports = Arc::new(Registry::new(store.clone()));
+        if let Some(source) = &transfer_source {
+            // Front ends of other nodes reach this node's volumes on the
+            // same listener.
+            source.serve_volumes(Arc::new(crate::replicas::Served::new(
+                pool.clone(),
+                exports.clone(),
+                tokio::runtime::Handle::current(),
+            )));
+        }
         let state = State {
             layout: layout.clone(),
             pool,
             store,
             exports,
+            fronts: Default::default(),
             files: crate::files::Files::new(
                 layout.files.clone(),
                 config.files,
@@ -167,6 +180,50 @@ impl State {
             }
         }
         for (name, rec) in state.store.exports()? {
+            let replicated = rec.snapshot.is_none()
+                && crate::front::replica_set(&state.store, &state.pool, &rec.volume)
+                    .ok()
+                    .flatten()
+                    .is_some();
+            if replicated {
+                // Its front end reaches other nodes: off the reactor, and
+                // not fatal to the start (attaching again retries).
+                let (pool, exports, store, identity) = (
+                    state.pool.clone(),
+                    state.exports.clone(),
+                    state.store.clone(),
+                    state.identity.clone(),
+                );
+                let volume = rec.volume.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    let parts = crate::front::Parts {
+                        pool: &pool,
+                        exports: &exports,
+                        store: &store,
+                        identity: identity.as_ref(),
+                    };
+                    crate::front::open(&parts, &volume)
+                })
+                .await;
+                match opened {
+                    Ok(Ok(front)) => {
+                        state.exports.insert(
+                            &name,
+                            front.replicated.clone(),
+                            state.volume_io(&name),
+                            state.activity.clone(),
+                        );
+                        state.fronts.insert(&rec.volume, front);
+                    }
+                    Ok(Err(f)) => {
+                        tracing::warn!(export = %name, error = %f.1.message, "a replicated volume's export is not served: attach it again")
+                    }
+                    Err(e) => {
+                        tracing::warn!(export = %name, error = %e, "a replicated volume's export is not served: attach it again")
+                    }
+                }
+                continue;
+            }
             match state
                 .exports
                 .open_engine(&state.pool, &rec.volume, rec.snapshot.as_deref())

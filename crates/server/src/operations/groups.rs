@@ -84,13 +84,21 @@ pub(super) async fn create(
     volumes: Vec<String>,
     labels: BTreeMap<String, String>,
 ) -> Result<Outcome, Failure> {
-    let p = st.pool.clone();
+    let (p, st2) = (st.pool.clone(), st.clone());
     blocking(move || {
         if let Some(members) = existing(&p, &name, &volumes, &labels)? {
             return Ok(Outcome::Group {
                 members,
                 created: false,
             });
+        }
+        // Its members would be taken on this node's replicas only.
+        for v in &volumes {
+            if crate::front::replica_set(&st2.store, &p, v)?.is_some() {
+                return Err(Failure::invalid(format!(
+                    "volume {v} is replicated: a group snapshot of replicated volumes is not built yet"
+                )));
+            }
         }
         let vols: Vec<&str> = volumes.iter().map(String::as_str).collect();
         let mut made = p.create_snapshot_group(&vols, &name, &labels_vec(&labels))?;

@@ -87,9 +87,15 @@ impl Outcome {
 /// the group label to groups.
 fn check_request(op: &Op) -> Result<(), Failure> {
     match op {
-        Op::CreateVolume { name, labels, .. } => {
+        Op::CreateVolume {
+            name,
+            labels,
+            replicas,
+            ..
+        } => {
             lamina_engine::check_name(name)?;
             volumes::check_labels(labels)?;
+            volumes::check_replicas(replicas)?;
         }
         Op::SetVolumeLabels { labels, .. } => volumes::check_labels(labels)?,
         Op::Clone { name, .. } => lamina_engine::check_name(name)?,
@@ -256,17 +262,20 @@ async fn already_there(st: &Arc<State>, op: &Op) -> Option<Outcome> {
             .ok()
             .flatten();
     }
-    let (p, op) = (st.pool.clone(), op.clone());
+    let (p, op, st2) = (st.pool.clone(), op.clone(), st.clone());
     blocking(move || {
         Ok(match &op {
-            Op::CreateVolume { name, size, labels } => {
-                volumes::existing(&p, name, *size, &labels_vec(labels))?.map(|info| {
-                    Outcome::Volume {
-                        info,
-                        created: false,
-                    }
-                })
-            }
+            Op::CreateVolume {
+                name,
+                size,
+                labels,
+                replicas,
+            } => volumes::existing(&p, name, *size, &labels_vec(labels))?
+                .filter(|_| volumes::same_replicas(&st2, name, replicas))
+                .map(|info| Outcome::Volume {
+                    info,
+                    created: false,
+                }),
             Op::CreateSnapshot {
                 volume,
                 name,
@@ -348,7 +357,12 @@ pub(crate) fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, Stri
 /// `recovering`): the one function of its kind.
 async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome, Failure> {
     match rec.op.clone() {
-        Op::CreateVolume { name, size, labels } => volumes::create(st, name, size, labels).await,
+        Op::CreateVolume {
+            name,
+            size,
+            labels,
+            replicas,
+        } => volumes::create(st, name, size, labels, replicas).await,
         Op::SetVolumeLabels { name, labels } => volumes::set_labels(st, name, labels).await,
         Op::ExpandVolume { name, size } => volumes::expand(st, name, size).await,
         Op::DeleteVolume {

@@ -33,17 +33,23 @@ pub(super) async fn create(
     name: String,
     labels: BTreeMap<String, String>,
 ) -> Result<Outcome, Failure> {
-    let p = st.pool.clone();
+    let (p, st2) = (st.pool.clone(), st.clone());
     blocking(move || {
-        Ok(match existing(&p, &volume, &name, &labels)? {
-            Some(info) => Outcome::Snapshot {
+        if let Some(info) = existing(&p, &volume, &name, &labels)? {
+            return Ok(Outcome::Snapshot {
                 info,
                 created: false,
-            },
-            None => Outcome::Snapshot {
-                info: p.create_snapshot(&volume, &name, &labels_vec(&labels))?,
-                created: true,
-            },
+            });
+        }
+        // A replicated volume's on every healthy replica at one point.
+        let parts = st2.front_parts();
+        let front = st2.fronts.get(&volume);
+        let info = crate::front::snapshot(&parts, front.as_deref(), &volume, &name, || {
+            Ok(p.create_snapshot(&volume, &name, &labels_vec(&labels))?)
+        })?;
+        Ok(Outcome::Snapshot {
+            info,
+            created: true,
         })
     })
     .await
@@ -68,6 +74,10 @@ pub(super) async fn delete(
         }
         st2.refuse_if_copying_from(&volume, &name)?;
         p.delete_snapshot(&volume, &name)?;
+        // A replicated volume's, on its other replicas too.
+        let parts = st2.front_parts();
+        let front = st2.fronts.get(&volume);
+        crate::front::delete_snapshot(&parts, front.as_deref(), &volume, &name);
         Ok(Outcome::Removed(true))
     })
     .await

@@ -23,6 +23,7 @@ async fn copying(st: &Arc<State>) {
             name: "src".into(),
             size: 1 << 20,
             labels: Default::default(),
+            replicas: Vec::new(),
         },
     )
     .await

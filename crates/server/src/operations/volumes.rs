@@ -41,27 +41,179 @@ pub(super) fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Fail
     Ok(())
 }
 
+/// A volume has 1 to 3 replicas: at most 2 on other nodes, each named
+/// once, by a node name.
+pub(super) fn check_replicas(replicas: &[String]) -> Result<(), Failure> {
+    if replicas.len() > 2 {
+        return Err(Failure::invalid(format!(
+            "a volume has at most 3 replicas: this node's and 2 on other nodes, not {}",
+            replicas.len()
+        )));
+    }
+    for (i, n) in replicas.iter().enumerate() {
+        crate::state::nodes::check_name(n)?;
+        if replicas[..i].contains(n) {
+            return Err(Failure::invalid(format!(
+                "node {n:?} is named twice: each replica is on a node of its own"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether volume `name`'s replicas on other nodes are `replicas` (none
+/// recorded: whether none are asked).
+pub(super) fn same_replicas(st: &State, name: &str, replicas: &[String]) -> bool {
+    let recorded = crate::front::replica_set(&st.store, &st.pool, name)
+        .ok()
+        .flatten();
+    let others: Vec<&str> = recorded
+        .iter()
+        .flat_map(|r| r.replicas.iter().skip(1).map(|x| x.node.as_str()))
+        .collect();
+    others == replicas.iter().map(String::as_str).collect::<Vec<_>>()
+}
+
 pub(super) async fn create(
     st: &Arc<State>,
     name: String,
     size: u64,
     labels: BTreeMap<String, String>,
+    replicas: Vec<String>,
 ) -> Result<Outcome, Failure> {
-    let p = st.pool.clone();
+    let (p, st2) = (st.pool.clone(), st.clone());
     let labels = labels_vec(&labels);
     blocking(move || {
-        Ok(match existing(&p, &name, size, &labels)? {
-            Some(info) => Outcome::Volume {
-                info,
-                created: false,
-            },
-            None => Outcome::Volume {
-                info: p.create_volume_labelled(&name, size, &labels)?,
-                created: true,
-            },
-        })
+        // Everything that can be checked here is, before anything is made.
+        let plan = match replicas.is_empty() {
+            true => None,
+            false => Some(plan_replicas(&st2, &replicas)?),
+        };
+        let (info, created) = match existing(&p, &name, size, &labels)? {
+            Some(info) => (info, false),
+            None => (p.create_volume_labelled(&name, size, &labels)?, true),
+        };
+        match plan {
+            Some(plan) => {
+                // Every step is idempotent: a create asked again, or
+                // finished after a restart, makes what is missing.
+                if let Err(f) = make_replicas(&st2, &info, &replicas, plan) {
+                    if created {
+                        // This node's volume goes with the failure; the
+                        // replicas made on other nodes are used again by
+                        // the next ask.
+                        if let Err(e) = p.delete_volume(&name, true) {
+                            tracing::warn!(volume = %name, error = %e, "the volume made for a failed create stays");
+                        }
+                    }
+                    return Err(f);
+                }
+            }
+            None if !same_replicas(&st2, &name, &replicas) => return Err(other_replicas(&name)),
+            None => {}
+        }
+        Ok(Outcome::Volume { info, created })
     })
     .await
+}
+
+fn other_replicas(name: &str) -> Failure {
+    Failure::exists(
+        format!("volume {name:?} already exists with other replicas"),
+        &format!("see them with `lamina volume get {name}`, or pick another name"),
+    )
+}
+
+/// Where a volume's replicas go: this daemon's transfer identity, and the
+/// address of each other node (from the node list). Checked before anything
+/// is made.
+struct Plan<'a> {
+    identity: &'a lamina_transfer::Identity,
+    here: String,
+    addresses: Vec<String>,
+}
+
+fn plan_replicas<'a>(st: &'a State, replicas: &[String]) -> Result<Plan<'a>, Failure> {
+    let identity = st.identity.as_deref().ok_or_else(|| {
+        Failure::invalid(
+            "a volume with replicas on other nodes needs this daemon's transfer identity: start it with --transfer-tls DIR",
+        )
+    })?;
+    let here = identity.node().to_string();
+    let mut addresses = Vec::new();
+    for node in replicas {
+        if *node == here {
+            return Err(Failure::invalid(format!(
+                "node {node:?} is this node: it holds the volume's first replica already"
+            )));
+        }
+        addresses.push(crate::state::nodes::address_of(st, node)?);
+    }
+    Ok(Plan {
+        identity,
+        here,
+        addresses,
+    })
+}
+
+/// Make volume `info`'s replicas on the nodes `replicas` as `plan` says,
+/// and record its replica set: this node's first, all healthy.
+fn make_replicas(
+    st: &State,
+    info: &VolumeInfo,
+    replicas: &[String],
+    plan: Plan<'_>,
+) -> Result<(), Failure> {
+    let name = &info.name;
+    if crate::front::replica_set(&st.store, &st.pool, name)?.is_some() {
+        return if same_replicas(st, name, replicas) {
+            Ok(())
+        } else {
+            Err(other_replicas(name))
+        };
+    }
+    let now = crate::front::now();
+    let mut set = vec![crate::store::ReplicaRec {
+        node: plan.here.clone(),
+        address: String::new(),
+        faulted: None,
+        since: now,
+    }];
+    for (node, address) in replicas.iter().zip(plan.addresses) {
+        let remote = lamina_transfer::Remote {
+            address: address.clone(),
+            node: node.clone(),
+        };
+        let made = lamina_transfer::replica::RemoteVolume::create(
+            plan.identity,
+            &remote,
+            name,
+            info.size,
+            lamina_transfer::replica::SessionOptions::default(),
+        );
+        if let Err(e) = made {
+            return Err(Failure::new(
+                lamina_api::ErrorCode::Unavailable,
+                format!("volume {name:?}: node {node} could not make its replica: {e}"),
+                Some("check that the node runs with --transfer-listen and --transfer-tls, and ask again"),
+            ));
+        }
+        set.push(crate::store::ReplicaRec {
+            node: node.clone(),
+            address,
+            faulted: None,
+            since: now,
+        });
+    }
+    let rec = crate::store::ReplicaSetRec {
+        volume_id: info.id,
+        generation: 0,
+        replicas: set,
+    };
+    st.store
+        .put_replica_set(name, &rec)
+        .map_err(Failure::from)?;
+    Ok(())
 }
 
 pub(super) async fn set_labels(
@@ -121,6 +273,14 @@ pub(super) async fn delete(
             st2.refuse_if_copying_from(&name, &s.name)?;
         }
         p.delete_volume(&name, with_snapshots)?;
+        // Its replicas on other nodes stay there (docs/replicas.md).
+        if let Ok(Some(set)) = st2.store.replica_set(&name) {
+            let others: Vec<&str> = set.replicas.iter().skip(1).map(|r| r.node.as_str()).collect();
+            if !others.is_empty() {
+                tracing::warn!(volume = %name, nodes = ?others, "a replicated volume was deleted here; its replicas on other nodes are left as they are");
+            }
+            st2.store.remove_replica_set(&name).map_err(Failure::from)?;
+        }
         Ok(Outcome::Removed(true))
     })
     .await

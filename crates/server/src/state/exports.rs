@@ -41,16 +41,15 @@ impl State {
         };
         let fresh = !self.exports.contains(&name);
         if fresh {
-            let dev = self.exports.open_engine(&self.pool, volume, snapshot)?;
+            let (dev, front) = crate::front::open_device(&self.front_parts(), volume, snapshot)?;
             self.store
                 .put_export(&name, &rec(false))
                 .map_err(Failure::from)?;
-            self.exports.insert(
-                &name,
-                Arc::new(dev),
-                self.volume_io(&name),
-                self.activity.clone(),
-            );
+            if let Some(f) = front {
+                self.fronts.insert(volume, f);
+            }
+            self.exports
+                .insert(&name, dev, self.volume_io(&name), self.activity.clone());
             self.changes.bump();
         }
         if file && self.files.served(&name).is_none() {
@@ -157,11 +156,24 @@ impl State {
             .exports
             .remove(&name)
             .map_err(|e| Failure::internal(format!("flushing export {name} at its detach: {e}")))?;
+        if snapshot.is_none() {
+            self.fronts.remove(volume);
+        }
         if removed {
             self.metrics.forget_volume(&name);
             self.changes.bump();
         }
         Ok(removed)
+    }
+
+    /// What a replicated volume's front end needs of this daemon.
+    pub fn front_parts(&self) -> crate::front::Parts<'_> {
+        crate::front::Parts {
+            pool: &self.pool,
+            exports: &self.exports,
+            store: &self.store,
+            identity: self.identity.as_ref(),
+        }
     }
 
     /// Where an export's I/O is counted, unless that is turned off.

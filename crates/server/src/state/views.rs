@@ -63,6 +63,10 @@ impl State {
             .usage(&v.name, None)
             .map(|u| u.exclusive_bytes)
             .unwrap_or(v.allocated_bytes);
+        let replication = crate::front::replica_set(&self.store, &self.pool, &v.name)
+            .ok()
+            .flatten()
+            .map(replication);
         api::Volume {
             id: v.id,
             export: self.export_of(&v.name),
@@ -80,6 +84,7 @@ impl State {
             clone_state,
             operation,
             labels: v.labels.into_iter().collect(),
+            replication,
         }
     }
 
@@ -132,5 +137,36 @@ impl State {
             shared_bytes: s.allocated_bytes.saturating_sub(s.exclusive_bytes),
             clones: s.clones,
         }
+    }
+}
+
+/// A replica set as the API shows it.
+fn replication(rec: crate::store::ReplicaSetRec) -> api::Replication {
+    let replicas: Vec<api::ReplicaInfo> = rec
+        .replicas
+        .into_iter()
+        .map(|r| api::ReplicaInfo {
+            node: r.node,
+            address: (!r.address.is_empty()).then_some(r.address),
+            state: match r.faulted {
+                None => api::ReplicaState::Healthy,
+                Some(_) => api::ReplicaState::Faulted,
+            },
+            reason: r.faulted,
+            since: rfc3339((r.since.max(0) as u64).saturating_mul(1_000_000_000)),
+        })
+        .collect();
+    let healthy = replicas
+        .iter()
+        .filter(|r| r.state == api::ReplicaState::Healthy)
+        .count();
+    api::Replication {
+        generation: rec.generation,
+        state: match healthy {
+            0 => api::ReplicationState::Unavailable,
+            n if n == replicas.len() => api::ReplicationState::Healthy,
+            _ => api::ReplicationState::Degraded,
+        },
+        replicas,
     }
 }

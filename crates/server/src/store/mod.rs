@@ -13,11 +13,13 @@
 mod db;
 mod nodes;
 mod records;
+mod replicas;
 
 use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
 pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec};
+pub use replicas::{ReplicaRec, ReplicaSetRec};
 
 use crate::error::ServerError;
 use lamina_api::OperationState;

@@ -85,6 +85,9 @@ pub enum Op {
         size: u64,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         labels: BTreeMap<String, String>,
+        /// Other nodes holding a replica each (docs/replicas.md).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        replicas: Vec<String>,
     },
     /// Replace a volume's labels.
     SetVolumeLabels {

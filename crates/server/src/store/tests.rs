@@ -86,6 +86,7 @@ fn a_store_broken_by_a_full_file_system_reopens_and_holds_what_was_answered() {
                 name: format!("v{i}"),
                 size: 4096,
                 labels: [("k".to_string(), "x".repeat(16 << 10))].into(),
+                replicas: Vec::new(),
             },
         )
     };
@@ -209,6 +210,7 @@ fn a_format_1_store_is_migrated_when_opened() {
             name: "v".into(),
             size: 4096,
             labels: Default::default(),
+            replicas: Vec::new(),
         }
     );
     assert_eq!(ops[0].state, OperationState::Succeeded);

@@ -1,0 +1,334 @@
+//! Replicated volumes' front ends in this daemon (docs/replicas.md): a
+//! replicated volume is served here as one `lamina_replica::Replicated` made
+//! of its local engine volume (in process) and its replicas on other nodes
+//! (replica sessions of the transfer protocol), recorded in the store's
+//! replica sets. This module owns how a front end is opened (the next
+//! generation taken and recorded first, faulted replicas left out, an
+//! unreachable one recorded faulted before anything is served) and the
+//! membership record the front end's faults go to; it must not decide how
+//! I/O fans out (lamina-replica does) or speak the protocol
+//! (lamina-transfer does).
+
+use crate::device::Registry;
+use crate::error::Failure;
+use crate::store::{ReplicaSetRec, Store};
+use lamina_api::ErrorCode;
+use lamina_blockio::{BlockIo, IoError, IoErrorKind};
+use lamina_replica::{Membership, Replica, Replicated};
+use lamina_transfer::replica::{RemoteVolume, SessionOptions};
+use lamina_transfer::{Identity, Remote};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// A front end's faults, recorded in the store's replica set (durable
+/// before [`Membership::fault`] returns).
+pub struct StoreMembership {
+    store: Arc<Store>,
+    volume: String,
+}
+
+impl Membership for StoreMembership {
+    fn fault(&self, _index: usize, name: &str, reason: &str) -> Result<(), IoError> {
+        self.store
+            .fault_replica(&self.volume, name, reason, now())
+            .map(|_| ())
+            .map_err(|e| {
+                IoError::new(
+                    IoErrorKind::Io,
+                    format!("the daemon's store could not record the fault: {e}"),
+                )
+            })
+    }
+}
+
+/// Volume `volume`'s replica set, if it is replicated (a record of an
+/// earlier volume of that name is not its).
+pub fn replica_set(
+    store: &Store,
+    pool: &lamina_engine::Pool,
+    volume: &str,
+) -> Result<Option<ReplicaSetRec>, Failure> {
+    let Some(rec) = store.replica_set(volume).map_err(Failure::from)? else {
+        return Ok(None);
+    };
+    Ok(match pool.volume_info_by_name(volume) {
+        Ok(v) if v.id == rec.volume_id => Some(rec),
+        _ => None,
+    })
+}
+
+/// A replicated volume's front end, open: the volume it serves, and its
+/// replicas on other nodes by node name (for what is not I/O: snapshots).
+pub struct Front {
+    pub replicated: Arc<Replicated>,
+    pub remotes: Vec<(String, Arc<RemoteVolume>)>,
+}
+
+/// The front ends open in this daemon, by volume (an attached replicated
+/// volume's).
+#[derive(Default)]
+pub struct Fronts(Mutex<HashMap<String, Arc<Front>>>);
+
+impl Fronts {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Front>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn insert(&self, volume: &str, front: Arc<Front>) {
+        self.map().insert(volume.to_string(), front);
+    }
+
+    pub fn remove(&self, volume: &str) {
+        self.map().remove(volume);
+    }
+
+    pub fn get(&self, volume: &str) -> Option<Arc<Front>> {
+        self.map().get(volume).cloned()
+    }
+}
+
+/// What a front end needs of the daemon.
+pub struct Parts<'a> {
+    pub pool: &'a lamina_engine::Pool,
+    pub exports: &'a Registry,
+    pub store: &'a Arc<Store>,
+    pub identity: Option<&'a Arc<Identity>>,
+}
+
+/// An export's volume, and its front end when it is a replicated volume's.
+pub type Opened = (Arc<dyn BlockIo>, Option<Arc<Front>>);
+
+/// What an export of `volume` (or its `snapshot`) serves: a replicated
+/// volume's front end ([`open`]), or the engine's volume or snapshot.
+/// Blocking.
+pub fn open_device(p: &Parts<'_>, volume: &str, snapshot: Option<&str>) -> Result<Opened, Failure> {
+    if snapshot.is_none() && replica_set(p.store, p.pool, volume)?.is_some() {
+        let front = open(p, volume)?;
+        return Ok((front.replicated.clone(), Some(front)));
+    }
+    Ok((
+        Arc::new(p.exports.open_engine(p.pool, volume, snapshot)?),
+        None,
+    ))
+}
+
+/// Open replicated volume `volume`'s front end: take the next generation
+/// (recorded first), open every healthy replica (this node's in process,
+/// the others over replica sessions), record faulted any that cannot be
+/// reached, and activate the rest at the generation. Blocking.
+pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
+    let unavailable = |m: String| {
+        Failure::new(
+            ErrorCode::Unavailable,
+            m,
+            Some("see `lamina volume get` for its replicas"),
+        )
+    };
+    let set = p
+        .store
+        .next_replica_generation(volume)
+        .map_err(Failure::from)?;
+    let g = set.generation;
+    let mut replicas = Vec::new();
+    let mut remotes = Vec::new();
+    for r in set.replicas.iter().filter(|r| r.faulted.is_none()) {
+        let io: Result<Arc<dyn BlockIo>, String> = if r.address.is_empty() {
+            p.exports
+                .open_engine(p.pool, volume, None)
+                .map(|d| Arc::new(d) as Arc<dyn BlockIo>)
+                .map_err(|e| e.to_string())
+        } else {
+            let Some(identity) = p.identity else {
+                return Err(unavailable(format!(
+                    "volume {volume} has replicas on other nodes, and this daemon has no transfer identity (--transfer-tls)"
+                )));
+            };
+            let remote = Remote {
+                address: r.address.clone(),
+                node: r.node.clone(),
+            };
+            RemoteVolume::connect(identity, &remote, volume, SessionOptions::default())
+                .map(|v| {
+                    let v = Arc::new(v);
+                    remotes.push((r.node.clone(), v.clone()));
+                    v as Arc<dyn BlockIo>
+                })
+                .map_err(|e| e.to_string())
+        };
+        match io {
+            Ok(io) => replicas.push(Replica {
+                name: r.node.clone(),
+                io,
+            }),
+            Err(e) => {
+                let reason = format!("could not be opened at generation {g}: {e}");
+                tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
+                p.store
+                    .fault_replica(volume, &r.node, &reason, now())
+                    .map_err(Failure::from)?;
+            }
+        }
+    }
+    if replicas.is_empty() {
+        return Err(unavailable(format!(
+            "volume {volume} has no healthy replica it can reach"
+        )));
+    }
+    let membership = Arc::new(StoreMembership {
+        store: p.store.clone(),
+        volume: volume.to_string(),
+    });
+    let front =
+        Replicated::new(volume, replicas, membership).map_err(|e| unavailable(e.to_string()))?;
+    front.activate(g).map_err(|e| match e.kind {
+        IoErrorKind::Fenced => Failure::new(
+            ErrorCode::Conflict,
+            format!("volume {volume}: {e}"),
+            Some("another front end holds the volume at a higher generation"),
+        ),
+        _ => unavailable(format!("volume {volume}: {e}")),
+    })?;
+    tracing::info!(
+        volume,
+        generation = g,
+        "replicated volume's front end opened"
+    );
+    Ok(Arc::new(Front {
+        replicated: Arc::new(front),
+        remotes,
+    }))
+}
+
+/// Delete snapshot `name` of replicated volume `volume` on its healthy
+/// replicas on other nodes (this node's is the caller's): through the open
+/// front end's sessions, or sessions of their own. A replica that cannot
+/// is left as it is and logged: it keeps the snapshot's space, never loses
+/// data. Blocking.
+pub fn delete_snapshot(p: &Parts<'_>, front: Option<&Front>, volume: &str, name: &str) {
+    let Ok(Some(set)) = replica_set(p.store, p.pool, volume) else {
+        return;
+    };
+    for r in set.replicas.iter().skip(1).filter(|r| r.faulted.is_none()) {
+        let open = front.and_then(|f| f.remotes.iter().find(|(n, _)| *n == r.node));
+        let done = match (open, p.identity) {
+            (Some((_, v)), _) => v.delete_snapshot(name).map_err(|e| e.to_string()),
+            (None, Some(id)) => {
+                let remote = Remote {
+                    address: r.address.clone(),
+                    node: r.node.clone(),
+                };
+                RemoteVolume::connect(id, &remote, volume, SessionOptions::default())
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| v.delete_snapshot(name).map_err(|e| e.to_string()))
+            }
+            (None, None) => Err("this daemon has no transfer identity (--transfer-tls)".into()),
+        };
+        if let Err(e) = done {
+            tracing::warn!(volume, snapshot = name, replica = %r.node, error = %e,
+                "the snapshot was not deleted on this replica: it keeps its space there");
+        }
+    }
+}
+
+/// Snapshot replicated volume `volume` as `name` on every healthy replica
+/// at one point of its write stream: through its front end `front` when it
+/// is open (changes held, those in flight completed, then every replica's
+/// snapshot taken, side by side), else over a session to each replica on
+/// another node (nothing writes then). `local` makes this node's. A
+/// replica on another node that fails its snapshot is recorded faulted
+/// (it will get the snapshot with its data when it is rebuilt); this
+/// node's failing fails the snapshot. Blocking.
+pub fn snapshot<T>(
+    p: &Parts<'_>,
+    front: Option<&Front>,
+    volume: &str,
+    name: &str,
+    local: impl FnOnce() -> Result<T, Failure> + Send,
+) -> Result<T, Failure>
+where
+    T: Send,
+{
+    let Some(set) = replica_set(p.store, p.pool, volume)? else {
+        return local();
+    };
+    let here = &set.replicas[0];
+    if here.faulted.is_some() {
+        return Err(Failure::new(
+            ErrorCode::Unavailable,
+            format!("volume {volume}: this node's replica is faulted, and its snapshot would not hold the volume's data"),
+            Some("rebuild it first"),
+        ));
+    }
+    match front {
+        Some(f) => f.replicated.quiesced(|healthy| {
+            let remotes: Vec<&(String, Arc<RemoteVolume>)> = f
+                .remotes
+                .iter()
+                .filter(|(n, _)| healthy.contains(n))
+                .collect();
+            let (mine, theirs) = std::thread::scope(|sc| {
+                let theirs: Vec<_> = remotes
+                    .iter()
+                    .map(|(n, v)| (n, sc.spawn(|| v.snapshot(name))))
+                    .collect();
+                let mine = local();
+                let theirs: Vec<_> = theirs
+                    .into_iter()
+                    .map(|(n, h)| {
+                        let r = h.join().unwrap_or_else(|_| {
+                            Err(IoError::new(
+                                IoErrorKind::Io,
+                                "the snapshot's thread failed",
+                            ))
+                        });
+                        (n.clone(), r)
+                    })
+                    .collect();
+                (mine, theirs)
+            });
+            for (node, r) in theirs {
+                if let Err(e) = r {
+                    let reason = format!("its snapshot {name} failed: {e}");
+                    f.replicated
+                        .fault(&node, &reason)
+                        .map_err(|e| Failure::internal(e.to_string()))?;
+                }
+            }
+            mine
+        }),
+        None => {
+            let mine = local()?;
+            let identity = p.identity;
+            for r in set.replicas.iter().skip(1).filter(|r| r.faulted.is_none()) {
+                let remote = Remote {
+                    address: r.address.clone(),
+                    node: r.node.clone(),
+                };
+                let made = match identity {
+                    Some(id) => {
+                        RemoteVolume::connect(id, &remote, volume, SessionOptions::default())
+                            .map_err(|e| e.to_string())
+                            .and_then(|v| v.snapshot(name).map_err(|e| e.to_string()))
+                    }
+                    None => Err("this daemon has no transfer identity (--transfer-tls)".into()),
+                };
+                if let Err(e) = made {
+                    let reason = format!("its snapshot {name} failed: {e}");
+                    tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
+                    p.store
+                        .fault_replica(volume, &r.node, &reason, now())
+                        .map_err(Failure::from)?;
+                }
+            }
+            Ok(mine)
+        }
+    }
+}

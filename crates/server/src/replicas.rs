@@ -1,0 +1,580 @@
+//! The replica sessions this node serves (`lamina_transfer::replica`): a
+//! front end on another node attaches to one of this node's engine volumes
+//! over the transfer listener and runs its I/O here. This module owns how
+//! a session's handle is opened (at the volume's generation fence, as an
+//! export's is, so a front end of an older generation is refused here
+//! exactly as an NBD client would be) and where its calls run (the
+//! daemon's blocking threads, at the priority of volume I/O, not the
+//! listener's background priority). It must not decide which volumes are
+//! replicas of what: the front end's records do.
+
+use crate::device::Registry;
+use lamina_blockio::{BlockIo, IoError, IoErrorKind};
+use lamina_engine::ErrorKind;
+use std::sync::Arc;
+
+/// This node's volumes, served to front ends.
+pub struct Served {
+    pool: lamina_engine::Pool,
+    exports: Arc<Registry>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Served {
+    /// Calls run on `runtime`'s blocking threads.
+    pub fn new(
+        pool: lamina_engine::Pool,
+        exports: Arc<Registry>,
+        runtime: tokio::runtime::Handle,
+    ) -> Served {
+        Served {
+            pool,
+            exports,
+            runtime,
+        }
+    }
+}
+
+/// The label a volume made for a front end carries: that front end's node.
+pub const REPLICA_OF: &str = "lamina.io/replica-of";
+
+impl Served {
+    /// Make `volume` (`size` bytes, labelled with the front end's node) if
+    /// this node has none of that name. One there already must be one made
+    /// so for the same front end, of that size: a volume of this node's
+    /// own is never taken over as a replica.
+    fn create(&self, volume: &str, peer: &str, size: u64) -> Result<(), IoError> {
+        let invalid = |m: String| IoError::new(IoErrorKind::Invalid, m);
+        let check = |v: lamina_engine::VolumeInfo| {
+            let of = v.labels.iter().find(|(k, _)| k == REPLICA_OF);
+            if of.is_none_or(|(_, front)| front != peer) {
+                Err(invalid(format!(
+                    "this node holds a volume {volume} that is not a replica of node {peer}'s"
+                )))
+            } else if v.size == size {
+                Ok(())
+            } else {
+                Err(invalid(format!(
+                    "this node holds a volume {volume} of {} bytes, not {size}",
+                    v.size
+                )))
+            }
+        };
+        if let Ok(v) = self.pool.volume_info_by_name(volume) {
+            return check(v);
+        }
+        let labels = [(REPLICA_OF.to_string(), peer.to_string())];
+        match self.pool.create_volume_labelled(volume, size, &labels) {
+            Ok(_) => {
+                tracing::info!(volume, peer, size, "replica session: volume made");
+                Ok(())
+            }
+            // Made meanwhile by another caller: as good, if of this size.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self
+                .pool
+                .volume_info_by_name(volume)
+                .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()))
+                .and_then(check),
+            Err(e) if e.kind() == ErrorKind::NoSpace => {
+                Err(IoError::new(IoErrorKind::NoSpace, e.to_string()))
+            }
+            Err(e) if e.kind() == ErrorKind::Invalid => Err(invalid(e.to_string())),
+            Err(e) => Err(IoError::new(IoErrorKind::Io, e.to_string())),
+        }
+    }
+}
+
+/// The data path's error for an engine error met serving a session.
+fn engine_error(e: lamina_engine::Error) -> IoError {
+    let kind = match e.kind() {
+        ErrorKind::NotFound => IoErrorKind::Gone,
+        ErrorKind::NoSpace => IoErrorKind::NoSpace,
+        ErrorKind::Invalid => IoErrorKind::Invalid,
+        ErrorKind::ReadOnly => IoErrorKind::ReadOnly,
+        ErrorKind::AlreadyExists
+        | ErrorKind::Conflict
+        | ErrorKind::Unavailable
+        | ErrorKind::Internal => IoErrorKind::Io,
+    };
+    IoError::new(kind, e.to_string())
+}
+
+impl Served {
+    /// Only a volume made for `peer`'s front end is served to it: a node's
+    /// own volumes, and another front end's replicas, are not.
+    fn check_replica_of(&self, volume: &str, peer: &str) -> Result<(), IoError> {
+        let v = self.pool.volume_info_by_name(volume).map_err(|e| {
+            IoError::new(
+                IoErrorKind::Gone,
+                format!("this node holds no volume {volume}: {e}"),
+            )
+        })?;
+        match v.labels.iter().find(|(k, _)| k == REPLICA_OF) {
+            Some((_, front)) if front == peer => Ok(()),
+            Some((_, front)) => Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!(
+                    "volume {volume} here is a replica of node {front}'s, not of node {peer}'s"
+                ),
+            )),
+            None => Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {volume} is this node's own, not a replica of node {peer}'s"),
+            )),
+        }
+    }
+}
+
+impl lamina_transfer::replica::Volumes for Served {
+    fn open(
+        &self,
+        volume: &str,
+        peer: &str,
+        create: Option<u64>,
+    ) -> Result<Arc<dyn BlockIo>, IoError> {
+        if let Some(size) = create {
+            self.create(volume, peer, size)?;
+        }
+        self.check_replica_of(volume, peer)?;
+        match self.exports.open_engine(&self.pool, volume, None) {
+            Ok(d) => {
+                tracing::info!(volume, peer, "replica session: volume opened");
+                Ok(Arc::new(d))
+            }
+            Err(crate::error::ServerError::Engine(e)) if e.kind() == ErrorKind::NotFound => {
+                Err(IoError::new(
+                    IoErrorKind::Gone,
+                    format!("this node holds no volume {volume}: {e}"),
+                ))
+            }
+            Err(e) => Err(IoError::new(IoErrorKind::Io, e.to_string())),
+        }
+    }
+
+    fn snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
+        self.check_replica_of(volume, peer)?;
+        lamina_engine::check_name(name)
+            .map_err(|e| IoError::new(IoErrorKind::Invalid, e.to_string()))?;
+        if self.pool.snapshot_info_by_name(volume, name).is_ok() {
+            return Ok(());
+        }
+        let labels = [(REPLICA_OF.to_string(), peer.to_string())];
+        match self.pool.create_snapshot(volume, name, &labels) {
+            Ok(_) => {
+                tracing::info!(
+                    volume,
+                    snapshot = name,
+                    peer,
+                    "replica session: snapshot made"
+                );
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(engine_error(e)),
+        }
+    }
+
+    fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
+        self.check_replica_of(volume, peer)?;
+        lamina_engine::check_name(name)
+            .map_err(|e| IoError::new(IoErrorKind::Invalid, e.to_string()))?;
+        match self.pool.snapshot_info_by_name(volume, name) {
+            Err(_) => return Ok(()),
+            Ok(s) if !s.labels.iter().any(|(k, v)| k == REPLICA_OF && v == peer) => {
+                return Err(IoError::new(
+                    IoErrorKind::Invalid,
+                    format!(
+                        "snapshot {volume}/{name} here was not made for node {peer}'s front end"
+                    ),
+                ))
+            }
+            Ok(_) => {}
+        }
+        match self.pool.delete_snapshot(volume, name) {
+            Ok(_) => {
+                tracing::info!(
+                    volume,
+                    snapshot = name,
+                    peer,
+                    "replica session: snapshot deleted"
+                );
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(engine_error(e)),
+        }
+    }
+
+    fn run(&self, job: Box<dyn FnOnce() + Send>) {
+        self.runtime.spawn_blocking(job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::tests::Faults;
+    use crate::store::Store;
+    use lamina_blockio::testing::contract;
+    use lamina_blockio::{wait, IoDone, IoOp};
+    use lamina_engine::{Pool, PoolOptions};
+    use lamina_transfer::replica::{RemoteVolume, SessionOptions};
+    use lamina_transfer::{certs, Identity, Remote, Source};
+
+    /// One node's pool and store with volumes "a", "b" and "c" of 8 MiB, served to front
+    /// ends on a real TLS listener; a restart abandons the pool, as a
+    /// killed daemon would, and serves it again on a new port.
+    struct Node {
+        dir: tempfile::TempDir,
+        rt: tokio::runtime::Runtime,
+        pool: Option<Pool>,
+        source: Option<(
+            Arc<Source>,
+            std::net::SocketAddr,
+            tokio::sync::oneshot::Sender<()>,
+        )>,
+        front: Identity,
+        /// The registry the node's sessions open handles from.
+        exports: Option<Arc<Registry>>,
+        /// The listener's task, and the store it serves from.
+        serving: Option<(tokio::task::JoinHandle<()>, Arc<Store>)>,
+        /// Opened as a replicated volume: "a" in process (its handle from
+        /// the registry, as a local export's) and "b" and "c" over replica
+        /// sessions, its faults recorded here.
+        replicated: Option<Arc<Faults>>,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            let dir = tempfile::tempdir().unwrap();
+            certs::create_ca(&dir.path().join("ca")).unwrap();
+            for n in ["replica", "front"] {
+                certs::issue(&dir.path().join("ca"), n, &dir.path().join(n)).unwrap();
+            }
+            let pool = Pool::create_dir(dir.path().join("pool"), PoolOptions::default()).unwrap();
+            // Made for the front end's node, as its sessions make them.
+            let made_for = [(REPLICA_OF.to_string(), "front".to_string())];
+            for v in ["a", "b", "c"] {
+                pool.create_volume_labelled(v, 8 << 20, &made_for).unwrap();
+            }
+            pool.create_volume("own", 8 << 20).unwrap();
+            let front = Identity::load(&dir.path().join("front")).unwrap();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut n = Node {
+                dir,
+                rt,
+                pool: Some(pool),
+                source: None,
+                front,
+                exports: None,
+                serving: None,
+                replicated: None,
+            };
+            n.serve();
+            n
+        }
+
+        fn serve(&mut self) {
+            let store = Arc::new(Store::open(&self.dir.path().join("store.redb")).unwrap());
+            let store_of = store.clone();
+            let exports = Arc::new(Registry::new(store));
+            self.exports = Some(exports.clone());
+            let pool = self.pool.clone().unwrap();
+            let id = Arc::new(Identity::load(&self.dir.path().join("replica")).unwrap());
+            let source = Source::new(Arc::new(pool.clone()), id);
+            source.serve_volumes(Arc::new(Served::new(
+                pool,
+                exports,
+                self.rt.handle().clone(),
+            )));
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_nonblocking(true).unwrap();
+            let addr = l.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let s = source.clone();
+            let task = self.rt.spawn(async move {
+                let l = tokio::net::TcpListener::from_std(l).unwrap();
+                let _ = s
+                    .serve(l, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+            self.source = Some((source, addr, stop));
+            self.serving = Some((task, store_of));
+        }
+
+        /// Stop serving: the listener and every session end.
+        fn stop_sessions(&mut self) {
+            let (source, _, stop) = self.source.take().unwrap();
+            let _ = stop.send(());
+            self.exports = None;
+            // The sessions end with the listener's task; their handles
+            // with them.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while source.replica_sessions() > 0 {
+                assert!(std::time::Instant::now() < deadline, "sessions never ended");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+
+        fn connect(&self, volume: &str) -> Result<RemoteVolume, lamina_transfer::TransferError> {
+            let (_, addr, _) = self.source.as_ref().unwrap();
+            let remote = Remote {
+                address: addr.to_string(),
+                node: "replica".into(),
+            };
+            RemoteVolume::connect(&self.front, &remote, volume, SessionOptions::default())
+        }
+
+        /// Volume `a` in process, `b` and `c` over sessions, as one.
+        fn replicated(&self) -> lamina_replica::Replicated {
+            let faults = self.replicated.as_ref().unwrap();
+            let local = self
+                .exports
+                .as_ref()
+                .unwrap()
+                .open_engine(self.pool.as_ref().unwrap(), "a", None)
+                .unwrap();
+            let mut replicas = vec![lamina_replica::Replica {
+                name: "a".into(),
+                io: Arc::new(local),
+            }];
+            for v in ["b", "c"] {
+                replicas.push(lamina_replica::Replica {
+                    name: v.into(),
+                    io: Arc::new(self.connect(v).unwrap()),
+                });
+            }
+            lamina_replica::Replicated::new("r", replicas, faults.clone()).unwrap()
+        }
+
+        /// What each of `volumes` holds at 0, read over a session of a
+        /// holder of generation `g`.
+        fn first_block(&self, volumes: &[&str], g: u64) -> Vec<Vec<u8>> {
+            volumes
+                .iter()
+                .map(|v| {
+                    let v = self.connect(v).unwrap();
+                    v.activate(g).unwrap();
+                    first_block(&v)
+                })
+                .collect()
+        }
+    }
+
+    /// What `v` holds in its first 4 KiB.
+    fn first_block(v: &dyn BlockIo) -> Vec<u8> {
+        match wait(
+            v,
+            IoOp::Read {
+                offset: 0,
+                buf: vec![0; 4096],
+            },
+        ) {
+            Ok(IoDone::Read(b)) => b,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    impl contract::Subject for Node {
+        fn open(&mut self) -> Arc<dyn BlockIo> {
+            if self.replicated.is_some() {
+                return Arc::new(self.replicated());
+            }
+            Arc::new(self.connect("a").unwrap())
+        }
+
+        fn restart(&mut self) {
+            self.stop_sessions();
+            // The store is opened again once the last handle on it (calls
+            // still finishing on the runtime's blocking threads) is gone.
+            let (task, store) = self.serving.take().unwrap();
+            self.rt.block_on(task).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while Arc::strong_count(&store) > 1 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the store is still held"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            drop(store);
+            self.pool.take().unwrap().abandon();
+            let pool =
+                Pool::open_dir(self.dir.path().join("pool"), PoolOptions::default()).unwrap();
+            self.pool = Some(pool);
+            self.serve();
+        }
+    }
+
+    #[test]
+    fn an_engine_volume_served_over_a_replica_session_keeps_the_contract() {
+        let mut n = Node::new();
+        contract::run(&mut n);
+        // The replica holds what the suite wrote last, through the session
+        // as in its pool.
+        assert_eq!(n.first_block(&["a"], 4), vec![vec![4u8; 4096]]);
+    }
+
+    #[test]
+    fn a_replicated_volume_of_a_local_and_two_remote_replicas_keeps_the_contract() {
+        let mut n = Node::new();
+        n.replicated = Some(Arc::default());
+        contract::run(&mut n);
+        let faults = n.replicated.clone().unwrap();
+        assert_eq!(*faults.0.lock().unwrap(), Vec::<String>::new());
+        assert_eq!(n.first_block(&["a", "b", "c"], 4), vec![vec![4u8; 4096]; 3]);
+    }
+
+    #[test]
+    fn a_replicated_volume_goes_on_when_a_remote_replica_is_lost() {
+        let mut n = Node::new();
+        let faults = Arc::new(Faults::default());
+        n.replicated = Some(faults.clone());
+        let r = n.replicated();
+        r.activate(1).unwrap();
+        let write = |seed: u8| {
+            wait(
+                &r,
+                IoOp::Write {
+                    offset: 0,
+                    data: vec![seed; 4096],
+                    fua: true,
+                },
+            )
+        };
+        write(1).unwrap();
+        // The remote replicas' sessions are cut under the volume (their
+        // node lost, as far as the front end can tell): the next write
+        // faults them, records it, and succeeds on the local one.
+        assert!(r
+            .states()
+            .iter()
+            .all(|(_, s)| *s == lamina_replica::State::Healthy));
+        n.stop_sessions();
+        write(2).unwrap();
+        let states = r.states();
+        assert_eq!(
+            states[0].1,
+            lamina_replica::State::Healthy,
+            "the local replica"
+        );
+        for (name, s) in &states[1..] {
+            match s {
+                lamina_replica::State::Faulted(why) => {
+                    assert!(
+                        why.contains(&format!("replica volume {name} on replica (")),
+                        "{name}: {why}"
+                    )
+                }
+                s => panic!("{name}: {s:?}"),
+            }
+        }
+        assert_eq!(
+            faults.0.lock().unwrap().len(),
+            2,
+            "both remote replicas recorded"
+        );
+        // Reads come from the replica that holds every write.
+        assert_eq!(first_block(&r), vec![2; 4096]);
+    }
+
+    #[test]
+    fn a_front_end_makes_its_replica_once_and_of_one_size() {
+        let n = Node::new();
+        let (_, addr, _) = n.source.as_ref().unwrap();
+        let remote = Remote {
+            address: addr.to_string(),
+            node: "replica".into(),
+        };
+        let o = SessionOptions::default();
+        let v = RemoteVolume::create(&n.front, &remote, "new", 4 << 20, o).unwrap();
+        assert_eq!(v.size().unwrap(), 4 << 20);
+        let info = n.pool.as_ref().unwrap().volume_info_by_name("new").unwrap();
+        assert_eq!(
+            info.labels,
+            vec![(REPLICA_OF.to_string(), "front".to_string())]
+        );
+        // Again, of the same size: the same volume.
+        drop(RemoteVolume::create(&n.front, &remote, "new", 4 << 20, o).unwrap());
+        let e = RemoteVolume::create(&n.front, &remote, "new", 8 << 20, o)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("this node holds a volume new of 4194304 bytes, not 8388608"),
+            "{e}"
+        );
+        // A volume of the node's own is never taken over, nor served.
+        let e = RemoteVolume::create(&n.front, &remote, "own", 8 << 20, o)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("holds a volume own that is not a replica of node front's"),
+            "{e}"
+        );
+        let e = RemoteVolume::connect(&n.front, &remote, "own", o)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("volume own is this node's own, not a replica of node front's"),
+            "{e}"
+        );
+        assert!(n
+            .pool
+            .as_ref()
+            .unwrap()
+            .volume_info_by_name("own")
+            .unwrap()
+            .labels
+            .is_empty());
+    }
+
+    #[test]
+    fn a_front_end_snapshots_its_replica_by_name() {
+        let n = Node::new();
+        let v = n.connect("b").unwrap();
+        v.snapshot("s1").unwrap();
+        // Again: the same snapshot, as good.
+        v.snapshot("s1").unwrap();
+        let p = n.pool.as_ref().unwrap();
+        let s = p.snapshot_info_by_name("b", "s1").unwrap();
+        assert_eq!(
+            s.labels,
+            vec![(REPLICA_OF.to_string(), "front".to_string())]
+        );
+        assert_eq!(p.list_snapshots("b").unwrap().len(), 1);
+        let e = v.snapshot("a/b").unwrap_err();
+        assert_eq!((e.kind, e.op), (IoErrorKind::Invalid, "snapshot"), "{e}");
+        // The session goes on after a refused snapshot.
+        assert_eq!(v.size().unwrap(), 8 << 20);
+        v.delete_snapshot("s1").unwrap();
+        v.delete_snapshot("s1").unwrap();
+        assert!(p.list_snapshots("b").unwrap().is_empty());
+        // A snapshot the node made itself is not the front end's to delete.
+        p.create_snapshot("b", "own", &[]).unwrap();
+        let e = v.delete_snapshot("own").unwrap_err();
+        assert!(e.message.contains("was not made for node front's"), "{e}");
+    }
+
+    #[test]
+    fn a_front_end_attaching_to_a_volume_this_node_lacks_is_told_so() {
+        let n = Node::new();
+        let e = n.connect("nope").err().unwrap();
+        assert_eq!(e.reason(), lamina_transfer::Reason::SnapshotMissing, "{e}");
+        assert!(
+            e.to_string().contains("this node holds no volume nope"),
+            "{e}"
+        );
+        // A name the engine refuses never reaches the pool.
+        let e = n.connect("../x").err().unwrap();
+        assert!(e.to_string().contains("BadRequest"), "{e}");
+    }
+}
