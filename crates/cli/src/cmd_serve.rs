@@ -80,6 +80,9 @@ pub struct ServeArgs {
     /// Transfer sessions of one peer node.
     #[arg(long, value_name = "N", help_heading = TRANSFER, value_parser = at_least_one, default_value_t = Limits::SESSIONS_PER_PEER)]
     transfer_max_sessions_per_peer: usize,
+    /// Replica sessions (front ends of other nodes attached to this node's volumes), in all; more are refused as busy.
+    #[arg(long, value_name = "N", help_heading = TRANSFER, value_parser = at_least_one, default_value_t = Limits::REPLICA_SESSIONS)]
+    transfer_max_replica_sessions: usize,
     /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed; a source this node pulls from that sends nothing this long is taken for lost (seconds, or e.g. 1min).
     #[arg(long, value_name = "DURATION", help_heading = TRANSFER, value_parser = positive_duration, default_value_t = Secs(Limits::STALL_TIMEOUT))]
     transfer_stall_timeout: Secs,
@@ -117,6 +120,7 @@ impl ServeArgs {
                 handshakes_per_address: self.transfer_max_handshakes_per_address,
                 sessions: self.transfer_max_sessions,
                 sessions_per_peer: self.transfer_max_sessions_per_peer,
+                replica_sessions: self.transfer_max_replica_sessions,
                 stall_timeout: self.transfer_stall_timeout.0,
                 ..Limits::default()
             });
@@ -309,6 +313,7 @@ mod tests {
             "--transfer-max-handshakes-per-address=4",
             "--transfer-max-sessions=3",
             "--transfer-max-sessions-per-peer=2",
+            "--transfer-max-replica-sessions=9",
             "--transfer-stall-timeout=7",
         ])
         .unwrap();
@@ -337,6 +342,7 @@ mod tests {
                 handshakes_per_address: 4,
                 sessions: 3,
                 sessions_per_peer: 2,
+                replica_sessions: 9,
                 stall_timeout: Duration::from_secs(7),
                 ..Limits::default()
             });

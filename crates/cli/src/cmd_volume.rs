@@ -18,6 +18,12 @@ pub enum VolumeCmd {
         /// A label KEY=VALUE (repeat for more); schedules select volumes by them.
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cmd_snapshot::label_arg)]
         labels: Vec<(String, String)>,
+        /// Replicas, each on a node of its own: this node's and N-1 on other nodes (1 to 3). The others are the --replica-node ones, or else the first N-1 of the node list (`lamina node list`).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=3), default_value_t = 1)]
+        replicas: u8,
+        /// A node (by name in the node list) to hold one of the other replicas (repeat for each).
+        #[arg(long = "replica-node", value_name = "NODE")]
+        replica_nodes: Vec<String>,
     },
     /// List the volumes.
     List {
@@ -107,12 +113,38 @@ pub fn volume_size(s: &str) -> Result<u64, String> {
 pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
     let c = &ctx.client;
     match cmd {
-        VolumeCmd::Create { name, size, labels } => {
+        VolumeCmd::Create {
+            name,
+            size,
+            labels,
+            replicas,
+            replica_nodes,
+        } => {
+            let others = usize::from(replicas) - 1;
+            let replicas = match replica_nodes.len() {
+                0 if others > 0 => {
+                    let nodes = c.list_nodes().await?;
+                    if nodes.len() < others {
+                        anyhow::bail!(
+                            "{} replicas need {others} other nodes, and the node list has {}: add them with `lamina node add NAME HOST:PORT`",
+                            others + 1,
+                            nodes.len()
+                        );
+                    }
+                    nodes.into_iter().take(others).map(|n| n.name).collect()
+                }
+                n if n == others => replica_nodes,
+                n => anyhow::bail!(
+                    "--replicas {} is this node and {others} other, and --replica-node names {n}",
+                    others + 1
+                ),
+            };
             let r = c
                 .create_volume(&CreateVolume {
                     name,
                     size,
                     labels: labels.into_iter().collect(),
+                    replicas,
                 })
                 .await?;
             output::show(ctx.fmt, &r.value, |v| {
@@ -367,7 +399,38 @@ fn details(v: &Volume) -> String {
             or_dash(v.export.as_ref().and_then(|e| e.file.as_deref())),
         ),
         ("Operation", or_dash(v.operation.as_deref())),
-    ])
+    ]) + &replication(v)
+}
+
+/// A replicated volume's generation and replicas, one line each.
+pub(crate) fn replication(v: &Volume) -> String {
+    let Some(r) = &v.replication else {
+        return String::new();
+    };
+    let state = match r.state {
+        lamina_api::ReplicationState::Healthy => "healthy",
+        lamina_api::ReplicationState::Degraded => "degraded",
+        lamina_api::ReplicationState::Unavailable => "unavailable",
+    };
+    let mut out = fields(&[(
+        "Replication",
+        format!("{state}, generation {}", r.generation),
+    )]);
+    let mut t = Table::new(&["REPLICA NODE", "ADDRESS", "STATE", "SINCE", "REASON"]);
+    for x in &r.replicas {
+        t.row(vec![
+            x.node.clone(),
+            x.address.clone().unwrap_or_else(|| "(this node)".into()),
+            match x.state {
+                lamina_api::ReplicaState::Healthy => "healthy".into(),
+                lamina_api::ReplicaState::Faulted => "faulted".into(),
+            },
+            x.since.clone(),
+            or_dash(x.reason.as_deref()),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
 }
 
 #[cfg(test)]

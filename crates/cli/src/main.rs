@@ -15,6 +15,7 @@ mod cmd_node;
 mod cmd_nodes;
 mod cmd_operation;
 mod cmd_pool;
+mod cmd_replica;
 mod cmd_schedule;
 #[cfg(feature = "kubernetes")]
 mod cmd_schedule_controller;
@@ -112,6 +113,11 @@ enum Cmd {
     Volume {
         #[command(subcommand)]
         cmd: cmd_volume::VolumeCmd,
+    },
+    /// Replicated volumes' replicas.
+    Replica {
+        #[command(subcommand)]
+        cmd: cmd_replica::ReplicaCmd,
     },
     /// Snapshots of volumes.
     Snapshot {
@@ -336,6 +342,7 @@ fn run(
                     }
                     Cmd::Operation { cmd } => cmd_operation::run(&ctx, cmd).await,
                     Cmd::Node { cmd } => cmd_nodes::run(&ctx, cmd).await,
+                    Cmd::Replica { cmd } => cmd_replica::run(&ctx, cmd).await,
                     Cmd::Pool { .. } => cmd_pool::daemon_stats(&ctx).await,
                     Cmd::Serve { .. }
                     | Cmd::Keeper { .. }

@@ -172,6 +172,7 @@ mod tests {
             export: None,
             operation: None,
             labels: Default::default(),
+            replication: None,
         }
     }
 
