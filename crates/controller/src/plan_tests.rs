@@ -24,6 +24,7 @@ fn vol(name: &str) -> api::Volume {
         export: None,
         operation: None,
         labels: Default::default(),
+        replication: None,
     }
 }
 

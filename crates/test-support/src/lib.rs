@@ -55,7 +55,7 @@ mod tools;
 pub use clock::{prometheus_sample, TestClock};
 pub use command::{run, try_run, Out, COMMAND_LIMIT};
 pub use daemon::{Daemon, Lamina, Serve, StartError, StopError, START_LIMIT, STOP_LIMIT};
-pub use tools::{need, qemu_img_compare, qemu_io};
+pub use tools::{fio_report, need, qemu_img_compare, qemu_io};
 
 use std::time::{Duration, Instant};
 

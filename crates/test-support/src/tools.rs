@@ -44,6 +44,19 @@ pub fn qemu_io(uri: &str, cmds: &[&str]) -> String {
     out
 }
 
+/// Run a fio command whose arguments ask for `--output-format=json`; its
+/// report, which must say no job failed (fio prints lines such as
+/// "connected to NBD server" before the JSON).
+#[track_caller]
+pub fn fio_report(c: &mut Command) -> serde_json::Value {
+    let out = run(c).ok();
+    let start = out.find('{').unwrap_or(0);
+    let v: serde_json::Value =
+        serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("fio output: {e}: {out}"));
+    assert_eq!(v["jobs"][0]["error"], 0, "fio reported an error: {out}");
+    v
+}
+
 /// `qemu-img compare` of two raw images (files or NBD URIs): exit code 0
 /// when their contents are equal, 1 when they differ.
 #[track_caller]

@@ -159,12 +159,7 @@ fn fio_verifies_through_snapshots_and_clones() {
         ])
         .arg(format!("--uri={uri}"))
         .args(extra);
-        let out = run(&mut c).ok();
-        let start = out.find('{').unwrap_or(0);
-        let v: serde_json::Value = serde_json::from_str(&out[start..])
-            .unwrap_or_else(|e| panic!("fio output: {e}: {out}"));
-        assert_eq!(v["jobs"][0]["error"], 0, "fio reported an error: {out}");
-        v
+        fio_report(&mut c)
     };
     // First pass writes (and verifies) its pattern.
     job(&uri, &["--do_verify=1"]);

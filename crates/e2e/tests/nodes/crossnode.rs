@@ -31,12 +31,12 @@ const SEED: &str = "seed=1204";
 const PERCENT: &str = "percent=50";
 
 /// A CA and the certificates issued by it, in a temporary directory.
-struct Certs {
+pub(crate) struct Certs {
     dir: tempfile::TempDir,
 }
 
 impl Certs {
-    fn new() -> Certs {
+    pub(crate) fn new() -> Certs {
         let dir = tempfile::tempdir().unwrap();
         run(LAMINA
             .cmd()
@@ -47,7 +47,7 @@ impl Certs {
     }
 
     /// The directory holding `node`'s ca.crt, tls.crt and tls.key.
-    fn issue(&self, node: &str) -> PathBuf {
+    pub(crate) fn issue(&self, node: &str) -> PathBuf {
         let out = self.dir.path().join(node);
         run(LAMINA
             .cmd()
@@ -64,16 +64,16 @@ impl Certs {
 }
 
 /// A node: a daemon in a host, with its name and transfer credentials.
-struct Node<'a> {
-    name: String,
-    host: &'a Host,
-    d: Daemon,
+pub(crate) struct Node<'a> {
+    pub(crate) name: String,
+    pub(crate) host: &'a Host,
+    pub(crate) d: Daemon,
 }
 
 impl<'a> Node<'a> {
     /// `lamina serve` in `host` as node `name` with a certificate of
     /// `certs`, retrying an interrupted transfer for `window` seconds.
-    fn start(host: &'a Host, name: &str, certs: &Certs, window: u32) -> Node<'a> {
+    pub(crate) fn start(host: &'a Host, name: &str, certs: &Certs, window: u32) -> Node<'a> {
         Node::start_with(host, name, certs.issue(name), window)
     }
 
@@ -112,7 +112,7 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn transfer(&self) -> String {
+    pub(crate) fn transfer(&self) -> String {
         format!("{}:{TRANSFER_PORT}", self.host.addr())
     }
 

@@ -6,6 +6,7 @@ mod crossnode;
 #[path = "../../../controller/tests/support/mod.rs"]
 mod kube_env;
 mod node_register;
+mod replicated;
 mod transfer_listener;
 
 use lamina_test_support::Lamina;

@@ -1,0 +1,322 @@
+//! Replicated volumes across nodes: three `lamina serve`s, each in a
+//! network namespace of its own, and a volume with a replica on each. fio
+//! writes and verifies (crc32c) through the front end's NBD export while a
+//! replica's daemon is killed (SIGKILL): the volume goes on degraded, the
+//! fault is recorded, and the replicas still called healthy hold every
+//! acknowledged write (compared byte for byte through snapshots of each).
+
+use crate::crossnode::{Certs, Node};
+use lamina_test_support::netns::Net;
+use lamina_test_support::*;
+use serde_json::Value;
+use std::process::Command;
+
+/// fio on `uri` (4 KiB random writes over 32 MiB at QD 16, crc32c
+/// verified) with `extra`; its JSON report, its errors checked.
+fn fio(uri: &str, extra: &[&str]) -> Value {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=replicated",
+        "--ioengine=nbd",
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--size=32m",
+        "--verify=crc32c",
+        "--verify_state_save=0",
+        "--output-format=json",
+    ])
+    .arg(format!("--uri={uri}"))
+    .args(extra);
+    fio_report(&mut c)
+}
+
+/// A `lamina serve` named `n0`, `n1`... on each of `net`'s hosts, with the
+/// others in `n0`'s node list.
+fn nodes<'a>(net: &'a Net, certs: &Certs) -> Vec<Node<'a>> {
+    let nodes: Vec<Node> = net
+        .hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Node::start(h, &format!("n{i}"), certs, 60))
+        .collect();
+    for n in &nodes[1..] {
+        nodes[0].d.ok(&["node", "add", &n.name, &n.transfer()]);
+    }
+    nodes
+}
+
+/// The replica states of volume `name` on `n`, in order: (node, state).
+fn replicas(n: &Node, name: &str) -> (Value, Vec<(String, String)>) {
+    let v = n.d.json(&["volume", "get", name]);
+    let r = &v["replication"];
+    let list = r["replicas"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no replicas: {v}"))
+        .iter()
+        .map(|x| {
+            (
+                x["node"].as_str().unwrap_or_default().to_string(),
+                x["state"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    (r.clone(), list)
+}
+
+fn states(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (a, b, mut c) = (n.next().unwrap(), n.next().unwrap(), n.next().unwrap());
+
+    // A create that cannot be carried out answers an error and leaves no
+    // volume behind: a node not in the list, a node that does not answer.
+    let e = a.d.err(&[
+        "volume",
+        "create",
+        "x",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--replica-node",
+        "nope",
+    ]);
+    assert!(e.contains("no node \"nope\""), "{e}");
+    a.d.ok(&["node", "add", "silent", "127.0.0.1:9"]);
+    let e = a.d.err(&[
+        "volume",
+        "create",
+        "x",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--replica-node",
+        "silent",
+    ]);
+    assert!(e.contains("node silent could not make its replica"), "{e}");
+    let left = a.d.lamina(&["volume", "get", "x"]);
+    assert!(
+        !left.status.success(),
+        "a failed create left its volume: {left:?}"
+    );
+    a.d.ok(&["node", "remove", "silent"]);
+
+    // Three replicas: this node's and the node list's first two.
+    let create = [
+        "volume",
+        "create",
+        "r",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "3",
+    ];
+    a.d.ok(&create);
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(
+        list,
+        states(&[("n0", "healthy"), ("n1", "healthy"), ("n2", "healthy")]),
+        "{r}"
+    );
+    assert_eq!(
+        (&r["state"], &r["generation"]),
+        (&"healthy".into(), &0.into())
+    );
+    for n in [&b, &c] {
+        let v = n.d.json(&["volume", "get", "r"]);
+        assert_eq!(v["labels"]["lamina.io/replica-of"], "n0", "{v}");
+        assert_eq!(v["size"], 64 << 20, "{v}");
+    }
+    // Asked again, the same: answered as it is.
+    assert!(a.d.ok(&create).contains("exists already"));
+    // Asked with other replicas: refused.
+    let e = a.d.err(&[
+        "volume",
+        "create",
+        "r",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+    ]);
+    assert!(e.contains("other replicas"), "{e}");
+
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    assert_eq!(replicas(&a, "r").0["generation"], 1);
+    fio(&uri, &["--randseed=1", "--do_verify=1"]);
+    // A snapshot is taken on every replica, and holds the same data on
+    // each (the first pass's).
+    a.d.ok(&["snapshot", "create", "r", "s1"]);
+    let on_c = c.d.attach(&["snapshot", "attach", "r", "s1"]);
+    for n in [&a, &b] {
+        let there = n.d.attach(&["snapshot", "attach", "r", "s1"]);
+        let cmp = qemu_img_compare(&on_c, &there);
+        assert!(cmp.status.success(), "s1 differs on {}: {cmp:?}", n.name);
+    }
+    fio(&on_c, &["--randseed=1", "--verify_only"]);
+    for n in [&a, &b, &c] {
+        n.d.ok(&["snapshot", "detach", "r", "s1"]);
+    }
+    // Deleting it deletes it on every replica.
+    a.d.ok(&["snapshot", "delete", "r", "s1"]);
+    for n in [&b, &c] {
+        assert!(
+            !n.d.ok(&["snapshot", "list", "r"]).contains("s1"),
+            "s1 is still on {}",
+            n.name
+        );
+    }
+
+    // A replica's node dies: the volume goes on, on the other two.
+    c.d.kill9();
+    fio(&uri, &["--randseed=2", "--do_verify=1"]);
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(
+        list,
+        states(&[("n0", "healthy"), ("n1", "healthy"), ("n2", "faulted")]),
+        "{r}"
+    );
+    assert_eq!(r["state"], "degraded", "{r}");
+    let reason = r["replicas"][2]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("replica volume r on n2"), "{r}");
+    // The same, as `lamina replica list` shows it.
+    assert_eq!(a.d.json(&["replica", "list", "r"]), r);
+    let table = a.d.ok(&["replica", "list", "r"]);
+    assert!(
+        table.contains("degraded") && table.contains("faulted"),
+        "{table}"
+    );
+
+    // The replicas called healthy hold every acknowledged write: the same
+    // bytes on both, and the second pass's pattern verifies on the other
+    // node's.
+    // Detached, a snapshot reaches the healthy replicas over sessions of
+    // its own; the faulted one is left out.
+    a.d.ok(&["volume", "detach", "r"]);
+    a.d.ok(&["snapshot", "create", "r", "after"]);
+    let on = |n: &Node| n.d.ok(&["snapshot", "list", "r"]).contains("after");
+    assert!(on(&b), "the snapshot did not reach n1");
+    let here = a.d.attach(&["snapshot", "attach", "r", "after"]);
+    let there = b.d.attach(&["snapshot", "attach", "r", "after"]);
+    let cmp = qemu_img_compare(&here, &there);
+    assert!(cmp.status.success(), "the healthy replicas differ: {cmp:?}");
+    fio(&there, &["--randseed=2", "--verify_only"]);
+
+    // The dead node comes back: its replica stays out (it missed writes
+    // and snapshots) until it is rebuilt, and the next front end takes
+    // generation 2.
+    c.d.start_again();
+    assert!(!on(&c), "a faulted replica got a snapshot");
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(r["generation"], 2, "{r}");
+    assert_eq!(list[2].1, "faulted", "{r}");
+    fio(&uri, &["--randseed=2", "--verify_only"]);
+}
+
+#[test]
+fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_on() {
+    need("fio", "fio");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (a, b) = (n.next().unwrap(), n.next().unwrap());
+    a.d.ok(&[
+        "volume",
+        "create",
+        "r",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--replica-node",
+        "n1",
+    ]);
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    fio(&uri, &["--randseed=1", "--do_verify=1"]);
+
+    // The link goes silent (packets dropped, no reset): the front end
+    // waits out its silence (5 s), faults the replica, and goes on.
+    b.host.cut();
+    // Flushed at its end: what the kill below may not lose.
+    fio(&uri, &["--randseed=2", "--do_verify=1", "--end_fsync=1"]);
+    b.host.restore();
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "faulted")]), "{r}");
+    let reason = r["replicas"][1]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no answer for 5 s"), "{r}");
+    // The link back, the replica stays out: it missed writes.
+    fio(&uri, &["--randseed=2", "--verify_only"]);
+    assert_eq!(replicas(&a, "r").1[1].1, "faulted");
+
+    // The front end's own daemon killed: it comes back serving the export
+    // at the next generation, from the replica its record calls healthy,
+    // with every flushed write.
+    let mut a = a;
+    a.d.kill9();
+    a.d.start_again();
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(r["generation"], 2, "{r}");
+    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "faulted")]), "{r}");
+    fio(&uri, &["--randseed=2", "--verify_only"]);
+}
+
+#[test]
+fn snapshots_taken_under_writes_hold_the_same_data_on_every_replica() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (a, b) = (n.next().unwrap(), n.next().unwrap());
+    a.d.ok(&[
+        "volume",
+        "create",
+        "r",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+    ]);
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    // Writes run while the snapshots are taken: each must be one point of
+    // the write stream on both replicas.
+    let writer = {
+        let uri = uri.clone();
+        std::thread::spawn(move || {
+            fio(
+                &uri,
+                &["--randseed=3", "--time_based", "--runtime=4", "--verify=0"],
+            )
+        })
+    };
+    let names: Vec<String> = (1..=5).map(|i| format!("s{i}")).collect();
+    for n in &names {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        a.d.ok(&["snapshot", "create", "r", n]);
+    }
+    writer.join().unwrap();
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "healthy")]), "{r}");
+    for n in &names {
+        let here = a.d.attach(&["snapshot", "attach", "r", n]);
+        let there = b.d.attach(&["snapshot", "attach", "r", n]);
+        let cmp = qemu_img_compare(&here, &there);
+        assert!(
+            cmp.status.success(),
+            "{n} differs between the replicas: {cmp:?}"
+        );
+    }
+}
