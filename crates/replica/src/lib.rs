@@ -49,17 +49,41 @@
 //!    change in flight to complete, and only then runs its work (a
 //!    snapshot of every replica at one point of the write stream); the
 //!    held changes are sent once it returns.
+//! 10. **What a faulted replica may have missed is kept**: from its fault
+//!     (or from the front end's start, for one given as [`Start::Faulted`]
+//!     with `keep_missed`) the range of every change in flight then and of
+//!     every change sent since, until [`Replicated::take_missed`] hands
+//!     them over (inside [`Replicated::quiesced`], with the snapshot that
+//!     becomes the replica's rebuild base). Past [`MISSED_LIMIT`] ranges
+//!     only [`Missed::TooMany`] is kept.
+//! 11. **A rebuilding replica gets every change, and answers no read**:
+//!     [`Replicated::rejoin`] puts a faulted replica back in the write set
+//!     (a new `BlockIo` for it) without making it healthy. A change
+//!     completes when it answered too, but its answer counts for nothing
+//!     (rule 1 and 3 count the healthy ones); one it fails drops it out of
+//!     the write set again, with no record (the record already says it is
+//!     not healthy).
+//! 12. **A copy to a rebuilding replica is a change**: [`Replicated::copy`]
+//!     reads a range from the first healthy replica and writes it to the
+//!     rebuilding one, ordered with overlapping changes as rule 8 orders
+//!     them, so a copy never puts older data over a newer change.
+//! 13. **Promotion inside a quiesced call**: [`Replicated::promote`] makes a
+//!     rebuilding replica healthy; the caller records it healthy first,
+//!     both with no change in flight, so no change the replica failed can
+//!     be acknowledged between the record and the promotion.
 //!
 //! A replica on another node is a `lamina_transfer::replica::RemoteVolume`
 //! (a session of the transfer protocol); whatever fails that session fails
-//! its calls with [`IoErrorKind::Io`], and rule 2 faults it. Not yet here:
-//! a faulted replica coming back (it stays out until the volume is opened
-//! again).
+//! its calls with [`IoErrorKind::Io`], and rule 2 faults it.
 
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// At most this many ranges are kept of what a faulted replica missed
+/// (rule 10); past it, [`Missed::TooMany`].
+pub const MISSED_LIMIT: usize = 1 << 16;
 
 /// Where the healthy set is recorded.
 pub trait Membership: Send + Sync + 'static {
@@ -77,19 +101,119 @@ pub struct Replica {
     pub io: Arc<dyn BlockIo>,
 }
 
+impl Replica {
+    /// A replica that is not connected (one faulted before the front end
+    /// started): every operation sent to it fails. [`Replicated::rejoin`]
+    /// gives it a volume.
+    pub fn absent(name: &str) -> Replica {
+        Replica {
+            name: name.to_string(),
+            io: Arc::new(Absent(name.to_string())),
+        }
+    }
+}
+
+/// A replica with no connection ([`Replica::absent`]).
+struct Absent(String);
+
+impl BlockIo for Absent {
+    fn size(&self) -> Result<u64, IoError> {
+        Err(self.error())
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn caps(&self) -> Caps {
+        Caps::ALL
+    }
+    fn activate(&self, _generation: u64) -> Result<(), IoError> {
+        Err(self.error())
+    }
+    fn submit(&self, op: IoOp, done: Completion) {
+        done(Err(self.error().at(op.describe())))
+    }
+}
+
+impl Absent {
+    fn error(&self) -> IoError {
+        IoError::new(
+            IoErrorKind::Io,
+            format!("replica {} is not connected", self.0),
+        )
+    }
+}
+
+/// How a replica starts when the front end does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    Healthy,
+    /// Faulted, and recorded so already: out of the healthy set from the
+    /// start. With `keep_missed`, what it misses from now on is kept (rule
+    /// 10): the front end knows it held everything until now.
+    Faulted {
+        reason: String,
+        keep_missed: bool,
+    },
+}
+
+/// What a faulted replica may have missed (rule 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missed {
+    /// Not kept (a healthy replica, or one whose ranges were taken).
+    NotKept,
+    /// The ranges `[start, end)` of changes it may not hold, in the order
+    /// sent, adjacent ones merged.
+    Ranges(Vec<(u64, u64)>),
+    /// More than [`MISSED_LIMIT`] ranges: any byte may differ.
+    TooMany,
+}
+
+impl Missed {
+    fn add(&mut self, r: (u64, u64)) {
+        let Missed::Ranges(v) = self else { return };
+        if let Some(last) = v.last_mut() {
+            if r.0 <= last.1 && last.0 <= r.1 {
+                *last = (last.0.min(r.0), last.1.max(r.1));
+                return;
+            }
+        }
+        if v.len() >= MISSED_LIMIT {
+            *self = Missed::TooMany;
+        } else {
+            v.push(r);
+        }
+    }
+}
+
+/// A replica as the front end holds it: its volume can be replaced when
+/// it rejoins.
+struct Slot {
+    name: String,
+    io: RwLock<Arc<dyn BlockIo>>,
+}
+
 /// A replica's state as the front end sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     Healthy,
     /// Out of the healthy set: why.
     Faulted(String),
+    /// Back in the write set, not healthy yet (rule 11).
+    Rebuilding,
 }
 
 struct Shared {
     name: String,
-    replicas: Vec<Replica>,
+    replicas: Vec<Slot>,
     /// Per replica; changed under `faulting`, read without it.
     healthy: Vec<AtomicBool>,
+    /// Per replica: in the write set while not healthy (rule 11); changed
+    /// under `faulting`.
+    rebuilding: Vec<AtomicBool>,
+    /// Per replica: what it may have missed (rule 10), and whether that is
+    /// kept (read without the lock on every change).
+    missed: Vec<Mutex<Missed>>,
+    keeping: Vec<AtomicBool>,
     /// Held while a fault is recorded: each replica is recorded once.
     faulting: Mutex<()>,
     /// Why each replica left the healthy set (a short lock, never held
@@ -126,7 +250,19 @@ impl Replicated {
         replicas: Vec<Replica>,
         membership: Arc<dyn Membership>,
     ) -> Result<Replicated, IoError> {
-        if replicas.is_empty() {
+        let replicas = replicas.into_iter().map(|r| (r, Start::Healthy)).collect();
+        Replicated::with_states(name, replicas, membership)
+    }
+
+    /// The volume `name` of `replicas`, each starting as said; reads go to
+    /// the first healthy one in this order. A faulted one is usually
+    /// [`Replica::absent`].
+    pub fn with_states(
+        name: &str,
+        replicas: Vec<(Replica, Start)>,
+        membership: Arc<dyn Membership>,
+    ) -> Result<Replicated, IoError> {
+        if !replicas.iter().any(|(_, s)| *s == Start::Healthy) {
             return Err(IoError::new(
                 IoErrorKind::Invalid,
                 format!("volume {name} needs at least one replica"),
@@ -134,19 +270,70 @@ impl Replicated {
         }
         let caps = replicas
             .iter()
-            .map(|r| r.io.caps())
+            .filter(|(_, s)| *s == Start::Healthy)
+            .map(|(r, _)| r.io.caps())
             .reduce(Caps::and)
             .unwrap_or(Caps::ALL);
-        let read_only = replicas.iter().any(|r| r.io.read_only());
+        let read_only = replicas
+            .iter()
+            .filter(|(_, s)| *s == Start::Healthy)
+            .any(|(r, _)| r.io.read_only());
         let n = replicas.len();
+        let healthy = replicas
+            .iter()
+            .map(|(_, s)| AtomicBool::new(*s == Start::Healthy))
+            .collect();
+        let reasons = replicas
+            .iter()
+            .map(|(_, s)| match s {
+                Start::Healthy => None,
+                Start::Faulted { reason, .. } => Some(reason.clone()),
+            })
+            .collect();
+        let keep: Vec<bool> = replicas
+            .iter()
+            .map(|(_, s)| {
+                matches!(
+                    s,
+                    Start::Faulted {
+                        keep_missed: true,
+                        ..
+                    }
+                )
+            })
+            .collect();
+        let missed = keep
+            .iter()
+            .map(|&k| {
+                Mutex::new(if k {
+                    Missed::Ranges(Vec::new())
+                } else {
+                    Missed::NotKept
+                })
+            })
+            .collect();
+        let recorded = replicas
+            .iter()
+            .map(|(_, s)| AtomicBool::new(*s != Start::Healthy))
+            .collect();
+        let replicas = replicas
+            .into_iter()
+            .map(|(r, _)| Slot {
+                name: r.name,
+                io: RwLock::new(r.io),
+            })
+            .collect();
         Ok(Replicated {
             shared: Arc::new(Shared {
                 name: name.to_string(),
                 replicas,
-                healthy: (0..n).map(|_| AtomicBool::new(true)).collect(),
+                healthy,
+                rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                missed,
+                keeping: keep.into_iter().map(AtomicBool::new).collect(),
                 faulting: Mutex::new(()),
-                reasons: Mutex::new(vec![None; n]),
-                recorded: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                reasons: Mutex::new(reasons),
+                recorded,
                 fenced: AtomicBool::new(false),
                 fenced_by: Mutex::new(String::new()),
                 order: Mutex::new(Order::default()),
@@ -185,7 +372,7 @@ impl Replicated {
             o.ready()
         };
         for w in ready {
-            dispatch(s, w.id, w.op, w.done);
+            run(s, w.id, w.change, w.done);
         }
         out
     }
@@ -207,23 +394,298 @@ impl Replicated {
     /// Each replica's name and state, in order: faulted from the moment it
     /// is out of the healthy set (its record may still be on its way).
     pub fn states(&self) -> Vec<(String, State)> {
-        let reasons = self.shared.reasons().clone();
-        self.shared
-            .replicas
+        let s = &self.shared;
+        let reasons = s.reasons().clone();
+        s.replicas
             .iter()
             .zip(reasons.iter())
-            .map(|(r, why)| {
-                let s = match why {
+            .enumerate()
+            .map(|(i, (r, why))| {
+                let state = match why {
                     None => State::Healthy,
+                    Some(_) if s.rebuilding[i].load(Ordering::SeqCst) => State::Rebuilding,
                     Some(w) => State::Faulted(w.clone()),
                 };
-                (r.name.clone(), s)
+                (r.name.clone(), state)
             })
             .collect()
     }
+
+    fn index(&self, name: &str) -> Result<usize, IoError> {
+        let s = &self.shared;
+        s.replicas
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(|| {
+                IoError::new(
+                    IoErrorKind::Invalid,
+                    format!("volume {} has no replica {name}", s.name),
+                )
+            })
+    }
+
+    /// Hand over what replica `name` may have missed since its fault, and
+    /// stop keeping it (rule 10). Call it inside [`Replicated::quiesced`],
+    /// with the snapshot those ranges are read from.
+    pub fn take_missed(&self, name: &str) -> Result<Missed, IoError> {
+        let i = self.index(name)?;
+        let s = &self.shared;
+        let mut m = s.missed[i].lock().unwrap_or_else(|p| p.into_inner());
+        s.keeping[i].store(false, Ordering::SeqCst);
+        Ok(std::mem::replace(&mut *m, Missed::NotKept))
+    }
+
+    /// Put faulted replica `name` back in the write set with volume `io`,
+    /// rebuilding (rule 11): every change from now on goes to it too. Call
+    /// it inside [`Replicated::quiesced`], with the snapshot its rebuild
+    /// copies up to.
+    pub fn rejoin(&self, name: &str, io: Arc<dyn BlockIo>) -> Result<(), IoError> {
+        let i = self.index(name)?;
+        let s = &self.shared;
+        let _serial = s.serial();
+        if s.healthy[i].load(Ordering::SeqCst) || !s.recorded(i) {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!(
+                    "replica {name} of volume {} is not faulted and recorded so",
+                    s.name
+                ),
+            ));
+        }
+        *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) = io;
+        s.rebuilding[i].store(true, Ordering::SeqCst);
+        tracing::info!(volume = %s.name, replica = name, "replica rejoined, rebuilding");
+        Ok(())
+    }
+
+    /// Whether replica `name` is rebuilding: in the write set, and no
+    /// change it failed since it rejoined.
+    pub fn is_rebuilding(&self, name: &str) -> bool {
+        self.index(name)
+            .is_ok_and(|i| self.shared.rebuilding[i].load(Ordering::SeqCst))
+    }
+
+    /// Take rebuilding replica `name` out of the write set (its rebuild
+    /// stopped); it stays faulted.
+    pub fn drop_rebuild(&self, name: &str) {
+        if let Ok(i) = self.index(name) {
+            let e = IoError::new(IoErrorKind::Io, "its rebuild stopped");
+            self.shared.drop_rebuilding(i, &e);
+        }
+    }
+
+    /// Make rebuilding replica `name` healthy (rule 13): call it inside
+    /// [`Replicated::quiesced`], after recording it healthy.
+    pub fn promote(&self, name: &str) -> Result<(), IoError> {
+        let i = self.index(name)?;
+        let s = &self.shared;
+        let _serial = s.serial();
+        if !s.rebuilding[i].load(Ordering::SeqCst) {
+            return Err(IoError::new(
+                IoErrorKind::Io,
+                format!(
+                    "replica {name} of volume {} failed a change while rebuilding",
+                    s.name
+                ),
+            ));
+        }
+        s.reasons()[i] = None;
+        s.recorded[i].store(false, Ordering::SeqCst);
+        s.rebuilding[i].store(false, Ordering::SeqCst);
+        s.healthy[i].store(true, Ordering::SeqCst);
+        tracing::info!(volume = %s.name, replica = name, "replica rebuilt, healthy");
+        Ok(())
+    }
+
+    /// Copy `[offset, offset + len)` from the first healthy replica to
+    /// rebuilding replica `name` (rule 12): zeros written when `zero`, else
+    /// the data read. Ordered with overlapping changes; blocks until done.
+    /// At most 8 MiB.
+    pub fn copy(&self, name: &str, offset: u64, len: u64, zero: bool) -> Result<(), IoError> {
+        let to = self.index(name)?;
+        if len == 0 || len > COPY_MAX {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("a copy of {len} bytes (1 to {COPY_MAX})"),
+            ));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let done: Completion = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        let change = Change::Copy {
+            to,
+            offset,
+            len,
+            zero,
+        };
+        let s = &self.shared;
+        let admitted = s
+            .order
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(change, done);
+        if let Some((id, change, done)) = admitted {
+            run(s, id, change, done);
+        }
+        rx.recv()
+            .unwrap_or_else(|_| Err(IoError::new(IoErrorKind::Io, "the copy was dropped")))
+            .map(|_| ())
+    }
+}
+
+/// The largest [`Replicated::copy`].
+pub const COPY_MAX: u64 = 8 << 20;
+
+/// What the order (rules 8 and 12) holds: a caller's change, or a copy to a
+/// rebuilding replica.
+enum Change {
+    Io(IoOp),
+    Copy {
+        to: usize,
+        offset: u64,
+        len: u64,
+        zero: bool,
+    },
+}
+
+impl Change {
+    fn range(&self) -> Option<(u64, u64)> {
+        match self {
+            Change::Io(op) => range(op),
+            Change::Copy { offset, len, .. } => Some((*offset, offset.saturating_add(*len))),
+        }
+    }
+}
+
+/// Send change `id` on its way: a caller's to the replicas, a copy to its
+/// replica.
+fn run(s: &Arc<Shared>, id: u64, change: Change, done: Completion) {
+    match change {
+        Change::Io(op) => dispatch(s, id, op, done),
+        Change::Copy {
+            to,
+            offset,
+            len,
+            zero,
+        } => copy_to(s, id, to, offset, len, zero, done),
+    }
+}
+
+/// Rule 12: read from the first healthy replica (rule 4), write to `to`.
+fn copy_to(
+    s: &Arc<Shared>,
+    id: u64,
+    to: usize,
+    offset: u64,
+    len: u64,
+    zero: bool,
+    done: Completion,
+) {
+    let s2 = s.clone();
+    let write = move |s: Arc<Shared>, op: IoOp, done: Completion| {
+        if !s.rebuilding[to].load(Ordering::SeqCst) {
+            let e = IoError::new(
+                IoErrorKind::Io,
+                format!("replica {} is not rebuilding", s.replicas[to].name),
+            );
+            return complete(&s, id, done, Err(e));
+        }
+        let s3 = s.clone();
+        s.io(to).submit(
+            op,
+            Box::new(move |r| {
+                if let Err(e) = &r {
+                    s3.drop_rebuilding(to, e);
+                }
+                complete(&s3, id, done, r)
+            }),
+        )
+    };
+    if zero {
+        let op = IoOp::WriteZeroes {
+            offset,
+            len,
+            may_trim: true,
+        };
+        return write(s2, op, done);
+    }
+    let read = IoOp::Read {
+        offset,
+        buf: vec![0; len as usize],
+    };
+    read_from(
+        s.clone(),
+        read,
+        Box::new(move |r| match r {
+            Ok(IoDone::Read(data)) => write(
+                s2,
+                IoOp::Write {
+                    offset,
+                    data,
+                    fua: false,
+                },
+                done,
+            ),
+            Ok(_) => {
+                let e = IoError::new(IoErrorKind::Io, "a read answered with something else");
+                complete(&s2, id, done, Err(e))
+            }
+            Err(e) => complete(&s2, id, done, Err(e)),
+        }),
+    );
 }
 
 impl Shared {
+    fn io(&self, i: usize) -> Arc<dyn BlockIo> {
+        self.replicas[i]
+            .io
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Rule 11: a rebuilding replica that failed a change leaves the write
+    /// set.
+    fn drop_rebuilding(&self, i: usize, e: &IoError) {
+        let _serial = self.serial();
+        if self.rebuilding[i].swap(false, Ordering::SeqCst) {
+            self.start_keeping(i);
+            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name, error = %e,
+                "rebuilding replica failed a change: out of the write set");
+        }
+    }
+
+    /// Rule 10: from now on keep what replica `i` misses, starting with
+    /// every change in flight.
+    fn start_keeping(&self, i: usize) {
+        let running: Vec<(u64, u64)> = {
+            let o = self.order.lock().unwrap_or_else(|p| p.into_inner());
+            o.running.iter().map(|&(_, a, b)| (a, b)).collect()
+        };
+        let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
+        if *m == Missed::NotKept {
+            *m = Missed::Ranges(Vec::new());
+        }
+        for r in running {
+            m.add(r);
+        }
+        self.keeping[i].store(true, Ordering::SeqCst);
+    }
+
+    /// Rule 10: keep change range `r` for every faulted replica that keeps
+    /// what it missed.
+    fn keep_missed(&self, r: (u64, u64)) {
+        for (i, k) in self.keeping.iter().enumerate() {
+            if k.load(Ordering::SeqCst) {
+                self.missed[i]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .add(r);
+            }
+        }
+    }
+
     fn serial(&self) -> std::sync::MutexGuard<'_, ()> {
         self.faulting.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -273,6 +735,8 @@ impl Shared {
             return Ok(());
         }
         if self.healthy[i].swap(false, Ordering::SeqCst) {
+            // Rule 10: every change in flight may be missing from it.
+            self.start_keeping(i);
             self.unrecorded.fetch_add(1, Ordering::SeqCst);
             self.reasons()[i] = Some(reason.to_string());
             tracing::warn!(volume = %self.name, replica = %self.replicas[i].name, %reason, "replica faulted");
@@ -338,7 +802,7 @@ struct Waiting {
     id: u64,
     start: u64,
     end: u64,
-    op: IoOp,
+    change: Change,
     done: Completion,
 }
 
@@ -361,11 +825,11 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
 
 impl Order {
     /// Take change `op` in: Some(id) to send it now, None if it waits.
-    fn admit(&mut self, op: IoOp, done: Completion) -> Option<(u64, IoOp, Completion)> {
+    fn admit(&mut self, change: Change, done: Completion) -> Option<(u64, Change, Completion)> {
         let id = self.next;
         self.next += 1;
-        let Some(r) = range(&op) else {
-            return Some((id, op, done));
+        let Some(r) = change.range() else {
+            return Some((id, change, done));
         };
         let busy = self.paused > 0
             || self.running.iter().any(|&(_, a, b)| overlap(r, (a, b)))
@@ -375,13 +839,13 @@ impl Order {
                 id,
                 start: r.0,
                 end: r.1,
-                op,
+                change,
                 done,
             });
             return None;
         }
         self.running.push((id, r.0, r.1));
-        Some((id, op, done))
+        Some((id, change, done))
     }
 
     /// Change `id` completed: the waiting changes it let go, now running.
@@ -431,7 +895,7 @@ fn complete(shared: &Arc<Shared>, id: u64, done: Completion, r: Result<IoDone, I
     };
     done(r);
     for w in ready {
-        dispatch(shared, w.id, w.op, w.done);
+        run(shared, w.id, w.change, w.done);
     }
 }
 
@@ -441,15 +905,24 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         let e = s.unavailable().at(op.describe());
         return complete(s, id, done, Err(e));
     }
-    let targets = s.healthy();
+    let mut targets = s.healthy();
     if targets.is_empty() {
         let e = s.unavailable().at(op.describe());
         return complete(s, id, done, Err(e));
     }
+    if let Some(r) = range(&op) {
+        s.keep_missed(r);
+    }
+    let rebuilding: Vec<usize> = (0..s.replicas.len())
+        .filter(|&i| s.rebuilding[i].load(Ordering::SeqCst))
+        .collect();
+    targets.extend(rebuilding.iter().copied());
     let fan = Arc::new(Mutex::new(Fan {
         shared: s.clone(),
         id,
         remaining: targets.len(),
+        rebuilding,
+        dropped: Vec::new(),
         ok: None,
         failed: Vec::new(),
         done: Some(done),
@@ -464,8 +937,7 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
             op.as_ref().expect("the operation is still here").again()
         };
         let fan = fan.clone();
-        s.replicas[i]
-            .io
+        s.io(i)
             .submit(this, Box::new(move |r| fan_done(&fan, i, r)));
     }
 }
@@ -476,6 +948,11 @@ struct Fan {
     shared: Arc<Shared>,
     id: u64,
     remaining: usize,
+    /// Targets that are rebuilding: their answers count for nothing (rule
+    /// 11).
+    rebuilding: Vec<usize>,
+    /// Rebuilding targets that failed it.
+    dropped: Vec<(usize, IoError)>,
     ok: Option<IoDone>,
     failed: Vec<(usize, IoError)>,
     done: Option<Completion>,
@@ -485,14 +962,21 @@ fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
     let finished = {
         let mut f = fan.lock().unwrap_or_else(|p| p.into_inner());
         f.remaining -= 1;
+        let rebuilding = f.rebuilding.contains(&i);
         match r {
-            Ok(d) => {
+            Ok(d) if !rebuilding => {
                 f.ok.get_or_insert(d);
             }
+            Ok(_) => {}
+            // Rule 11: out of the write set, after the lock.
+            Err(e) if rebuilding && e.kind != IoErrorKind::Fenced => f.dropped.push((i, e)),
             Err(e) => f.failed.push((i, e)),
         }
         if f.remaining > 0 {
             return;
+        }
+        for (i, e) in std::mem::take(&mut f.dropped) {
+            f.shared.drop_rebuilding(i, &e);
         }
         (
             f.shared.clone(),
@@ -548,7 +1032,7 @@ fn read_from(shared: Arc<Shared>, op: IoOp, done: Completion) {
     let is_read = matches!(op, IoOp::Read { .. });
     let (_, offset, len) = op.describe();
     let s = shared.clone();
-    shared.replicas[i].io.submit(
+    shared.io(i).submit(
         op,
         Box::new(move |r| match r {
             Ok(d) => done(Ok(d)),
@@ -583,7 +1067,7 @@ impl BlockIo for Replicated {
     fn size(&self) -> Result<u64, IoError> {
         let s = &self.shared;
         let i = *s.healthy().first().ok_or_else(|| s.unavailable())?;
-        s.replicas[i].io.size()
+        s.io(i).size()
     }
 
     fn read_only(&self) -> bool {
@@ -598,7 +1082,7 @@ impl BlockIo for Replicated {
         let s = &self.shared;
         let mut activated = 0;
         for i in s.healthy() {
-            match s.replicas[i].io.activate(generation) {
+            match s.io(i).activate(generation) {
                 Ok(()) => activated += 1,
                 Err(e) if e.kind == IoErrorKind::Fenced => {
                     s.fence(&e);
@@ -626,9 +1110,9 @@ impl BlockIo for Replicated {
             .order
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .admit(op, done);
-        if let Some((id, op, done)) = admitted {
-            dispatch(s, id, op, done);
+            .admit(Change::Io(op), done);
+        if let Some((id, change, done)) = admitted {
+            run(s, id, change, done);
         }
     }
 }

@@ -455,3 +455,195 @@ fn quiesced_work_runs_with_no_change_in_flight_and_holds_new_ones_until_it_retur
     assert_eq!(s.record.faulted(), vec![1]);
     assert!(s.vol.fault("r9", "x").is_err());
 }
+
+#[test]
+fn what_a_faulted_replica_missed_is_kept_from_the_changes_in_flight_on() {
+    let s = set(2);
+    // A write held on r0 is in flight when r1 fails another one.
+    s.gates[0].hold(|op| matches!(op, IoOp::Write { offset: 0, .. }));
+    let vol = s.vol.clone();
+    let held = std::thread::spawn(move || write(&*vol, 0, 1));
+    s.gates[0].wait_held(1, Duration::from_secs(5));
+    s.gates[1].fail(IoErrorKind::Io, is_write);
+    write(&*s.vol, 65536, 2).unwrap();
+    s.gates[0].release_all();
+    held.join().unwrap().unwrap();
+    // Sent since: kept, adjacent ones merged.
+    write(&*s.vol, 8192, 3).unwrap();
+    write(&*s.vol, 12288, 4).unwrap();
+    wait(&*s.vol, IoOp::Flush).unwrap();
+    let m = s.vol.quiesced(|_| s.vol.take_missed("r1")).unwrap();
+    let Missed::Ranges(mut r) = m else {
+        panic!("kept ranges, got {m:?}")
+    };
+    r.sort();
+    assert_eq!(r, vec![(0, 4096), (8192, 16384), (65536, 69632)]);
+    // Handed over once: not kept any more.
+    write(&*s.vol, 4096, 5).unwrap();
+    assert_eq!(s.vol.take_missed("r1").unwrap(), Missed::NotKept);
+    assert_eq!(s.vol.take_missed("r0").unwrap(), Missed::NotKept);
+}
+
+#[test]
+fn past_the_limit_only_too_many_is_kept() {
+    let mut m = Missed::Ranges(Vec::new());
+    for i in 0..=MISSED_LIMIT as u64 {
+        m.add((i * 8192, i * 8192 + 4096));
+    }
+    assert_eq!(m, Missed::TooMany);
+    m.add((0, 1));
+    assert_eq!(m, Missed::TooMany);
+}
+
+/// A two-replica set whose second starts faulted (absent), keeping what it
+/// misses: the front end of a daemon that found it unreachable.
+fn set_with_absent() -> (Arc<MemDevice>, Arc<Replicated>, Arc<Record>) {
+    let d0 = Arc::new(MemDevice::new(SIZE));
+    let record = Arc::new(Record::default());
+    let vol = Replicated::with_states(
+        "v",
+        vec![
+            (
+                Replica {
+                    name: "r0".into(),
+                    io: d0.clone(),
+                },
+                Start::Healthy,
+            ),
+            (
+                Replica::absent("r1"),
+                Start::Faulted {
+                    reason: "unreachable".into(),
+                    keep_missed: true,
+                },
+            ),
+        ],
+        record.clone(),
+    )
+    .unwrap();
+    (d0, Arc::new(vol), record)
+}
+
+#[test]
+fn a_replica_faulted_at_the_start_gets_nothing_and_is_not_recorded_again() {
+    let (d0, vol, record) = set_with_absent();
+    assert_eq!(vol.states()[1].1, State::Faulted("unreachable".into()));
+    write(&*vol, 4096, 9).unwrap();
+    assert_eq!(read(&*vol, 4096).unwrap(), vec![9; 4096]);
+    assert_eq!(&d0.contents()[4096..8192], &[9u8; 4096][..]);
+    assert!(record.faulted().is_empty(), "recorded before the start");
+    assert_eq!(
+        vol.take_missed("r1").unwrap(),
+        Missed::Ranges(vec![(4096, 8192)])
+    );
+    // Only a faulted replica rejoins; only a rebuilding one is promoted.
+    let e = vol
+        .rejoin("r0", Arc::new(MemDevice::new(SIZE)))
+        .unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::Invalid);
+    assert_eq!(vol.promote("r1").unwrap_err().kind, IoErrorKind::Io);
+    assert!(vol.copy("r1", 0, 4096, false).is_err(), "not rebuilding");
+    assert_eq!(
+        vol.copy("r1", 0, 0, false).unwrap_err().kind,
+        IoErrorKind::Invalid
+    );
+    assert_eq!(
+        vol.copy("rx", 0, 4096, false).unwrap_err().kind,
+        IoErrorKind::Invalid
+    );
+}
+
+#[test]
+fn a_rebuilding_replica_gets_every_change_and_its_copies_never_put_old_data_over_new() {
+    let (d0, vol, _record) = set_with_absent();
+    for i in 0..16u64 {
+        write(&*vol, i * 4096, i as u8 + 1).unwrap();
+    }
+    let d1 = Arc::new(MemDevice::new(SIZE));
+    let g1 = Arc::new(Gated::new(d1.clone()));
+    vol.quiesced(|healthy| {
+        assert_eq!(healthy, ["r0".to_string()]);
+        vol.rejoin("r1", g1.clone()).unwrap();
+    });
+    assert_eq!(vol.states()[1].1, State::Rebuilding);
+    assert!(vol.is_rebuilding("r1"));
+    // A change from now on reaches it; reads do not.
+    write(&*vol, 16 * 4096, 77).unwrap();
+    assert_eq!(&d1.contents()[16 * 4096..17 * 4096], &[77u8; 4096][..]);
+    // A copy overlapping a write in flight waits for it, and then reads the
+    // new data: hold the write on r1 and start the copy.
+    g1.hold(|op| matches!(op, IoOp::Write { offset: 0, data, .. } if data.len() == 4096));
+    let v2 = vol.clone();
+    let w = std::thread::spawn(move || write(&*v2, 0, 99));
+    g1.wait_held(1, Duration::from_secs(5));
+    let v3 = vol.clone();
+    let c = std::thread::spawn(move || v3.copy("r1", 0, 16 * 4096, false));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!c.is_finished(), "the copy waits for the overlapping write");
+    g1.release_all();
+    w.join().unwrap().unwrap();
+    c.join().unwrap().unwrap();
+    vol.copy("r1", 17 * 4096, 4096, true).unwrap();
+    assert_eq!(d1.contents(), d0.contents());
+    vol.quiesced(|_| vol.promote("r1")).unwrap();
+    assert_eq!(vol.states()[1].1, State::Healthy);
+    // Healthy now: a change it fails faults it again, through the record.
+    g1.fail(IoErrorKind::Io, is_write);
+    write(&*vol, 0, 5).unwrap();
+    assert!(matches!(vol.states()[1].1, State::Faulted(_)));
+}
+
+#[test]
+fn a_rebuilding_replica_that_fails_a_change_leaves_the_write_set_and_the_change_succeeds() {
+    let (_d0, vol, record) = set_with_absent();
+    vol.take_missed("r1").unwrap();
+    let g1 = Arc::new(Gated::new(Arc::new(MemDevice::new(SIZE))));
+    vol.quiesced(|_| vol.rejoin("r1", g1.clone())).unwrap();
+    g1.fail(IoErrorKind::Io, is_write);
+    write(&*vol, 8192, 1).unwrap();
+    assert!(!vol.is_rebuilding("r1"));
+    assert!(matches!(vol.states()[1].1, State::Faulted(_)));
+    assert!(record.faulted().is_empty(), "no record: it was not healthy");
+    assert_eq!(
+        vol.quiesced(|_| vol.promote("r1")).unwrap_err().kind,
+        IoErrorKind::Io
+    );
+    // What it missed is kept again, from the failed change on.
+    write(&*vol, 0, 2).unwrap();
+    let Missed::Ranges(mut r) = vol.take_missed("r1").unwrap() else {
+        panic!("kept")
+    };
+    r.sort();
+    assert_eq!(r, vec![(0, 4096), (8192, 12288)]);
+    // And a change only a rebuilding replica took fails: no healthy one
+    // holds it.
+    let (d0, vol, _) = set_with_absent();
+    let g0 = Arc::new(Gated::new(d0));
+    drop(vol);
+    let record = Arc::new(Record::default());
+    let vol = Replicated::with_states(
+        "v",
+        vec![
+            (
+                Replica {
+                    name: "r0".into(),
+                    io: g0.clone(),
+                },
+                Start::Healthy,
+            ),
+            (
+                Replica::absent("r1"),
+                Start::Faulted {
+                    reason: "x".into(),
+                    keep_missed: false,
+                },
+            ),
+        ],
+        record,
+    )
+    .unwrap();
+    vol.quiesced(|_| vol.rejoin("r1", Arc::new(MemDevice::new(SIZE))))
+        .unwrap();
+    g0.fail(IoErrorKind::Io, is_write);
+    assert!(write(&vol, 0, 1).is_err());
+}
