@@ -220,6 +220,40 @@ pub struct ReplicaInfo {
     pub reason: Option<String>,
     /// Since when it is in this state (RFC 3339, UTC).
     pub since: String,
+    /// Its rebuild under way, while it is rebuilding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildProgress>,
+    /// Its last rebuild that ended healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rebuild: Option<RebuildDone>,
+}
+
+/// A replica's rebuild under way: it is sent only what it lacks, in
+/// rounds (docs/replicas.md, "Rebuilds").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RebuildProgress {
+    /// Bytes of data sent to it since the rebuild began.
+    pub sent_bytes: u64,
+    /// The round under way: bytes of data it sends, and of them sent.
+    pub round_bytes: u64,
+    pub round_sent_bytes: u64,
+    /// When the rebuild began (RFC 3339, UTC).
+    pub started: String,
+    /// Bytes sent per second since it began.
+    pub rate_bytes_per_second: u64,
+    /// Seconds until the round under way ends, at that rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+}
+
+/// A rebuild that ended with the replica healthy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RebuildDone {
+    /// Bytes of data sent to it.
+    pub sent_bytes: u64,
+    /// When it began and ended (RFC 3339, UTC).
+    pub started: String,
+    pub ended: String,
 }
 
 /// A replica's state.
@@ -231,6 +265,8 @@ pub enum ReplicaState {
     /// Out of the healthy set: it may miss acknowledged writes, and is
     /// neither written nor read until it is rebuilt.
     Faulted,
+    /// Faulted, and being sent what it lacks (`rebuild` says how far).
+    Rebuilding,
 }
 
 /// A volume's new labels (`PUT /v1/volumes/{name}/labels`): they replace

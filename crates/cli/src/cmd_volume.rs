@@ -421,9 +421,19 @@ pub(crate) fn replication(v: &Volume) -> String {
         t.row(vec![
             x.node.clone(),
             x.address.clone().unwrap_or_else(|| "(this node)".into()),
-            match x.state {
-                lamina_api::ReplicaState::Healthy => "healthy".into(),
-                lamina_api::ReplicaState::Faulted => "faulted".into(),
+            match (x.state, &x.rebuild) {
+                (lamina_api::ReplicaState::Healthy, _) => "healthy".into(),
+                (lamina_api::ReplicaState::Rebuilding, Some(b)) => format!(
+                    "rebuilding {}/{} ({}/s{})",
+                    lamina_api::format_size(b.round_sent_bytes),
+                    lamina_api::format_size(b.round_bytes),
+                    lamina_api::format_size(b.rate_bytes_per_second),
+                    b.eta_seconds
+                        .map(|s| format!(", {s} s left"))
+                        .unwrap_or_default()
+                ),
+                (lamina_api::ReplicaState::Rebuilding, None) => "rebuilding".into(),
+                (lamina_api::ReplicaState::Faulted, _) => "faulted".into(),
             },
             x.since.clone(),
             or_dash(x.reason.as_deref()),

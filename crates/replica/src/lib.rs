@@ -65,8 +65,9 @@
 //!     not healthy).
 //! 12. **A copy to a rebuilding replica is a change**: [`Replicated::copy`]
 //!     reads a range from the first healthy replica and writes it to the
-//!     rebuilding one, ordered with overlapping changes as rule 8 orders
-//!     them, so a copy never puts older data over a newer change.
+//!     rebuilding one (as write-zeroes when it reads as zeros), ordered
+//!     with overlapping changes as rule 8 orders them, so a copy never
+//!     puts older data over a newer change.
 //! 13. **Promotion inside a quiesced call**: [`Replicated::promote`] makes a
 //!     rebuilding replica healthy; the caller records it healthy first,
 //!     both with no change in flight, so no change the replica failed can
@@ -435,6 +436,13 @@ impl Replicated {
         Ok(std::mem::replace(&mut *m, Missed::NotKept))
     }
 
+    /// Whether what replica `name` misses is being kept (rule 10): it left
+    /// the write set since its ranges were last taken.
+    pub fn is_keeping(&self, name: &str) -> bool {
+        self.index(name)
+            .is_ok_and(|i| self.shared.keeping[i].load(Ordering::SeqCst))
+    }
+
     /// Put faulted replica `name` back in the write set with volume `io`,
     /// rebuilding (rule 11): every change from now on goes to it too. Call
     /// it inside [`Replicated::quiesced`], with the snapshot its rebuild
@@ -498,10 +506,10 @@ impl Replicated {
     }
 
     /// Copy `[offset, offset + len)` from the first healthy replica to
-    /// rebuilding replica `name` (rule 12): zeros written when `zero`, else
-    /// the data read. Ordered with overlapping changes; blocks until done.
-    /// At most 8 MiB.
-    pub fn copy(&self, name: &str, offset: u64, len: u64, zero: bool) -> Result<(), IoError> {
+    /// rebuilding replica `name` (rule 12). Ordered with overlapping
+    /// changes; blocks until done. At most [`COPY_MAX`] bytes. Whether it
+    /// sent data (false: zeros, as write-zeroes).
+    pub fn copy(&self, name: &str, offset: u64, len: u64) -> Result<bool, IoError> {
         let to = self.index(name)?;
         if len == 0 || len > COPY_MAX {
             return Err(IoError::new(
@@ -513,12 +521,7 @@ impl Replicated {
         let done: Completion = Box::new(move |r| {
             let _ = tx.send(r);
         });
-        let change = Change::Copy {
-            to,
-            offset,
-            len,
-            zero,
-        };
+        let change = Change::Copy { to, offset, len };
         let s = &self.shared;
         let admitted = s
             .order
@@ -530,7 +533,7 @@ impl Replicated {
         }
         rx.recv()
             .unwrap_or_else(|_| Err(IoError::new(IoErrorKind::Io, "the copy was dropped")))
-            .map(|_| ())
+            .map(|d| matches!(d, IoDone::Write(_)))
     }
 }
 
@@ -541,12 +544,7 @@ pub const COPY_MAX: u64 = 8 << 20;
 /// rebuilding replica.
 enum Change {
     Io(IoOp),
-    Copy {
-        to: usize,
-        offset: u64,
-        len: u64,
-        zero: bool,
-    },
+    Copy { to: usize, offset: u64, len: u64 },
 }
 
 impl Change {
@@ -563,25 +561,12 @@ impl Change {
 fn run(s: &Arc<Shared>, id: u64, change: Change, done: Completion) {
     match change {
         Change::Io(op) => dispatch(s, id, op, done),
-        Change::Copy {
-            to,
-            offset,
-            len,
-            zero,
-        } => copy_to(s, id, to, offset, len, zero, done),
+        Change::Copy { to, offset, len } => copy_to(s, id, to, offset, len, done),
     }
 }
 
 /// Rule 12: read from the first healthy replica (rule 4), write to `to`.
-fn copy_to(
-    s: &Arc<Shared>,
-    id: u64,
-    to: usize,
-    offset: u64,
-    len: u64,
-    zero: bool,
-    done: Completion,
-) {
+fn copy_to(s: &Arc<Shared>, id: u64, to: usize, offset: u64, len: u64, done: Completion) {
     let s2 = s.clone();
     let write = move |s: Arc<Shared>, op: IoOp, done: Completion| {
         if !s.rebuilding[to].load(Ordering::SeqCst) {
@@ -602,14 +587,6 @@ fn copy_to(
             }),
         )
     };
-    if zero {
-        let op = IoOp::WriteZeroes {
-            offset,
-            len,
-            may_trim: true,
-        };
-        return write(s2, op, done);
-    }
     let read = IoOp::Read {
         offset,
         buf: vec![0; len as usize],
@@ -618,6 +595,15 @@ fn copy_to(
         s.clone(),
         read,
         Box::new(move |r| match r {
+            Ok(IoDone::Read(data)) if data.iter().all(|&b| b == 0) => write(
+                s2,
+                IoOp::WriteZeroes {
+                    offset,
+                    len,
+                    may_trim: true,
+                },
+                done,
+            ),
             Ok(IoDone::Read(data)) => write(
                 s2,
                 IoOp::Write {

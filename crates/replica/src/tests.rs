@@ -542,13 +542,10 @@ fn a_replica_faulted_at_the_start_gets_nothing_and_is_not_recorded_again() {
         .unwrap_err();
     assert_eq!(e.kind, IoErrorKind::Invalid);
     assert_eq!(vol.promote("r1").unwrap_err().kind, IoErrorKind::Io);
-    assert!(vol.copy("r1", 0, 4096, false).is_err(), "not rebuilding");
+    assert!(vol.copy("r1", 0, 4096).is_err(), "not rebuilding");
+    assert_eq!(vol.copy("r1", 0, 0).unwrap_err().kind, IoErrorKind::Invalid);
     assert_eq!(
-        vol.copy("r1", 0, 0, false).unwrap_err().kind,
-        IoErrorKind::Invalid
-    );
-    assert_eq!(
-        vol.copy("rx", 0, 4096, false).unwrap_err().kind,
+        vol.copy("rx", 0, 4096).unwrap_err().kind,
         IoErrorKind::Invalid
     );
 }
@@ -577,13 +574,15 @@ fn a_rebuilding_replica_gets_every_change_and_its_copies_never_put_old_data_over
     let w = std::thread::spawn(move || write(&*v2, 0, 99));
     g1.wait_held(1, Duration::from_secs(5));
     let v3 = vol.clone();
-    let c = std::thread::spawn(move || v3.copy("r1", 0, 16 * 4096, false));
+    let c = std::thread::spawn(move || v3.copy("r1", 0, 16 * 4096));
     std::thread::sleep(Duration::from_millis(100));
     assert!(!c.is_finished(), "the copy waits for the overlapping write");
     g1.release_all();
     w.join().unwrap().unwrap();
-    c.join().unwrap().unwrap();
-    vol.copy("r1", 17 * 4096, 4096, true).unwrap();
+    assert!(c.join().unwrap().unwrap(), "data sent");
+    // Zeros go as write-zeroes.
+    write(&*d1, 17 * 4096, 1).unwrap();
+    assert!(!vol.copy("r1", 17 * 4096, 4096).unwrap());
     assert_eq!(d1.contents(), d0.contents());
     vol.quiesced(|_| vol.promote("r1")).unwrap();
     assert_eq!(vol.states()[1].1, State::Healthy);

@@ -7,17 +7,21 @@
 //! unreachable one recorded faulted before anything is served) and the
 //! membership record the front end's faults go to; it must not decide how
 //! I/O fans out (lamina-replica does) or speak the protocol
-//! (lamina-transfer does).
+//! (lamina-transfer does). Its part `rebuild` brings a faulted replica
+//! back.
+
+mod rebuild;
 
 use crate::device::Registry;
 use crate::error::Failure;
 use crate::store::{ReplicaSetRec, Store};
 use lamina_api::ErrorCode;
 use lamina_blockio::{BlockIo, IoError, IoErrorKind};
-use lamina_replica::{Membership, Replica, Replicated};
+use lamina_replica::{Membership, Replica, Replicated, Start};
 use lamina_transfer::replica::{RemoteVolume, SessionOptions};
 use lamina_transfer::{Identity, Remote};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Unix seconds now.
@@ -69,7 +73,41 @@ pub fn replica_set(
 /// replicas on other nodes by node name (for what is not I/O: snapshots).
 pub struct Front {
     pub replicated: Arc<Replicated>,
-    pub remotes: Vec<(String, Arc<RemoteVolume>)>,
+    remotes: Mutex<Vec<(String, Arc<RemoteVolume>)>>,
+    /// Held by a snapshot of the volume, and by a rebuild's last round
+    /// (whose replica is in the write set but could not take a snapshot).
+    snapshots: Mutex<()>,
+    /// Set when it stops serving: its rebuilds stop.
+    closed: AtomicBool,
+}
+
+impl Front {
+    /// Its replicas on other nodes that it reaches, by node.
+    pub fn remotes(&self) -> Vec<(String, Arc<RemoteVolume>)> {
+        self.remotes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_remote(&self, node: &str, v: Arc<RemoteVolume>) {
+        let mut r = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|(n, _)| n != node);
+        r.push((node.to_string(), v));
+    }
+
+    fn hold_snapshots(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.snapshots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// It serves no more: its rebuilds stop at their next step.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
 }
 
 /// The front ends open in this daemon, by volume (an attached replicated
@@ -83,11 +121,22 @@ impl Fronts {
     }
 
     pub fn insert(&self, volume: &str, front: Arc<Front>) {
-        self.map().insert(volume.to_string(), front);
+        if let Some(old) = self.map().insert(volume.to_string(), front) {
+            old.close();
+        }
     }
 
     pub fn remove(&self, volume: &str) {
-        self.map().remove(volume);
+        if let Some(old) = self.map().remove(volume) {
+            old.close();
+        }
+    }
+
+    /// Every front end stops (the daemon's shutdown).
+    pub fn close_all(&self) {
+        for f in self.map().values() {
+            f.close();
+        }
     }
 
     pub fn get(&self, volume: &str) -> Option<Arc<Front>> {
@@ -98,7 +147,7 @@ impl Fronts {
 /// What a front end needs of the daemon.
 pub struct Parts<'a> {
     pub pool: &'a lamina_engine::Pool,
-    pub exports: &'a Registry,
+    pub exports: &'a Arc<Registry>,
     pub store: &'a Arc<Store>,
     pub identity: Option<&'a Arc<Identity>>,
 }
@@ -139,7 +188,19 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
     let g = set.generation;
     let mut replicas = Vec::new();
     let mut remotes = Vec::new();
-    for r in set.replicas.iter().filter(|r| r.faulted.is_none()) {
+    for r in &set.replicas {
+        if let Some(reason) = &r.faulted {
+            // Out until it is rebuilt; what it misses from now on is kept
+            // (its rebuild's base).
+            replicas.push((
+                Replica::absent(&r.node),
+                Start::Faulted {
+                    reason: reason.clone(),
+                    keep_missed: true,
+                },
+            ));
+            continue;
+        }
         let io: Result<Arc<dyn BlockIo>, String> = if r.address.is_empty() {
             p.exports
                 .open_engine(p.pool, volume, None)
@@ -164,20 +225,32 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                 .map_err(|e| e.to_string())
         };
         match io {
-            Ok(io) => replicas.push(Replica {
-                name: r.node.clone(),
-                io,
-            }),
+            Ok(io) => replicas.push((
+                Replica {
+                    name: r.node.clone(),
+                    io,
+                },
+                Start::Healthy,
+            )),
             Err(e) => {
                 let reason = format!("could not be opened at generation {g}: {e}");
                 tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
                 p.store
                     .fault_replica(volume, &r.node, &reason, now())
                     .map_err(Failure::from)?;
+                // It held everything until now: it misses only what is
+                // written from here on.
+                replicas.push((
+                    Replica::absent(&r.node),
+                    Start::Faulted {
+                        reason,
+                        keep_missed: true,
+                    },
+                ));
             }
         }
     }
-    if replicas.is_empty() {
+    if !replicas.iter().any(|(_, s)| *s == Start::Healthy) {
         return Err(unavailable(format!(
             "volume {volume} has no healthy replica it can reach"
         )));
@@ -186,8 +259,8 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
         store: p.store.clone(),
         volume: volume.to_string(),
     });
-    let front =
-        Replicated::new(volume, replicas, membership).map_err(|e| unavailable(e.to_string()))?;
+    let front = Replicated::with_states(volume, replicas, membership)
+        .map_err(|e| unavailable(e.to_string()))?;
     front.activate(g).map_err(|e| match e.kind {
         IoErrorKind::Fenced => Failure::new(
             ErrorCode::Conflict,
@@ -201,10 +274,14 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
         generation = g,
         "replicated volume's front end opened"
     );
-    Ok(Arc::new(Front {
+    let front = Arc::new(Front {
         replicated: Arc::new(front),
-        remotes,
-    }))
+        remotes: Mutex::new(remotes),
+        snapshots: Mutex::new(()),
+        closed: AtomicBool::new(false),
+    });
+    rebuild::spawn(p, volume, &front);
+    Ok(front)
 }
 
 /// Delete snapshot `name` of replicated volume `volume` on its healthy
@@ -216,8 +293,14 @@ pub fn delete_snapshot(p: &Parts<'_>, front: Option<&Front>, volume: &str, name:
     let Ok(Some(set)) = replica_set(p.store, p.pool, volume) else {
         return;
     };
+    // The faulted replicas delete it when they return.
+    if let Err(e) = p.store.snapshot_deleted(volume, name) {
+        tracing::warn!(volume, snapshot = name, error = %e,
+            "the faulted replicas were not told of the snapshot's deletion: they keep it");
+    }
+    let remotes = front.map(|f| f.remotes()).unwrap_or_default();
     for r in set.replicas.iter().skip(1).filter(|r| r.faulted.is_none()) {
-        let open = front.and_then(|f| f.remotes.iter().find(|(n, _)| *n == r.node));
+        let open = remotes.iter().find(|(n, _)| *n == r.node);
         let done = match (open, p.identity) {
             (Some((_, v)), _) => v.delete_snapshot(name).map_err(|e| e.to_string()),
             (None, Some(id)) => {
@@ -267,43 +350,61 @@ where
             Some("rebuild it first"),
         ));
     }
-    match front {
-        Some(f) => f.replicated.quiesced(|healthy| {
-            let remotes: Vec<&(String, Arc<RemoteVolume>)> = f
-                .remotes
-                .iter()
-                .filter(|(n, _)| healthy.contains(n))
-                .collect();
-            let (mine, theirs) = std::thread::scope(|sc| {
-                let theirs: Vec<_> = remotes
+    // Those that will not have it: they get it when they are rebuilt.
+    let mut without: Vec<String> = set
+        .replicas
+        .iter()
+        .skip(1)
+        .filter(|r| r.faulted.is_some())
+        .map(|r| r.node.clone())
+        .collect();
+    let made = match front {
+        Some(f) => {
+            let _held = f.hold_snapshots();
+            let all = f.remotes();
+            f.replicated.quiesced(|healthy| {
+                without = set
+                    .replicas
                     .iter()
-                    .map(|(n, v)| (n, sc.spawn(|| v.snapshot(name))))
+                    .skip(1)
+                    .filter(|r| !healthy.contains(&r.node))
+                    .map(|r| r.node.clone())
                     .collect();
-                let mine = local();
-                let theirs: Vec<_> = theirs
-                    .into_iter()
-                    .map(|(n, h)| {
-                        let r = h.join().unwrap_or_else(|_| {
-                            Err(IoError::new(
-                                IoErrorKind::Io,
-                                "the snapshot's thread failed",
-                            ))
-                        });
-                        (n.clone(), r)
-                    })
-                    .collect();
-                (mine, theirs)
-            });
-            for (node, r) in theirs {
-                if let Err(e) = r {
-                    let reason = format!("its snapshot {name} failed: {e}");
-                    f.replicated
-                        .fault(&node, &reason)
-                        .map_err(|e| Failure::internal(e.to_string()))?;
+                let remotes: Vec<&(String, Arc<RemoteVolume>)> =
+                    all.iter().filter(|(n, _)| healthy.contains(n)).collect();
+                let (mine, theirs) = std::thread::scope(|sc| {
+                    let theirs: Vec<_> = remotes
+                        .iter()
+                        .map(|(n, v)| (n, sc.spawn(|| v.snapshot(name))))
+                        .collect();
+                    let mine = local();
+                    let theirs: Vec<_> = theirs
+                        .into_iter()
+                        .map(|(n, h)| {
+                            let r = h.join().unwrap_or_else(|_| {
+                                Err(IoError::new(
+                                    IoErrorKind::Io,
+                                    "the snapshot's thread failed",
+                                ))
+                            });
+                            (n.clone(), r)
+                        })
+                        .collect();
+                    (mine, theirs)
+                });
+                let mine = mine?;
+                for (node, r) in theirs {
+                    if let Err(e) = r {
+                        let reason = format!("its snapshot {name} failed: {e}");
+                        without.push(node.clone());
+                        f.replicated
+                            .fault(&node, &reason)
+                            .map_err(|e| Failure::internal(e.to_string()))?;
+                    }
                 }
-            }
-            mine
-        }),
+                Ok::<T, Failure>(mine)
+            })
+        }
         None => {
             let mine = local()?;
             let identity = p.identity;
@@ -323,6 +424,7 @@ where
                 if let Err(e) = made {
                     let reason = format!("its snapshot {name} failed: {e}");
                     tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
+                    without.push(r.node.clone());
                     p.store
                         .fault_replica(volume, &r.node, &reason, now())
                         .map_err(Failure::from)?;
@@ -330,5 +432,9 @@ where
             }
             Ok(mine)
         }
-    }
+    }?;
+    p.store
+        .snapshot_missed(volume, name, &without)
+        .map_err(Failure::from)?;
+    Ok(made)
 }

@@ -41,6 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "device",
             "files",
             "front",
+            "front/rebuild",
             "replicas",
             "schedules",
             "schedules/records",

@@ -378,6 +378,8 @@ impl State {
         };
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Rebuilds stop at their next piece.
+        self.fronts.close_all();
         let jobs = std::mem::take(&mut *self.jobs.lock().unwrap());
         tokio::task::spawn_blocking(move || {
             for j in jobs {

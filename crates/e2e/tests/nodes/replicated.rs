@@ -215,20 +215,61 @@ fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies()
     fio(&there, &["--randseed=2", "--verify_only"]);
 
     // The dead node comes back: its replica stays out (it missed writes
-    // and snapshots) until it is rebuilt, and the next front end takes
-    // generation 2.
+    // and a snapshot) while no front end serves the volume.
     c.d.start_again();
     assert!(!on(&c), "a faulted replica got a snapshot");
+    assert_eq!(replicas(&a, "r").1[2].1, "faulted");
+    // The next front end takes generation 2 and rebuilds it from what
+    // changed: the snapshot it missed, with its data, then what was
+    // written since, while a third pass writes.
     let uri = a.d.attach(&["volume", "attach", "r"]);
-    let (r, list) = replicas(&a, "r");
-    assert_eq!(r["generation"], 2, "{r}");
-    assert_eq!(list[2].1, "faulted", "{r}");
-    fio(&uri, &["--randseed=2", "--verify_only"]);
+    assert_eq!(replicas(&a, "r").0["generation"], 2);
+    fio(&uri, &["--randseed=3", "--do_verify=1", "--size=8m"]);
+    let r = wait_until("n2 rebuilt", std::time::Duration::from_secs(120), || {
+        let (r, list) = replicas(&a, "r");
+        (list[2].1 == "healthy").then_some(r)
+    });
+    assert_eq!(r["state"], "healthy", "{r}");
+    // Sent: about what was written while it was away (the second pass's
+    // 32 MiB, and the third's 8 MiB), not the volume.
+    let sent = r["replicas"][2]["last_rebuild"]["sent_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no last rebuild: {r}"));
+    let written = 40u64 << 20;
+    assert!(
+        sent <= written * 3 / 2,
+        "sent {sent} bytes for {written} written: {r}"
+    );
+    assert!(on(&c), "the missed snapshot did not reach n2");
+    let here = a.d.attach(&["snapshot", "attach", "r", "after"]);
+    let there = c.d.attach(&["snapshot", "attach", "r", "after"]);
+    let cmp = qemu_img_compare(&here, &there);
+    assert!(
+        cmp.status.success(),
+        "n2's missed snapshot differs: {cmp:?}"
+    );
+    for n in [&a, &c] {
+        n.d.ok(&["snapshot", "detach", "r", "after"]);
+    }
+    // Healthy again: it takes the writes, and every replica ends alike.
+    fio(&uri, &["--randseed=4", "--do_verify=1", "--size=8m"]);
+    a.d.ok(&["volume", "detach", "r"]);
+    a.d.ok(&["snapshot", "create", "r", "end"]);
+    let ends: Vec<String> = [&a, &b, &c]
+        .iter()
+        .map(|n| n.d.attach(&["snapshot", "attach", "r", "end"]))
+        .collect();
+    for (i, other) in ends.iter().enumerate().skip(1) {
+        let cmp = qemu_img_compare(&ends[0], other);
+        assert!(cmp.status.success(), "replica {i} differs: {cmp:?}");
+    }
+    fio(&ends[2], &["--randseed=4", "--verify_only", "--size=8m"]);
 }
 
 #[test]
 fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_on() {
     need("fio", "fio");
+    need("qemu-img", "qemu-utils");
     let net = Net::new(2);
     let certs = Certs::new();
     let mut n = nodes(&net, &certs).into_iter();
@@ -252,25 +293,39 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_
     b.host.cut();
     // Flushed at its end: what the kill below may not lose.
     fio(&uri, &["--randseed=2", "--do_verify=1", "--end_fsync=1"]);
-    b.host.restore();
     let (r, list) = replicas(&a, "r");
     assert_eq!(list, states(&[("n0", "healthy"), ("n1", "faulted")]), "{r}");
     let reason = r["replicas"][1]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("no answer for 5 s"), "{r}");
-    // The link back, the replica stays out: it missed writes.
+    // The link back, the replica is sent what it missed, and is healthy
+    // again.
+    b.host.restore();
+    let r = wait_until("n1 rebuilt", std::time::Duration::from_secs(120), || {
+        let (r, list) = replicas(&a, "r");
+        (list[1].1 == "healthy").then_some(r)
+    });
+    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    assert!(
+        sent.is_some_and(|s| s <= 48 << 20),
+        "32 MiB written while it was away: {r}"
+    );
     fio(&uri, &["--randseed=2", "--verify_only"]);
-    assert_eq!(replicas(&a, "r").1[1].1, "faulted");
 
     // The front end's own daemon killed: it comes back serving the export
-    // at the next generation, from the replica its record calls healthy,
-    // with every flushed write.
+    // at the next generation, from both replicas, with every flushed write.
     let mut a = a;
     a.d.kill9();
     a.d.start_again();
     let (r, list) = replicas(&a, "r");
     assert_eq!(r["generation"], 2, "{r}");
-    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "faulted")]), "{r}");
+    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "healthy")]), "{r}");
     fio(&uri, &["--randseed=2", "--verify_only"]);
+    a.d.ok(&["volume", "detach", "r"]);
+    a.d.ok(&["snapshot", "create", "r", "end"]);
+    let here = a.d.attach(&["snapshot", "attach", "r", "end"]);
+    let there = b.d.attach(&["snapshot", "attach", "r", "end"]);
+    let cmp = qemu_img_compare(&here, &there);
+    assert!(cmp.status.success(), "the replicas differ: {cmp:?}");
 }
 
 #[test]

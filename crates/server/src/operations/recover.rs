@@ -21,6 +21,16 @@ pub async fn recover(st: &Arc<State>) -> Result<(), ServerError> {
             .filter(|o| o.state == api::OperationState::Running)
             .filter_map(|o| o.copy.as_ref().map(|c| (c.volume.clone(), c.snapshot.clone())))
             .collect();
+        // And the bases and round targets of replicas' rebuilds.
+        let mut in_use = in_use;
+        for (vol, set) in s.store.replica_sets()? {
+            for rb in set.replicas.iter().filter_map(|r| r.rebuild.as_ref()) {
+                in_use.push((vol.clone(), rb.base.clone()));
+                if let Some(t) = &rb.round {
+                    in_use.push((vol.clone(), t.target.clone()));
+                }
+            }
+        }
         for (vol, snap) in s.pool.unneeded_system_snapshots() {
             if !in_use.contains(&(vol.clone(), snap.clone())) {
                 tracing::info!(volume = %vol, snapshot = %snap, "deleting a system snapshot nothing needs");

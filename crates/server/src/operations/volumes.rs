@@ -176,8 +176,8 @@ fn make_replicas(
     let mut set = vec![crate::store::ReplicaRec {
         node: plan.here.clone(),
         address: String::new(),
-        faulted: None,
         since: now,
+        ..Default::default()
     }];
     for (node, address) in replicas.iter().zip(plan.addresses) {
         let remote = lamina_transfer::Remote {
@@ -201,8 +201,8 @@ fn make_replicas(
         set.push(crate::store::ReplicaRec {
             node: node.clone(),
             address,
-            faulted: None,
             since: now,
+            ..Default::default()
         });
     }
     let rec = crate::store::ReplicaSetRec {

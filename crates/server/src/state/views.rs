@@ -145,15 +145,42 @@ fn replication(rec: crate::store::ReplicaSetRec) -> api::Replication {
     let replicas: Vec<api::ReplicaInfo> = rec
         .replicas
         .into_iter()
-        .map(|r| api::ReplicaInfo {
-            node: r.node,
-            address: (!r.address.is_empty()).then_some(r.address),
-            state: match r.faulted {
-                None => api::ReplicaState::Healthy,
-                Some(_) => api::ReplicaState::Faulted,
-            },
-            reason: r.faulted,
-            since: rfc3339((r.since.max(0) as u64).saturating_mul(1_000_000_000)),
+        .map(|r| {
+            let secs = |t: i64| rfc3339((t.max(0) as u64).saturating_mul(1_000_000_000));
+            let rebuild = r
+                .rebuild
+                .as_ref()
+                .filter(|_| r.faulted.is_some())
+                .and_then(|b| b.round.as_ref().map(|t| (b, t)))
+                .map(|(b, t)| {
+                    let took = (crate::front::now() - b.started).max(1) as u64;
+                    let rate = b.sent / took;
+                    api::RebuildProgress {
+                        sent_bytes: b.sent,
+                        round_bytes: t.bytes,
+                        round_sent_bytes: t.done,
+                        started: secs(b.started),
+                        rate_bytes_per_second: rate,
+                        eta_seconds: (rate > 0).then(|| t.bytes.saturating_sub(t.done) / rate),
+                    }
+                });
+            api::ReplicaInfo {
+                state: match (&r.faulted, &rebuild) {
+                    (None, _) => api::ReplicaState::Healthy,
+                    (Some(_), Some(_)) => api::ReplicaState::Rebuilding,
+                    (Some(_), None) => api::ReplicaState::Faulted,
+                },
+                node: r.node,
+                address: (!r.address.is_empty()).then_some(r.address),
+                reason: r.faulted,
+                since: secs(r.since),
+                rebuild,
+                last_rebuild: r.last_rebuild.map(|l| api::RebuildDone {
+                    sent_bytes: l.sent,
+                    started: secs(l.started),
+                    ended: secs(l.ended),
+                }),
+            }
         })
         .collect();
     let healthy = replicas

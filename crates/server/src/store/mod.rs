@@ -19,7 +19,7 @@ use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
 pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec};
-pub use replicas::{ReplicaRec, ReplicaSetRec};
+pub use replicas::{LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec};
 
 use crate::error::ServerError;
 use lamina_api::OperationState;

@@ -28,7 +28,7 @@ pub struct ReplicaSetRec {
 }
 
 /// One replica as recorded.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReplicaRec {
     pub node: String,
     /// Its node's transfer listener, `HOST:PORT`; empty for this node's.
@@ -38,6 +38,64 @@ pub struct ReplicaRec {
     pub faulted: Option<String>,
     /// Since when it is in its state (Unix seconds).
     pub since: i64,
+    /// The generation of the front end that keeps what this replica missed
+    /// since its fault (the one that recorded it); 0 for none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tracked: u64,
+    /// Where its rebuild stands, once it has a base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildRec>,
+    /// Snapshots of the volume taken without it, oldest first: it gets
+    /// each, with its data, before it counts as healthy again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missed_snapshots: Vec<String>,
+    /// Snapshots deleted while it was out, that it still holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_deletes: Vec<String>,
+    /// Its last rebuild that ended healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rebuild: Option<LastRebuild>,
+}
+
+/// A rebuild that ended: bytes of data sent, when it began and ended
+/// (Unix seconds).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LastRebuild {
+    pub sent: u64,
+    pub started: i64,
+    pub ended: i64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A faulted replica's rebuild (docs/replicas.md, "Rebuilds").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RebuildRec {
+    /// A snapshot of this node's replica that the faulted replica's volume
+    /// equals outside `uncertain`.
+    pub base: String,
+    /// Ranges `[start, end)` where it may differ from `base`, sorted and
+    /// apart.
+    pub uncertain: Vec<(u64, u64)>,
+    /// The round under way: the snapshot it brings the replica to, and
+    /// where it got (everything it sends below `cursor` was sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<RoundRec>,
+    /// Bytes sent to the replica since the rebuild began.
+    pub sent: u64,
+    /// When it began (Unix seconds).
+    pub started: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RoundRec {
+    pub target: String,
+    pub cursor: u64,
+    /// Bytes the round sends in all, and of them sent.
+    pub bytes: u64,
+    pub done: u64,
 }
 
 fn parse(volume: &str, json: &str) -> Result<ReplicaSetRec, Fail> {
@@ -59,6 +117,23 @@ impl Store {
             };
             let found = t.get(volume)?;
             found.map(|v| parse(volume, v.value())).transpose()
+        })
+    }
+
+    /// Every replica set, by volume.
+    pub fn replica_sets(&self) -> Result<Vec<(String, ReplicaSetRec)>, ServerError> {
+        self.db.read(|r| {
+            let t = match r.open_table(SETS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut out = Vec::new();
+            for e in t.iter()? {
+                let (k, v) = e?;
+                out.push((k.value().to_string(), parse(k.value(), v.value())?));
+            }
+            Ok(out)
         })
     }
 
@@ -128,13 +203,78 @@ impl Store {
         now: i64,
     ) -> Result<ReplicaSetRec, ServerError> {
         self.change_replica_set(volume, |r| {
+            let g = r.generation;
             if let Some(x) = r.replicas.iter_mut().find(|x| x.node == node) {
                 if x.faulted.is_none() {
                     x.faulted = Some(reason.to_string());
                     x.since = now;
+                    x.tracked = g;
                 }
             }
         })
+    }
+
+    /// Change replica `node` of volume `volume` with `f`, in one write
+    /// transaction: durable when it returns. An unknown replica is an
+    /// error, and nothing changes.
+    pub fn change_replica(
+        &self,
+        volume: &str,
+        node: &str,
+        f: impl FnOnce(&mut ReplicaRec),
+    ) -> Result<ReplicaSetRec, ServerError> {
+        let mut found = true;
+        let rec = self.change_replica_set(volume, |r| {
+            match r.replicas.iter_mut().find(|x| x.node == node) {
+                Some(x) => f(x),
+                None => found = false,
+            }
+        })?;
+        if !found {
+            return Err(ServerError::Config(format!(
+                "volume {volume} has no replica on node {node}"
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// Record snapshot `name` of volume `volume` as missed by the replicas
+    /// on `nodes` (taken without them).
+    pub fn snapshot_missed(
+        &self,
+        volume: &str,
+        name: &str,
+        nodes: &[String],
+    ) -> Result<(), ServerError> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        self.change_replica_set(volume, |r| {
+            for x in r.replicas.iter_mut().filter(|x| nodes.contains(&x.node)) {
+                if !x.missed_snapshots.iter().any(|s| s == name) {
+                    x.missed_snapshots.push(name.to_string());
+                }
+            }
+        })
+        .map(|_| ())
+    }
+
+    /// Record snapshot `name` of volume `volume` deleted while its faulted
+    /// replicas were out: one they missed is not theirs to get any more,
+    /// one they hold is theirs to delete when they return.
+    pub fn snapshot_deleted(&self, volume: &str, name: &str) -> Result<(), ServerError> {
+        self.change_replica_set(volume, |r| {
+            for x in r.replicas.iter_mut().filter(|x| x.faulted.is_some()) {
+                let before = x.missed_snapshots.len();
+                x.missed_snapshots.retain(|s| s != name);
+                if x.missed_snapshots.len() == before
+                    && !x.pending_deletes.iter().any(|s| s == name)
+                {
+                    x.pending_deletes.push(name.to_string());
+                }
+            }
+        })
+        .map(|_| ())
     }
 }
 
@@ -148,6 +288,7 @@ mod tests {
             address: address.into(),
             faulted: None,
             since: 5,
+            ..Default::default()
         };
         ReplicaSetRec {
             volume_id: 3,

@@ -1,0 +1,551 @@
+//! A faulted replica brought back (docs/replicas.md, "Rebuilds"): while
+//! its front end serves the volume, a thread of its own reaches each
+//! faulted replica on another node every few seconds and, once it
+//! answers, sends it only what it lacks, in rounds recorded in the store so
+//! that a kill of either side or a cut link resumes from the last recorded
+//! offset.
+//!
+//! What a replica lacks is known from its *base*: a snapshot of this
+//! node's replica that its volume equals outside a list of *uncertain*
+//! ranges. The first base is taken after its fault, at one point of the
+//! write stream, with the ranges of every change in flight at the fault
+//! and sent since (lamina-replica's rule 10). Each round then brings it
+//! from its base to a later snapshot of this node's replica, sending the
+//! uncertain ranges and the engine's diff between the two (metadata only:
+//! unchanged data is never read), and that snapshot becomes its base:
+//!
+//! 1. the snapshots it missed, oldest first, each made on it once its
+//!    volume holds that snapshot's data (and those deleted meanwhile
+//!    deleted on it first);
+//! 2. a system snapshot taken now, again while a round sends more than
+//!    [`LAST_ROUND`];
+//! 3. the last round: with snapshots of the volume held, the replica
+//!    rejoins the write set at a system snapshot taken at one point of the
+//!    write stream, what changed up to that snapshot is copied through the
+//!    front end (ordered with the writes), and it is recorded healthy and
+//!    made so with no change in flight.
+//!
+//! A replica that fails in the last round leaves the write set again; the
+//! front end keeps what it misses from then, and the next base covers it.
+
+use super::{now, Front, Parts};
+use crate::device::Registry;
+use crate::store::{LastRebuild, RebuildRec, ReplicaRec, RoundRec, Store};
+use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoOp};
+use lamina_engine::{ExtentKind, Pool, Target};
+use lamina_replica::Missed;
+use lamina_transfer::replica::{RemoteVolume, SessionOptions};
+use lamina_transfer::{Identity, Remote};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// How often a faulted replica is tried.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// A round that sends less than this is followed by the last round.
+pub const LAST_ROUND: u64 = 32 << 20;
+
+/// Data is sent in pieces of at most this.
+const PIECE: u64 = 1 << 20;
+
+/// Zeros are sent in pieces of at most this.
+const ZEROS: u64 = 1 << 30;
+
+/// Progress is recorded at least this often (bytes sent).
+const RECORD_EVERY: u64 = 64 << 20;
+
+/// What a rebuild needs of the daemon, owned.
+struct Ctx {
+    pool: Pool,
+    exports: Arc<Registry>,
+    store: Arc<Store>,
+    identity: Option<Arc<Identity>>,
+    volume: String,
+}
+
+type Fail = String;
+
+/// Start the rebuilds of `front`, a front end of `volume`: a thread that
+/// lives while the front end does and serves.
+pub(super) fn spawn(p: &Parts<'_>, volume: &str, front: &Arc<Front>) {
+    let ctx = Ctx {
+        pool: p.pool.clone(),
+        exports: p.exports.clone(),
+        store: p.store.clone(),
+        identity: p.identity.cloned(),
+        volume: volume.to_string(),
+    };
+    let front = Arc::downgrade(front);
+    let spawned = std::thread::Builder::new()
+        .name(format!("rebuild-{volume}"))
+        .spawn(move || run(ctx, front));
+    if let Err(e) = spawned {
+        tracing::warn!(volume, error = %e, "no thread for its rebuilds: its faulted replicas stay out");
+    }
+}
+
+fn run(ctx: Ctx, front: Weak<Front>) {
+    let span = tracing::info_span!("rebuild", volume = %ctx.volume);
+    let _e = span.enter();
+    loop {
+        // Sleep in short steps: a closed front end ends this soon.
+        for _ in 0..(RETRY.as_millis() / 100) {
+            match front.upgrade() {
+                Some(f) if !f.is_closed() => {}
+                _ => return,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let Some(f) = front.upgrade() else { return };
+        let set = match ctx.store.replica_set(&ctx.volume) {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "the replica set could not be read");
+                continue;
+            }
+        };
+        for r in set.replicas.iter().skip(1) {
+            if r.faulted.is_none() || f.is_closed() {
+                continue;
+            }
+            if let Err(e) = rebuild(&ctx, &f, r, set.generation) {
+                tracing::debug!(replica = %r.node, error = %e, "not rebuilt yet");
+            }
+        }
+    }
+}
+
+/// The store's error as a rebuild's.
+fn stored<T>(r: Result<T, crate::error::ServerError>) -> Result<T, Fail> {
+    r.map_err(|e| format!("the daemon's store: {e}"))
+}
+
+fn engine<T>(r: Result<T, lamina_engine::Error>) -> Result<T, Fail> {
+    r.map_err(|e| e.to_string())
+}
+
+fn io<T>(r: Result<T, IoError>) -> Result<T, Fail> {
+    r.map_err(|e| e.to_string())
+}
+
+/// This replica's record now.
+fn current(ctx: &Ctx, node: &str) -> Result<ReplicaRec, Fail> {
+    stored(ctx.store.replica_set(&ctx.volume))?
+        .and_then(|s| s.replicas.into_iter().find(|r| r.node == node))
+        .ok_or_else(|| format!("volume {} has no replica on {node} any more", ctx.volume))
+}
+
+/// One attempt at bringing faulted replica `r` back.
+fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+    let node = &r.node;
+    if front.replicated.is_keeping(node) || r.rebuild.is_none() {
+        take_base(ctx, front, r, generation)?;
+    }
+    let identity = ctx
+        .identity
+        .as_ref()
+        .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
+    let remote = Remote {
+        address: r.address.clone(),
+        node: node.clone(),
+    };
+    let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
+        .map_err(|e| e.to_string())?;
+    io(v.activate(generation))?;
+    let v = Arc::new(v);
+    tracing::info!(replica = %node, "faulted replica answers: rebuilding");
+    loop {
+        if front.is_closed() {
+            return Ok(());
+        }
+        let rec = current(ctx, node)?;
+        if rec.faulted.is_none() {
+            return Ok(());
+        }
+        for name in &rec.pending_deletes {
+            io(v.delete_snapshot(name))?;
+        }
+        if !rec.pending_deletes.is_empty() {
+            let done = rec.pending_deletes.clone();
+            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+                x.pending_deletes.retain(|s| !done.contains(s))
+            }))?;
+        }
+        let rb = rec.rebuild.clone().ok_or("no base")?;
+        if let Some(s) = rec.missed_snapshots.first() {
+            if ctx.pool.snapshot_info_by_name(&ctx.volume, s).is_err() {
+                // Deleted meanwhile: not its to get.
+                let s = s.clone();
+                stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+                    x.missed_snapshots.retain(|m| *m != s)
+                }))?;
+                continue;
+            }
+            round(ctx, front, node, &v, &rb, s)?;
+            io(v.snapshot(s))?;
+            let s = s.clone();
+            rebase(ctx, node, &rb, &s, |x| {
+                x.missed_snapshots.retain(|m| *m != s)
+            })?;
+            tracing::info!(replica = %node, snapshot = %s, "missed snapshot made on the replica");
+            continue;
+        }
+        // A round towards a snapshot of now: the one a killed rebuild was
+        // in, else a new one.
+        let target = match &rb.round {
+            Some(t)
+                if ctx
+                    .pool
+                    .snapshot_info_by_name(&ctx.volume, &t.target)
+                    .is_ok() =>
+            {
+                t.target.clone()
+            }
+            _ => system_snapshot(ctx, node)?,
+        };
+        let sent = round(ctx, front, node, &v, &rb, &target)?;
+        rebase(ctx, node, &rb, &target, |_| {})?;
+        if sent < LAST_ROUND {
+            break;
+        }
+    }
+    last_round(ctx, front, node, v)
+}
+
+/// A system snapshot of this node's replica, for a rebuild of the one on
+/// `node`.
+fn system_snapshot(ctx: &Ctx, node: &str) -> Result<String, Fail> {
+    Ok(engine(
+        ctx.pool
+            .create_system_snapshot(&ctx.volume, &format!("rebuild-{node}")),
+    )?
+    .name)
+}
+
+/// Delete system snapshot `name` of the volume, unless it is `keep`.
+fn drop_system(ctx: &Ctx, name: &str, keep: &str) {
+    if name != keep && lamina_engine::is_system_name(name) {
+        if let Err(e) = ctx.pool.delete_system_snapshot(&ctx.volume, name) {
+            tracing::warn!(snapshot = name, error = %e, "a rebuild's snapshot was not deleted");
+        }
+    }
+}
+
+/// The replica on `node` now equals snapshot `to`: its new base, with
+/// nothing uncertain (and `also` changed in the same record).
+fn rebase(
+    ctx: &Ctx,
+    node: &str,
+    old: &RebuildRec,
+    to: &str,
+    also: impl FnOnce(&mut ReplicaRec),
+) -> Result<(), Fail> {
+    stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+        if let Some(rb) = x.rebuild.as_mut() {
+            rb.base = to.to_string();
+            rb.uncertain.clear();
+            rb.round = None;
+        }
+        also(x)
+    }))?;
+    drop_system(ctx, &old.base, to);
+    Ok(())
+}
+
+/// Sorted, merged ranges.
+fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for r in v.into_iter().filter(|r| r.0 < r.1) {
+        match out.last_mut() {
+            Some(l) if r.0 <= l.1 => l.1 = l.1.max(r.1),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// What differs between snapshots `from` and `to` of the volume.
+fn changed(ctx: &Ctx, from: &str, to: &str) -> Result<Vec<(u64, u64)>, Fail> {
+    let d = engine(ctx.pool.diff(
+        Some(&Target::snapshot(&ctx.volume, from)),
+        &Target::snapshot(&ctx.volume, to),
+    ))?;
+    Ok(d.into_iter()
+        .map(|e| (e.offset, e.offset + e.len))
+        .collect())
+}
+
+/// Take replica `r`'s base: with no change in flight, what the front end
+/// kept of what it missed, and a system snapshot of this node's replica.
+fn take_base(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+    let node = &r.node;
+    let (missed, base) = front.replicated.quiesced(|_| {
+        let m = io(front.replicated.take_missed(node))?;
+        let b = system_snapshot(ctx, node)?;
+        Ok::<_, Fail>((m, b))
+    })?;
+    let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
+    let all = vec![(0, size)];
+    let uncertain = match (&r.rebuild, missed) {
+        (_, Missed::TooMany) => all,
+        // Rebuilt before, and out of the write set again (or its front end
+        // restarted): what it may lack since its base, and what changed
+        // since.
+        (Some(old), m) => match since(ctx, old, &base) {
+            Ok(mut d) => {
+                if let Missed::Ranges(m) = m {
+                    d.extend(m);
+                }
+                d
+            }
+            Err(_) => all,
+        },
+        // Kept since its fault by this front end.
+        (None, Missed::Ranges(m)) if r.tracked == generation => m,
+        // Faulted under an earlier front end that took no base: anything
+        // may differ.
+        (None, _) => all,
+    };
+    let uncertain = merge(uncertain);
+    tracing::info!(replica = %node, base = %base, uncertain = uncertain.len(), "rebuild base taken");
+    let old = r.rebuild.clone();
+    stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+        let (sent, started) = x
+            .rebuild
+            .as_ref()
+            .map(|b| (b.sent, b.started))
+            .unwrap_or((0, now()));
+        x.rebuild = Some(RebuildRec {
+            base: base.clone(),
+            uncertain,
+            round: None,
+            sent,
+            started,
+        });
+    }))?;
+    if let Some(old) = old {
+        drop_system(ctx, &old.base, &base);
+        if let Some(t) = old.round {
+            drop_system(ctx, &t.target, &base);
+        }
+    }
+    Ok(())
+}
+
+/// Where the replica may differ from snapshot `now`, by its record `old`:
+/// what a round under way had not sent yet (below its cursor it equals
+/// the round's target) and what changed from there to `now`, else its
+/// uncertain ranges and what changed from its base to `now`.
+fn since(ctx: &Ctx, old: &RebuildRec, now: &str) -> Result<Vec<(u64, u64)>, Fail> {
+    if let Some(t) = &old.round {
+        if ctx
+            .pool
+            .snapshot_info_by_name(&ctx.volume, &t.target)
+            .is_ok()
+        {
+            let mut rest: Vec<(u64, u64)> = changed(ctx, &old.base, &t.target)?
+                .into_iter()
+                .chain(old.uncertain.iter().copied())
+                .filter(|r| r.1 > t.cursor)
+                .map(|(a, b)| (a.max(t.cursor), b))
+                .collect();
+            rest.extend(changed(ctx, &t.target, now)?);
+            return Ok(rest);
+        }
+    }
+    let mut d = changed(ctx, &old.base, now)?;
+    d.extend(old.uncertain.iter().copied());
+    Ok(d)
+}
+
+/// One piece to send: data read from the target, or zeros.
+struct Piece {
+    offset: u64,
+    len: u64,
+    data: bool,
+}
+
+/// What a round towards snapshot `to` sends, from base `rb`, in order:
+/// the uncertain ranges and the diff, split by what `to` maps there.
+fn pieces(ctx: &Ctx, rb: &RebuildRec, to: &str) -> Result<Vec<Piece>, Fail> {
+    let mut ranges = changed(ctx, &rb.base, to)?;
+    ranges.extend(rb.uncertain.iter().copied());
+    let target = engine(ctx.pool.open_snapshot(&ctx.volume, to))?;
+    let mut out = Vec::new();
+    for (a, b) in merge(ranges) {
+        for e in engine(target.extents(a, b - a))? {
+            let data = e.kind == ExtentKind::Data;
+            let step = if data { PIECE } else { ZEROS };
+            let mut at = e.offset;
+            while at < e.offset + e.len {
+                let len = step.min(e.offset + e.len - at);
+                out.push(Piece {
+                    offset: at,
+                    len,
+                    data,
+                });
+                at += len;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Bring the replica on `node` (session `v`) from its base to snapshot
+/// `to`, from where a killed round towards `to` got; the bytes sent.
+fn round(
+    ctx: &Ctx,
+    front: &Front,
+    node: &str,
+    v: &Arc<RemoteVolume>,
+    rb: &RebuildRec,
+    to: &str,
+) -> Result<u64, Fail> {
+    let pieces = pieces(ctx, rb, to)?;
+    let bytes: u64 = pieces.iter().filter(|p| p.data).map(|p| p.len).sum();
+    let (mut cursor, mut done) = match &rb.round {
+        Some(t) if t.target == to => (t.cursor, t.done),
+        _ => (0, 0),
+    };
+    let source = ctx
+        .exports
+        .open_engine(&ctx.pool, &ctx.volume, Some(to))
+        .map_err(|e| e.to_string())?;
+    let record = |cursor: u64, done: u64, sent: u64| {
+        stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+            if let Some(b) = x.rebuild.as_mut() {
+                b.sent += sent;
+                b.round = Some(RoundRec {
+                    target: to.to_string(),
+                    cursor,
+                    bytes,
+                    done,
+                });
+            }
+        }))
+    };
+    record(cursor, done, 0)?;
+    let mut sent = 0u64;
+    let mut unrecorded = 0u64;
+    let from = cursor;
+    for p in pieces.iter().filter(|p| p.offset >= from) {
+        if front.is_closed() {
+            return Err("the front end stopped".into());
+        }
+        let op = if p.data {
+            let buf = match io(wait(
+                &source,
+                IoOp::Read {
+                    offset: p.offset,
+                    buf: vec![0; p.len as usize],
+                },
+            ))? {
+                IoDone::Read(b) => b,
+                _ => return Err("a read answered with something else".into()),
+            };
+            IoOp::Write {
+                offset: p.offset,
+                data: buf,
+                fua: false,
+            }
+        } else {
+            IoOp::WriteZeroes {
+                offset: p.offset,
+                len: p.len,
+                may_trim: true,
+            }
+        };
+        io(wait(&**v, op))?;
+        if p.data {
+            sent += p.len;
+            unrecorded += p.len;
+            done += p.len;
+        }
+        cursor = p.offset + p.len;
+        if unrecorded >= RECORD_EVERY {
+            // Durable on the replica before the cursor says so.
+            io(wait(&**v, IoOp::Flush))?;
+            record(cursor, done, unrecorded)?;
+            unrecorded = 0;
+        }
+    }
+    io(wait(&**v, IoOp::Flush))?;
+    record(cursor, done, unrecorded)?;
+    tracing::info!(replica = %node, target = %to, sent, "rebuild round done");
+    Ok(sent)
+}
+
+/// The last round (step 3): the replica in the write set from a snapshot
+/// taken at one point of the write stream, what changed up to it copied
+/// through the front end, then healthy.
+fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Result<(), Fail> {
+    let _held = front.hold_snapshots();
+    let rec = current(ctx, node)?;
+    let rb = rec.rebuild.clone().ok_or("no base")?;
+    if !rec.missed_snapshots.is_empty() {
+        return Err("a snapshot was taken meanwhile: another round first".into());
+    }
+    let io_v: Arc<dyn BlockIo> = v.clone();
+    let last = front.replicated.quiesced(|_| {
+        io(front.replicated.rejoin(node, io_v))?;
+        system_snapshot(ctx, node)
+    })?;
+    let copied = (|| {
+        let mut ranges = changed(ctx, &rb.base, &last)?;
+        ranges.extend(rb.uncertain.iter().copied());
+        let mut sent = 0;
+        for (a, b) in merge(ranges) {
+            let mut at = a;
+            while at < b {
+                if front.is_closed() {
+                    return Err("the front end stopped".to_string());
+                }
+                let len = PIECE.min(b - at);
+                if io(front.replicated.copy(node, at, len))? {
+                    sent += len;
+                }
+                at += len;
+            }
+        }
+        Ok(sent)
+    })();
+    let done = copied.and_then(|sent| {
+        front.replicated.quiesced(|_| {
+            if !front.replicated.is_rebuilding(node) {
+                return Err("it failed a change while rebuilding".to_string());
+            }
+            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+                let ended = now();
+                x.last_rebuild = Some(LastRebuild {
+                    sent: rb.sent + sent,
+                    started: rb.started,
+                    ended,
+                });
+                x.faulted = None;
+                x.since = ended;
+                x.tracked = 0;
+                x.rebuild = None;
+            }))?;
+            io(front.replicated.promote(node))
+        })?;
+        Ok(sent)
+    });
+    match done {
+        Ok(sent) => {
+            front.set_remote(node, v);
+            drop_system(ctx, &rb.base, "");
+            drop_system(ctx, &last, "");
+            tracing::info!(replica = %node, sent = rb.sent + sent, "replica rebuilt: healthy");
+            Ok(())
+        }
+        Err(e) => {
+            // Out of the write set: what it misses is kept from now, and
+            // the next base covers what this round left.
+            front.replicated.drop_rebuild(node);
+            drop_system(ctx, &last, &rb.base);
+            Err(e)
+        }
+    }
+}
