@@ -51,8 +51,10 @@
 //!    held changes are sent once it returns.
 //! 10. **What a faulted replica may have missed is kept**: from its fault
 //!     (or from the front end's start, for one given as [`Start::Faulted`]
-//!     with `keep_missed`) the range of every change in flight then and of
-//!     every change sent since, until [`Replicated::take_missed`] hands
+//!     with `keep_missed`) the range of every change in flight then, of
+//!     every change no flush has covered yet (a replica that crashed may
+//!     have lost those: they were not durable), and of every change sent
+//!     since, until [`Replicated::take_missed`] hands
 //!     them over (inside [`Replicated::quiesced`], with the snapshot that
 //!     becomes the replica's rebuild base). Past [`MISSED_LIMIT`] ranges
 //!     only [`Missed::TooMany`] is kept.
@@ -78,7 +80,7 @@
 //! its calls with [`IoErrorKind::Io`], and rule 2 faults it.
 
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -186,6 +188,24 @@ impl Missed {
     }
 }
 
+/// Changes sent since the last flush that covers them (a flush covers
+/// the changes completed before it was sent).
+#[derive(Default)]
+struct Unflushed {
+    /// By change id: its range, and whether it completed.
+    changes: BTreeMap<u64, (u64, u64, bool)>,
+    /// More than [`MISSED_LIMIT`] were: any range may be unflushed, until a
+    /// flush sent with no change in flight completes.
+    overflow: bool,
+}
+
+/// A flush on its way: the changes it covers, and whether it ends an
+/// overflow.
+struct Covers {
+    ids: Vec<u64>,
+    all: bool,
+}
+
 /// A replica as the front end holds it: its volume can be replaced when
 /// it rejoins.
 struct Slot {
@@ -215,6 +235,8 @@ struct Shared {
     /// kept (read without the lock on every change).
     missed: Vec<Mutex<Missed>>,
     keeping: Vec<AtomicBool>,
+    /// Changes no flush has covered yet (rule 10).
+    unflushed: Mutex<Unflushed>,
     /// Held while a fault is recorded: each replica is recorded once.
     faulting: Mutex<()>,
     /// Why each replica left the healthy set (a short lock, never held
@@ -332,6 +354,7 @@ impl Replicated {
                 rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 missed,
                 keeping: keep.into_iter().map(AtomicBool::new).collect(),
+                unflushed: Mutex::new(Unflushed::default()),
                 faulting: Mutex::new(()),
                 reasons: Mutex::new(reasons),
                 recorded,
@@ -649,14 +672,73 @@ impl Shared {
             let o = self.order.lock().unwrap_or_else(|p| p.into_inner());
             o.running.iter().map(|&(_, a, b)| (a, b)).collect()
         };
+        let (unflushed, overflow) = {
+            let u = self.unflushed();
+            let r: Vec<(u64, u64)> = u.changes.values().map(|&(a, b, _)| (a, b)).collect();
+            (r, u.overflow)
+        };
         let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         if *m == Missed::NotKept {
             *m = Missed::Ranges(Vec::new());
         }
-        for r in running {
+        if overflow {
+            *m = Missed::TooMany;
+        }
+        let mut all: Vec<(u64, u64)> = running.into_iter().chain(unflushed).collect();
+        all.sort_unstable();
+        for r in all {
             m.add(r);
         }
         self.keeping[i].store(true, Ordering::SeqCst);
+    }
+
+    fn unflushed(&self) -> std::sync::MutexGuard<'_, Unflushed> {
+        self.unflushed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Change `id` of range `r` is sent: unflushed until a flush covers it.
+    fn sent(&self, id: u64, r: (u64, u64)) {
+        let mut u = self.unflushed();
+        if u.overflow {
+            return;
+        }
+        if u.changes.len() >= MISSED_LIMIT {
+            u.overflow = true;
+            u.changes.clear();
+            return;
+        }
+        u.changes.insert(id, (r.0, r.1, false));
+    }
+
+    /// A flush is sent: the changes it covers.
+    fn covers(&self) -> Covers {
+        let quiet = self
+            .order
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .running
+            .is_empty();
+        let u = self.unflushed();
+        Covers {
+            ids: u
+                .changes
+                .iter()
+                .filter(|(_, c)| c.2)
+                .map(|(id, _)| *id)
+                .collect(),
+            all: u.overflow && quiet,
+        }
+    }
+
+    /// A flush completed on every replica it was sent to.
+    fn flushed(&self, c: Covers) {
+        let mut u = self.unflushed();
+        for id in c.ids {
+            u.changes.remove(&id);
+        }
+        if c.all {
+            u.overflow = false;
+        }
     }
 
     /// Rule 10: keep change range `r` for every faulted replica that keeps
@@ -871,6 +953,9 @@ impl Order {
 
 /// Change `id`'s outcome to its caller, then the changes it held back sent.
 fn complete(shared: &Arc<Shared>, id: u64, done: Completion, r: Result<IoDone, IoError>) {
+    if let Some(c) = shared.unflushed().changes.get_mut(&id) {
+        c.2 = true;
+    }
     let ready = {
         let mut o = shared.order.lock().unwrap_or_else(|p| p.into_inner());
         let ready = o.finish(id);
@@ -898,7 +983,9 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
     }
     if let Some(r) = range(&op) {
         s.keep_missed(r);
+        s.sent(id, r);
     }
+    let covers = matches!(op, IoOp::Flush).then(|| s.covers());
     let rebuilding: Vec<usize> = (0..s.replicas.len())
         .filter(|&i| s.rebuilding[i].load(Ordering::SeqCst))
         .collect();
@@ -909,6 +996,7 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         remaining: targets.len(),
         rebuilding,
         dropped: Vec::new(),
+        covers,
         ok: None,
         failed: Vec::new(),
         done: Some(done),
@@ -939,6 +1027,8 @@ struct Fan {
     rebuilding: Vec<usize>,
     /// Rebuilding targets that failed it.
     dropped: Vec<(usize, IoError)>,
+    /// A flush's: what it covers.
+    covers: Option<Covers>,
     ok: Option<IoDone>,
     failed: Vec<(usize, IoError)>,
     done: Option<Completion>,
@@ -970,13 +1060,20 @@ fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
             f.ok.take(),
             std::mem::take(&mut f.failed),
             f.done.take(),
+            f.covers.take(),
         )
     };
     // Outside the lock: recording a fault blocks, and the completion may
     // submit again.
-    let (shared, id, ok, failed, done) = finished;
+    let (shared, id, ok, failed, done, covers) = finished;
     let Some(done) = done else { return };
     let r = settle(&shared, ok, failed);
+    // Every replica it went to that is still in the set flushed: what it
+    // covers is durable on each (those that failed it were faulted above,
+    // and kept it as missed).
+    if let (Ok(_), Some(c)) = (&r, covers) {
+        shared.flushed(c);
+    }
     complete(&shared, id, done, r);
 }
 

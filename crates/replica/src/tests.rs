@@ -646,3 +646,23 @@ fn a_rebuilding_replica_that_fails_a_change_leaves_the_write_set_and_the_change_
     g0.fail(IoErrorKind::Io, is_write);
     assert!(write(&vol, 0, 1).is_err());
 }
+
+#[test]
+fn what_no_flush_covered_counts_as_missed_by_a_replica_that_fails() {
+    let s = set(2);
+    write(&*s.vol, 0, 1).unwrap();
+    wait(&*s.vol, IoOp::Flush).unwrap();
+    // Completed, not flushed: a replica that crashed may have lost it.
+    write(&*s.vol, 8192, 2).unwrap();
+    s.gates[1].fail(IoErrorKind::Io, is_write);
+    write(&*s.vol, 65536, 3).unwrap();
+    let Missed::Ranges(mut r) = s.vol.take_missed("r1").unwrap() else {
+        panic!("kept")
+    };
+    r.sort();
+    assert_eq!(
+        r,
+        vec![(8192, 12288), (65536, 69632)],
+        "not the flushed one"
+    );
+}

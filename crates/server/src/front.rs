@@ -150,6 +150,8 @@ pub struct Parts<'a> {
     pub exports: &'a Arc<Registry>,
     pub store: &'a Arc<Store>,
     pub identity: Option<&'a Arc<Identity>>,
+    /// How rebuilds yield to the volumes' I/O.
+    pub pace: Option<&'a Arc<dyn lamina_transfer::Pace>>,
 }
 
 /// An export's volume, and its front end when it is a replicated volume's.

@@ -55,6 +55,9 @@ pub struct State {
     pub identity: Option<Arc<lamina_transfer::Identity>>,
     /// Serves this node's snapshots to peers, when asked to listen.
     pub transfer_source: Option<Arc<lamina_transfer::Source>>,
+    /// How this node's transfer streams and rebuilds yield to its volumes'
+    /// I/O (`pacing.rs`): one pace for all of them.
+    pub pace: Option<Arc<dyn lamina_transfer::Pace>>,
     /// See [`crate::TransferConfig::retry_window`].
     pub transfer_retry_window: std::time::Duration,
     /// How long a pull waits on a silent source before it takes it for
@@ -109,22 +112,20 @@ impl State {
         };
         let activity = Arc::new(crate::pacing::Activity::default());
         let metrics = crate::metrics::Metrics::new();
+        let pace = config.transfer.busy_rate.map(|rate| {
+            Arc::new(crate::pacing::BusyPace::new(
+                activity.clone(),
+                rate,
+                metrics.transfer_paced.clone(),
+            )) as Arc<dyn lamina_transfer::Pace>
+        });
         let transfer_source = match (&identity, config.transfer.listen) {
-            (Some(id), Some(_)) => {
-                let pace = config.transfer.busy_rate.map(|rate| {
-                    Arc::new(crate::pacing::BusyPace::new(
-                        activity.clone(),
-                        rate,
-                        metrics.transfer_paced.clone(),
-                    )) as Arc<dyn lamina_transfer::Pace>
-                });
-                Some(lamina_transfer::Source::limited(
-                    Arc::new(pool.clone()),
-                    id.clone(),
-                    pace,
-                    config.transfer.limits,
-                ))
-            }
+            (Some(id), Some(_)) => Some(lamina_transfer::Source::limited(
+                Arc::new(pool.clone()),
+                id.clone(),
+                pace.clone(),
+                config.transfer.limits,
+            )),
             _ => None,
         };
         let exports = Arc::new(Registry::new(store.clone()));
@@ -158,6 +159,7 @@ impl State {
             changes: crate::changes::Changes::new(),
             identity,
             transfer_source,
+            pace,
             transfer_retry_window: config.transfer.retry_window,
             transfer_stall_timeout: config.transfer.limits.stall_timeout,
             schedules: crate::schedules::Runtime::new(&config.test_knobs()),
@@ -188,11 +190,12 @@ impl State {
             if replicated {
                 // Its front end reaches other nodes: off the reactor, and
                 // not fatal to the start (attaching again retries).
-                let (pool, exports, store, identity) = (
+                let (pool, exports, store, identity, pace) = (
                     state.pool.clone(),
                     state.exports.clone(),
                     state.store.clone(),
                     state.identity.clone(),
+                    state.pace.clone(),
                 );
                 let volume = rec.volume.clone();
                 let opened = tokio::task::spawn_blocking(move || {
@@ -201,6 +204,7 @@ impl State {
                         exports: &exports,
                         store: &store,
                         identity: identity.as_ref(),
+                        pace: pace.as_ref(),
                     };
                     crate::front::open(&parts, &volume)
                 })

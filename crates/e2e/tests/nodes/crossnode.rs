@@ -83,7 +83,7 @@ impl<'a> Node<'a> {
     }
 
     /// The same with more arguments for `lamina serve`.
-    fn start_args(
+    pub(crate) fn start_args(
         host: &'a Host,
         name: &str,
         tls: PathBuf,

@@ -35,7 +35,7 @@ use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoOp};
 use lamina_engine::{ExtentKind, Pool, Target};
 use lamina_replica::Missed;
 use lamina_transfer::replica::{RemoteVolume, SessionOptions};
-use lamina_transfer::{Identity, Remote};
+use lamina_transfer::{Identity, Pace, Remote};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ const PIECE: u64 = 1 << 20;
 const ZEROS: u64 = 1 << 30;
 
 /// Progress is recorded at least this often (bytes sent).
-const RECORD_EVERY: u64 = 64 << 20;
+const RECORD_EVERY: u64 = 16 << 20;
 
 /// What a rebuild needs of the daemon, owned.
 struct Ctx {
@@ -60,6 +60,7 @@ struct Ctx {
     exports: Arc<Registry>,
     store: Arc<Store>,
     identity: Option<Arc<Identity>>,
+    pace: Option<Arc<dyn Pace>>,
     volume: String,
 }
 
@@ -73,6 +74,7 @@ pub(super) fn spawn(p: &Parts<'_>, volume: &str, front: &Arc<Front>) {
         exports: p.exports.clone(),
         store: p.store.clone(),
         identity: p.identity.cloned(),
+        pace: p.pace.cloned(),
         volume: volume.to_string(),
     };
     let front = Arc::downgrade(front);
@@ -430,49 +432,67 @@ fn round(
     let mut sent = 0u64;
     let mut unrecorded = 0u64;
     let from = cursor;
-    for p in pieces.iter().filter(|p| p.offset >= from) {
-        if front.is_closed() {
-            return Err("the front end stopped".into());
-        }
-        let op = if p.data {
-            let buf = match io(wait(
-                &source,
-                IoOp::Read {
+    let mut send = || -> Result<(), Fail> {
+        for p in pieces.iter().filter(|p| p.offset >= from) {
+            if front.is_closed() {
+                return Err("the front end stopped".into());
+            }
+            // Yield to the volumes' I/O, as transfers do (pacing.rs).
+            if let Some(pace) = &ctx.pace {
+                std::thread::sleep(pace.wait(if p.data { p.len } else { 64 }));
+            }
+            let op = if p.data {
+                let buf = match io(wait(
+                    &source,
+                    IoOp::Read {
+                        offset: p.offset,
+                        buf: vec![0; p.len as usize],
+                    },
+                ))? {
+                    IoDone::Read(b) => b,
+                    _ => return Err("a read answered with something else".into()),
+                };
+                IoOp::Write {
                     offset: p.offset,
-                    buf: vec![0; p.len as usize],
-                },
-            ))? {
-                IoDone::Read(b) => b,
-                _ => return Err("a read answered with something else".into()),
+                    data: buf,
+                    fua: false,
+                }
+            } else {
+                IoOp::WriteZeroes {
+                    offset: p.offset,
+                    len: p.len,
+                    may_trim: true,
+                }
             };
-            IoOp::Write {
-                offset: p.offset,
-                data: buf,
-                fua: false,
+            io(wait(&**v, op))?;
+            if p.data {
+                sent += p.len;
+                unrecorded += p.len;
+                done += p.len;
             }
-        } else {
-            IoOp::WriteZeroes {
-                offset: p.offset,
-                len: p.len,
-                may_trim: true,
+            cursor = p.offset + p.len;
+            if unrecorded >= RECORD_EVERY {
+                // Durable on the replica before the cursor says so.
+                io(wait(&**v, IoOp::Flush))?;
+                record(cursor, done, unrecorded)?;
+                unrecorded = 0;
             }
-        };
-        io(wait(&**v, op))?;
-        if p.data {
-            sent += p.len;
-            unrecorded += p.len;
-            done += p.len;
         }
-        cursor = p.offset + p.len;
-        if unrecorded >= RECORD_EVERY {
-            // Durable on the replica before the cursor says so.
-            io(wait(&**v, IoOp::Flush))?;
-            record(cursor, done, unrecorded)?;
-            unrecorded = 0;
-        }
+        io(wait(&**v, IoOp::Flush))?;
+        record(cursor, done, unrecorded)?;
+        unrecorded = 0;
+        Ok(())
+    };
+    if let Err(e) = send() {
+        // What was sent since the last record was sent all the same (the
+        // round resumes from that record): counted.
+        let _ = ctx.store.change_replica(&ctx.volume, node, |x| {
+            if let Some(b) = x.rebuild.as_mut() {
+                b.sent += unrecorded;
+            }
+        });
+        return Err(e);
     }
-    io(wait(&**v, IoOp::Flush))?;
-    record(cursor, done, unrecorded)?;
     tracing::info!(replica = %node, target = %to, sent, "rebuild round done");
     Ok(sent)
 }

@@ -173,6 +173,7 @@ impl State {
             exports: &self.exports,
             store: &self.store,
             identity: self.identity.as_ref(),
+            pace: self.pace.as_ref(),
         }
     }
 
