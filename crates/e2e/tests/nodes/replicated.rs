@@ -236,6 +236,10 @@ fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies()
         .as_u64()
         .unwrap_or_else(|| panic!("no last rebuild: {r}"));
     let written = 40u64 << 20;
+    let took = &r["replicas"][2]["last_rebuild"];
+    eprintln!(
+        "rebuild of a killed node's replica: {sent} bytes sent for {written} written ({took})"
+    );
     assert!(
         sent <= written * 3 / 2,
         "sent {sent} bytes for {written} written: {r}"
@@ -305,6 +309,10 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_
         (list[1].1 == "healthy").then_some(r)
     });
     let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    eprintln!(
+        "rebuild after a cut link: {sent:?} bytes sent for 32 MiB written ({})",
+        r["replicas"][1]["last_rebuild"]
+    );
     assert!(
         sent.is_some_and(|s| s <= 48 << 20),
         "32 MiB written while it was away: {r}"

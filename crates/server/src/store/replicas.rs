@@ -325,8 +325,42 @@ mod tests {
             (got.generation, got.replicas[1].faulted.clone()),
             (2, Some("no answer for 5 s".into()))
         );
+        // The fault was recorded by generation 2's front end.
+        assert_eq!(got.replicas[1].tracked, 2);
         assert!(store.remove_replica_set("v").unwrap());
         assert!(!store.remove_replica_set("v").unwrap());
         assert_eq!(store.replica_set("v").unwrap(), None);
+    }
+
+    #[test]
+    fn snapshots_missed_and_deleted_while_a_replica_is_out_are_kept_for_its_return() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.redb")).unwrap();
+        store.put_replica_set("v", &set()).unwrap();
+        store.fault_replica("v", "c", "gone", 9).unwrap();
+        store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
+        store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
+        store.snapshot_missed("v", "s2", &["c".into()]).unwrap();
+        // s1 deleted: c never gets it; s0 (taken before c left) deleted:
+        // c deletes it when it returns; b (healthy) keeps no list.
+        store.snapshot_deleted("v", "s1").unwrap();
+        store.snapshot_deleted("v", "s0").unwrap();
+        store.snapshot_deleted("v", "s0").unwrap();
+        let got = store.replica_set("v").unwrap().unwrap();
+        assert_eq!(got.replicas[2].missed_snapshots, vec!["s2".to_string()]);
+        assert_eq!(got.replicas[2].pending_deletes, vec!["s0".to_string()]);
+        assert!(got.replicas[1].pending_deletes.is_empty());
+        // A change to one replica, in one transaction; an unknown one
+        // changes nothing.
+        let r = store
+            .change_replica("v", "c", |x| x.pending_deletes.clear())
+            .unwrap();
+        assert!(r.replicas[2].pending_deletes.is_empty());
+        let e = store
+            .change_replica("v", "zz", |x| x.since = 0)
+            .unwrap_err();
+        assert!(e.to_string().contains("no replica on node zz"), "{e}");
+        assert_eq!(store.replica_set("v").unwrap().unwrap(), r);
+        assert_eq!(store.replica_sets().unwrap(), vec![("v".to_string(), r)]);
     }
 }
