@@ -108,7 +108,7 @@ impl Lamina {
     }
 
     /// [`Lamina::start_with`], the daemon run by a command prefix (e.g.
-    /// `ip netns exec NS`, see [`crate::netns::Host::prefix`]) that must
+    /// `nsenter --net=...`, see [`crate::netns::Host::prefix`]) that must
     /// exec it, so that the pid it gets is the daemon's; the CLI still
     /// reaches it on its data directory's unix socket.
     pub fn start_in(&self, prefix: &[String], extra: &[&str]) -> Result<Daemon, StartError> {
@@ -205,7 +205,7 @@ impl Serve {
         self
     }
 
-    /// A command prefix that execs the daemon (`ip netns exec NS`).
+    /// A command prefix that execs the daemon (`nsenter --net=...`).
     pub fn prefix(mut self, prefix: &[String]) -> Serve {
         self.prefix = prefix.to_vec();
         self

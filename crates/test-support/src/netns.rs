@@ -246,11 +246,17 @@ impl Host {
         self.addr
     }
 
-    /// `ip netns exec NS`, the prefix that runs a program in this host
-    /// (`ip` switches namespace and execs the program: its pid is the
-    /// program's).
+    /// `nsenter --net=/run/netns/NS --`, the prefix that runs a program in
+    /// this host (nsenter switches the network namespace and execs the
+    /// program: its pid is the program's). Not `ip netns exec`: that gives
+    /// each program a mount namespace of its own, a copy of the host's
+    /// mounts, and a copy that outlives a container's network namespace
+    /// keeps the runtime from removing it (containerd's "failed to remove
+    /// netns: device or resource busy", seen with kube-env's node beside
+    /// these tests).
     pub fn prefix(&self) -> Vec<String> {
-        ["ip", "netns", "exec", &self.ns]
+        let net = format!("--net=/run/netns/{}", self.ns);
+        ["nsenter", &net, "--"]
             .iter()
             .map(|s| s.to_string())
             .collect()
@@ -269,8 +275,10 @@ impl Host {
 
     /// `program` run inside this host.
     pub fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns, program]);
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.ns))
+            .arg("--")
+            .arg(program);
         c
     }
 

@@ -51,7 +51,7 @@ pub enum Target {
     /// A file of this size, opened with O_DIRECT.
     File(PathBuf, u64),
     /// An NBD URI reached from inside a network namespace: fio runs under
-    /// `prefix` (`ip netns exec NS`).
+    /// `prefix` (`nsenter --net=...`).
     NbdIn { prefix: Vec<String>, uri: String },
 }
 

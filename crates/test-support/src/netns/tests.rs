@@ -175,7 +175,7 @@ fn a_daemon_runs_in_its_host_and_restarts_there() {
     };
     let mut d = h.serve(&STOPS, &[]);
     let pid = d.pid().expect("running");
-    // `ip netns exec` execs the daemon: the pid is the daemon's own (in the
+    // nsenter execs the daemon: the pid is the daemon's own (in the
     // host's namespace once the stand-in runs).
     wait_until("the stand-in up", WAIT, || {
         d.log().contains("fake daemon up").then_some(())
