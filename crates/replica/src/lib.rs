@@ -74,6 +74,15 @@
 //!     rebuilding replica healthy; the caller records it healthy first,
 //!     both with no change in flight, so no change the replica failed can
 //!     be acknowledged between the record and the promotion.
+//! 14. **Write intent**: before a change to a region (of [`REGION`] bytes)
+//!     not yet recorded dirty is sent, the region is recorded dirty
+//!     through [`Membership::dirty`], durably; a region is recorded clean
+//!     again (at a flush, at most every [`CLEAN_AFTER`], or at
+//!     [`Replicated::close`]) only when no change there is in flight or
+//!     uncovered by a flush. So after a crash of the front end, the regions
+//!     where healthy replicas may differ (writes no flush covered, which
+//!     each may have kept or lost) are all recorded dirty, and the next
+//!     front end makes them alike before it serves.
 //!
 //! A replica on another node is a `lamina_transfer::replica::RemoteVolume`
 //! (a session of the transfer protocol); whatever fails that session fails
@@ -96,7 +105,27 @@ pub trait Membership: Send + Sync + 'static {
     /// be made. Called at most once per replica by one front end, from the
     /// thread of the operation that found the fault (it may block).
     fn fault(&self, index: usize, name: &str, reason: &str) -> Result<(), IoError>;
+
+    /// Record, durably, that regions `regions` (indices of [`REGION`]-byte
+    /// ranges) may differ between the healthy replicas until a flush covers
+    /// what is written there (rule 14). The default records nothing.
+    fn dirty(&self, _regions: &[u64]) -> Result<(), IoError> {
+        Ok(())
+    }
+
+    /// Record that regions `regions` are alike on every healthy replica
+    /// again (their writes flushed).
+    fn clean(&self, _regions: &[u64]) -> Result<(), IoError> {
+        Ok(())
+    }
 }
+
+/// The size of a region of the write-intent record (rule 14).
+pub const REGION: u64 = 64 << 20;
+
+/// A region marked dirty stays so at least this long after it is
+/// flushed, so that a busy region is not marked and cleared on every flush.
+pub const CLEAN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One replica: a name for errors and records, and its volume.
 pub struct Replica {
@@ -237,6 +266,8 @@ struct Shared {
     keeping: Vec<AtomicBool>,
     /// Changes no flush has covered yet (rule 10).
     unflushed: Mutex<Unflushed>,
+    /// Regions recorded dirty (rule 14), and when they were last cleaned.
+    marked: Mutex<(std::collections::BTreeSet<u64>, std::time::Instant)>,
     /// Held while a fault is recorded: each replica is recorded once.
     faulting: Mutex<()>,
     /// Why each replica left the healthy set (a short lock, never held
@@ -355,6 +386,7 @@ impl Replicated {
                 missed,
                 keeping: keep.into_iter().map(AtomicBool::new).collect(),
                 unflushed: Mutex::new(Unflushed::default()),
+                marked: Mutex::new((Default::default(), std::time::Instant::now())),
                 faulting: Mutex::new(()),
                 reasons: Mutex::new(reasons),
                 recorded,
@@ -457,6 +489,27 @@ impl Replicated {
         let mut m = s.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         s.keeping[i].store(false, Ordering::SeqCst);
         Ok(std::mem::replace(&mut *m, Missed::NotKept))
+    }
+
+    /// The front end stops serving: every region whose writes a flush
+    /// covered is recorded clean now (rule 14). Call it after the last
+    /// flush.
+    pub fn close(&self) {
+        self.shared.clean(true);
+    }
+
+    /// Add `ranges` to what faulted replica `name` missed, if that is kept
+    /// (rule 10): ranges it may lack that the front end learnt of
+    /// elsewhere (regions an earlier front end left dirty).
+    pub fn seed_missed(&self, name: &str, ranges: &[(u64, u64)]) {
+        if let Ok(i) = self.index(name) {
+            let mut m = self.shared.missed[i]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for r in ranges {
+                m.add(*r);
+            }
+        }
     }
 
     /// Whether what replica `name` misses is being kept (rule 10): it left
@@ -690,6 +743,78 @@ impl Shared {
             m.add(r);
         }
         self.keeping[i].store(true, Ordering::SeqCst);
+    }
+
+    fn marked(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (std::collections::BTreeSet<u64>, std::time::Instant)> {
+        self.marked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rule 14: the regions of range `r` recorded dirty before a change
+    /// there is sent.
+    fn mark(&self, r: (u64, u64)) -> Result<(), IoError> {
+        if r.1 <= r.0 {
+            return Ok(());
+        }
+        let want: Vec<u64> = (r.0 / REGION..=(r.1 - 1) / REGION).collect();
+        let new: Vec<u64> = {
+            let m = self.marked();
+            want.into_iter().filter(|x| !m.0.contains(x)).collect()
+        };
+        if new.is_empty() {
+            return Ok(());
+        }
+        self.membership.dirty(&new).map_err(|e| {
+            IoError::new(
+                IoErrorKind::Io,
+                format!(
+                    "volume {}: the write intent could not be recorded: {}",
+                    self.name, e.message
+                ),
+            )
+        })?;
+        self.marked().0.extend(new);
+        Ok(())
+    }
+
+    /// Rule 14: record clean every marked region with no change in flight
+    /// or uncovered by a flush; unless `now`, at most every
+    /// [`CLEAN_AFTER`].
+    fn clean(&self, now: bool) {
+        let mut m = self.marked();
+        if m.0.is_empty() || (!now && m.1.elapsed() < CLEAN_AFTER) {
+            return;
+        }
+        let regions = |a: u64, b: u64| a / REGION..=(b.max(a + 1) - 1) / REGION;
+        let mut busy = std::collections::BTreeSet::new();
+        for &(_, a, b) in &self.order.lock().unwrap_or_else(|p| p.into_inner()).running {
+            busy.extend(regions(a, b));
+        }
+        {
+            let u = self.unflushed();
+            if u.overflow {
+                return;
+            }
+            for &(a, b, _) in u.changes.values() {
+                busy.extend(regions(a, b));
+            }
+        }
+        let done: Vec<u64> = m.0.iter().filter(|x| !busy.contains(x)).copied().collect();
+        m.1 = std::time::Instant::now();
+        if done.is_empty() {
+            return;
+        }
+        match self.membership.clean(&done) {
+            Ok(()) => {
+                for x in done {
+                    m.0.remove(&x);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(volume = %self.name, error = %e, "regions not recorded clean: they are made alike at the next start")
+            }
+        }
     }
 
     fn unflushed(&self) -> std::sync::MutexGuard<'_, Unflushed> {
@@ -982,6 +1107,9 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         return complete(s, id, done, Err(e));
     }
     if let Some(r) = range(&op) {
+        if let Err(e) = s.mark(r) {
+            return complete(s, id, done, Err(e.at(op.describe())));
+        }
         s.keep_missed(r);
         s.sent(id, r);
     }
@@ -1073,6 +1201,7 @@ fn fan_done(fan: &Arc<Mutex<Fan>>, i: usize, r: Result<IoDone, IoError>) {
     // and kept it as missed).
     if let (Ok(_), Some(c)) = (&r, covers) {
         shared.flushed(c);
+        shared.clean(false);
     }
     complete(&shared, id, done, r);
 }

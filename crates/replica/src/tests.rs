@@ -666,3 +666,72 @@ fn what_no_flush_covered_counts_as_missed_by_a_replica_that_fails() {
         "not the flushed one"
     );
 }
+
+/// The write intent's records (rule 14).
+#[derive(Default)]
+struct Intent {
+    dirty: Mutex<std::collections::BTreeSet<u64>>,
+    marks: AtomicUsize,
+    refuse: AtomicBool,
+}
+
+impl Membership for Intent {
+    fn fault(&self, _: usize, _: &str, _: &str) -> Result<(), IoError> {
+        Ok(())
+    }
+    fn dirty(&self, regions: &[u64]) -> Result<(), IoError> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(IoError::new(IoErrorKind::Io, "the store failed"));
+        }
+        self.marks.fetch_add(1, Ordering::SeqCst);
+        self.dirty.lock().unwrap().extend(regions);
+        Ok(())
+    }
+    fn clean(&self, regions: &[u64]) -> Result<(), IoError> {
+        let mut d = self.dirty.lock().unwrap();
+        for r in regions {
+            d.remove(r);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_region_is_recorded_dirty_before_a_change_is_sent_and_clean_only_once_flushed() {
+    let devices: Vec<_> = (0..2).map(|_| Arc::new(MemDevice::new(SIZE))).collect();
+    let intent = Arc::new(Intent::default());
+    let vol = Replicated::new(
+        "v",
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Replica {
+                name: format!("r{i}"),
+                io: d.clone(),
+            })
+            .collect(),
+        intent.clone(),
+    )
+    .unwrap();
+    // The record fails: the write fails, and no replica got it.
+    intent.refuse.store(true, Ordering::SeqCst);
+    assert!(write(&vol, 0, 1).is_err());
+    for d in &devices {
+        assert_eq!(&d.contents()[..4096], &[0u8; 4096][..]);
+    }
+    intent.refuse.store(false, Ordering::SeqCst);
+    write(&vol, 0, 1).unwrap();
+    write(&vol, 8192, 2).unwrap();
+    assert_eq!(*intent.dirty.lock().unwrap(), [0].into());
+    assert_eq!(intent.marks.load(Ordering::SeqCst), 1, "recorded once");
+    // Not flushed: closing leaves it dirty.
+    vol.close();
+    assert_eq!(*intent.dirty.lock().unwrap(), [0].into());
+    wait(&vol, IoOp::Flush).unwrap();
+    vol.close();
+    assert!(intent.dirty.lock().unwrap().is_empty());
+    // Written again: recorded again.
+    write(&vol, 4096, 3).unwrap();
+    assert_eq!(*intent.dirty.lock().unwrap(), [0].into());
+    assert_eq!(intent.marks.load(Ordering::SeqCst), 2);
+}

@@ -51,6 +51,27 @@ impl Membership for StoreMembership {
                 )
             })
     }
+
+    fn dirty(&self, regions: &[u64]) -> Result<(), IoError> {
+        self.regions(regions, true)
+    }
+
+    fn clean(&self, regions: &[u64]) -> Result<(), IoError> {
+        self.regions(regions, false)
+    }
+}
+
+impl StoreMembership {
+    fn regions(&self, regions: &[u64], dirty: bool) -> Result<(), IoError> {
+        self.store
+            .mark_regions(&self.volume, regions, dirty)
+            .map_err(|e| {
+                IoError::new(
+                    IoErrorKind::Io,
+                    format!("the daemon's store could not record the write intent: {e}"),
+                )
+            })
+    }
 }
 
 /// Volume `volume`'s replica set, if it is replicated (a record of an
@@ -102,7 +123,10 @@ impl Front {
 
     /// It serves no more: its rebuilds stop at their next step.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            // What a flush covered is alike everywhere: recorded so.
+            self.replicated.close();
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -257,20 +281,48 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
             "volume {volume} has no healthy replica it can reach"
         )));
     }
-    let membership = Arc::new(StoreMembership {
-        store: p.store.clone(),
-        volume: volume.to_string(),
-    });
-    let front = Replicated::with_states(volume, replicas, membership)
-        .map_err(|e| unavailable(e.to_string()))?;
-    front.activate(g).map_err(|e| match e.kind {
+    let fenced = |e: IoError| match e.kind {
         IoErrorKind::Fenced => Failure::new(
             ErrorCode::Conflict,
             format!("volume {volume}: {e}"),
             Some("another front end holds the volume at a higher generation"),
         ),
         _ => unavailable(format!("volume {volume}: {e}")),
-    })?;
+    };
+    // An earlier front end stopped with writes no flush covered: the
+    // healthy replicas may differ there. Made alike, from the first, before
+    // anything is served (lamina-replica's rule 14).
+    if !set.dirty.is_empty() {
+        reconcile(p, volume, g, &set.dirty, &mut replicas).map_err(fenced)?;
+    }
+    let membership = Arc::new(StoreMembership {
+        store: p.store.clone(),
+        volume: volume.to_string(),
+    });
+    let faulted_now: Vec<String> = replicas
+        .iter()
+        .filter(|(r, s)| {
+            *s != Start::Healthy
+                && set
+                    .replicas
+                    .iter()
+                    .any(|x| x.node == r.name && x.faulted.is_none())
+        })
+        .map(|(r, _)| r.name.clone())
+        .collect();
+    let front = Replicated::with_states(volume, replicas, membership)
+        .map_err(|e| unavailable(e.to_string()))?;
+    front.activate(g).map_err(fenced)?;
+    // One faulted at this start held what the others did, but for the
+    // regions an earlier front end left dirty.
+    let dirty: Vec<(u64, u64)> = set
+        .dirty
+        .iter()
+        .map(|x| (x * lamina_replica::REGION, (x + 1) * lamina_replica::REGION))
+        .collect();
+    for name in &faulted_now {
+        front.seed_missed(name, &dirty);
+    }
     tracing::info!(
         volume,
         generation = g,
@@ -284,6 +336,118 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
     });
     rebuild::spawn(p, volume, &front);
     Ok(front)
+}
+
+/// Make the healthy replicas of `replicas` alike in regions `dirty`: each
+/// piece read from the first and written to the others (zeros as
+/// write-zeroes), all activated at generation `g` first. One that fails is
+/// recorded faulted and left out; then the regions are recorded clean.
+/// Blocking.
+fn reconcile(
+    p: &Parts<'_>,
+    volume: &str,
+    g: u64,
+    dirty: &[u64],
+    replicas: &mut [(Replica, Start)],
+) -> Result<(), IoError> {
+    use lamina_blockio::{wait, IoDone, IoOp};
+    let healthy: Vec<usize> = (0..replicas.len())
+        .filter(|&i| replicas[i].1 == Start::Healthy)
+        .collect();
+    if healthy.len() < 2 {
+        // Nothing to make alike (a faulted replica's rebuild covers it).
+        return p
+            .store
+            .mark_regions(volume, dirty, false)
+            .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()));
+    }
+    for &i in &healthy {
+        replicas[i].0.io.activate(g)?;
+    }
+    let source = replicas[healthy[0]].0.io.clone();
+    let size = source.size()?;
+    let fail = |i: usize, e: IoError, replicas: &mut [(Replica, Start)]| {
+        let reason = format!("could not be made alike at generation {g}: {e}");
+        tracing::warn!(volume, replica = %replicas[i].0.name, %reason, "replica faulted");
+        p.store
+            .fault_replica(volume, &replicas[i].0.name, &reason, now())
+            .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()))?;
+        replicas[i] = (
+            Replica::absent(&replicas[i].0.name),
+            Start::Faulted {
+                reason,
+                keep_missed: false,
+            },
+        );
+        Ok::<(), IoError>(())
+    };
+    let mut copied = 0u64;
+    for &x in dirty {
+        let (start, end) = (
+            x * lamina_replica::REGION,
+            ((x + 1) * lamina_replica::REGION).min(size),
+        );
+        let mut at = start;
+        while at < end {
+            let len = (1u64 << 20).min(end - at);
+            let data = match wait(
+                &*source,
+                IoOp::Read {
+                    offset: at,
+                    buf: vec![0; len as usize],
+                },
+            )? {
+                IoDone::Read(b) => b,
+                _ => {
+                    return Err(IoError::new(
+                        IoErrorKind::Io,
+                        "a read answered with something else",
+                    ))
+                }
+            };
+            let zero = data.iter().all(|&b| b == 0);
+            for &i in healthy.iter().skip(1) {
+                if replicas[i].1 != Start::Healthy {
+                    continue;
+                }
+                let op = if zero {
+                    IoOp::WriteZeroes {
+                        offset: at,
+                        len,
+                        may_trim: true,
+                    }
+                } else {
+                    IoOp::Write {
+                        offset: at,
+                        data: data.clone(),
+                        fua: false,
+                    }
+                };
+                if let Err(e) = wait(&*replicas[i].0.io, op) {
+                    fail(i, e, replicas)?;
+                }
+            }
+            copied += len;
+            at += len;
+        }
+    }
+    for &i in healthy.iter().skip(1) {
+        if replicas[i].1 == Start::Healthy {
+            if let Err(e) = wait(&*replicas[i].0.io, IoOp::Flush) {
+                fail(i, e, replicas)?;
+            }
+        }
+    }
+    p.store
+        .mark_regions(volume, dirty, false)
+        .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()))?;
+    tracing::info!(
+        volume,
+        regions = dirty.len(),
+        bytes = copied,
+        "replicas made alike where an earlier front end left writes no flush covered"
+    );
+    Ok(())
 }
 
 /// Delete snapshot `name` of replicated volume `volume` on its healthy

@@ -209,6 +209,7 @@ fn make_replicas(
         volume_id: info.id,
         generation: 0,
         replicas: set,
+        dirty: Vec::new(),
     };
     st.store
         .put_replica_set(name, &rec)

@@ -25,6 +25,11 @@ pub struct ReplicaSetRec {
     pub generation: u64,
     /// In order, this node's first.
     pub replicas: Vec<ReplicaRec>,
+    /// Regions (of `lamina_replica::REGION` bytes, by index) where the
+    /// healthy replicas may differ: written, and no flush covered it yet
+    /// (the write intent, lamina-replica's rule 14). Sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirty: Vec<u64>,
 }
 
 /// One replica as recorded.
@@ -187,6 +192,28 @@ impl Store {
         Ok(out.expect("the transaction ran"))
     }
 
+    /// Record regions `regions` of volume `volume` dirty (or clean):
+    /// durable when it returns.
+    pub fn mark_regions(
+        &self,
+        volume: &str,
+        regions: &[u64],
+        dirty: bool,
+    ) -> Result<(), ServerError> {
+        self.change_replica_set(volume, |r| {
+            let mut all: std::collections::BTreeSet<u64> = r.dirty.iter().copied().collect();
+            for x in regions {
+                if dirty {
+                    all.insert(*x);
+                } else {
+                    all.remove(x);
+                }
+            }
+            r.dirty = all.into_iter().collect();
+        })
+        .map(|_| ())
+    }
+
     /// Take the next generation of volume `volume`'s front end: durable
     /// when it returns.
     pub fn next_replica_generation(&self, volume: &str) -> Result<ReplicaSetRec, ServerError> {
@@ -294,6 +321,7 @@ mod tests {
             volume_id: 3,
             generation: 0,
             replicas: vec![r("a", ""), r("b", "10.0.0.2:7481"), r("c", "10.0.0.3:7481")],
+            dirty: Vec::new(),
         }
     }
 
@@ -362,5 +390,11 @@ mod tests {
         assert!(e.to_string().contains("no replica on node zz"), "{e}");
         assert_eq!(store.replica_set("v").unwrap().unwrap(), r);
         assert_eq!(store.replica_sets().unwrap(), vec![("v".to_string(), r)]);
+        // The write intent: regions recorded dirty, then clean, durably.
+        store.mark_regions("v", &[3, 1], true).unwrap();
+        store.mark_regions("v", &[1], true).unwrap();
+        assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![1, 3]);
+        store.mark_regions("v", &[1, 7], false).unwrap();
+        assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![3]);
     }
 }
