@@ -53,8 +53,9 @@
 //!     (or from the front end's start, for one given as [`Start::Faulted`]
 //!     with `keep_missed`) the range of every change in flight then, of
 //!     every change no flush has covered yet (a replica that crashed may
-//!     have lost those: they were not durable), and of every change sent
-//!     since, until [`Replicated::take_missed`] hands
+//!     have lost those: they were not durable; past [`MISSED_LIMIT`] of
+//!     them, the regions rule 14 recorded dirty instead), and of every
+//!     change sent since, until [`Replicated::take_missed`] hands
 //!     them over (inside [`Replicated::quiesced`], with the snapshot that
 //!     becomes the replica's rebuild base). Past [`MISSED_LIMIT`] ranges
 //!     only [`Missed::TooMany`] is kept.
@@ -730,14 +731,26 @@ impl Shared {
             let r: Vec<(u64, u64)> = u.changes.values().map(|&(a, b, _)| (a, b)).collect();
             (r, u.overflow)
         };
+        // Too many to keep one by one: the regions recorded dirty hold
+        // every one of them (rule 14).
+        let regions: Vec<(u64, u64)> = if overflow {
+            self.marked()
+                .0
+                .iter()
+                .map(|x| (x * REGION, (x + 1) * REGION))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         if *m == Missed::NotKept {
             *m = Missed::Ranges(Vec::new());
         }
-        if overflow {
-            *m = Missed::TooMany;
-        }
-        let mut all: Vec<(u64, u64)> = running.into_iter().chain(unflushed).collect();
+        let mut all: Vec<(u64, u64)> = running
+            .into_iter()
+            .chain(unflushed)
+            .chain(regions)
+            .collect();
         all.sort_unstable();
         for r in all {
             m.add(r);
