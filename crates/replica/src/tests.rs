@@ -499,6 +499,12 @@ fn past_the_limit_only_too_many_is_kept() {
 /// misses: the front end of a daemon that found it unreachable.
 fn set_with_absent() -> (Arc<MemDevice>, Arc<Replicated>, Arc<Record>) {
     let d0 = Arc::new(MemDevice::new(SIZE));
+    let (vol, record) = absent_beside(d0.clone(), true);
+    (d0, vol, record)
+}
+
+/// `r0` of volume `io`, healthy, and `r1` absent, faulted.
+fn absent_beside(io: Arc<dyn BlockIo>, keep_missed: bool) -> (Arc<Replicated>, Arc<Record>) {
     let record = Arc::new(Record::default());
     let vol = Replicated::with_states(
         "v",
@@ -506,7 +512,7 @@ fn set_with_absent() -> (Arc<MemDevice>, Arc<Replicated>, Arc<Record>) {
             (
                 Replica {
                     name: "r0".into(),
-                    io: d0.clone(),
+                    io,
                 },
                 Start::Healthy,
             ),
@@ -514,14 +520,14 @@ fn set_with_absent() -> (Arc<MemDevice>, Arc<Replicated>, Arc<Record>) {
                 Replica::absent("r1"),
                 Start::Faulted {
                     reason: "unreachable".into(),
-                    keep_missed: true,
+                    keep_missed,
                 },
             ),
         ],
         record.clone(),
     )
     .unwrap();
-    (d0, Arc::new(vol), record)
+    (Arc::new(vol), record)
 }
 
 #[test]
@@ -616,35 +622,12 @@ fn a_rebuilding_replica_that_fails_a_change_leaves_the_write_set_and_the_change_
     assert_eq!(r, vec![(0, 4096), (8192, 12288)]);
     // And a change only a rebuilding replica took fails: no healthy one
     // holds it.
-    let (d0, vol, _) = set_with_absent();
-    let g0 = Arc::new(Gated::new(d0));
-    drop(vol);
-    let record = Arc::new(Record::default());
-    let vol = Replicated::with_states(
-        "v",
-        vec![
-            (
-                Replica {
-                    name: "r0".into(),
-                    io: g0.clone(),
-                },
-                Start::Healthy,
-            ),
-            (
-                Replica::absent("r1"),
-                Start::Faulted {
-                    reason: "x".into(),
-                    keep_missed: false,
-                },
-            ),
-        ],
-        record,
-    )
-    .unwrap();
+    let g0 = Arc::new(Gated::new(Arc::new(MemDevice::new(SIZE))));
+    let (vol, _) = absent_beside(g0.clone(), false);
     vol.quiesced(|_| vol.rejoin("r1", Arc::new(MemDevice::new(SIZE))))
         .unwrap();
     g0.fail(IoErrorKind::Io, is_write);
-    assert!(write(&vol, 0, 1).is_err());
+    assert!(write(&*vol, 0, 1).is_err());
 }
 
 #[test]

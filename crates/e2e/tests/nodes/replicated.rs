@@ -64,6 +64,43 @@ fn replicas(n: &Node, name: &str) -> (Value, Vec<(String, String)>) {
     (r.clone(), list)
 }
 
+/// Volume `r` of `size` on `a`, with a second replica on node n1.
+fn create_on_two(a: &Node, size: &str) {
+    a.d.ok(&[
+        "volume",
+        "create",
+        "r",
+        "--size",
+        size,
+        "--replicas",
+        "2",
+        "--replica-node",
+        "n1",
+    ]);
+}
+
+/// Volume `r` detached from `a` (once its NBD clients are gone), a
+/// snapshot `end` of it on every replica, and each other replica's
+/// compared with `a`'s byte for byte; the snapshot's exports, in order.
+fn alike(a: &Node, others: &[&Node]) -> Vec<String> {
+    wait_until("detached", std::time::Duration::from_secs(30), || {
+        a.d.lamina(&["volume", "detach", "r"])
+            .status
+            .success()
+            .then_some(())
+    });
+    a.d.ok(&["snapshot", "create", "r", "end"]);
+    let here = a.d.attach(&["snapshot", "attach", "r", "end"]);
+    let mut all = vec![here.clone()];
+    for n in others {
+        let there = n.d.attach(&["snapshot", "attach", "r", "end"]);
+        let cmp = qemu_img_compare(&here, &there);
+        assert!(cmp.status.success(), "{} differs: {cmp:?}", n.name);
+        all.push(there);
+    }
+    all
+}
+
 fn states(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -257,16 +294,7 @@ fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies()
     }
     // Healthy again: it takes the writes, and every replica ends alike.
     fio(&uri, &["--randseed=4", "--do_verify=1", "--size=8m"]);
-    a.d.ok(&["volume", "detach", "r"]);
-    a.d.ok(&["snapshot", "create", "r", "end"]);
-    let ends: Vec<String> = [&a, &b, &c]
-        .iter()
-        .map(|n| n.d.attach(&["snapshot", "attach", "r", "end"]))
-        .collect();
-    for (i, other) in ends.iter().enumerate().skip(1) {
-        let cmp = qemu_img_compare(&ends[0], other);
-        assert!(cmp.status.success(), "replica {i} differs: {cmp:?}");
-    }
+    let ends = alike(&a, &[&b, &c]);
     fio(&ends[2], &["--randseed=4", "--verify_only", "--size=8m"]);
 }
 
@@ -278,17 +306,7 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_
     let certs = Certs::new();
     let mut n = nodes(&net, &certs).into_iter();
     let (a, b) = (n.next().unwrap(), n.next().unwrap());
-    a.d.ok(&[
-        "volume",
-        "create",
-        "r",
-        "--size",
-        "64MiB",
-        "--replicas",
-        "2",
-        "--replica-node",
-        "n1",
-    ]);
+    create_on_two(&a, "64MiB");
     let uri = a.d.attach(&["volume", "attach", "r"]);
     fio(&uri, &["--randseed=1", "--do_verify=1"]);
 
@@ -328,12 +346,7 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_
     assert_eq!(r["generation"], 2, "{r}");
     assert_eq!(list, states(&[("n0", "healthy"), ("n1", "healthy")]), "{r}");
     fio(&uri, &["--randseed=2", "--verify_only"]);
-    a.d.ok(&["volume", "detach", "r"]);
-    a.d.ok(&["snapshot", "create", "r", "end"]);
-    let here = a.d.attach(&["snapshot", "attach", "r", "end"]);
-    let there = b.d.attach(&["snapshot", "attach", "r", "end"]);
-    let cmp = qemu_img_compare(&here, &there);
-    assert!(cmp.status.success(), "the replicas differ: {cmp:?}");
+    alike(&a, &[&b]);
 }
 
 #[test]
@@ -440,17 +453,7 @@ fn a_rebuild_killed_on_either_side_resumes_where_it_got_and_ends_identical() {
     );
     let mut b = Node::start(&hosts[1], "n1", &certs, 60);
     a.d.ok(&["node", "add", "n1", &b.transfer()]);
-    a.d.ok(&[
-        "volume",
-        "create",
-        "r",
-        "--size",
-        "512MiB",
-        "--replicas",
-        "2",
-        "--replica-node",
-        "n1",
-    ]);
+    create_on_two(&a, "512MiB");
     let uri = a.d.attach(&["volume", "attach", "r"]);
     fio(
         &uri,
@@ -527,18 +530,8 @@ fn a_rebuild_killed_on_either_side_resumes_where_it_got_and_ends_identical() {
         "sent {sent} bytes for {written} written: {r}"
     );
     fio(&uri, &["--randseed=1", "--verify_only", "--size=16m"]);
-    // The killed readers' connections end.
-    wait_until("detached", std::time::Duration::from_secs(30), || {
-        a.d.lamina(&["volume", "detach", "r"])
-            .status
-            .success()
-            .then_some(())
-    });
-    a.d.ok(&["snapshot", "create", "r", "end"]);
-    let here = a.d.attach(&["snapshot", "attach", "r", "end"]);
-    let there = b.d.attach(&["snapshot", "attach", "r", "end"]);
-    let cmp = qemu_img_compare(&here, &there);
-    assert!(cmp.status.success(), "the replicas differ: {cmp:?}");
+    // Once the killed readers' connections end.
+    alike(&a, &[&b]);
 }
 
 #[test]
@@ -549,17 +542,7 @@ fn a_killed_front_end_leaves_its_replicas_alike_where_no_flush_covered_its_write
     let certs = Certs::new();
     let mut n = nodes(&net, &certs).into_iter();
     let (mut a, b) = (n.next().unwrap(), n.next().unwrap());
-    a.d.ok(&[
-        "volume",
-        "create",
-        "r",
-        "--size",
-        "192MiB",
-        "--replicas",
-        "2",
-        "--replica-node",
-        "n1",
-    ]);
+    create_on_two(&a, "192MiB");
     let uri = a.d.attach(&["volume", "attach", "r"]);
     // Flushed, in the first region.
     fio(&uri, &["--randseed=1", "--do_verify=1", "--end_fsync=1"]);
@@ -581,10 +564,5 @@ fn a_killed_front_end_leaves_its_replicas_alike_where_no_flush_covered_its_write
         "no reconcile of the dirty regions in the log"
     );
     fio(&uri, &["--randseed=1", "--verify_only"]);
-    a.d.ok(&["volume", "detach", "r"]);
-    a.d.ok(&["snapshot", "create", "r", "end"]);
-    let here = a.d.attach(&["snapshot", "attach", "r", "end"]);
-    let there = b.d.attach(&["snapshot", "attach", "r", "end"]);
-    let cmp = qemu_img_compare(&here, &there);
-    assert!(cmp.status.success(), "the replicas differ: {cmp:?}");
+    alike(&a, &[&b]);
 }
