@@ -405,6 +405,26 @@ fn round(
     rb: &RebuildRec,
     to: &str,
 ) -> Result<u64, Fail> {
+    // A round towards another target stopped part way (its target deleted
+    // meanwhile): what it sent is uncertain now, recorded with this round.
+    let mut rb = rb.clone();
+    if let Some(t) = rb.round.as_ref().filter(|t| t.target != to && t.cursor > 0) {
+        let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
+        let old = t.target.clone();
+        let sent = changed(ctx, &rb.base, &old).unwrap_or_else(|_| vec![(0, size)]);
+        let all = rb.uncertain.iter().copied().chain(sent).collect();
+        rb.uncertain = merge(all);
+        rb.round = None;
+        let u = rb.uncertain.clone();
+        stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+            if let Some(b) = x.rebuild.as_mut() {
+                b.uncertain = u;
+                b.round = None;
+            }
+        }))?;
+        drop_system(ctx, &old, &rb.base);
+    }
+    let rb = &rb;
     let pieces = pieces(ctx, rb, to)?;
     let bytes: u64 = pieces.iter().filter(|p| p.data).map(|p| p.len).sum();
     let (mut cursor, mut done) = match &rb.round {
@@ -508,10 +528,17 @@ fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Res
         return Err("a snapshot was taken meanwhile: another round first".into());
     }
     let io_v: Arc<dyn BlockIo> = v.clone();
-    let last = front.replicated.quiesced(|_| {
+    let joined = front.replicated.quiesced(|_| {
         io(front.replicated.rejoin(node, io_v))?;
         system_snapshot(ctx, node)
-    })?;
+    });
+    let last = match joined {
+        Ok(l) => l,
+        Err(e) => {
+            front.replicated.drop_rebuild(node);
+            return Err(e);
+        }
+    };
     let copied = (|| {
         let mut ranges = changed(ctx, &rb.base, &last)?;
         ranges.extend(rb.uncertain.iter().copied());
