@@ -65,7 +65,7 @@ pub struct ServeArgs {
     /// How long a clone from another node keeps retrying a source it lost before it fails (seconds, or e.g. 2min).
     #[arg(long, value_name = "DURATION", help_heading = TRANSFER, default_value_t = Secs(lamina_server::DEFAULT_TRANSFER_RETRY_WINDOW), value_parser = seconds_or_duration)]
     transfer_retry_window: Secs,
-    /// While this node's volumes have I/O, its transfers to other nodes send at most this many bytes a second, together (e.g. 192M); off: always full speed.
+    /// While this node's volumes have I/O, its transfers to other nodes and its replicas' rebuilds send at most this many bytes a second, together (e.g. 192M); off: always full speed.
     #[arg(long, value_name = "RATE|off", help_heading = TRANSFER, default_value_t = RateOrOff(Some(lamina_server::DEFAULT_TRANSFER_BUSY_RATE)), value_parser = rate_or_off)]
     transfer_busy_rate: RateOrOff,
     /// Connections to the transfer listener still in their TLS handshake, in all; more are closed at once.

@@ -387,8 +387,9 @@ pub struct TransferConfig {
     /// checkpoint ends the outage, not data that arrived and was lost
     /// again with the connection.
     pub retry_window: Duration,
-    /// Bytes a second this node's transfer streams may send together while
-    /// its volumes have I/O (`pacing.rs`); `None`: always full speed.
+    /// Bytes a second this node's transfer streams and rebuilds may send
+    /// together while its volumes have I/O (`pacing.rs`); `None`: always
+    /// full speed.
     pub busy_rate: Option<u64>,
     /// What peers of this node's transfer listener may hold: handshakes
     /// and sessions, in all and each, and how long they may keep it

@@ -144,21 +144,26 @@ impl Fronts {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    // The map is let go before a front end closes: closing records its
+    // clean regions in the store.
     pub fn insert(&self, volume: &str, front: Arc<Front>) {
-        if let Some(old) = self.map().insert(volume.to_string(), front) {
+        let old = self.map().insert(volume.to_string(), front);
+        if let Some(old) = old {
             old.close();
         }
     }
 
     pub fn remove(&self, volume: &str) {
-        if let Some(old) = self.map().remove(volume) {
+        let old = self.map().remove(volume);
+        if let Some(old) = old {
             old.close();
         }
     }
 
     /// Every front end stops (the daemon's shutdown).
     pub fn close_all(&self) {
-        for f in self.map().values() {
+        let all: Vec<Arc<Front>> = self.map().values().cloned().collect();
+        for f in all {
             f.close();
         }
     }

@@ -1,5 +1,8 @@
 //! Holding a transfer back while this node's volumes have I/O.
 //!
+//! The same pace holds back the rebuilds this node's front ends send to
+//! returning replicas (`front/rebuild.rs`): one rate for all of them.
+//!
 //! A peer pulling a snapshot reads this node's pool as fast as the link and
 //! the disk allow. Its threads already run at the lowest CPU priority
 //! (`background.rs`), but CPU priority does not share the disk: on a
