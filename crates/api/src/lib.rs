@@ -183,6 +183,14 @@ pub struct CreateVolume {
     pub replicas: Vec<String>,
 }
 
+/// A replica to add to a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AddReplica {
+    /// The node to hold it, by name in the node list; not this node, nor
+    /// one holding a replica of the volume already.
+    pub node: String,
+}
+
 /// A replicated volume's replicas and the front end's generation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Replication {
@@ -487,6 +495,10 @@ pub enum OperationKind {
     DeleteSnapshotGroup,
     /// A volume's labels replaced.
     SetVolumeLabels,
+    /// A replica added to a volume (its copy runs as the replica's rebuild).
+    AddReplica,
+    /// A replica taken out of a volume.
+    RemoveReplica,
 }
 
 impl OperationKind {
@@ -506,6 +518,8 @@ impl OperationKind {
             OperationKind::CreateSnapshotGroup => "create-snapshot-group",
             OperationKind::DeleteSnapshotGroup => "delete-snapshot-group",
             OperationKind::SetVolumeLabels => "set-volume-labels",
+            OperationKind::AddReplica => "add-replica",
+            OperationKind::RemoveReplica => "remove-replica",
         }
     }
 }

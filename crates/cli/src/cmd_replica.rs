@@ -12,6 +12,20 @@ pub enum ReplicaCmd {
         /// The volume.
         volume: String,
     },
+    /// Add a replica on another node (by name in the node list): made there empty, then sent the volume's data by a rebuild (a full sparse copy, resumable) while the volume is served; `lamina replica list` shows its progress. A volume of one replica must be detached for its first other one.
+    Add {
+        /// The volume.
+        volume: String,
+        /// The node to hold it.
+        node: String,
+    },
+    /// Take a replica out of a volume (never this node's, nor the last healthy one). Its volume on that node stays, labelled lamina.io/replica-of, to delete there by hand.
+    Remove {
+        /// The volume.
+        volume: String,
+        /// The replica's node.
+        node: String,
+    },
 }
 
 pub async fn run(ctx: &Ctx, cmd: ReplicaCmd) -> Result<()> {
@@ -24,6 +38,23 @@ pub async fn run(ctx: &Ctx, cmd: ReplicaCmd) -> Result<()> {
                 );
             };
             output::show(ctx.fmt, r, |_| crate::cmd_volume::replication(&v))
+        }
+        ReplicaCmd::Add { volume, node } => {
+            let v = ctx.client.add_replica(&volume, &node).await?;
+            let Some(r) = &v.replication else {
+                anyhow::bail!("volume {volume} shows no replicas after the add");
+            };
+            output::show(ctx.fmt, r, |_| crate::cmd_volume::replication(&v))
+        }
+        ReplicaCmd::Remove { volume, node } => {
+            let r = ctx.client.remove_replica(&volume, &node).await?;
+            output::show(ctx.fmt, &r, |r| {
+                if r.existed {
+                    format!("removed the replica of volume {volume} on {node}; its volume there stays (delete it there by hand)")
+                } else {
+                    format!("volume {volume} has no replica on {node}: nothing to remove")
+                }
+            })
         }
     }
 }

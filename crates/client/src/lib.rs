@@ -156,6 +156,26 @@ impl Client {
         Ok(self.send(Method::POST, &p, Some(req)).await?.1)
     }
 
+    /// Add a replica of volume `name` on node `node` (in the daemon's node
+    /// list): made there and copied to by the volume's rebuild.
+    pub async fn add_replica(&self, name: &str, node: &str) -> Result<api::Volume> {
+        let p = path::api("/volumes/{}/replicas", &[name]);
+        let req = api::AddReplica { node: node.into() };
+        Ok(self.send(Method::POST, &p, Some(&req)).await?.1)
+    }
+
+    /// Take volume `name`'s replica on node `node` out of it (its volume on
+    /// that node stays).
+    pub async fn remove_replica(&self, name: &str, node: &str) -> Result<api::Removed> {
+        let p = path::api("/volumes/{}/replicas/{}", &[name, node]);
+        self.remove(
+            Method::DELETE,
+            &p,
+            format!("replica of volume {name} on node {node}"),
+        )
+        .await
+    }
+
     /// Export a volume over NBD (again: the same export).
     pub async fn attach_volume(&self, name: &str) -> Result<api::Export> {
         self.post_empty(&path::api("/volumes/{}/attach", &[name]))

@@ -84,6 +84,14 @@
 //!     where healthy replicas may differ (writes no flush covered, which
 //!     each may have kept or lost) are all recorded dirty, and the next
 //!     front end makes them alike before it serves.
+//! 15. **Places for replicas added later**: a place given as
+//!     [`Start::Vacant`] is no replica: it is neither written nor read nor
+//!     listed. [`Replicated::add`] puts a new replica there, faulted and
+//!     recorded so by the caller, with nothing kept of what it misses (its
+//!     rebuild copies everything); [`Replicated::remove`] takes a faulted
+//!     one out, and its place is vacant again. Both run inside
+//!     [`Replicated::quiesced`], so no change in flight was sent to a place
+//!     that changed hands.
 //!
 //! A replica on another node is a `lamina_transfer::replica::RemoteVolume`
 //! (a session of the transfer protocol); whatever fails that session fails
@@ -144,6 +152,12 @@ impl Replica {
             io: Arc::new(Absent(name.to_string())),
         }
     }
+
+    /// A place for a replica added later ([`Replicated::add`]), started as
+    /// [`Start::Vacant`].
+    pub fn vacant() -> Replica {
+        Replica::absent("")
+    }
 }
 
 /// A replica with no connection ([`Replica::absent`]).
@@ -187,6 +201,9 @@ pub enum Start {
         reason: String,
         keep_missed: bool,
     },
+    /// No replica: a place [`Replicated::add`] fills (give it
+    /// [`Replica::vacant`]). Neither written nor read, and not listed.
+    Vacant,
 }
 
 /// What a faulted replica may have missed (rule 10).
@@ -239,8 +256,19 @@ struct Covers {
 /// A replica as the front end holds it: its volume can be replaced when
 /// it rejoins.
 struct Slot {
-    name: String,
+    /// Empty while vacant; changed only with no change in flight.
+    name: RwLock<String>,
     io: RwLock<Arc<dyn BlockIo>>,
+}
+
+impl Slot {
+    fn name(&self) -> String {
+        self.name.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn is(&self, name: &str) -> bool {
+        !name.is_empty() && *self.name.read().unwrap_or_else(|p| p.into_inner()) == name
+    }
 }
 
 /// A replica's state as the front end sees it.
@@ -343,6 +371,7 @@ impl Replicated {
             .map(|(_, s)| match s {
                 Start::Healthy => None,
                 Start::Faulted { reason, .. } => Some(reason.clone()),
+                Start::Vacant => Some("vacant".to_string()),
             })
             .collect();
         let keep: Vec<bool> = replicas
@@ -373,8 +402,12 @@ impl Replicated {
             .collect();
         let replicas = replicas
             .into_iter()
-            .map(|(r, _)| Slot {
-                name: r.name,
+            .map(|(r, st)| Slot {
+                name: RwLock::new(if st == Start::Vacant {
+                    String::new()
+                } else {
+                    r.name
+                }),
                 io: RwLock::new(r.io),
             })
             .collect();
@@ -420,7 +453,7 @@ impl Replicated {
         let healthy: Vec<String> = s
             .healthy()
             .into_iter()
-            .map(|i| s.replicas[i].name.clone())
+            .map(|i| s.replicas[i].name())
             .collect();
         let out = work(&healthy);
         let ready = {
@@ -439,7 +472,7 @@ impl Replicated {
     /// data path that the replica failed (a snapshot).
     pub fn fault(&self, name: &str, reason: &str) -> Result<(), IoError> {
         let s = &self.shared;
-        match s.replicas.iter().position(|r| r.name == name) {
+        match s.replicas.iter().position(|r| r.is(name)) {
             Some(i) => s.fault(i, reason),
             None => Err(IoError::new(
                 IoErrorKind::Invalid,
@@ -457,28 +490,29 @@ impl Replicated {
             .iter()
             .zip(reasons.iter())
             .enumerate()
-            .map(|(i, (r, why))| {
+            .filter_map(|(i, (r, why))| {
+                let name = r.name();
+                if name.is_empty() {
+                    return None;
+                }
                 let state = match why {
                     None => State::Healthy,
                     Some(_) if s.rebuilding[i].load(Ordering::SeqCst) => State::Rebuilding,
                     Some(w) => State::Faulted(w.clone()),
                 };
-                (r.name.clone(), state)
+                Some((name, state))
             })
             .collect()
     }
 
     fn index(&self, name: &str) -> Result<usize, IoError> {
         let s = &self.shared;
-        s.replicas
-            .iter()
-            .position(|r| r.name == name)
-            .ok_or_else(|| {
-                IoError::new(
-                    IoErrorKind::Invalid,
-                    format!("volume {} has no replica {name}", s.name),
-                )
-            })
+        s.replicas.iter().position(|r| r.is(name)).ok_or_else(|| {
+            IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {} has no replica {name}", s.name),
+            )
+        })
     }
 
     /// Hand over what replica `name` may have missed since its fault, and
@@ -614,6 +648,74 @@ impl Replicated {
     }
 }
 
+impl Replicated {
+    /// Put new replica `name` in a vacant place ([`Start::Vacant`]),
+    /// faulted for `reason` and recorded so (the caller recorded it): out
+    /// of the write set until it is rebuilt, what it misses not kept (it
+    /// holds nothing yet: its rebuild copies everything). Call it inside
+    /// [`Replicated::quiesced`].
+    pub fn add(&self, name: &str, reason: &str) -> Result<(), IoError> {
+        let s = &self.shared;
+        let _serial = s.serial();
+        if name.is_empty() || self.index(name).is_ok() {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {} has a replica {name:?} already", s.name),
+            ));
+        }
+        let Some(i) = s.replicas.iter().position(|r| r.name().is_empty()) else {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume {} has no room for another replica", s.name),
+            ));
+        };
+        *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(Absent(name.to_string()));
+        *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
+        s.keeping[i].store(false, Ordering::SeqCst);
+        s.rebuilding[i].store(false, Ordering::SeqCst);
+        s.recorded[i].store(true, Ordering::SeqCst);
+        s.reasons()[i] = Some(reason.to_string());
+        *s.replicas[i]
+            .name
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        tracing::info!(volume = %s.name, replica = name, "replica added, faulted until rebuilt");
+        Ok(())
+    }
+
+    /// Take replica `name` out of the volume: its place becomes vacant. It
+    /// must be faulted and recorded so (fault it first); a rebuilding one
+    /// leaves the write set. Call it inside [`Replicated::quiesced`].
+    pub fn remove(&self, name: &str) -> Result<(), IoError> {
+        let i = self.index(name)?;
+        let s = &self.shared;
+        let _serial = s.serial();
+        if s.healthy[i].load(Ordering::SeqCst) || !s.recorded(i) {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!(
+                    "replica {name} of volume {} is not faulted and recorded so",
+                    s.name
+                ),
+            ));
+        }
+        s.rebuilding[i].store(false, Ordering::SeqCst);
+        s.keeping[i].store(false, Ordering::SeqCst);
+        *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
+        s.reasons()[i] = Some("vacant".to_string());
+        *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(Absent(String::new()));
+        s.replicas[i]
+            .name
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        tracing::info!(volume = %s.name, replica = name, "replica removed");
+        Ok(())
+    }
+}
+
 /// The largest [`Replicated::copy`].
 pub const COPY_MAX: u64 = 8 << 20;
 
@@ -649,7 +751,7 @@ fn copy_to(s: &Arc<Shared>, id: u64, to: usize, offset: u64, len: u64, done: Com
         if !s.rebuilding[to].load(Ordering::SeqCst) {
             let e = IoError::new(
                 IoErrorKind::Io,
-                format!("replica {} is not rebuilding", s.replicas[to].name),
+                format!("replica {} is not rebuilding", s.replicas[to].name()),
             );
             return complete(&s, id, done, Err(e));
         }
@@ -714,7 +816,7 @@ impl Shared {
         let _serial = self.serial();
         if self.rebuilding[i].swap(false, Ordering::SeqCst) {
             self.start_keeping(i);
-            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name, error = %e,
+            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name(), error = %e,
                 "rebuilding replica failed a change: out of the write set");
         }
     }
@@ -945,7 +1047,7 @@ impl Shared {
             self.start_keeping(i);
             self.unrecorded.fetch_add(1, Ordering::SeqCst);
             self.reasons()[i] = Some(reason.to_string());
-            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name, %reason, "replica faulted");
+            tracing::warn!(volume = %self.name, replica = %self.replicas[i].name(), %reason, "replica faulted");
         }
         self.record(i)
     }
@@ -953,7 +1055,7 @@ impl Shared {
     /// Record replica `i`'s fault (out of the healthy set, not recorded);
     /// the caller holds `serial`.
     fn record(&self, i: usize) -> Result<(), IoError> {
-        let name = &self.replicas[i].name;
+        let name = &self.replicas[i].name();
         let reason = self.reasons()[i].clone().unwrap_or_default();
         match self.membership.fault(i, name, &reason) {
             Ok(()) => {

@@ -718,3 +718,62 @@ fn a_region_is_recorded_dirty_before_a_change_is_sent_and_clean_only_once_flushe
     assert_eq!(*intent.dirty.lock().unwrap(), [0].into());
     assert_eq!(intent.marks.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn a_replica_added_in_a_vacant_place_is_rebuilt_and_one_removed_leaves_its_place_vacant() {
+    let d0 = Arc::new(MemDevice::new(SIZE));
+    let record = Arc::new(Record::default());
+    let vol = Arc::new(
+        Replicated::with_states(
+            "v",
+            vec![
+                (
+                    Replica {
+                        name: "r0".into(),
+                        io: d0.clone(),
+                    },
+                    Start::Healthy,
+                ),
+                (Replica::vacant(), Start::Vacant),
+            ],
+            record.clone(),
+        )
+        .unwrap(),
+    );
+    // A vacant place is not listed, gets nothing, and is no replica.
+    assert_eq!(vol.states(), vec![("r0".to_string(), State::Healthy)]);
+    write(&*vol, 0, 1).unwrap();
+    assert!(vol.remove("").is_err());
+    assert!(vol.add("r0", "new").is_err(), "a name is taken once");
+    vol.quiesced(|_| vol.add("r1", "new replica")).unwrap();
+    assert!(vol.add("r2", "new").is_err(), "no room left");
+    assert_eq!(
+        vol.states()[1],
+        ("r1".to_string(), State::Faulted("new replica".into()))
+    );
+    // Nothing is kept of what it misses: its rebuild copies everything.
+    write(&*vol, 4096, 2).unwrap();
+    assert!(!vol.is_keeping("r1"));
+    assert_eq!(vol.take_missed("r1").unwrap(), Missed::NotKept);
+    assert!(
+        record.faulted().is_empty(),
+        "added as recorded: no record made"
+    );
+    // Rebuilt: rejoined, copied, promoted.
+    let d1 = Arc::new(MemDevice::new(SIZE));
+    vol.quiesced(|_| vol.rejoin("r1", d1.clone())).unwrap();
+    assert!(vol.copy("r1", 0, SIZE as u64).unwrap());
+    vol.quiesced(|_| vol.promote("r1")).unwrap();
+    write(&*vol, 8192, 3).unwrap();
+    assert_eq!(d1.contents(), d0.contents());
+    // A healthy one is not removed; faulted first, it is, and its place
+    // takes another.
+    assert!(vol.remove("r1").is_err());
+    vol.fault("r1", "removed").unwrap();
+    vol.quiesced(|_| vol.remove("r1")).unwrap();
+    assert_eq!(vol.states(), vec![("r0".to_string(), State::Healthy)]);
+    write(&*vol, 12288, 4).unwrap();
+    assert_eq!(&d1.contents()[12288..12288 + 4096], &[0u8; 4096][..]);
+    vol.quiesced(|_| vol.add("r2", "new")).unwrap();
+    assert_eq!(vol.states()[1].0, "r2");
+}

@@ -132,6 +132,27 @@ impl Front {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
+
+    /// Take in replica `node`, recorded already as a new one (faulted for
+    /// `reason`): its rebuild copies it everything.
+    pub fn add_replica(&self, node: &str, reason: &str) -> Result<(), IoError> {
+        self.replicated
+            .quiesced(|_| self.replicated.add(node, reason))
+    }
+
+    /// Let replica `node` go: faulted (recorded so) and out of the volume,
+    /// its session closed. Held against a rebuild's last round, which
+    /// could otherwise make it healthy meanwhile.
+    pub fn remove_replica(&self, node: &str) -> Result<(), IoError> {
+        let _held = self.hold_snapshots();
+        self.replicated.fault(node, "removed from the volume")?;
+        self.replicated.quiesced(|_| self.replicated.remove(node))?;
+        self.remotes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(n, _)| n != node);
+        Ok(())
+    }
 }
 
 /// The front ends open in this daemon, by volume (an attached replicated
@@ -280,6 +301,10 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                 ));
             }
         }
+    }
+    // Room for the replicas added while it serves (`lamina replica add`).
+    while replicas.len() < crate::store::MAX_REPLICAS {
+        replicas.push((Replica::vacant(), Start::Vacant));
     }
     if !replicas.iter().any(|(_, s)| *s == Start::Healthy) {
         return Err(unavailable(format!(

@@ -390,6 +390,52 @@ pub async fn delete_snapshot(
     removed(what, operations::run(&st, op).await?)
 }
 
+#[utoipa::path(post, path = "/v1/volumes/{name}/replicas", params(("name" = String, Path, description = "volume name")),
+    request_body = api::AddReplica,
+    responses((status = 201, description = "added: made on its node and faulted until its rebuild (a full sparse copy) ends; `lamina replica list` shows the copy", body = api::Volume),
+        (status = 200, description = "the volume has a replica on that node already", body = api::Volume),
+        (status = 400, description = "malformed body, this node, no transfer identity, or 3 replicas already", body = api::ApiError),
+        (status = 404, description = "no such volume, or the node is not in the node list", body = api::ApiError),
+        (status = 409, description = "a volume of one replica that is attached", body = api::ApiError),
+        (status = 500, body = api::ApiError),
+        (status = 503, description = "the node could not make its replica", body = api::ApiError)))]
+pub async fn add_replica(
+    st: St,
+    Path(name): Path<String>,
+    b: Result<Json<api::AddReplica>, JsonRejection>,
+) -> R<(StatusCode, Json<api::Volume>)> {
+    let req = body(b)?;
+    let o = operations::run(
+        &st,
+        Op::AddReplica {
+            volume: name,
+            node: req.node,
+        },
+    )
+    .await?;
+    let status = match &o {
+        operations::Outcome::Volume { created: true, .. } => StatusCode::CREATED,
+        _ => StatusCode::OK,
+    };
+    Ok((status, volume_out(&st, o).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/volumes/{name}/replicas/{node}",
+    params(("name" = String, Path, description = "volume name"), ("node" = String, Path, description = "the replica's node")),
+    responses((status = 200, description = "removed (its volume on that node stays), or the volume had no replica there (`existed: false`)", body = api::Removed),
+        (status = 400, description = "this node's replica (the front end's)", body = api::ApiError),
+        (status = 404, description = "no such volume", body = api::ApiError),
+        (status = 409, description = "the volume's only healthy replica", body = api::ApiError),
+        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+pub async fn remove_replica(
+    st: St,
+    Path((name, node)): Path<(String, String)>,
+) -> R<Json<api::Removed>> {
+    let what = format!("replica of volume {name} on node {node}");
+    let op = Op::RemoveReplica { volume: name, node };
+    removed(what, operations::run(&st, op).await?)
+}
+
 #[utoipa::path(post, path = "/v1/volumes/{name}/snapshots/{snap}/revert",
     params(("name" = String, Path, description = "volume name"), ("snap" = String, Path, description = "snapshot name")),
     responses((status = 200, body = api::Volume), (status = 404, body = api::ApiError),

@@ -68,6 +68,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "operations/groups",
             "operations/recover",
             "operations/remote",
+            "operations/replicas",
             "operations/snapshots",
             "operations/volumes",
             "freeze",

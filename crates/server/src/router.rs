@@ -30,6 +30,11 @@ pub fn router(state: Arc<State>, tcp: bool) -> Router {
         .route("/v1/volumes/{name}/attach", post(attach_volume))
         .route("/v1/volumes/{name}/detach", post(detach_volume))
         .route("/v1/volumes/{name}/flatten", post(flatten_volume))
+        .route("/v1/volumes/{name}/replicas", post(add_replica))
+        .route(
+            "/v1/volumes/{name}/replicas/{node}",
+            axum::routing::delete(remove_replica),
+        )
         .route(
             "/v1/volumes/{name}/snapshots",
             get(list_snapshots).post(create_snapshot),

@@ -566,3 +566,83 @@ fn a_killed_front_end_leaves_its_replicas_alike_where_no_flush_covered_its_write
     fio(&uri, &["--randseed=1", "--verify_only"]);
     alike(&a, &[&b]);
 }
+
+#[test]
+fn a_replica_added_later_is_sent_the_volume_and_its_snapshots_and_one_removed_leaves_the_volume() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (a, b, c) = (n.next().unwrap(), n.next().unwrap(), n.next().unwrap());
+
+    // A volume of one replica, written, with a snapshot between passes.
+    a.d.ok(&["volume", "create", "r", "--size", "96MiB"]);
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    fio(&uri, &["--randseed=1", "--do_verify=1"]);
+    a.d.ok(&["snapshot", "create", "r", "s1"]);
+    fio(&uri, &["--randseed=2", "--do_verify=1", "--offset=32m"]);
+    // Its first other replica waits for it to be detached.
+    let e = a.d.err(&["replica", "add", "r", "n1"]);
+    assert!(e.contains("detach"), "{e}");
+    a.d.ok(&["volume", "detach", "r"]);
+
+    // Added detached: made on n1, and copied to by a front end of its own,
+    // the snapshot first, then the volume.
+    let r = a.d.json(&["replica", "add", "r", "n1"]);
+    assert_eq!(r["replicas"][1]["node"], "n1", "{r}");
+    assert_eq!(r["replicas"][1]["state"], "faulted", "{r}");
+    let r = wait_until("n1 copied", std::time::Duration::from_secs(120), || {
+        let (r, list) = replicas(&a, "r");
+        (list == states(&[("n0", "healthy"), ("n1", "healthy")])).then_some(r)
+    });
+    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no last rebuild: {r}"));
+    eprintln!("a new replica of 64 MiB written: {sent} bytes sent ({r})");
+    // What was written once (64 MiB), not the volume twice.
+    assert!(sent <= 64 << 20, "sent {sent}: {r}");
+    assert!(b.d.ok(&["snapshot", "list", "r"]).contains("s1"));
+    let here = a.d.attach(&["snapshot", "attach", "r", "s1"]);
+    let there = b.d.attach(&["snapshot", "attach", "r", "s1"]);
+    let cmp = qemu_img_compare(&here, &there);
+    assert!(cmp.status.success(), "s1 differs on n1: {cmp:?}");
+    fio(&there, &["--randseed=1", "--verify_only"]);
+    a.d.ok(&["snapshot", "detach", "r", "s1"]);
+    b.d.ok(&["snapshot", "detach", "r", "s1"]);
+    // Asked again: nothing changes.
+    a.d.ok(&["replica", "add", "r", "n1"]);
+
+    // Attached (served by that front end), a third replica is added while
+    // fio writes: it rejoins the write set and ends alike.
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    let writer = {
+        let uri = uri.clone();
+        std::thread::spawn(move || fio(&uri, &["--randseed=3", "--do_verify=1", "--size=16m"]))
+    };
+    a.d.ok(&["replica", "add", "r", "n2"]);
+    writer.join().unwrap();
+    wait_until("n2 copied", std::time::Duration::from_secs(120), || {
+        let (_, list) = replicas(&a, "r");
+        (list[2].1 == "healthy").then_some(())
+    });
+    let e = a.d.err(&["replica", "add", "r", "n2x"]);
+    assert!(e.contains("no node") || e.contains("at most 3"), "{e}");
+
+    // Removed: the volume goes on with the others; its volume there stays.
+    let e = a.d.err(&["replica", "remove", "r", "n0"]);
+    assert!(e.contains("this node's"), "{e}");
+    a.d.ok(&["replica", "remove", "r", "n1"]);
+    assert!(a
+        .d
+        .ok(&["replica", "remove", "r", "n1"])
+        .contains("nothing to remove"));
+    assert_eq!(
+        replicas(&a, "r").1,
+        states(&[("n0", "healthy"), ("n2", "healthy")])
+    );
+    fio(&uri, &["--randseed=4", "--do_verify=1", "--size=8m"]);
+    assert!(b.d.ok(&["volume", "list"]).contains('r'));
+    let ends = alike(&a, &[&c]);
+    fio(&ends[1], &["--randseed=4", "--verify_only", "--size=8m"]);
+}

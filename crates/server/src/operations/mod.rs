@@ -23,6 +23,7 @@ pub mod exports;
 pub mod groups;
 mod recover;
 mod remote;
+mod replicas;
 mod snapshots;
 #[cfg(test)]
 mod tests;
@@ -395,5 +396,7 @@ async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome
             labels,
         } => groups::create(st, name, volumes, labels).await,
         Op::DeleteSnapshotGroup { name, .. } => groups::delete(st, name, recovering).await,
+        Op::AddReplica { volume, node } => replicas::add(st, volume, node).await,
+        Op::RemoveReplica { volume, node } => replicas::remove(st, volume, node).await,
     }
 }

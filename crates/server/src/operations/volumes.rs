@@ -273,6 +273,8 @@ pub(super) async fn delete(
             }
             st2.refuse_if_copying_from(&name, &s.name)?;
         }
+        // A front end open for a rebuild (the volume detached) stops.
+        st2.fronts.remove(&name);
         p.delete_volume(&name, with_snapshots)?;
         // Its replicas on other nodes stay there (docs/replicas.md).
         if let Ok(Some(set)) = st2.store.replica_set(&name) {

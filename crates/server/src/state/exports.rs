@@ -41,7 +41,19 @@ impl State {
         };
         let fresh = !self.exports.contains(&name);
         if fresh {
-            let (dev, front) = crate::front::open_device(&self.front_parts(), volume, snapshot)?;
+            // A front end open with no export (one `lamina replica add`
+            // opened for a rebuild) serves it; else one is opened.
+            let open = snapshot
+                .is_none()
+                .then(|| self.fronts.get(volume))
+                .flatten();
+            let (dev, front) = match open {
+                Some(f) => (
+                    f.replicated.clone() as Arc<dyn lamina_blockio::BlockIo>,
+                    None,
+                ),
+                None => crate::front::open_device(&self.front_parts(), volume, snapshot)?,
+            };
             self.store
                 .put_export(&name, &rec(false))
                 .map_err(Failure::from)?;

@@ -19,7 +19,7 @@ use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
 pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec};
-pub use replicas::{LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec};
+pub use replicas::{LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec, MAX_REPLICAS};
 
 use crate::error::ServerError;
 use lamina_api::OperationState;
@@ -43,8 +43,10 @@ const VERSION_KEY: &str = "record_version";
 /// (their source, and the copy's snapshot id and byte counts; a format-3
 /// store is read as it is, the same way); 5: volume labels (a volume's
 /// create with labels, and `set-volume-labels`; a format-4 store is read as
-/// it is, the same way).
-pub const RECORD_VERSION: u64 = 5;
+/// it is, the same way); 6: replicated volumes (a volume's create with
+/// replicas, `add-replica` and `remove-replica`, and the `replica_sets`
+/// table; a format-5 store is read as it is, the same way).
+pub const RECORD_VERSION: u64 = 6;
 
 pub struct Store {
     pub(crate) db: Db,
@@ -86,7 +88,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
-            2..=4 => store.set_version(version)?,
+            2..=5 => store.set_version(version)?,
             newer => {
                 return Err(ServerError::Unreadable(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",

@@ -135,6 +135,15 @@ pub enum Op {
         name: String,
         volumes: Vec<String>,
     },
+    /// A replica of `volume` on node `node` (docs/replicas.md).
+    AddReplica {
+        volume: String,
+        node: String,
+    },
+    RemoveReplica {
+        volume: String,
+        node: String,
+    },
 }
 
 impl Op {
@@ -155,7 +164,9 @@ impl Op {
             | Op::Clone { name, .. } => name,
             Op::CreateSnapshot { volume, .. }
             | Op::DeleteSnapshot { volume, .. }
-            | Op::Revert { volume, .. } => volume,
+            | Op::Revert { volume, .. }
+            | Op::AddReplica { volume, .. }
+            | Op::RemoveReplica { volume, .. } => volume,
         }
     }
 
@@ -202,6 +213,8 @@ impl Op {
             } => OperationKind::RemoteClone,
             Op::Clone { full: false, .. } => OperationKind::Clone,
             Op::Clone { full: true, .. } => OperationKind::FullClone,
+            Op::AddReplica { .. } => OperationKind::AddReplica,
+            Op::RemoveReplica { .. } => OperationKind::RemoveReplica,
         }
     }
 }

@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 
 const SETS: TableDefinition<&str, &str> = TableDefinition::new("replica_sets");
 
+/// A volume has at most this many replicas, this node's included.
+pub const MAX_REPLICAS: usize = 3;
+
 /// A replicated volume as recorded.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReplicaSetRec {
@@ -265,6 +268,45 @@ impl Store {
         Ok(rec)
     }
 
+    /// Add replica `rec` to volume `volume`'s replica set, last (at most
+    /// [`MAX_REPLICAS`] in all, each node once): durable when it returns.
+    /// Asked again for a node it holds, it changes nothing.
+    pub fn add_replica(&self, volume: &str, rec: ReplicaRec) -> Result<ReplicaSetRec, ServerError> {
+        let mut full = false;
+        let set = self.change_replica_set(volume, |r| {
+            if r.replicas.iter().any(|x| x.node == rec.node) {
+                return;
+            }
+            if r.replicas.len() >= MAX_REPLICAS {
+                full = true;
+                return;
+            }
+            r.replicas.push(rec);
+        })?;
+        if full {
+            return Err(ServerError::Config(format!(
+                "volume {volume} has {MAX_REPLICAS} replicas already"
+            )));
+        }
+        Ok(set)
+    }
+
+    /// Take the replica on `node` out of volume `volume`'s replica set: its
+    /// record as it was, if it had one. Durable when it returns.
+    pub fn remove_replica(
+        &self,
+        volume: &str,
+        node: &str,
+    ) -> Result<Option<ReplicaRec>, ServerError> {
+        let mut gone = None;
+        self.change_replica_set(volume, |r| {
+            if let Some(i) = r.replicas.iter().position(|x| x.node == node) {
+                gone = Some(r.replicas.remove(i));
+            }
+        })?;
+        Ok(gone)
+    }
+
     /// Record snapshot `name` of volume `volume` as missed by the replicas
     /// on `nodes` (taken without them).
     pub fn snapshot_missed(
@@ -396,5 +438,48 @@ mod tests {
         assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![1, 3]);
         store.mark_regions("v", &[1, 7], false).unwrap();
         assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![3]);
+    }
+
+    #[test]
+    fn a_replica_is_added_once_up_to_three_and_removed_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let store = Store::open(&path).unwrap();
+        let mut two = set();
+        two.replicas.truncate(2);
+        store.put_replica_set("v", &two).unwrap();
+        let new = ReplicaRec {
+            node: "c".into(),
+            address: "10.0.0.3:7481".into(),
+            faulted: Some("new".into()),
+            missed_snapshots: vec!["s1".into()],
+            ..Default::default()
+        };
+        let r = store.add_replica("v", new.clone()).unwrap();
+        assert_eq!(r.replicas.len(), 3);
+        // Asked again: nothing changes; a fourth: refused, nothing changes.
+        assert_eq!(store.add_replica("v", new.clone()).unwrap(), r);
+        let fourth = ReplicaRec {
+            node: "d".into(),
+            ..new.clone()
+        };
+        assert!(store.add_replica("v", fourth).is_err());
+        assert!(store.add_replica("nope", new.clone()).is_err());
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.replica_set("v").unwrap().unwrap(), r);
+        assert_eq!(store.remove_replica("v", "b").unwrap().unwrap().node, "b");
+        assert_eq!(store.remove_replica("v", "b").unwrap(), None);
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let left: Vec<String> = store
+            .replica_set("v")
+            .unwrap()
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|x| x.node)
+            .collect();
+        assert_eq!(left, ["a", "c"]);
     }
 }

@@ -1,0 +1,197 @@
+//! A replicated volume's replicas added and removed after its creation
+//! (`lamina replica add|remove`, docs/replicas.md "Adding and removing a
+//! replica"). A new replica is recorded faulted, with nothing known of its
+//! data, so its rebuild is a full sparse copy, resumable as every rebuild
+//! is; the front end that serves the volume (one opened for it when the
+//! volume is detached) runs that rebuild.
+
+use super::Outcome;
+use crate::error::Failure;
+use crate::front::now;
+use crate::state::{blocking, State};
+use crate::store::{ReplicaRec, ReplicaSetRec, MAX_REPLICAS};
+use lamina_api::ErrorCode;
+use lamina_transfer::replica::{RemoteVolume, SessionOptions};
+use std::sync::Arc;
+
+/// Why a new replica is out of the healthy set until its rebuild ends.
+pub const NEW: &str = "new replica: its data is being copied";
+
+/// Add a replica of volume `volume` on node `node` (in the node list): made
+/// there empty, recorded, and copied to by the volume's front end. Asked
+/// again for a replica it has, it changes nothing, but opens the front end
+/// of a detached volume whose replicas are not all healthy (so that their
+/// rebuilds go on).
+pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result<Outcome, Failure> {
+    let st2 = st.clone();
+    blocking(move || {
+        crate::state::nodes::check_name(&node)?;
+        let identity = st2.identity.clone().ok_or_else(|| {
+            Failure::invalid(
+                "a replica on another node needs this daemon's transfer identity: start it with --transfer-tls DIR",
+            )
+        })?;
+        if node == identity.node() {
+            return Err(Failure::invalid(format!(
+                "node {node:?} is this node: it holds the volume's first replica already"
+            )));
+        }
+        let info = st2.pool.volume_info_by_name(&volume)?;
+        let set = crate::front::replica_set(&st2.store, &st2.pool, &volume)?;
+        let has = set
+            .as_ref()
+            .is_some_and(|s| s.replicas.iter().any(|r| r.node == node));
+        if !has {
+            let address = crate::state::nodes::address_of(&st2, &node)?;
+            let count = set.as_ref().map_or(1, |s| s.replicas.len());
+            if count >= MAX_REPLICAS {
+                return Err(Failure::invalid(format!(
+                    "volume {volume:?} has {count} replicas: at most {MAX_REPLICAS}; remove one first (lamina replica remove)"
+                )));
+            }
+            if set.is_none() {
+                if st2.is_attached(&volume) {
+                    return Err(Failure::conflict(
+                        format!("volume {volume:?} is attached as a volume of one replica"),
+                        &format!("its first other replica is added while it is detached: lamina volume detach {volume}"),
+                    ));
+                }
+                st2.store
+                    .put_replica_set(
+                        &volume,
+                        &ReplicaSetRec {
+                            volume_id: info.id,
+                            generation: 0,
+                            replicas: vec![ReplicaRec {
+                                node: identity.node().to_string(),
+                                address: String::new(),
+                                since: now(),
+                                ..Default::default()
+                            }],
+                            dirty: Vec::new(),
+                        },
+                    )
+                    .map_err(Failure::from)?;
+            }
+            // Made there first (or found, made for this node and of this
+            // size): a node that cannot make it leaves nothing recorded.
+            let remote = lamina_transfer::Remote {
+                address: address.clone(),
+                node: node.clone(),
+            };
+            RemoteVolume::create(&identity, &remote, &volume, info.size, SessionOptions::default())
+                .map_err(|e| {
+                    Failure::new(
+                        ErrorCode::Unavailable,
+                        format!("volume {volume:?}: node {node} could not make its replica: {e}"),
+                        Some("check that the node runs with --transfer-listen and --transfer-tls, and ask again"),
+                    )
+                })?;
+            // It gets the volume's snapshots too, oldest first, each
+            // with its data: the first is a full copy, each next one
+            // what changed since the one before.
+            let snapshots: Vec<String> = st2
+                .pool
+                .list_snapshots(&format!("{volume}@{}", info.id))?
+                .into_iter()
+                .filter(|s| !s.system)
+                .map(|s| s.name)
+                .collect();
+            st2.store
+                .add_replica(
+                    &volume,
+                    ReplicaRec {
+                        node: node.clone(),
+                        address,
+                        faulted: Some(NEW.to_string()),
+                        since: now(),
+                        missed_snapshots: snapshots,
+                        ..Default::default()
+                    },
+                )
+                .map_err(Failure::from)?;
+            tracing::info!(volume = %volume, replica = %node, "replica added: its rebuild copies it the volume");
+            if let Some(f) = st2.fronts.get(&volume) {
+                f.add_replica(&node, NEW).map_err(|e| {
+                    Failure::internal(format!(
+                        "replica {node} of volume {volume} is recorded, and its front end could not take it in ({e}): detach and attach the volume"
+                    ))
+                })?;
+            }
+        }
+        // A detached volume gets a front end of its own for the rebuild
+        // (an attach serves that one).
+        if st2.fronts.get(&volume).is_none() {
+            let open = crate::front::open(&st2.front_parts(), &volume)?;
+            st2.fronts.insert(&volume, open);
+        }
+        Ok(Outcome::Volume {
+            info,
+            created: !has,
+        })
+    })
+    .await
+}
+
+/// Remove volume `volume`'s replica on node `node`: faulted, taken out of
+/// the front end, and forgotten. Not this node's (the front end's), and
+/// not the last healthy one. Its volume there stays. Gone already:
+/// nothing changes.
+pub(super) async fn remove(
+    st: &Arc<State>,
+    volume: String,
+    node: String,
+) -> Result<Outcome, Failure> {
+    let st2 = st.clone();
+    blocking(move || {
+        let Some(set) = crate::front::replica_set(&st2.store, &st2.pool, &volume)? else {
+            st2.pool.volume_info_by_name(&volume)?;
+            return Ok(Outcome::Removed(false));
+        };
+        let Some(i) = set.replicas.iter().position(|r| r.node == node) else {
+            return Ok(Outcome::Removed(false));
+        };
+        if i == 0 {
+            return Err(Failure::invalid(format!(
+                "the replica on {node} is this node's: the volume's front end runs on it, and it is not removed"
+            )));
+        }
+        let healthy_left = set
+            .replicas
+            .iter()
+            .enumerate()
+            .any(|(j, r)| j != i && r.faulted.is_none());
+        if !healthy_left {
+            return Err(Failure::conflict(
+                format!("the replica on {node} is volume {volume:?}'s only healthy one"),
+                "let another replica be rebuilt first (lamina replica list)",
+            ));
+        }
+        if let Some(f) = st2.fronts.get(&volume) {
+            f.remove_replica(&node).map_err(|e| {
+                Failure::new(
+                    ErrorCode::Unavailable,
+                    format!("replica {node} of volume {volume}: {e}"),
+                    None,
+                )
+            })?;
+        }
+        let gone = st2
+            .store
+            .remove_replica(&volume, &node)
+            .map_err(Failure::from)?;
+        // The system snapshots its rebuild kept.
+        if let Some(rb) = gone.and_then(|r| r.rebuild) {
+            for s in std::iter::once(rb.base).chain(rb.round.map(|t| t.target)) {
+                if lamina_engine::is_system_name(&s) {
+                    if let Err(e) = st2.pool.delete_system_snapshot(&volume, &s) {
+                        tracing::warn!(volume = %volume, snapshot = %s, error = %e, "a removed replica's rebuild snapshot stays");
+                    }
+                }
+            }
+        }
+        tracing::info!(volume = %volume, replica = %node, "replica removed; its volume on that node stays");
+        Ok(Outcome::Removed(true))
+    })
+    .await
+}
