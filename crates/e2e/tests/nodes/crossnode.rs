@@ -112,6 +112,32 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// `lamina serve` in `host` as node `name` with credentials `tls`, on
+    /// data directory `data` (one copied from another node's, say).
+    pub(crate) fn start_on(host: &'a Host, name: &str, tls: PathBuf, data: PathBuf) -> Node<'a> {
+        let api = format!("{}:{API_PORT}", host.addr());
+        let transfer = format!("{}:{TRANSFER_PORT}", host.addr());
+        let d = LAMINA
+            .serve()
+            .prefix(&host.prefix())
+            .data_dir(data)
+            .args([
+                "--listen",
+                &api,
+                "--transfer-listen",
+                &transfer,
+                "--transfer-tls",
+                tls.to_str().unwrap(),
+            ])
+            .start()
+            .unwrap_or_else(|e| panic!("lamina serve as {name} did not start: {e}"));
+        Node {
+            name: name.into(),
+            host,
+            d,
+        }
+    }
+
     pub(crate) fn transfer(&self) -> String {
         format!("{}:{TRANSFER_PORT}", self.host.addr())
     }

@@ -646,3 +646,94 @@ fn a_replica_added_later_is_sent_the_volume_and_its_snapshots_and_one_removed_le
     let ends = alike(&a, &[&c]);
     fio(&ends[1], &["--randseed=4", "--verify_only", "--size=8m"]);
 }
+
+/// qemu-io `cmds` on `uri` (`-r URI` to open it read only), run to the
+/// end whatever they answer: its output (stdout and stderr).
+fn qemu_io_any(uri: &str, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    // "-r URI": read only (a snapshot's export).
+    c.args(["-f", "raw"]).args(uri.split(' '));
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let out = c.output().expect("qemu-io runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_front_end_of_an_older_generation_is_refused_once_a_newer_one_took_over() {
+    need("fio", "fio");
+    need("qemu-io", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let a = Node::start(net.host(0), "n0", &certs, 60);
+    let b = Node::start(net.host(1), "n1", &certs, 60);
+    a.d.ok(&["node", "add", "n1", &b.transfer()]);
+    create_on_two(&a, "64MiB");
+    let old = a.d.attach(&["volume", "attach", "r"]);
+    fio(&old, &["--randseed=1", "--do_verify=1", "--end_fsync=1"]);
+    assert_eq!(replicas(&a, "r").0["generation"], 1);
+
+    // n0's daemon hangs (SIGSTOP), and a second daemon takes its place on
+    // another host from a copy of its data directory, as a node whose
+    // record was restored elsewhere would: it opens the attached volume
+    // at the next generation, and n1's replica fences at it.
+    let pid = a.d.pid().expect("n0 runs").to_string();
+    run(Command::new("kill").args(["-STOP", &pid])).ok();
+    let copy = tempfile::Builder::new()
+        .prefix("lamina-usurper")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let mut cp = Command::new("cp");
+    cp.args(["-a", "--sparse=always"]);
+    for f in ["pool", "lamina.redb", "token"] {
+        let p = a.d.data().join(f);
+        if p.exists() {
+            cp.arg(p);
+        }
+    }
+    cp.arg(copy.path());
+    run(&mut cp).ok();
+    let usurper = Node::start_on(net.host(2), "n0", certs.issue("n0"), copy.path().into());
+    wait_until(
+        "the second front end",
+        std::time::Duration::from_secs(30),
+        || (replicas(&usurper, "r").0["generation"] == 2).then_some(()),
+    );
+    let new = usurper.d.attach(&["volume", "attach", "r"]);
+    // n0 wakes up, its session to n1 still open (its silence is well
+    // under n1's 30 s): every write it is asked for now is refused by n1,
+    // and fails; so does everything after.
+    run(Command::new("kill").args(["-CONT", &pid])).ok();
+    let out = qemu_io_any(&old, &["write -P 0x55 0 64k"]);
+    assert!(
+        out.contains("failed") || out.contains("error"),
+        "a fenced front end acknowledged a write: {out}"
+    );
+    let out = qemu_io_any(&old, &["read 0 4k"]);
+    assert!(
+        out.contains("failed") || out.contains("error"),
+        "a fenced front end answered a read: {out}"
+    );
+    let log = a.d.log();
+    assert!(
+        log.contains("higher generation") || log.contains("enced"),
+        "n0 does not say it was fenced: {}",
+        a.d.log_tail()
+    );
+    // The newer front end goes on: n1 holds neither the refused write nor
+    // anything but what was acknowledged, and both its replicas read alike.
+    fio(&new, &["--randseed=1", "--verify_only"]);
+    fio(&new, &["--randseed=2", "--do_verify=1", "--size=8m"]);
+    assert_eq!(
+        replicas(&usurper, "r").1,
+        states(&[("n0", "healthy"), ("n1", "healthy")])
+    );
+    let ends = alike(&usurper, &[&b]);
+    let head = qemu_io_any(&format!("-r {}", ends[1]), &["read -P 0x55 0 64k"]);
+    assert!(head.contains("Pattern verification failed"), "{head}");
+}
