@@ -814,15 +814,33 @@ impl Shared {
     /// set.
     fn drop_rebuilding(&self, i: usize, e: &IoError) {
         let _serial = self.serial();
-        if self.rebuilding[i].swap(false, Ordering::SeqCst) {
+        if self.rebuilding[i].load(Ordering::SeqCst) {
+            self.begin_keeping(i);
+            self.rebuilding[i].store(false, Ordering::SeqCst);
             self.start_keeping(i);
             tracing::warn!(volume = %self.name, replica = %self.replicas[i].name(), error = %e,
                 "rebuilding replica failed a change: out of the write set");
         }
     }
 
+    /// Rule 10: keep, from now on, the range of every change sent (before
+    /// the replica leaves a set: see [`Shared::start_keeping`]).
+    fn begin_keeping(&self, i: usize) {
+        let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
+        if *m == Missed::NotKept {
+            *m = Missed::Ranges(Vec::new());
+        }
+        self.keeping[i].store(true, Ordering::SeqCst);
+    }
+
     /// Rule 10: from now on keep what replica `i` misses, starting with
     /// every change in flight.
+    ///
+    /// Call [`Shared::begin_keeping`] first, before the replica leaves the
+    /// healthy set or the write set: a change that leaves it out does so
+    /// after, and `dispatch` keeps its range (it reads its targets before
+    /// it keeps); one sent to it before is in flight or unflushed, gathered
+    /// here. Ranges kept twice do no harm.
     fn start_keeping(&self, i: usize) {
         let running: Vec<(u64, u64)> = {
             let o = self.order.lock().unwrap_or_else(|p| p.into_inner());
@@ -844,20 +862,16 @@ impl Shared {
         } else {
             Vec::new()
         };
-        let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
-        if *m == Missed::NotKept {
-            *m = Missed::Ranges(Vec::new());
-        }
         let mut all: Vec<(u64, u64)> = running
             .into_iter()
             .chain(unflushed)
             .chain(regions)
             .collect();
         all.sort_unstable();
+        let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         for r in all {
             m.add(r);
         }
-        self.keeping[i].store(true, Ordering::SeqCst);
     }
 
     fn marked(
@@ -1042,8 +1056,11 @@ impl Shared {
         if self.recorded(i) {
             return Ok(());
         }
-        if self.healthy[i].swap(false, Ordering::SeqCst) {
-            // Rule 10: every change in flight may be missing from it.
+        if self.healthy[i].load(Ordering::SeqCst) {
+            // Rule 10: every change in flight may be missing from it, and
+            // every one from now on is.
+            self.begin_keeping(i);
+            self.healthy[i].store(false, Ordering::SeqCst);
             self.start_keeping(i);
             self.unrecorded.fetch_add(1, Ordering::SeqCst);
             self.reasons()[i] = Some(reason.to_string());
@@ -1216,7 +1233,13 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         let e = s.unavailable().at(op.describe());
         return complete(s, id, done, Err(e));
     }
+    // Its targets are read before its range is kept (rule 10): a replica
+    // that leaves a set starts keeping first, so a change that leaves it
+    // out keeps its range for it.
     let mut targets = s.healthy();
+    let rebuilding: Vec<usize> = (0..s.replicas.len())
+        .filter(|&i| s.rebuilding[i].load(Ordering::SeqCst))
+        .collect();
     if targets.is_empty() {
         let e = s.unavailable().at(op.describe());
         return complete(s, id, done, Err(e));
@@ -1229,9 +1252,6 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         s.sent(id, r);
     }
     let covers = matches!(op, IoOp::Flush).then(|| s.covers());
-    let rebuilding: Vec<usize> = (0..s.replicas.len())
-        .filter(|&i| s.rebuilding[i].load(Ordering::SeqCst))
-        .collect();
     targets.extend(rebuilding.iter().copied());
     let fan = Arc::new(Mutex::new(Fan {
         shared: s.clone(),

@@ -737,3 +737,92 @@ fn a_front_end_of_an_older_generation_is_refused_once_a_newer_one_took_over() {
     let head = qemu_io_any(&format!("-r {}", ends[1]), &["read -P 0x55 0 64k"]);
     assert!(head.contains("Pattern verification failed"), "{head}");
 }
+
+/// A tmpfs of a given size, mounted on a directory of its own until
+/// dropped: a disk that fills up.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::Builder::new()
+            .prefix("lamina-full")
+            .tempdir_in("/tmp")
+            .unwrap();
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path()))
+        .ok();
+        SmallDisk(dir)
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.0.path().to_path_buf()
+    }
+
+    /// Its size changed (more room).
+    fn resize(&self, size: &str) {
+        run(Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.0.path()))
+        .ok();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_replica_whose_disk_fills_up_is_faulted_and_rebuilt_once_there_is_room() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    // Declared first: dropped after the daemon on it.
+    // The pool preallocates its log (64 MiB) and journal (16 MiB): about
+    // 48 MiB are left for data.
+    let disk = SmallDisk::new("128m");
+    let a = Node::start(net.host(0), "n0", &certs, 60);
+    let b = Node::start_on(net.host(1), "n1", certs.issue("n1"), disk.path());
+    a.d.ok(&["node", "add", "n1", &b.transfer()]);
+    create_on_two(&a, "96MiB");
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    fio(&uri, &["--randseed=1", "--do_verify=1"]);
+    assert_eq!(
+        replicas(&a, "r").1,
+        states(&[("n0", "healthy"), ("n1", "healthy")])
+    );
+    // 32 MiB more do not fit on n1's disk: its writes fail, it is faulted,
+    // and the volume goes on with no error reaching fio.
+    fio(&uri, &["--randseed=2", "--do_verify=1", "--offset=32m"]);
+    // Out of the healthy set (its rebuild may be trying already, and
+    // failing while the disk is full).
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(list[0], ("n0".to_string(), "healthy".to_string()), "{r}");
+    assert_ne!(list[1].1, "healthy", "{r}");
+    let reason = r["replicas"][1]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no space left"), "{r}");
+    fio(&uri, &["--randseed=1", "--verify_only"]);
+    // Room again: it is rebuilt, and ends alike.
+    disk.resize("512m");
+    wait_until("n1 rebuilt", std::time::Duration::from_secs(120), || {
+        let (_, list) = replicas(&a, "r");
+        (list[1].1 == "healthy").then_some(())
+    });
+    fio(
+        &uri,
+        &["--randseed=3", "--do_verify=1", "--size=8m", "--offset=64m"],
+    );
+    std::fs::write("/tmp/full-b.log", b.d.log()).unwrap();
+    std::fs::write("/tmp/full-a.log", a.d.log()).unwrap();
+    a.d.ok(&["volume", "detach", "r"]);
+    a.d.ok(&["snapshot", "create", "r", "dbg"]);
+    for (n, f) in [(&a, "/tmp/full-n0.raw"), (&b, "/tmp/full-n1.raw")] {
+        let u = n.d.attach(&["snapshot", "attach", "r", "dbg"]);
+        run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &u, f])).ok();
+    }
+    let ends = alike(&a, &[&b]);
+    fio(&ends[1], &["--randseed=2", "--verify_only", "--offset=32m"]);
+}
