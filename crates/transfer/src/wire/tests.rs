@@ -18,14 +18,22 @@ fn frame() -> impl Strategy<Value = Frame> {
                 snapshot,
             })
         ),
-        any::<[u64; 4]>().prop_map(
-            |[id, size, data_bytes, skipped_bytes]| Frame::Answer(Answer {
-                id,
-                size,
-                data_bytes,
-                skipped_bytes
-            })
-        ),
+        (
+            any::<[u64; 4]>(),
+            proptest::collection::vec((name(), name()), 0..=MAX_HOLDERS)
+        )
+            .prop_map(|([id, size, data_bytes, skipped_bytes], h)| {
+                Frame::Answer(Answer {
+                    id,
+                    size,
+                    data_bytes,
+                    skipped_bytes,
+                    holders: h
+                        .into_iter()
+                        .map(|(node, address)| Holder { node, address })
+                        .collect(),
+                })
+            }),
         (
             0u64..1 << 50,
             proptest::collection::vec(any::<u8>(), 1..5000)
@@ -75,7 +83,7 @@ fn call_op() -> impl Strategy<Value = CallOp> {
         any::<u64>().prop_map(|generation| CallOp::Activate { generation }),
         Just(CallOp::Size),
         Just(CallOp::Ping),
-        name().prop_map(|name| CallOp::Snapshot { name }),
+        (name(), any::<u64>()).prop_map(|(name, origin)| CallOp::Snapshot { name, origin }),
         name().prop_map(|name| CallOp::DeleteSnapshot { name }),
     ]
 }
