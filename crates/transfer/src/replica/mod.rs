@@ -1,6 +1,6 @@
 //! Replica sessions: a front end reaches a replica's volume on another node
 //! through the data path's trait, over the transfer protocol's TLS and
-//! frames (version 2, `docs/transfer.md`, "Replica sessions"). One protocol
+//! frames (version 2 on, `docs/transfer.md`, "Replica sessions"). One protocol
 //! serves both pulls and replicas: the same listener, certificates, frame
 //! codec, checksums and limits; a session is a pull or a replica session by
 //! its first frame after the Hellos.
