@@ -487,6 +487,19 @@ impl Pool {
         self.inner.backend.location()
     }
 
+    /// The pool's identity: 16 random bytes chosen when it was created,
+    /// kept in its superblock, its log and its journal, and never changed.
+    /// Two pools (a pool made again in the same place included) have
+    /// different ones, so it qualifies what is unique only within a pool
+    /// (a snapshot's id) across nodes.
+    pub fn pool_id(&self) -> [u8; 16] {
+        self.inner
+            .wal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pool_id()
+    }
+
     /// The first I/O failure, once one made the pool refuse requests
     /// (until it is reopened); `None` while the pool is healthy.
     pub fn failure(&self) -> Option<Arc<IoFailure>> {

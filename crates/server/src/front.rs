@@ -90,6 +90,16 @@ pub fn replica_set(
     })
 }
 
+/// The identity (`lamina_transfer::identity`) of this node's snapshot
+/// `name` of `volume`: what the other replicas' copies of it are given as
+/// their origin, so that a pull may go on from any of them. 0 (none) if
+/// it is not there.
+pub fn origin(pool: &lamina_engine::Pool, volume: &str, name: &str) -> u64 {
+    pool.snapshot_info_by_name(volume, name)
+        .map(|s| lamina_transfer::identity::of_snapshot(pool.pool_id(), s.id, &s.labels))
+        .unwrap_or(0)
+}
+
 /// A replicated volume's front end, open: the volume it serves, and its
 /// replicas on other nodes by node name (for what is not I/O: snapshots).
 pub struct Front {
@@ -568,13 +578,16 @@ where
                     .collect();
                 let remotes: Vec<&(String, Arc<RemoteVolume>)> =
                     all.iter().filter(|(n, _)| healthy.contains(n)).collect();
-                let (mine, theirs) = std::thread::scope(|sc| {
+                // This node's first: the others are copies of it, given its
+                // identity as their origin.
+                let mine = local()?;
+                let from = origin(p.pool, volume, name);
+                let theirs = std::thread::scope(|sc| {
                     let theirs: Vec<_> = remotes
                         .iter()
-                        .map(|(n, v)| (n, sc.spawn(|| v.snapshot(name))))
+                        .map(|(n, v)| (n, sc.spawn(move || v.snapshot(name, from))))
                         .collect();
-                    let mine = local();
-                    let theirs: Vec<_> = theirs
+                    theirs
                         .into_iter()
                         .map(|(n, h)| {
                             let r = h.join().unwrap_or_else(|_| {
@@ -585,10 +598,8 @@ where
                             });
                             (n.clone(), r)
                         })
-                        .collect();
-                    (mine, theirs)
+                        .collect::<Vec<_>>()
                 });
-                let mine = mine?;
                 for (node, r) in theirs {
                     if let Err(e) = r {
                         let reason = format!("its snapshot {name} failed: {e}");
@@ -603,6 +614,7 @@ where
         }
         None => {
             let mine = local()?;
+            let from = origin(p.pool, volume, name);
             let identity = p.identity;
             for r in set.replicas.iter().skip(1).filter(|r| r.faulted.is_none()) {
                 let remote = Remote {
@@ -613,7 +625,7 @@ where
                     Some(id) => {
                         RemoteVolume::connect(id, &remote, volume, SessionOptions::default())
                             .map_err(|e| e.to_string())
-                            .and_then(|v| v.snapshot(name).map_err(|e| e.to_string()))
+                            .and_then(|v| v.snapshot(name, from).map_err(|e| e.to_string()))
                     }
                     None => Err("this daemon has no transfer identity (--transfer-tls)".into()),
                 };

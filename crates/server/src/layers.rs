@@ -42,6 +42,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "files",
             "front",
             "front/rebuild",
+            "holders",
             "replicas",
             "schedules",
             "schedules/records",

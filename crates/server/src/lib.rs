@@ -15,6 +15,7 @@ mod freeze;
 mod front;
 mod groups;
 mod handlers;
+mod holders;
 mod jobs;
 #[cfg(test)]
 mod layers;

@@ -84,6 +84,32 @@ impl Served {
     }
 }
 
+/// A snapshot there already is as good as the one asked for if it is a
+/// copy of the same origin (or either origin is unsaid: a front end or a
+/// snapshot of version 2); one of another origin is another snapshot of
+/// that name, which this node does not take for the one asked.
+fn same_origin(
+    s: &lamina_engine::SnapshotInfo,
+    origin: u64,
+    volume: &str,
+    name: &str,
+) -> Result<(), IoError> {
+    let had = s
+        .labels
+        .iter()
+        .find(|(k, _)| k == lamina_transfer::identity::ORIGIN_LABEL)
+        .and_then(|(_, v)| lamina_transfer::identity::parse(v));
+    match had {
+        Some(h) if origin != 0 && h != origin => Err(IoError::new(
+            IoErrorKind::Invalid,
+            format!(
+                "snapshot {volume}/{name} here is a copy of {h:016x}, not of {origin:016x}: another snapshot of that name"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The data path's error for an engine error met serving a session.
 fn engine_error(e: lamina_engine::Error) -> IoError {
     let kind = match e.kind() {
@@ -151,14 +177,19 @@ impl lamina_transfer::replica::Volumes for Served {
         }
     }
 
-    fn snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
+    fn snapshot(&self, volume: &str, name: &str, origin: u64, peer: &str) -> Result<(), IoError> {
         self.check_replica_of(volume, peer)?;
         lamina_engine::check_name(name)
             .map_err(|e| IoError::new(IoErrorKind::Invalid, e.to_string()))?;
-        if self.pool.snapshot_info_by_name(volume, name).is_ok() {
-            return Ok(());
+        let same = |s: &lamina_engine::SnapshotInfo| same_origin(s, origin, volume, name);
+        if let Ok(s) = self.pool.snapshot_info_by_name(volume, name) {
+            return same(&s);
         }
-        let labels = [(REPLICA_OF.to_string(), peer.to_string())];
+        let mut labels = vec![(REPLICA_OF.to_string(), peer.to_string())];
+        if origin != 0 {
+            let o = lamina_transfer::identity::format(origin);
+            labels.push((lamina_transfer::identity::ORIGIN_LABEL.to_string(), o));
+        }
         match self.pool.create_snapshot(volume, name, &labels) {
             Ok(_) => {
                 tracing::info!(
@@ -169,7 +200,11 @@ impl lamina_transfer::replica::Volumes for Served {
                 );
                 Ok(())
             }
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self
+                .pool
+                .snapshot_info_by_name(volume, name)
+                .map_err(engine_error)
+                .and_then(|s| same(&s)),
             Err(e) => Err(engine_error(e)),
         }
     }
@@ -541,17 +576,33 @@ mod tests {
     fn a_front_end_snapshots_its_replica_by_name() {
         let n = Node::new();
         let v = n.connect("b").unwrap();
-        v.snapshot("s1").unwrap();
-        // Again: the same snapshot, as good.
-        v.snapshot("s1").unwrap();
+        v.snapshot("s1", 0x5eed).unwrap();
+        // Again: the same snapshot, as good; another origin is not.
+        v.snapshot("s1", 0x5eed).unwrap();
+        let e = v.snapshot("s1", 0x5eee).unwrap_err();
+        assert_eq!((e.kind, e.op), (IoErrorKind::Invalid, "snapshot"), "{e}");
+        assert!(e.message.contains("another snapshot of that name"), "{e}");
         let p = n.pool.as_ref().unwrap();
         let s = p.snapshot_info_by_name("b", "s1").unwrap();
+        let mut labels = s.labels.clone();
+        labels.sort();
         assert_eq!(
-            s.labels,
-            vec![(REPLICA_OF.to_string(), "front".to_string())]
+            labels,
+            vec![
+                (
+                    lamina_transfer::identity::ORIGIN_LABEL.to_string(),
+                    "0000000000005eed".to_string()
+                ),
+                (REPLICA_OF.to_string(), "front".to_string()),
+            ]
+        );
+        // Its identity in the transfer protocol is its origin's.
+        assert_eq!(
+            lamina_transfer::identity::of_snapshot(p.pool_id(), s.id, &s.labels),
+            0x5eed
         );
         assert_eq!(p.list_snapshots("b").unwrap().len(), 1);
-        let e = v.snapshot("a/b").unwrap_err();
+        let e = v.snapshot("a/b", 0).unwrap_err();
         assert_eq!((e.kind, e.op), (IoErrorKind::Invalid, "snapshot"), "{e}");
         // The session goes on after a refused snapshot.
         assert_eq!(v.size().unwrap(), 8 << 20);

@@ -137,6 +137,11 @@ impl State {
                 exports.clone(),
                 tokio::runtime::Handle::current(),
             )));
+            // A pull's Answer names the other replicas holding a snapshot.
+            source.serve_holders(Arc::new(crate::holders::Known::new(
+                pool.clone(),
+                store.clone(),
+            )));
         }
         let state = State {
             layout: layout.clone(),

@@ -6,7 +6,7 @@ use crate::error::TransferError;
 use crate::frames::{read_sync_reusing, write_sync, ReadError};
 use crate::source::Limits;
 use crate::tls::Identity;
-use crate::wire::{Answer, Frame, Request, PULL_VERSION};
+use crate::wire::{Answer, Code, Frame, Request, PULL_VERSION, VERSION};
 use rustls::pki_types::ServerName;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -85,6 +85,25 @@ impl Conn {
         stall: Duration,
         received: Arc<AtomicU64>,
     ) -> Result<Conn, TransferError> {
+        // Version 3 has a source name the snapshot's other holders; one of
+        // version 1 or 2 refuses it (code 1), and serves version 1, all a
+        // pull needs, on a new connection.
+        match Conn::open_at(identity, remote, stall, received.clone(), VERSION) {
+            Err(TransferError::Remote {
+                code: Code::Version,
+                ..
+            }) => Conn::open_at(identity, remote, stall, received, PULL_VERSION),
+            r => r,
+        }
+    }
+
+    fn open_at(
+        identity: &Identity,
+        remote: &Remote,
+        stall: Duration,
+        received: Arc<AtomicU64>,
+        version: u16,
+    ) -> Result<Conn, TransferError> {
         let unreachable = |source| TransferError::Unreachable {
             address: remote.address.clone(),
             source,
@@ -135,15 +154,11 @@ impl Conn {
             let s = &mut c.stream;
             s.conn.complete_io(&mut s.sock).map_err(|e| c.io_error(e))?;
         }
-        // A pull needs nothing of version 2 (replica sessions): it says 1,
-        // which a source of either version serves.
-        c.send(&Frame::Hello {
-            version: PULL_VERSION,
-        })?;
+        c.send(&Frame::Hello { version })?;
         match c.read()? {
-            Frame::Hello { version } if version == PULL_VERSION => Ok(c),
-            Frame::Hello { version } => Err(c.protocol(format!(
-                "the source speaks transfer protocol version {version}, this node version {PULL_VERSION}"
+            Frame::Hello { version: v } if v == version => Ok(c),
+            Frame::Hello { version: v } => Err(c.protocol(format!(
+                "the source speaks transfer protocol version {v}, this node asked for {version}"
             ))),
             f => Err(c.unexpected("Hello", f, "", "")),
         }

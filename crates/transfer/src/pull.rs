@@ -5,7 +5,7 @@
 use crate::conn::{Conn, Remote};
 use crate::error::TransferError;
 use crate::tls::Identity;
-use crate::wire::{Answer, Code, Frame, Mode, Request};
+use crate::wire::{Answer, Code, Frame, Holder, Mode, Request};
 use lamina_engine::{Applier, Chunk, CopyControl, CopyEnd, CopyProgress, Pool, Volume};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -16,13 +16,17 @@ use tracing::{info, info_span};
 const QUEUE: usize = 32;
 
 /// A snapshot on a source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteSnapshot {
+    /// Its identity (`crate::identity`): the same on every replica.
     pub id: u64,
     /// Its size (the size of a volume restored from it).
     pub size: u64,
     /// Bytes of data it holds (what a pull moves).
     pub data_bytes: u64,
+    /// Other nodes that may hold it, as the source named them (none from
+    /// a source of version 1 or 2).
+    pub holders: Vec<Holder>,
 }
 
 /// What to pull, from where, into what.
@@ -55,6 +59,9 @@ pub struct Pulled {
     /// Bytes received on the socket (TLS records and frames included),
     /// also when the attempt failed partway.
     pub wire_bytes: u64,
+    /// Other nodes that may hold the snapshot, as this attempt's source
+    /// named them in its Answer (empty if it sent none, or none came).
+    pub holders: Vec<Holder>,
 }
 
 /// Ask a source about one of its snapshots.
@@ -76,6 +83,7 @@ pub fn describe(
         id: a.id,
         size: a.size,
         data_bytes: a.data_bytes,
+        holders: a.holders,
     })
 }
 
@@ -112,10 +120,15 @@ pub fn pull_into_counting(
     );
     let _e = span.enter();
     let before = wire.load(Ordering::Relaxed);
-    let end = pull_counted(pool, identity, pull, ctl, wire);
+    let mut holders = Vec::new();
+    let end = pull_counted(pool, identity, pull, ctl, wire, &mut holders);
     let wire_bytes = wire.load(Ordering::Relaxed).saturating_sub(before);
     info!(?end, wire_bytes, "pull ended");
-    Pulled { end, wire_bytes }
+    Pulled {
+        end,
+        wire_bytes,
+        holders,
+    }
 }
 
 fn pull_counted(
@@ -124,6 +137,7 @@ fn pull_counted(
     pull: &Pull<'_>,
     ctl: &mut dyn CopyControl,
     received: &Arc<AtomicU64>,
+    holders: &mut Vec<Holder>,
 ) -> Result<CopyEnd, TransferError> {
     let into = pull.into;
     let ctx = |what: &str| format!("{what} volume {into:?}");
@@ -141,7 +155,8 @@ fn pull_counted(
         volume: pull.volume.to_string(),
         snapshot: pull.snapshot.to_string(),
     };
-    let a = c.request(&req)?;
+    let mut a = c.request(&req)?;
+    *holders = std::mem::take(&mut a.holders);
     if pull.expect_id != 0 && a.id != pull.expect_id {
         return Err(TransferError::Remote {
             peer: c.peer.clone(),
@@ -149,7 +164,7 @@ fn pull_counted(
             snapshot: pull.snapshot.into(),
             code: Code::SnapshotReplaced,
             message: format!(
-                "the source's snapshot is id {}, not {}",
+                "the source's snapshot is {:016x}, not {:016x}: another snapshot of that name",
                 a.id, pull.expect_id
             ),
         });

@@ -15,7 +15,7 @@ use crate::error::TransferError;
 use crate::frames::{read_async, write_async, ReadError};
 use crate::replica::Volumes;
 use crate::tls::{cert_node, Identity};
-use crate::wire::{self, Answer, Code, Frame, Mode, Request, PULL_VERSION, VERSION};
+use crate::wire::{self, Answer, Code, Frame, Holder, Mode, Request, PULL_VERSION, VERSION};
 use lamina_engine::{Piece, Pool, Target};
 use std::collections::HashMap;
 use std::future::Future;
@@ -111,6 +111,20 @@ pub trait Pace: Send + Sync + 'static {
     fn wait(&self, bytes: u64) -> Duration;
 }
 
+/// Which other nodes may hold a snapshot of this node's (the other
+/// replicas of a replicated volume, by the daemon's records): named in the
+/// Answer of a session of version 3, so that a pull can go on from one of
+/// them if this node goes away.
+pub trait Holders: Send + Sync + 'static {
+    /// Other nodes that may hold snapshot `snapshot` of this node's
+    /// `volume`, in the order a pull should try them (at most
+    /// [`wire::MAX_HOLDERS`] are named; this node never). Whether each
+    /// holds it, and the same one, each of them says when asked (by the
+    /// snapshot's identity). Called for each request; it must not block
+    /// long.
+    fn holders(&self, volume: &str, snapshot: &str) -> Vec<Holder>;
+}
+
 /// Serves snapshots of a pool to authenticated peers.
 pub struct Source {
     pool: Arc<Pool>,
@@ -126,6 +140,7 @@ pub struct Source {
     busy: AtomicU64,
     frame_buffers: Arc<AtomicUsize>,
     volumes: OnceLock<Arc<dyn Volumes>>,
+    holders: OnceLock<Arc<dyn Holders>>,
     /// The replica sessions' call data, all together
     /// ([`crate::replica::CALL_BYTES`]).
     call_bytes: Arc<tokio::sync::Semaphore>,
@@ -292,6 +307,7 @@ impl Source {
             busy: AtomicU64::new(0),
             frame_buffers: Arc::default(),
             volumes: OnceLock::new(),
+            holders: OnceLock::new(),
             call_bytes: Arc::new(tokio::sync::Semaphore::new(crate::replica::CALL_BYTES)),
         })
     }
@@ -301,6 +317,13 @@ impl Source {
     /// ignored.
     pub fn serve_volumes(&self, volumes: Arc<dyn Volumes>) {
         let _ = self.volumes.set(volumes);
+    }
+
+    /// Name, in the Answers of sessions of version 3, the other holders
+    /// `holders` gives (without it, none). Set once: later calls are
+    /// ignored.
+    pub fn serve_holders(&self, holders: Arc<dyn Holders>) {
+        let _ = self.holders.set(holders);
     }
 
     pub(crate) fn call_bytes(&self) -> Arc<tokio::sync::Semaphore> {
@@ -613,7 +636,7 @@ impl Source {
             Frame::Hello { version } => {
                 return Err(refuse(
                     Code::Version,
-                    format!("this source speaks transfer protocol version {PULL_VERSION} or {VERSION}, the peer version {version}"),
+                    format!("this source speaks transfer protocol version {PULL_VERSION} to {VERSION}, the peer version {version}"),
                 ))
             }
             f => {
@@ -649,7 +672,10 @@ impl Source {
             .map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
         info!(volume = %req.volume, snapshot = %req.snapshot, mode = ?req.mode,
               from = req.from_offset, "transfer: request");
-        let (answer, export) = self.open(&req).map_err(engine_or)?;
+        let (mut answer, export) = self.open(&req).map_err(engine_or)?;
+        if version >= 3 {
+            answer.holders = self.holders(&req, node);
+        }
         let reading = (req.mode == Mode::Pull).then(|| self.register(&req, node));
         if self.send(tls, &Frame::Answer(answer)).await == Ended::Gone {
             return Ok(Ended::Gone);
@@ -666,8 +692,32 @@ impl Source {
         Ok(ended)
     }
 
-    /// Look up the snapshot, check its id, and start its export at the
-    /// request's offset.
+    /// The other holders of the request's snapshot, for an Answer: at most
+    /// [`wire::MAX_HOLDERS`], neither this node nor the peer, each named
+    /// once and within the protocol's bounds.
+    fn holders(&self, req: &Request, peer: &str) -> Vec<Holder> {
+        let Some(h) = self.holders.get() else {
+            return Vec::new();
+        };
+        let me = self.identity.node();
+        let mut out: Vec<Holder> = Vec::new();
+        for x in h.holders(&req.volume, &req.snapshot) {
+            let fits = |s: &str| !s.is_empty() && s.len() <= wire::MAX_NAME;
+            if fits(&x.node)
+                && fits(&x.address)
+                && x.node != me
+                && x.node != peer
+                && !out.iter().any(|o| o.node == x.node)
+                && out.len() < wire::MAX_HOLDERS
+            {
+                out.push(x);
+            }
+        }
+        out
+    }
+
+    /// Look up the snapshot, check its identity, and start its export at
+    /// the request's offset.
     fn open(&self, req: &Request) -> Result<(Answer, lamina_engine::Export), Opened> {
         let (v, s) = (&req.volume, &req.snapshot);
         let first = self
@@ -684,15 +734,17 @@ impl Source {
             .pool
             .snapshot_info_by_name(v, s)
             .map_err(Opened::Engine)?;
-        let expect = if req.expect_id != 0 {
-            req.expect_id
-        } else {
-            first.id
-        };
-        if first.id != again.id || first.id != expect {
+        let pool_id = self.pool.pool_id();
+        let identity = crate::identity::of_snapshot(pool_id, first.id, &first.labels);
+        if first.id != again.id {
             return Err(Opened::Replaced(format!(
-                "snapshot {v}/{s} is now id {}, the transfer started from id {expect}: it was deleted and made again",
-                again.id
+                "snapshot {v}/{s} was deleted and made again while its export opened"
+            )));
+        }
+        if req.expect_id != 0 && identity != req.expect_id {
+            return Err(Opened::Replaced(format!(
+                "snapshot {v}/{s} here is {identity:016x}, the transfer started from {:016x}: another snapshot of that name (made again since, or another replica's)",
+                req.expect_id
             )));
         }
         let data_bytes = export.data_bytes();
@@ -701,10 +753,11 @@ impl Source {
             Mode::Describe => 0,
         };
         let answer = Answer {
-            id: first.id,
+            id: identity,
             size: first.restore_size,
             data_bytes,
             skipped_bytes,
+            holders: Vec::new(),
         };
         Ok((answer, export))
     }

@@ -8,13 +8,19 @@
 /// First bytes of a Hello body: says "this is Lamina's transfer protocol".
 pub const MAGIC: [u8; 8] = *b"LAMINAXF";
 /// The newest protocol version this code speaks: 2 added replica sessions
-/// (Attach, Attached, Call, Reply). A source serves peers of versions 1
-/// and 2 alike; a target pulling a snapshot says 1 (all a pull needs, so it
-/// also pulls from a source of version 1), a front end reaching a replica
-/// says 2.
-pub const VERSION: u16 = 2;
-/// The oldest version a source still serves, and the one a pull speaks.
+/// (Attach, Attached, Call, Reply); 3 added the other holders of a
+/// snapshot in an Answer, and a snapshot Call's origin. A source serves
+/// peers of versions 1 to 3 alike, each in its own version; a target and a
+/// front end say 3 and, answered an Error of code 1 (an older source), say
+/// again what they can do with less: a pull 1, a front end 2.
+pub const VERSION: u16 = 3;
+/// The oldest version a source still serves, and the one a pull falls back
+/// to (all a pull needs).
 pub const PULL_VERSION: u16 = 1;
+/// The version that added replica sessions: what a front end falls back to.
+pub const REPLICA_VERSION: u16 = 2;
+/// Most other holders an Answer names.
+pub const MAX_HOLDERS: usize = 4;
 /// Bytes of a frame header: kind, 3 reserved zero bytes, body length.
 pub const HEADER: usize = 8;
 /// Bytes of a frame trailer: the CRC-32C.
@@ -73,7 +79,7 @@ impl Kind {
         match self {
             Kind::Hello => 10,
             Kind::Request => 1 + 8 + 8 + 2 * (2 + MAX_NAME),
-            Kind::Answer => 32,
+            Kind::Answer => 32 + 1 + MAX_HOLDERS * 2 * (2 + MAX_NAME),
             Kind::Data => 8 + MAX_DATA,
             Kind::Zero => 16,
             Kind::End => 16,
@@ -107,14 +113,28 @@ pub struct Request {
 }
 
 /// The source's answer to a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Answer {
+    /// The snapshot's identity (`crate::identity`): the same on every
+    /// replica of a replicated volume.
     pub id: u64,
     pub size: u64,
     /// Bytes of data in the whole snapshot.
     pub data_bytes: u64,
     /// Of those, bytes below the request's `from_offset` (not sent).
     pub skipped_bytes: u64,
+    /// Other nodes that may hold the same snapshot (the other replicas of
+    /// its volume), at most [`MAX_HOLDERS`]: sent only in a session of
+    /// version 3, and empty in older ones.
+    pub holders: Vec<Holder>,
+}
+
+/// Another node that may hold a snapshot: its name (as its certificate
+/// names it) and its transfer address (`HOST:PORT`), each 1 to 255 bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Holder {
+    pub node: String,
+    pub address: String,
 }
 
 /// Why a source refuses or ends a transfer (an Error frame's code).
@@ -273,8 +293,15 @@ impl Frame {
                 }
             },
             // Numbers only.
+            Frame::Answer(a) => format!(
+                "Answer (id {}, size {}, {} data bytes, {} skipped, {} holders)",
+                a.id,
+                a.size,
+                a.data_bytes,
+                a.skipped_bytes,
+                a.holders.len()
+            ),
             Frame::Hello { .. }
-            | Frame::Answer(_)
             | Frame::Zero { .. }
             | Frame::End { .. }
             | Frame::Attached { .. } => format!("{self:?}"),
@@ -392,6 +419,29 @@ impl<'a> Body<'a> {
     }
 }
 
+/// An Answer's other holders: nothing (a version 1 or 2 Answer, or none to
+/// name), or a count of 1 to [`MAX_HOLDERS`] and that many node names and
+/// addresses, each 1 to 255 bytes.
+fn holders(b: &mut Body<'_>) -> Result<Vec<Holder>, WireError> {
+    if b.rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = b.take(1, "holders")?[0] as usize;
+    if n == 0 || n > MAX_HOLDERS {
+        return Err(b.bad(format!("{n} holders: 1 to {MAX_HOLDERS} when any")));
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let node = b.name("holder node")?;
+        let address = b.name("holder address")?;
+        if node.is_empty() || address.is_empty() {
+            return Err(b.bad("a holder with an empty node or address"));
+        }
+        out.push(Holder { node, address });
+    }
+    Ok(out)
+}
+
 fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
     let mut b = Body { kind, rest: body };
     let frame = match kind {
@@ -424,6 +474,7 @@ fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
             size: b.u64("size")?,
             data_bytes: b.u64("data_bytes")?,
             skipped_bytes: b.u64("skipped_bytes")?,
+            holders: holders(&mut b)?,
         }),
         Kind::Data => {
             let offset = b.u64("offset")?;
@@ -502,6 +553,16 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         Frame::Answer(a) => {
             for v in [a.id, a.size, a.data_bytes, a.skipped_bytes] {
                 out.extend_from_slice(&v.to_be_bytes());
+            }
+            if !a.holders.is_empty() {
+                let n = a.holders.len().min(MAX_HOLDERS);
+                out.push(n as u8);
+                for h in &a.holders[..n] {
+                    for name in [&h.node, &h.address] {
+                        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                        out.extend_from_slice(name.as_bytes());
+                    }
+                }
             }
         }
         Frame::Data { offset, payload } => {

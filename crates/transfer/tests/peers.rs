@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, PULL_VERSION};
+use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, PULL_VERSION, VERSION};
 use lamina_transfer::{describe, Reason, Remote};
 
 #[test]
@@ -91,12 +91,7 @@ fn a_source_of_another_version_gets_a_clear_error() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(
-            read_frame(s),
-            Frame::Hello {
-                version: PULL_VERSION
-            }
-        );
+        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
         write_frame(s, &Frame::Hello { version: 2 });
     });
     let remote = Remote {
@@ -107,9 +102,68 @@ fn a_source_of_another_version_gets_a_clear_error() {
     fake.join().unwrap();
     assert_eq!(e.reason(), Reason::Protocol, "{e}");
     assert!(
-        e.to_string().contains("version 2, this node version 1"),
+        e.to_string().contains("version 2, this node asked for 3"),
         "{e}"
     );
+}
+
+#[test]
+fn a_source_of_version_1_or_2_is_asked_again_in_version_1_and_names_no_holders() {
+    let ca = Ca::new();
+    let (_s, src_id) = ca.identity("source");
+    let (_t, dst_id) = ca.identity("target");
+    let (addr, fake) = fake_sources(src_id, 2, |i, s| match i {
+        // An older source refuses version 3 and closes.
+        0 => {
+            assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
+            write_frame(
+                s,
+                &Frame::Error {
+                    code: Code::Version,
+                    message:
+                        "this source speaks transfer protocol version 1 or 2, the peer version 3"
+                            .into(),
+                },
+            );
+        }
+        _ => {
+            assert_eq!(
+                read_frame(s),
+                Frame::Hello {
+                    version: PULL_VERSION
+                }
+            );
+            write_frame(
+                s,
+                &Frame::Hello {
+                    version: PULL_VERSION,
+                },
+            );
+            assert!(matches!(read_frame(s), Frame::Request(_)));
+            let a = Answer {
+                id: 7,
+                size: MIB,
+                data_bytes: 0,
+                skipped_bytes: 0,
+                holders: Vec::new(),
+            };
+            write_frame(s, &Frame::Answer(a));
+            write_frame(
+                s,
+                &Frame::End {
+                    frames: 0,
+                    data_bytes: 0,
+                },
+            );
+        }
+    });
+    let remote = Remote {
+        address: addr.to_string(),
+        node: "source".into(),
+    };
+    let d = describe(&dst_id, &remote, "src", "s").unwrap();
+    fake.join().unwrap();
+    assert_eq!((d.id, d.size, d.holders.len()), (7, MIB, 0));
 }
 
 #[test]
@@ -118,18 +172,8 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(
-            read_frame(s),
-            Frame::Hello {
-                version: PULL_VERSION
-            }
-        );
-        write_frame(
-            s,
-            &Frame::Hello {
-                version: PULL_VERSION,
-            },
-        );
+        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
+        write_frame(s, &Frame::Hello { version: VERSION });
         let Frame::Request(r) = read_frame(s) else {
             panic!("no request")
         };
@@ -148,6 +192,7 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
             size: 4 * MIB,
             data_bytes: 8192,
             skipped_bytes: 0,
+            holders: Vec::new(),
         };
         write_frame(s, &Frame::Answer(a));
         write_frame(
@@ -191,18 +236,14 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
         read_frame(s);
-        write_frame(
-            s,
-            &Frame::Hello {
-                version: PULL_VERSION,
-            },
-        );
+        write_frame(s, &Frame::Hello { version: VERSION });
         read_frame(s);
         let a = Answer {
             id: 7,
             size: MIB,
             data_bytes: 4096,
             skipped_bytes: 0,
+            holders: Vec::new(),
         };
         write_frame(s, &Frame::Answer(a));
         write_frame(

@@ -65,7 +65,7 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
     let d = describe(&dst_id, &remote, "src", "s").unwrap();
     assert_eq!(
         (d.id, d.size, d.data_bytes),
-        (info.id, 64 * MIB, info.allocated_bytes)
+        (identity_of(&src, &info), 64 * MIB, info.allocated_bytes)
     );
 
     // While the pull runs, the source lists the target as a reader.
@@ -81,7 +81,7 @@ fn a_full_pull_equals_the_snapshot_and_keeps_holes() {
         remote: &remote,
         volume: "src",
         snapshot: "s",
-        expect_id: info.id,
+        expect_id: identity_of(&src, &info),
         resume_offset: 0,
         checkpoint_bytes: 8 * MIB,
         stall_timeout: lamina_transfer::Limits::STALL_TIMEOUT,
@@ -126,7 +126,14 @@ fn a_resumed_pull_sends_only_the_rest() {
     let remote = served.remote("source");
 
     let mut ctl = StopAtFirstCheckpoint::default();
-    let end = pull_copy(&dst, &dst_id, &remote, info.id, 0, &mut ctl);
+    let end = pull_copy(
+        &dst,
+        &dst_id,
+        &remote,
+        identity_of(&src, &info),
+        0,
+        &mut ctl,
+    );
     let first = ctl.0.expect("a durable checkpoint");
     assert_eq!(end.end.unwrap(), CopyEnd::Stopped(first));
     assert!(first.resume_offset > 0 && first.done_bytes < first.total_bytes);
@@ -144,7 +151,7 @@ fn a_resumed_pull_sends_only_the_rest() {
         &dst,
         &dst_id,
         &remote,
-        info.id,
+        identity_of(&src, &info),
         first.resume_offset,
         &mut ctl,
     );
@@ -215,7 +222,7 @@ fn a_snapshot_made_again_under_the_same_name_is_refused() {
         .end
         .unwrap_err();
     assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
-    assert!(e.to_string().contains("deleted and made again"), "{e}");
+    assert!(e.to_string().contains("made again"), "{e}");
     assert_eq!(dst.volume_info_by_name("copy").unwrap().allocated_bytes, 0);
 }
 
@@ -268,4 +275,112 @@ fn a_target_volume_too_small_is_refused_before_any_write() {
     .end
     .unwrap_err();
     assert!(e.to_string().contains("none"), "{e}");
+}
+
+/// A pool like [`source_pool`] whose snapshot `s` carries `labels`.
+fn replica_pool(
+    writes: &[(u64, usize, u8)],
+    labels: &[(String, String)],
+) -> (tempfile::TempDir, Arc<lamina_engine::Pool>) {
+    let (d, p) = pool();
+    p.create_volume("src", 64 * MIB).unwrap();
+    let v = p.open_volume("src").unwrap();
+    for &(off, len, b) in writes {
+        v.write(off, &vec![b; len]).unwrap();
+    }
+    v.flush().unwrap();
+    p.create_snapshot("src", "s", labels).unwrap();
+    (d, p)
+}
+
+struct Others(Vec<lamina_transfer::Holder>);
+impl lamina_transfer::Holders for Others {
+    fn holders(&self, _volume: &str, _snapshot: &str) -> Vec<lamina_transfer::Holder> {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn a_pull_resumes_from_another_replica_of_the_same_snapshot_and_refuses_another() {
+    use lamina_transfer::identity::{format, ORIGIN_LABEL};
+    let ca = Ca::new();
+    let (_a, a_id) = ca.identity("node-a");
+    let (_b, b_id) = ca.identity("node-b");
+    let (_c, c_id) = ca.identity("node-c");
+    let (_t, dst_id) = ca.identity("target");
+    // Node a's snapshot, and two replicas of the volume: b's a copy of it
+    // (its origin), c's another snapshot of the same name and data.
+    let (_pa, a) = source_pool(64 * MIB, &scattered());
+    let origin = identity_of(&a, &snap(&a));
+    let (_pb, b) = replica_pool(&scattered(), &[(ORIGIN_LABEL.into(), format(origin))]);
+    let (_pc, c) = replica_pool(&scattered(), &[(ORIGIN_LABEL.into(), format(origin ^ 1))]);
+    assert_eq!(identity_of(&b, &snap(&b)), origin);
+    let (sa, sb, sc) = (
+        Served::new(a.clone(), a_id),
+        Served::new(b.clone(), b_id),
+        Served::new(c.clone(), c_id),
+    );
+    // a names the others (never itself, nor the peer asking).
+    let named = |n: &str, s: &Served| lamina_transfer::Holder {
+        node: n.into(),
+        address: s.addr.to_string(),
+    };
+    sa.source.serve_holders(Arc::new(Others(vec![
+        named("node-a", &sa),
+        named("target", &sa),
+        named("node-b", &sb),
+        named("node-c", &sc),
+        named("node-b", &sb),
+    ])));
+    let (_d, dst) = pool();
+    dst.create_volume("copy", 64 * MIB).unwrap();
+    let d = describe(&dst_id, &sa.remote("node-a"), "src", "s").unwrap();
+    assert_eq!(d.id, origin);
+    assert_eq!(d.holders, vec![named("node-b", &sb), named("node-c", &sc)]);
+
+    // Part of it from a, then a is gone.
+    let mut ctl = StopAtFirstCheckpoint::default();
+    let end = pull_copy(&dst, &dst_id, &sa.remote("node-a"), origin, 0, &mut ctl);
+    let first = ctl.0.expect("a durable checkpoint");
+    assert_eq!(end.end.unwrap(), CopyEnd::Stopped(first));
+    assert_eq!(end.holders.len(), 2);
+    drop(sa);
+
+    // c holds another snapshot of that name: refused, nothing applied.
+    let e = pull_copy(
+        &dst,
+        &dst_id,
+        &sc.remote("node-c"),
+        origin,
+        first.resume_offset,
+        &mut Nothing,
+    )
+    .end
+    .unwrap_err();
+    assert_eq!(e.reason(), Reason::SnapshotMissing, "{e}");
+    assert!(
+        e.to_string().contains("another snapshot of that name"),
+        "{e}"
+    );
+
+    // b holds the same one: the rest comes from it, from the offset.
+    let end = pull_copy(
+        &dst,
+        &dst_id,
+        &sb.remote("node-b"),
+        origin,
+        first.resume_offset,
+        &mut Nothing,
+    );
+    assert!(
+        matches!(end.end, Ok(CopyEnd::Done(p)) if p.done_bytes == p.total_bytes),
+        "{end:?}"
+    );
+    let rest = snap(&b).allocated_bytes - first.done_bytes;
+    assert!(
+        end.wire_bytes as f64 <= 1.05 * rest as f64 + 16384.0,
+        "{} wire bytes for the {rest} left",
+        end.wire_bytes
+    );
+    assert!(read_all(&a, "src", Some("s")) == read_all(&dst, "copy", None));
 }

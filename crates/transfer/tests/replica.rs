@@ -41,9 +41,15 @@ impl Volumes for Mems {
         std::thread::spawn(job);
     }
     fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
-        self.snapshot(volume, name, peer)
+        self.snapshot(volume, name, 0, peer)
     }
-    fn snapshot(&self, volume: &str, name: &str, _peer: &str) -> Result<(), IoError> {
+    fn snapshot(&self, volume: &str, name: &str, origin: u64, _peer: &str) -> Result<(), IoError> {
+        if name == "origin" && origin != 0x1234 {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("origin {origin:x}"),
+            ));
+        }
         match name {
             "refused" => Err(IoError::new(
                 IoErrorKind::NoSpace,
@@ -182,11 +188,13 @@ fn a_remote_volume_answers_as_the_volume_it_reaches() {
         "{e}"
     );
     // Snapshots are the node's to make, by name; a refusal comes back.
-    remote.snapshot("s1").unwrap();
+    remote.snapshot("s1", 0).unwrap();
+    // The origin reaches the node (version 3).
+    remote.snapshot("origin", 0x1234).unwrap();
     remote.delete_snapshot("s1").unwrap();
     let e = remote.delete_snapshot("refused").unwrap_err();
     assert_eq!((e.kind, e.op), (IoErrorKind::NoSpace, "delete-snapshot"));
-    let e = remote.snapshot("refused").unwrap_err();
+    let e = remote.snapshot("refused", 0).unwrap_err();
     assert_eq!((e.kind, e.op), (IoErrorKind::NoSpace, "snapshot"));
     assert!(e.message.contains("no room for v/refused"), "{e}");
     // A MemDevice keeps no generation: its refusal comes back as it is.

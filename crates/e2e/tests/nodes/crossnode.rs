@@ -17,12 +17,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 /// The ports every node listens on (each node has its own namespace).
 const API_PORT: u16 = 7400;
 const TRANSFER_PORT: u16 = 7401;
 /// What a slowed link carries each way: a copy of 100+ MiB takes a while.
-const SLOW: u64 = 8_000_000;
+pub(crate) const SLOW: u64 = 8_000_000;
 /// A generous bound on one copy (slowed, on 2 busy cores); it times nothing.
 const COPY_LIMIT: Duration = Duration::from_secs(900);
 /// The source's data: nbdkit's sparse-random plugin, the same bytes for the
@@ -178,13 +178,13 @@ impl<'a> Node<'a> {
         id
     }
 
-    fn op(&self, id: &str) -> Value {
+    pub(crate) fn op(&self, id: &str) -> Value {
         self.d.json(&["operation", "get", id])
     }
 
     /// Wait until the operation has done at least `bytes` (it must not
     /// fail or finish first); the operation then.
-    fn done_at_least(&self, id: &str, bytes: u64) -> Value {
+    pub(crate) fn done_at_least(&self, id: &str, bytes: u64) -> Value {
         wait_until(&format!("{bytes} bytes done"), COPY_LIMIT, || {
             let op = self.op(id);
             assert_eq!(op["state"], "running", "before {bytes} bytes: {op}");
@@ -193,7 +193,7 @@ impl<'a> Node<'a> {
     }
 
     /// Wait until the operation has ended; the operation then.
-    fn ended(&self, id: &str) -> Value {
+    pub(crate) fn ended(&self, id: &str) -> Value {
         wait_until("the clone's end", COPY_LIMIT, || {
             let op = self.op(id);
             (op["state"] != "running").then_some(op)
@@ -201,7 +201,7 @@ impl<'a> Node<'a> {
     }
 
     /// Wait for success; the operation then.
-    fn succeeded(&self, id: &str) -> Value {
+    pub(crate) fn succeeded(&self, id: &str) -> Value {
         let op = self.ended(id);
         assert_eq!(op["state"], "succeeded", "{op}\n{}", self.d.log());
         assert_eq!(op["done_bytes"], op["total_bytes"], "{op}");
@@ -209,7 +209,7 @@ impl<'a> Node<'a> {
     }
 
     /// The volume `name` does not exist here (a failed clone leaves none).
-    fn has_no_volume(&self, name: &str) {
+    pub(crate) fn has_no_volume(&self, name: &str) {
         let o = self.d.lamina(&["volume", "get", name]);
         assert!(!o.status.success(), "{name} is still there: {}", o.stdout);
         assert!(!self.d.ok(&["volume", "list"]).contains(name));
@@ -237,7 +237,7 @@ fn source(n: &Node, size: u64) -> u64 {
 }
 
 /// The nbdkit command that makes the source's data.
-fn generator(size: u64) -> Vec<String> {
+pub(crate) fn generator(size: u64) -> Vec<String> {
     [
         "nbdkit",
         "sparse-random",
@@ -280,7 +280,7 @@ fn generator_data(target: &Node, name: &str, size: u64) {
     );
 }
 
-fn error_starts_with_reason(op: &Value, reason: &str) {
+pub(crate) fn error_starts_with_reason(op: &Value, reason: &str) {
     assert_eq!(op["reason"], reason, "{op}");
     let e = op["error"].as_str().unwrap_or_default();
     assert!(

@@ -6,6 +6,7 @@ mod crossnode;
 #[path = "../../../controller/tests/support/mod.rs"]
 mod kube_env;
 mod node_register;
+mod replica_clone;
 mod replicated;
 mod transfer_listener;
 

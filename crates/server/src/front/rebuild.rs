@@ -185,7 +185,7 @@ fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<
                 continue;
             }
             round(ctx, front, node, &v, &rb, s)?;
-            io(v.snapshot(s))?;
+            io(v.snapshot(s, super::origin(&ctx.pool, &ctx.volume, s)))?;
             let s = s.clone();
             rebase(ctx, node, &rb, &s, |x| {
                 x.missed_snapshots.retain(|m| *m != s)

@@ -1,16 +1,20 @@
 //! A pull from another node: a job that runs lamina-transfer's pull into
 //! the volume made for it, records each durable offset, and retries a lost
 //! source or a cut link from there instead of from zero, within the retry
-//! window. A failed pull deletes what it had copied: a partial volume
-//! never passes for a clone. The wire protocol and its credentials are
-//! lamina-transfer's; the copying into the volume is the engine's.
+//! window: from the same source, or from another node holding the same
+//! snapshot (the other replicas of its volume, as the sources named them),
+//! each asked for the recorded snapshot identity, so that data of two
+//! snapshots is never mixed. A failed pull deletes what it had copied: a
+//! partial volume never passes for a clone. The wire protocol and its
+//! credentials are lamina-transfer's; the copying into the volume is the
+//! engine's.
 
 use crate::error::Failure;
 use crate::state::{Live, State, Step};
-use crate::store::{CloneSource, CopyRec, Op, OpRec};
+use crate::store::{CloneSource, CopyRec, Op, OpRec, PeerRec};
 use lamina_api::FailureReason;
 use lamina_engine::{CopyControl, CopyEnd, CopyProgress};
-use lamina_transfer::{Pull, Pulled, Reason, Remote};
+use lamina_transfer::{Holder, Pull, Pulled, Reason, Remote};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,6 +179,125 @@ pub fn remote_of(source: &CloneSource) -> Option<(Remote, String, String)> {
     }
 }
 
+/// Most other holders a remote clone records.
+const MAX_OTHERS: usize = 8;
+
+/// A recorded peer, as the transfer protocol reaches it.
+pub fn remote_of_peer(p: &PeerRec) -> Remote {
+    Remote {
+        address: p.address.clone(),
+        node: p.node.clone(),
+    }
+}
+
+/// The other holders `known`, with those a source `named` added after them
+/// (in order, each node once, never `first`, the source the clone names;
+/// at most [`MAX_OTHERS`]).
+pub fn others(first: &Remote, known: &[PeerRec], named: &[Holder]) -> Vec<PeerRec> {
+    let mut out = known.to_vec();
+    for h in named {
+        if h.node != first.node && !out.iter().any(|o| o.node == h.node) && out.len() < MAX_OTHERS {
+            out.push(PeerRec {
+                node: h.node.clone(),
+                address: h.address.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The nodes a pull may go on from, and which it uses now: the source the
+/// clone names first, then the others in the order they were learnt. A
+/// lost one stays a candidate (it may come back within the window); one
+/// that answered it holds no such snapshot (or another one of that name),
+/// or broke the protocol, is dropped for this run.
+#[derive(Debug)]
+struct Sources {
+    list: Vec<Remote>,
+    /// Why each was dropped; `None` while it is a candidate.
+    dropped: Vec<Option<String>>,
+    at: usize,
+    /// Attempts lost in a row since the copy last advanced (or since the
+    /// last pause): once every candidate had its turn, the next waits.
+    lost: usize,
+}
+
+impl Sources {
+    fn new(first: Remote, others: &[PeerRec]) -> Sources {
+        let mut s = Sources {
+            list: vec![first],
+            dropped: vec![None],
+            at: 0,
+            lost: 0,
+        };
+        s.learn(others);
+        s
+    }
+
+    fn current(&self) -> &Remote {
+        &self.list[self.at]
+    }
+
+    /// Add the nodes of `others` not listed yet.
+    fn learn(&mut self, others: &[PeerRec]) {
+        for o in others {
+            if !self.list.iter().any(|r| r.node == o.node) {
+                self.list.push(remote_of_peer(o));
+                self.dropped.push(None);
+            }
+        }
+    }
+
+    fn candidates(&self) -> usize {
+        self.dropped.iter().filter(|d| d.is_none()).count()
+    }
+
+    /// Move to the next candidate after the current one (the current one
+    /// again if it is the only one). Whether there is any.
+    fn advance(&mut self) -> bool {
+        let n = self.list.len();
+        for step in 1..=n {
+            let i = (self.at + step) % n;
+            if self.dropped[i].is_none() {
+                self.at = i;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The current source lost (unreachable, busy, or cut off): go to the
+    /// next candidate. True when every candidate has been lost once since
+    /// the copy last advanced, so the next attempt should wait first.
+    fn lose(&mut self) -> bool {
+        self.lost += 1;
+        self.advance();
+        if self.lost >= self.candidates() {
+            self.lost = 0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Drop the current source for `why`; whether a candidate is left
+    /// (then the current one).
+    fn drop_current(&mut self, why: String) -> bool {
+        self.dropped[self.at] = Some(why);
+        self.advance()
+    }
+
+    /// Every dropped source and why, for a failure's message.
+    fn why_dropped(&self) -> String {
+        self.list
+            .iter()
+            .zip(&self.dropped)
+            .filter_map(|(r, d)| d.as_ref().map(|d| format!("node {}: {d}", r.node)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 /// Start (or resume) the pull of recorded operation `rec` into volume
 /// `name` (made already, at the source's size).
 pub fn start(st: &Arc<State>, rec: &OpRec, name: &str) -> Result<(), Failure> {
@@ -301,11 +424,16 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
         rec.copy.as_ref().map_or(0, |c| c.wire_bytes),
     ));
     let mut backoff = Duration::from_millis(200);
+    let mut sources = Sources::new(
+        remote.clone(),
+        rec.copy.as_ref().map_or(&[][..], |c| &c.others[..]),
+    );
     loop {
         let copy = rec
             .copy
             .clone()
             .expect("a remote clone's copy is recorded before it runs");
+        let source = sources.current().clone();
         let mut ctl = Ctl {
             st,
             live: Live::start(rec.done_bytes, rec.total_bytes),
@@ -320,7 +448,7 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
         ctl.publish();
         let pull = Pull {
             into: name,
-            remote: &remote,
+            remote: &source,
             volume: &rvol,
             snapshot: &rsnap,
             expect_id: copy.snapshot_id,
@@ -328,13 +456,22 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             checkpoint_bytes: CHECKPOINT_BYTES,
             stall_timeout: st.transfer_stall_timeout,
         };
-        let Pulled { end, .. } =
+        let Pulled { end, holders, .. } =
             lamina_transfer::pull_into_counting(&st.pool, &identity, &pull, &mut ctl, &wire);
         // Every attempt's bytes count, a cut-off one's too.
         ctl.count_received();
         if ctl.advanced {
             outage = None;
             backoff = Duration::from_millis(200);
+            sources.lost = 0;
+        }
+        // Holders this source named, recorded with the next record.
+        if let Some(c) = ctl.rec.copy.as_mut() {
+            let known = others(&remote, &c.others, &holders);
+            if known != c.others {
+                sources.learn(&known);
+                c.others = known;
+            }
         }
         let failed = ctl.failed.take();
         match (end, failed) {
@@ -358,13 +495,48 @@ fn run_pull(st: &Arc<State>, mut rec: OpRec, name: &str) {
             },
             (Err(e), None) => {
                 let reason = e.reason();
+                // This source does not hold the snapshot the copy started
+                // from (none of that name, or another one), or it broke the
+                // protocol or sent a damaged frame: another may serve.
+                let not_this_one = matches!(
+                    reason,
+                    Reason::SnapshotMissing | Reason::Refused | Reason::Protocol | Reason::Checksum
+                );
+                if not_this_one {
+                    let why = e.to_string();
+                    if sources.drop_current(why.clone()) {
+                        tracing::warn!(source = %source.node, error = %why, next = %sources.current().node,
+                            "this source cannot serve the snapshot; going on from another holder");
+                        let _ = st.transition(&mut rec, Step::Progress);
+                        continue;
+                    }
+                    received.remove();
+                    let all = if sources.list.len() > 1 {
+                        format!(
+                            "no node serves the snapshot the clone started from: {}",
+                            sources.why_dropped()
+                        )
+                    } else {
+                        why
+                    };
+                    return fail(st, &mut rec, name, api_reason(reason), all);
+                }
                 let retriable = matches!(reason, Reason::SourceUnreachable);
                 let since = *outage.get_or_insert_with(Instant::now);
                 if !retriable || since.elapsed() >= st.transfer_retry_window {
                     received.remove();
                     return fail(st, &mut rec, name, api_reason(reason), e.to_string());
                 }
-                tracing::warn!(error = %e, retry_in = ?backoff, "pull interrupted; resuming from the last durable offset");
+                let wait = sources.lose();
+                let next = sources.current().node.clone();
+                if !wait {
+                    tracing::warn!(source = %source.node, error = %e, %next,
+                        "pull interrupted; going on from another holder of the snapshot, from the last durable offset");
+                    let _ = st.transition(&mut rec, Step::Progress);
+                    continue;
+                }
+                tracing::warn!(source = %source.node, error = %e, %next, retry_in = ?backoff,
+                    "pull interrupted; resuming from the last durable offset");
                 let _ = st.transition(&mut rec, Step::Progress);
                 let until = Instant::now() + backoff;
                 while Instant::now() < until {
@@ -400,4 +572,69 @@ fn fail(st: &State, rec: &mut OpRec, name: &str, reason: FailureReason, error: S
     rec.reason = Some(reason);
     let error = format!("{}: {error}", reason.as_str());
     let _ = st.transition(rec, Step::End(Some(error)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: &str) -> Remote {
+        Remote {
+            address: format!("{n}:7481"),
+            node: n.into(),
+        }
+    }
+
+    fn h(n: &str) -> Holder {
+        Holder {
+            node: n.into(),
+            address: format!("{n}:7481"),
+        }
+    }
+
+    #[test]
+    fn holders_named_are_kept_once_in_order_without_the_first_source() {
+        let first = r("a");
+        let o = others(&first, &[], &[h("b"), h("a"), h("c"), h("b")]);
+        let nodes: Vec<_> = o.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(nodes, ["b", "c"]);
+        // Learnt later: after those known, a known one not moved.
+        let o = others(&first, &o, &[h("d"), h("c")]);
+        let nodes: Vec<_> = o.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(nodes, ["b", "c", "d"]);
+        let many: Vec<_> = (0..20).map(|i| h(&format!("n{i}"))).collect();
+        assert_eq!(others(&first, &[], &many).len(), MAX_OTHERS);
+    }
+
+    #[test]
+    fn a_lost_source_hands_over_to_the_next_and_waits_only_after_a_full_turn() {
+        let known = others(&r("a"), &[], &[h("b"), h("c")]);
+        let mut s = Sources::new(r("a"), &known);
+        assert_eq!(s.current().node, "a");
+        // a lost: b at once, then c at once, then a again after a wait.
+        assert!(!s.lose());
+        assert_eq!(s.current().node, "b");
+        assert!(!s.lose());
+        assert_eq!(s.current().node, "c");
+        assert!(s.lose());
+        assert_eq!(s.current().node, "a");
+        // A source that holds another snapshot is dropped for good; the
+        // turn is then of the candidates left.
+        assert!(s.drop_current("another snapshot".into()));
+        assert_eq!(s.current().node, "b");
+        assert!(!s.lose());
+        assert_eq!(s.current().node, "c");
+        assert!(s.lose());
+        assert_eq!(s.current().node, "b");
+        assert!(s.drop_current("missing".into()));
+        assert_eq!(s.current().node, "c");
+        // The last one lost: it is tried again, after a wait.
+        assert!(s.lose());
+        assert_eq!(s.current().node, "c");
+        assert!(!s.drop_current("missing".into()));
+        assert_eq!(
+            s.why_dropped(),
+            "node a: another snapshot; node b: missing; node c: missing"
+        );
+    }
 }

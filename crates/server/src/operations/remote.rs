@@ -164,9 +164,17 @@ pub(super) async fn clone(
         })
         .await?;
         rec.total_bytes = described.data_bytes;
+        // The replicas of the snapshot's volume that the source named: where
+        // the pull goes on if the source is lost.
+        let others = crate::jobs::pull::others(&remote, &[], &described.holders);
+        if !others.is_empty() {
+            tracing::info!(op = %rec.id, others = ?others.iter().map(|o| &o.node).collect::<Vec<_>>(),
+                "other nodes hold the snapshot too");
+        }
         rec.copy = Some(CopyRec {
             snapshot_id: described.id,
             resent_bytes: Some(0),
+            others,
             ..CopyRec::new(rvol.clone(), rsnap.clone(), false)
         });
         rec.reason = None;
@@ -179,14 +187,31 @@ pub(super) async fn clone(
     let info = match blocking(move || Ok(p.volume_info_by_name(&n2)?)).await {
         Ok(info) => info,
         Err(f) => {
-            // Recorded but never made (killed between the two): make it.
+            // Recorded but never made (killed between the two): make it, at
+            // the size of the snapshot (of the recorded identity) that the
+            // source, or another holder of it, describes.
             let copy = rec.copy.clone().expect("set above");
             let (id2, r2) = (identity.clone(), remote.clone());
             let (p, n2) = (st.pool.clone(), name.clone());
             let made = blocking(move || {
-                let d = lamina_transfer::describe(&id2, &r2, &copy.volume, &copy.snapshot)
-                    .map_err(|e| request_failure(&e, &r2))?;
-                Ok(p.create_volume(&n2, d.size)?)
+                let mut sources = vec![r2.clone()];
+                sources.extend(copy.others.iter().map(crate::jobs::pull::remote_of_peer));
+                let mut last = None;
+                for r in &sources {
+                    match lamina_transfer::describe(&id2, r, &copy.volume, &copy.snapshot) {
+                        Ok(d) if d.id == copy.snapshot_id => {
+                            return Ok(p.create_volume(&n2, d.size)?);
+                        }
+                        Ok(_) => {
+                            last = Some(Failure::not_found(format!(
+                                "snapshot-missing: node {} holds another snapshot {}/{} than the clone started from",
+                                r.node, copy.volume, copy.snapshot
+                            )))
+                        }
+                        Err(e) => last = Some(request_failure(&e, r)),
+                    }
+                }
+                Err(last.unwrap_or_else(|| Failure::internal("no source")))
             })
             .await;
             made.map_err(|_| f)?

@@ -18,7 +18,7 @@ mod replicas;
 use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
 pub use nodes::{Added, NodeRec};
-pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec};
+pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec, PeerRec};
 pub use replicas::{LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec, MAX_REPLICAS};
 
 use crate::error::ServerError;

@@ -245,6 +245,20 @@ pub struct CopyRec {
     /// A remote clone: bytes received on the wire over all its attempts.
     #[serde(default)]
     pub wire_bytes: u64,
+    /// A remote clone: other nodes that may hold the same snapshot (the
+    /// other replicas of its volume), as the sources named them, in the
+    /// order they are tried when the source in use is lost. Each is asked
+    /// for the snapshot of the recorded `snapshot_id`, never another.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<PeerRec>,
+}
+
+/// Another node a remote clone may pull from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PeerRec {
+    pub node: String,
+    /// Its transfer listener, `HOST:PORT`.
+    pub address: String,
 }
 
 impl CopyRec {
@@ -260,6 +274,7 @@ impl CopyRec {
             received_bytes: 0,
             resent_bytes: None,
             wire_bytes: 0,
+            others: Vec::new(),
         }
     }
 }

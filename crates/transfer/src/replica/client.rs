@@ -19,7 +19,8 @@ use crate::error::TransferError;
 use crate::frames::{gather, read_async, ReadError};
 use crate::tls::Identity;
 use crate::wire::{
-    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, VERSION,
+    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, REPLICA_VERSION,
+    VERSION,
 };
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use rustls::pki_types::ServerName;
@@ -118,6 +119,9 @@ pub struct RemoteVolume {
     size: u64,
     caps: Caps,
     read_only: bool,
+    /// The session's protocol version: 3, or 2 with a replica's node of
+    /// that version (its snapshots then get no origin).
+    version: u16,
 }
 
 impl RemoteVolume {
@@ -162,9 +166,19 @@ impl RemoteVolume {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (remote, volume) = (remote.clone(), volume.to_string());
         rt.spawn(async move {
-            let _ = tx.send(attach(config, &remote, &volume, create, options).await);
+            // A replica's node of version 2 refuses Hello 3 (code 1): a
+            // session of version 2 does all but give snapshots an origin.
+            let mut r = attach(config.clone(), &remote, &volume, create, options, VERSION).await;
+            if let Err(TransferError::Remote {
+                code: Code::Version,
+                ..
+            }) = &r
+            {
+                r = attach(config, &remote, &volume, create, options, REPLICA_VERSION).await;
+            }
+            let _ = tx.send(r);
         });
-        let (tls, peer, size, caps, read_only) = rx.recv().map_err(|_| {
+        let (tls, peer, size, caps, read_only, version) = rx.recv().map_err(|_| {
             TransferError::Invalid("the replica sessions' runtime stopped".into())
         })??;
         let (out, rx) = mpsc::unbounded_channel();
@@ -181,29 +195,34 @@ impl RemoteVolume {
             rt.spawn(watch(session.clone(), options)),
         ];
         session.lock_tasks().extend(tasks);
-        info!(peer = %session.peer, "replica session attached");
+        info!(peer = %session.peer, version, "replica session attached");
         Ok(RemoteVolume {
             session,
             size,
             caps,
             read_only,
+            version,
         })
     }
 
-    /// Snapshot the replica's volume as `name` (an existing snapshot of
-    /// that name is as good), and wait for it. Blocks.
-    pub fn snapshot(&self, name: &str) -> Result<(), IoError> {
-        self.named_call(OpCode::Snapshot, name)
+    /// Snapshot the replica's volume as `name`, a copy of the snapshot
+    /// whose identity is `origin` (`crate::identity`; an existing snapshot
+    /// of that name and origin is as good), and wait for it. In a session
+    /// of version 2 the origin is not sent. Blocks.
+    pub fn snapshot(&self, name: &str, origin: u64) -> Result<(), IoError> {
+        let origin = if self.version >= 3 { origin } else { 0 };
+        self.named_call(OpCode::Snapshot, name, origin)
     }
 
     /// Delete the replica's snapshot `name` (one not there is as good),
     /// and wait for it. Blocks.
     pub fn delete_snapshot(&self, name: &str) -> Result<(), IoError> {
-        self.named_call(OpCode::DeleteSnapshot, name)
+        self.named_call(OpCode::DeleteSnapshot, name, 0)
     }
 
-    /// A call whose payload is a snapshot's name, waited for.
-    fn named_call(&self, op: OpCode, name: &str) -> Result<(), IoError> {
+    /// A call whose payload is a snapshot's name (and whose offset its
+    /// origin), waited for.
+    fn named_call(&self, op: OpCode, name: &str, offset: u64) -> Result<(), IoError> {
         if name.is_empty() || name.len() > wire::MAX_NAME {
             return Err(IoError::new(
                 IoErrorKind::Invalid,
@@ -211,7 +230,7 @@ impl RemoteVolume {
             )
             .at((op_name(op), 0, 0)));
         }
-        self.call_and_wait(op, 0, name.as_bytes()).map(|_| ())
+        self.call_and_wait(op, offset, name.as_bytes()).map(|_| ())
     }
 
     /// Why the session failed, if it has.
@@ -272,7 +291,8 @@ async fn attach(
     volume: &str,
     create: u64,
     o: SessionOptions,
-) -> Result<(TlsStream<TcpStream>, String, u64, Caps, bool), TransferError> {
+    version: u16,
+) -> Result<(TlsStream<TcpStream>, String, u64, Caps, bool, u16), TransferError> {
     let unreachable = |source| TransferError::Unreachable {
         address: remote.address.clone(),
         source,
@@ -334,11 +354,11 @@ async fn attach(
             Err(_) => Err(io_error(&peer, timed_out())),
         }
     };
-    match exchange(Frame::Hello { version: VERSION }).await? {
-        Frame::Hello { version } if version == VERSION => {}
-        Frame::Hello { version } => {
+    match exchange(Frame::Hello { version }).await? {
+        Frame::Hello { version: v } if v == version => {}
+        Frame::Hello { version: v } => {
             return Err(protocol(format!(
-                "the replica's node speaks transfer protocol version {version}, a front end needs {VERSION}"
+                "the replica's node speaks transfer protocol version {v}, this front end asked for {version}"
             )))
         }
         Frame::Error { code, message } => return Err(refused(code, message)),
@@ -354,7 +374,7 @@ async fn attach(
             size,
             caps,
             read_only,
-        } => Ok((tls, peer, size, caps, read_only)),
+        } => Ok((tls, peer, size, caps, read_only, version)),
         Frame::Error { code, message } => Err(refused(code, message)),
         f => Err(protocol(format!("expected Attached, got {}", f.summary()))),
     }

@@ -1,6 +1,6 @@
 //! Replica sessions: a front end reaches a replica's volume on another node
 //! through the data path's trait, over the transfer protocol's TLS and
-//! frames (version 2, `docs/transfer.md`, "Replica sessions"). One protocol
+//! frames (version 2 on, `docs/transfer.md`, "Replica sessions"). One protocol
 //! serves both pulls and replicas: the same listener, certificates, frame
 //! codec, checksums and limits; a session is a pull or a replica session by
 //! its first frame after the Hellos.
@@ -43,9 +43,14 @@ pub trait Volumes: Send + Sync + 'static {
         create: Option<u64>,
     ) -> Result<Arc<dyn BlockIo>, IoError>;
     /// Snapshot this node's `volume` as `name` for the front end of node
-    /// `peer`; one of that name there already is as good. Called from a
-    /// thread that may block.
-    fn snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError>;
+    /// `peer`, a copy of the snapshot whose identity is `origin`
+    /// (`crate::identity`; 0: not said, by a front end of version 2), which
+    /// the snapshot keeps as its own ([`crate::identity::ORIGIN_LABEL`]).
+    /// One of that name there already is as good if it has that origin (or
+    /// none was said); one of another origin is another snapshot, an error
+    /// of kind [`IoErrorKind::Invalid`](lamina_blockio::IoErrorKind::Invalid).
+    /// Called from a thread that may block.
+    fn snapshot(&self, volume: &str, name: &str, origin: u64, peer: &str) -> Result<(), IoError>;
     /// Delete this node's snapshot `volume`/`name`, made for the front end
     /// of node `peer`; one not there is as good. Called from a thread that
     /// may block.

@@ -158,8 +158,12 @@ pub(crate) async fn session(
                     _node_bytes: node_permit,
                 });
             };
-            if let CallOp::Snapshot { name } | CallOp::DeleteSnapshot { name } = &call.op {
+            if let CallOp::Snapshot { name, .. } | CallOp::DeleteSnapshot { name } = &call.op {
                 // The daemon's, not the volume handle's, to make.
+                let origin = match &call.op {
+                    CallOp::Snapshot { origin, .. } => *origin,
+                    _ => 0,
+                };
                 let (v, name, volume, peer) = (
                     volumes.clone(),
                     name.clone(),
@@ -169,7 +173,10 @@ pub(crate) async fn session(
                 let (tag, code) = (call.tag, call.op.code());
                 volumes.run(Box::new(move || {
                     let (done, answered) = match code {
-                        OpCode::Snapshot => (v.snapshot(&volume, &name, &peer), Answered::Snapshot),
+                        OpCode::Snapshot => (
+                            v.snapshot(&volume, &name, origin, &peer),
+                            Answered::Snapshot,
+                        ),
                         _ => (
                             v.delete_snapshot(&volume, &name, &peer),
                             Answered::DeleteSnapshot,

@@ -100,9 +100,12 @@ pub enum CallOp {
     /// Nothing: keeps an idle session alive and proves the peer answers.
     Ping,
     /// Snapshot the attached volume as `name` (1 to 255 bytes of UTF-8;
-    /// the replica's node applies the engine's naming rule).
+    /// the replica's node applies the engine's naming rule), a copy of the
+    /// snapshot whose identity is `origin` (`crate::identity`; carried in
+    /// the call's offset, 0 for none: a version 2 session's).
     Snapshot {
         name: String,
+        origin: u64,
     },
     /// Delete the attached volume's snapshot `name` (one that is not there
     /// is as good).
@@ -338,7 +341,9 @@ pub(super) fn call(b: &mut Body<'_>) -> Result<Call, WireError> {
         }
         OpCode::Snapshot | OpCode::DeleteSnapshot => {
             let name = std::mem::take(&mut b.rest);
-            if offset != 0 || name.len() as u64 != len || name.is_empty() || name.len() > MAX_NAME {
+            // A snapshot's offset is its origin; a delete has none.
+            let origin_ok = offset == 0 || op == OpCode::Snapshot;
+            if !origin_ok || name.len() as u64 != len || name.is_empty() || name.len() > MAX_NAME {
                 return Err(b.bad(format!(
                     "snapshot call with offset {offset}, len {len} and a name of {} bytes",
                     name.len()
@@ -347,7 +352,10 @@ pub(super) fn call(b: &mut Body<'_>) -> Result<Call, WireError> {
             let name = String::from_utf8(name.to_vec())
                 .map_err(|_| b.bad("snapshot name is not UTF-8"))?;
             match op {
-                OpCode::Snapshot => CallOp::Snapshot { name },
+                OpCode::Snapshot => CallOp::Snapshot {
+                    name,
+                    origin: offset,
+                },
                 _ => CallOp::DeleteSnapshot { name },
             }
         }
@@ -470,11 +478,11 @@ pub(super) fn encode_call(c: &Call, out: &mut Vec<u8>) {
         }
         CallOp::Size => call_body(t, OpCode::Size, 0, 0, 0, &[], out),
         CallOp::Ping => call_body(t, OpCode::Ping, 0, 0, 0, &[], out),
-        CallOp::Snapshot { name } => call_body(
+        CallOp::Snapshot { name, origin } => call_body(
             t,
             OpCode::Snapshot,
             0,
-            0,
+            *origin,
             name.len() as u64,
             name.as_bytes(),
             out,

@@ -18,14 +18,22 @@ fn frame() -> impl Strategy<Value = Frame> {
                 snapshot,
             })
         ),
-        any::<[u64; 4]>().prop_map(
-            |[id, size, data_bytes, skipped_bytes]| Frame::Answer(Answer {
-                id,
-                size,
-                data_bytes,
-                skipped_bytes
-            })
-        ),
+        (
+            any::<[u64; 4]>(),
+            proptest::collection::vec((name(), name()), 0..=MAX_HOLDERS)
+        )
+            .prop_map(|([id, size, data_bytes, skipped_bytes], h)| {
+                Frame::Answer(Answer {
+                    id,
+                    size,
+                    data_bytes,
+                    skipped_bytes,
+                    holders: h
+                        .into_iter()
+                        .map(|(node, address)| Holder { node, address })
+                        .collect(),
+                })
+            }),
         (
             0u64..1 << 50,
             proptest::collection::vec(any::<u8>(), 1..5000)
@@ -75,7 +83,7 @@ fn call_op() -> impl Strategy<Value = CallOp> {
         any::<u64>().prop_map(|generation| CallOp::Activate { generation }),
         Just(CallOp::Size),
         Just(CallOp::Ping),
-        name().prop_map(|name| CallOp::Snapshot { name }),
+        (name(), any::<u64>()).prop_map(|(name, origin)| CallOp::Snapshot { name, origin }),
         name().prop_map(|name| CallOp::DeleteSnapshot { name }),
     ]
 }
@@ -366,4 +374,78 @@ fn a_reply_is_checked_field_by_field() {
             }
         })
     );
+}
+
+#[test]
+fn version_3_frames_are_laid_out_as_documented() {
+    fn name(s: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    // An Answer: four u64, the count, then each holder's node and address.
+    let mut body = Vec::new();
+    for v in [0x1234_abcd_5678_ef01u64, 384 << 20, 192 << 20, 64 << 20] {
+        body.extend_from_slice(&v.to_be_bytes());
+    }
+    body.push(2);
+    for s in ["n1", "10.0.0.2:7401", "n2", "10.0.0.3:7401"] {
+        name(s, &mut body);
+    }
+    let a = Answer {
+        id: 0x1234_abcd_5678_ef01,
+        size: 384 << 20,
+        data_bytes: 192 << 20,
+        skipped_bytes: 64 << 20,
+        holders: vec![
+            Holder {
+                node: "n1".into(),
+                address: "10.0.0.2:7401".into(),
+            },
+            Holder {
+                node: "n2".into(),
+                address: "10.0.0.3:7401".into(),
+            },
+        ],
+    };
+    let mut out = Vec::new();
+    encode(&Frame::Answer(a.clone()), &mut out);
+    assert_eq!(out, framed(3, &body));
+    assert_eq!(decode(&out).unwrap(), Some((Frame::Answer(a), out.len())));
+    // Without holders, the Answer of versions 1 and 2: 32 bytes.
+    assert_eq!(decode(&framed(3, &body[..32])).unwrap().unwrap().1, 44);
+    // A count of 0, of 5, a holder cut short, an empty node: malformed.
+    for bad in [
+        [&body[..32], &[0]].concat(),
+        [&body[..32], &[5]].concat(),
+        body[..body.len() - 1].to_vec(),
+        [&body[..32], &[1, 0, 0, 0, 1, b'x']].concat(),
+    ] {
+        assert!(
+            matches!(decode(&framed(3, &bad)), Err(WireError::Malformed { .. })),
+            "{bad:?}"
+        );
+    }
+    // A snapshot Call: its origin in the offset; a delete takes none.
+    let mut body = Vec::new();
+    body.extend_from_slice(&7u64.to_be_bytes());
+    body.extend_from_slice(&[9, 0]);
+    body.extend_from_slice(&0x1234_abcd_5678_ef01u64.to_be_bytes());
+    body.extend_from_slice(&4u64.to_be_bytes());
+    body.extend_from_slice(b"gold");
+    let c = Call {
+        tag: 7,
+        op: CallOp::Snapshot {
+            name: "gold".into(),
+            origin: 0x1234_abcd_5678_ef01,
+        },
+    };
+    let mut out = Vec::new();
+    encode(&Frame::Call(c.clone()), &mut out);
+    assert_eq!(out, framed(10, &body));
+    assert_eq!(decode(&out).unwrap(), Some((Frame::Call(c), out.len())));
+    body[8] = 10;
+    assert!(matches!(
+        decode(&framed(10, &body)),
+        Err(WireError::Malformed { .. })
+    ));
 }

@@ -284,6 +284,35 @@ pub fn fake_source(
     (addr, t)
 }
 
+/// A fake source of `n` connections, one after the other: `script` runs
+/// each, given its number (0 first).
+pub fn fake_sources(
+    identity: Arc<Identity>,
+    n: usize,
+    script: impl Fn(usize, &mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>)
+        + Send
+        + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        for i in 0..n {
+            let (tcp, _) = l.accept().unwrap();
+            let conn = rustls::ServerConnection::new(identity.server_config().unwrap()).unwrap();
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            script(i, &mut s);
+            s.conn.send_close_notify();
+            let _ = s.flush();
+        }
+    });
+    (addr, t)
+}
+
+/// The identity a source reports for snapshot `info` of pool `p`.
+pub fn identity_of(p: &lamina_engine::Pool, info: &lamina_engine::SnapshotInfo) -> u64 {
+    lamina_transfer::identity::of_snapshot(p.pool_id(), info.id, &info.labels)
+}
+
 /// A fake client: connects to `addr` as `identity`, expecting `node`.
 pub fn fake_client(
     identity: &Identity,
