@@ -815,14 +815,6 @@ fn a_replica_whose_disk_fills_up_is_faulted_and_rebuilt_once_there_is_room() {
         &uri,
         &["--randseed=3", "--do_verify=1", "--size=8m", "--offset=64m"],
     );
-    std::fs::write("/tmp/full-b.log", b.d.log()).unwrap();
-    std::fs::write("/tmp/full-a.log", a.d.log()).unwrap();
-    a.d.ok(&["volume", "detach", "r"]);
-    a.d.ok(&["snapshot", "create", "r", "dbg"]);
-    for (n, f) in [(&a, "/tmp/full-n0.raw"), (&b, "/tmp/full-n1.raw")] {
-        let u = n.d.attach(&["snapshot", "attach", "r", "dbg"]);
-        run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &u, f])).ok();
-    }
     let ends = alike(&a, &[&b]);
     fio(&ends[1], &["--randseed=2", "--verify_only", "--offset=32m"]);
 }
