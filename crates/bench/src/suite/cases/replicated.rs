@@ -678,14 +678,9 @@ fn judge(ctx: &mut Ctx) {
             U,
             goal,
         );
-        r.compare(
-            CASE,
-            &format!("{label}, qemu: write-blocking mirror vs none (the anchor's own cost)"),
-            label,
-            MIRROR,
-            QSD,
-            None,
-        );
+        // (qemu's mirror against its own export without it is the raw
+        // record `÷ the same server unreplicated`: a comparison's verdict
+        // names Lamina, and neither side here is Lamina.)
         // And ahead of the qemu anchor: in IOPS, and in the share of its
         // own unreplicated speed each keeps.
         let ahead = qd32.then_some(1.0);
