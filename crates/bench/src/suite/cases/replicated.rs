@@ -21,11 +21,13 @@
 //! 1. I/O: 4 KiB random writes at QD1 and QD32 on each of the five exports
 //!    in turn, the order rotated each round; ratios to the same server's
 //!    unreplicated export, and Lamina's to the qemu mirror.
-//! 2. Rebuild: a steady write load on `r2` (`replicated_load_iops`), n1's
-//!    link cut at the switch for `replicated_outage` seconds and restored;
-//!    the rebuild's bytes sent (the replica's `last_rebuild`) ÷ bytes
-//!    written to `r2` from the cut until it is healthy (the daemon's
-//!    `volume_io_bytes` counter), and the time from the restore to healthy.
+//! 2. Rebuild: a steady write load on `r2` (`replicated_load_iops`, a
+//!    flush every `LOAD_FSYNC` writes), n1's link cut at the switch for
+//!    `replicated_outage` seconds and restored; the rebuild's bytes sent
+//!    (the replica's `last_rebuild`) ÷ bytes written to `r2` from the cut
+//!    until it is healthy (the daemon's `volume_io_bytes` counter), and the
+//!    time from the restore to healthy. The full profile first runs one
+//!    outage with nothing flushed (what a writer that never flushes gets).
 //! 3. Snapshot latency: `POST .../snapshots` through the API client timed,
 //!    50 ms apart, under fio's 4 KiB random writes at QD32, on `u`, `r2`
 //!    and `r3` in turn; the snapshots are deleted after each turn.
