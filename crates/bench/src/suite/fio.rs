@@ -24,6 +24,14 @@ pub struct Job {
     /// `SLICE_MS`, stamped with the Unix time in ms of the slice's end
     /// (`read_iops_log`).
     pub iops_log: Option<PathBuf>,
+    /// Issue at most this many I/Os a second (fio's `rate_iops`): a steady
+    /// load rather than the most the target takes.
+    pub rate_iops: Option<u32>,
+    /// Flush after every this many writes (fio's `fsync`: NBD_CMD_FLUSH
+    /// through the nbd engine), as a file system or a database would.
+    pub fsync: Option<u32>,
+    /// Flush once at the end of the job (fio's `end_fsync`).
+    pub end_fsync: bool,
 }
 
 /// The length of one entry of an IOPS log.
@@ -40,6 +48,9 @@ impl Job {
             size: None,
             seed: 1,
             iops_log: None,
+            rate_iops: None,
+            fsync: None,
+            end_fsync: false,
         }
     }
 }
@@ -89,6 +100,15 @@ fn command(job: &Job, target: &Target) -> Command {
         c.arg(format!("--write_iops_log={}", prefix.display()))
             .arg(format!("--log_avg_msec={SLICE_MS}"))
             .arg("--log_unix_epoch=1");
+    }
+    if let Some(r) = job.rate_iops {
+        c.arg(format!("--rate_iops={r}"));
+    }
+    if let Some(n) = job.fsync {
+        c.arg(format!("--fsync={n}"));
+    }
+    if job.end_fsync {
+        c.arg("--end_fsync=1");
     }
     match job.number_ios {
         Some(n) => {
@@ -156,6 +176,29 @@ impl Running {
             );
         }
         parse(&self.job, &stdout)
+    }
+}
+
+impl Running {
+    /// Stop the job now (SIGINT, as at the end of its run) and take its
+    /// report: for a load that lasts as long as something else does. fio
+    /// stopped so exits non-zero but still prints its report, which says
+    /// whether the job met an error.
+    pub fn interrupt(mut self) -> Result<Outcome> {
+        let c = self.child.take().unwrap();
+        // SAFETY: kill(2) on our own child's pid; it touches no memory.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGINT);
+        }
+        let out = c.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        parse(&self.job, &stdout).with_context(|| {
+            format!(
+                "fio stopped with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
     }
 }
 

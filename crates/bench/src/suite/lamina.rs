@@ -87,6 +87,34 @@ impl Lamina {
         Ok(())
     }
 
+    /// A replicated volume: this node's replica and one on each of
+    /// `replicas`, other nodes by name in this daemon's node list.
+    pub fn create_replicated(&self, name: &str, size: u64, replicas: &[&str]) -> Result<()> {
+        let req = CreateVolume {
+            name: name.into(),
+            size,
+            replicas: replicas.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
+        };
+        self.call(self.client.create_volume(&req))?;
+        Ok(())
+    }
+
+    /// Add a node to this daemon's node list (`lamina node add`).
+    pub fn add_node(&self, name: &str, address: &str) -> Result<()> {
+        let req = lamina_api::AddNode {
+            name: name.into(),
+            address: address.into(),
+        };
+        self.call(self.client.add_node(&req))?;
+        Ok(())
+    }
+
+    /// The daemon's Prometheus metrics, as `/metrics` serves them.
+    pub fn metrics(&self) -> Result<String> {
+        self.call(self.client.metrics())
+    }
+
     /// A volume's description (size, allocated, exclusive and shared bytes).
     pub fn volume(&self, name: &str) -> Result<lamina_api::Volume> {
         self.call(self.client.get_volume(name))

@@ -39,8 +39,8 @@ pub struct SuiteArgs {
     /// (default: a temporary directory in the current one, removed after).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Run only these cases (comma separated): io, depth, snapshot, delete,
-    /// clone, crossnode, scale.
+    /// Run only these cases (comma separated): io, node, depth, snapshot,
+    /// delete, clone, crossnode, replicated, index, scale.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Rounds of each comparison (default 3, quick 1).
@@ -86,6 +86,13 @@ pub struct Profile {
     /// Scale: volumes, and snapshots per volume.
     pub scale_volumes: usize,
     pub scale_snapshots: usize,
+    /// Replicated: the volumes' size.
+    pub replicated_size: u64,
+    /// Replicated: seconds a replica's link is cut (the front end waits
+    /// 5 s of silence before it faults it), and the steady write load
+    /// meanwhile (4 KiB writes a second).
+    pub replicated_outage: f64,
+    pub replicated_load_iops: u32,
 }
 
 impl Profile {
@@ -107,6 +114,9 @@ impl Profile {
             crossnode_allocated: 2 * GIB,
             scale_volumes: 1000,
             scale_snapshots: 30,
+            replicated_size: GIB,
+            replicated_outage: 10.0,
+            replicated_load_iops: 2000,
         }
     }
 
@@ -128,6 +138,9 @@ impl Profile {
             crossnode_allocated: 128 * MIB,
             scale_volumes: 40,
             scale_snapshots: 5,
+            replicated_size: 128 * MIB,
+            replicated_outage: 6.0,
+            replicated_load_iops: 500,
         }
     }
 }
@@ -184,6 +197,7 @@ pub const CASES: &[(&str, &str, CaseFn)] = &[
     ("delete", "Snapshot delete", cases::delete::run),
     ("clone", "Clones", cases::clone::run),
     ("crossnode", "Cross-node clone", cases::crossnode::run),
+    ("replicated", "Replicated volumes", cases::replicated::run),
     ("index", "Index space", cases::index::run),
     ("scale", "Scale (control plane)", cases::scale::run),
 ];
@@ -267,9 +281,8 @@ pub fn run(a: SuiteArgs) -> Result<()> {
     }
     for o in &a.only {
         if !CASES.iter().any(|(n, _, _)| n == o) {
-            bail!(
-                "no case {o:?}; the cases are io, depth, snapshot, delete, clone, crossnode, index, scale"
-            );
+            let names: Vec<&str> = CASES.iter().map(|(n, _, _)| *n).collect();
+            bail!("no case {o:?}; the cases are {}", names.join(", "));
         }
     }
     let out = a.out.clone().unwrap_or_else(|| {

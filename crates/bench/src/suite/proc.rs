@@ -18,11 +18,27 @@ pub struct Server {
 impl Server {
     /// Start `cmd` with its output in `log_dir/<name>.log`, and wait until
     /// `socket` accepts a connection.
-    pub fn start(name: &str, mut cmd: Command, log_dir: &Path, socket: &Path) -> Result<Server> {
+    pub fn start(name: &str, cmd: Command, log_dir: &Path, socket: &Path) -> Result<Server> {
+        let _ = std::fs::remove_file(socket);
+        let what = format!("listen on {}", socket.display());
+        Server::start_until(name, cmd, log_dir, &what, || {
+            UnixStream::connect(socket).is_ok()
+        })
+    }
+
+    /// Start `cmd` with its output in `log_dir/<name>.log`, and wait until
+    /// `ready` says it serves (`what` names that in the error of a server
+    /// that never does: a TCP export in another network namespace, say).
+    pub fn start_until(
+        name: &str,
+        mut cmd: Command,
+        log_dir: &Path,
+        what: &str,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<Server> {
         let log = log_dir.join(format!("{name}.log"));
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let _ = std::fs::remove_file(socket);
         let child = cmd
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -36,18 +52,14 @@ impl Server {
         };
         let t = Instant::now();
         loop {
-            if UnixStream::connect(socket).is_ok() {
+            if ready() {
                 return Ok(s);
             }
             if let Some(st) = s.child.as_mut().unwrap().try_wait()? {
                 bail!("{name} exited with {st} before listening: {}", s.log_tail());
             }
             if t.elapsed() > Duration::from_secs(30) {
-                bail!(
-                    "{name} did not listen on {} in 30 s: {}",
-                    socket.display(),
-                    s.log_tail()
-                );
+                bail!("{name} did not {what} in 30 s: {}", s.log_tail());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -8,5 +8,6 @@ pub mod depth;
 pub mod index;
 pub mod io;
 pub mod node;
+pub mod replicated;
 pub mod scale;
 pub mod snapshot;
