@@ -49,13 +49,28 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
                     "volume {volume:?} has {count} replicas: at most {MAX_REPLICAS}; remove one first (lamina replica remove)"
                 )));
             }
+            if set.is_none() && st2.is_attached(&volume) {
+                return Err(Failure::conflict(
+                    format!("volume {volume:?} is attached as a volume of one replica"),
+                    &format!("its first other replica is added while it is detached: lamina volume detach {volume}"),
+                ));
+            }
+            // Made there first (or found, made for this node and of this
+            // size): a node that cannot make it leaves nothing recorded
+            // here.
+            let remote = lamina_transfer::Remote {
+                address: address.clone(),
+                node: node.clone(),
+            };
+            RemoteVolume::create(&identity, &remote, &volume, info.size, SessionOptions::default())
+                .map_err(|e| {
+                    Failure::new(
+                        ErrorCode::Unavailable,
+                        format!("volume {volume:?}: node {node} could not make its replica: {e}"),
+                        Some("check that the node runs with --transfer-listen and --transfer-tls, and ask again"),
+                    )
+                })?;
             if set.is_none() {
-                if st2.is_attached(&volume) {
-                    return Err(Failure::conflict(
-                        format!("volume {volume:?} is attached as a volume of one replica"),
-                        &format!("its first other replica is added while it is detached: lamina volume detach {volume}"),
-                    ));
-                }
                 st2.store
                     .put_replica_set(
                         &volume,
@@ -73,31 +88,20 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
                     )
                     .map_err(Failure::from)?;
             }
-            // Made there first (or found, made for this node and of this
-            // size): a node that cannot make it leaves nothing recorded.
-            let remote = lamina_transfer::Remote {
-                address: address.clone(),
-                node: node.clone(),
-            };
-            RemoteVolume::create(&identity, &remote, &volume, info.size, SessionOptions::default())
-                .map_err(|e| {
-                    Failure::new(
-                        ErrorCode::Unavailable,
-                        format!("volume {volume:?}: node {node} could not make its replica: {e}"),
-                        Some("check that the node runs with --transfer-listen and --transfer-tls, and ask again"),
-                    )
-                })?;
             // It gets the volume's snapshots too, oldest first, each
             // with its data: the first is a full copy, each next one
             // what changed since the one before.
-            let snapshots: Vec<String> = st2
+            let snapshots = st2
                 .pool
-                .list_snapshots(&format!("{volume}@{}", info.id))?
-                .into_iter()
-                .filter(|s| !s.system)
-                .map(|s| s.name)
-                .collect();
-            st2.store
+                .list_snapshots(&format!("{volume}@{}", info.id))
+                .map(|l| {
+                    l.into_iter()
+                        .filter(|s| !s.system)
+                        .map(|s| s.name)
+                        .collect::<Vec<String>>()
+                });
+            let added = snapshots.map_err(Failure::from).and_then(|snapshots| {
+                st2.store
                 .add_replica(
                     &volume,
                     ReplicaRec {
@@ -109,7 +113,15 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
                         ..Default::default()
                     },
                 )
-                .map_err(Failure::from)?;
+                .map_err(Failure::from)
+            });
+            if let Err(f) = added {
+                // Nothing of this call stays: a replica set it made goes.
+                if set.is_none() {
+                    let _ = st2.store.remove_replica_set(&volume);
+                }
+                return Err(f);
+            }
             tracing::info!(volume = %volume, replica = %node, "replica added: its rebuild copies it the volume");
             if let Some(f) = st2.fronts.get(&volume) {
                 f.add_replica(&node, NEW).map_err(|e| {
@@ -119,9 +131,11 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
                 })?;
             }
         }
-        // A detached volume gets a front end of its own for the rebuild
-        // (an attach serves that one).
-        if st2.fronts.get(&volume).is_none() {
+        // A detached volume with a replica to rebuild gets a front end of
+        // its own for the rebuild (an attach serves that one).
+        let rebuilding = crate::front::replica_set(&st2.store, &st2.pool, &volume)?
+            .is_some_and(|s| s.replicas.iter().any(|r| r.faulted.is_some()));
+        if rebuilding && st2.fronts.get(&volume).is_none() {
             let open = crate::front::open(&st2.front_parts(), &volume)?;
             st2.fronts.insert(&volume, open);
         }
