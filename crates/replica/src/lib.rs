@@ -562,15 +562,7 @@ impl Replicated {
         let i = self.index(name)?;
         let s = &self.shared;
         let _serial = s.serial();
-        if s.healthy[i].load(Ordering::SeqCst) || !s.recorded(i) {
-            return Err(IoError::new(
-                IoErrorKind::Invalid,
-                format!(
-                    "replica {name} of volume {} is not faulted and recorded so",
-                    s.name
-                ),
-            ));
-        }
+        s.faulted_and_recorded(i, name)?;
         *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) = io;
         s.rebuilding[i].store(true, Ordering::SeqCst);
         tracing::info!(volume = %s.name, replica = name, "replica rejoined, rebuilding");
@@ -691,15 +683,7 @@ impl Replicated {
         let i = self.index(name)?;
         let s = &self.shared;
         let _serial = s.serial();
-        if s.healthy[i].load(Ordering::SeqCst) || !s.recorded(i) {
-            return Err(IoError::new(
-                IoErrorKind::Invalid,
-                format!(
-                    "replica {name} of volume {} is not faulted and recorded so",
-                    s.name
-                ),
-            ));
-        }
+        s.faulted_and_recorded(i, name)?;
         s.rebuilding[i].store(false, Ordering::SeqCst);
         s.keeping[i].store(false, Ordering::SeqCst);
         *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
@@ -1018,6 +1002,21 @@ impl Shared {
 
     fn recorded(&self, i: usize) -> bool {
         self.recorded[i].load(Ordering::SeqCst)
+    }
+
+    /// Replica `i` (`name`) is out of the healthy set and recorded so:
+    /// else an error (rejoin and remove take only such a one).
+    fn faulted_and_recorded(&self, i: usize, name: &str) -> Result<(), IoError> {
+        if self.healthy[i].load(Ordering::SeqCst) || !self.recorded(i) {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!(
+                    "replica {name} of volume {} is not faulted and recorded so",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Rule 5: every later operation fails as `e` did.

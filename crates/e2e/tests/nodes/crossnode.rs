@@ -63,6 +63,18 @@ impl Certs {
     }
 }
 
+/// `lamina serve`'s addresses in `host`, and its transfer credentials.
+fn serve_args(host: &Host, tls: &std::path::Path) -> Vec<String> {
+    vec![
+        "--listen".into(),
+        format!("{}:{API_PORT}", host.addr()),
+        "--transfer-listen".into(),
+        format!("{}:{TRANSFER_PORT}", host.addr()),
+        "--transfer-tls".into(),
+        tls.to_str().unwrap().into(),
+    ]
+}
+
 /// A node: a daemon in a host, with its name and transfer credentials.
 pub(crate) struct Node<'a> {
     pub(crate) name: String,
@@ -90,20 +102,10 @@ impl<'a> Node<'a> {
         window: u32,
         extra: &[&str],
     ) -> Node<'a> {
-        let api = format!("{}:{API_PORT}", host.addr());
-        let transfer = format!("{}:{TRANSFER_PORT}", host.addr());
-        let window = window.to_string();
-        let mut args = vec![
-            "--listen",
-            &api,
-            "--transfer-listen",
-            &transfer,
-            "--transfer-tls",
-            tls.to_str().unwrap(),
-            "--transfer-retry-window",
-            &window,
-        ];
-        args.extend_from_slice(extra);
+        let mut args = serve_args(host, &tls);
+        args.extend(["--transfer-retry-window".to_string(), window.to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let d = host.serve(&LAMINA, &args);
         Node {
             name: name.into(),
@@ -115,20 +117,11 @@ impl<'a> Node<'a> {
     /// `lamina serve` in `host` as node `name` with credentials `tls`, on
     /// data directory `data` (one copied from another node's, say).
     pub(crate) fn start_on(host: &'a Host, name: &str, tls: PathBuf, data: PathBuf) -> Node<'a> {
-        let api = format!("{}:{API_PORT}", host.addr());
-        let transfer = format!("{}:{TRANSFER_PORT}", host.addr());
         let d = LAMINA
             .serve()
             .prefix(&host.prefix())
             .data_dir(data)
-            .args([
-                "--listen",
-                &api,
-                "--transfer-listen",
-                &transfer,
-                "--transfer-tls",
-                tls.to_str().unwrap(),
-            ])
+            .args(serve_args(host, &tls))
             .start()
             .unwrap_or_else(|e| panic!("lamina serve as {name} did not start: {e}"));
         Node {
