@@ -23,6 +23,24 @@ pub struct Qmp<S: std::io::Read + Write> {
     pub events: Vec<Value>,
 }
 
+impl Qmp<UnixStream> {
+    /// Connect to the QMP socket `path` of a server just started (waiting
+    /// up to 10 s for it to listen), and shake hands.
+    pub fn connect(path: &Path) -> Result<Qmp<UnixStream>> {
+        let t = Instant::now();
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) if t.elapsed() > Duration::from_secs(10) => {
+                    return Err(e).with_context(|| format!("connecting to {}", path.display()))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        Qmp::handshake(stream.try_clone()?, stream)
+    }
+}
+
 impl<S: std::io::Read + Write> Qmp<S> {
     /// Read the greeting and leave capabilities negotiation mode.
     pub fn handshake(reader: S, writer: S) -> Result<Qmp<S>> {
@@ -123,17 +141,7 @@ impl Qsd {
             .arg("--monitor")
             .arg("chardev=qmp0");
         let server = Server::start(name, c, dir, &nbd)?;
-        let t = Instant::now();
-        let stream = loop {
-            match UnixStream::connect(&qmp) {
-                Ok(s) => break s,
-                Err(e) if t.elapsed() > Duration::from_secs(10) => {
-                    return Err(e).with_context(|| format!("connecting to {}", qmp.display()))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let q = Qmp::handshake(stream.try_clone()?, stream)?;
+        let q = Qmp::connect(&qmp)?;
         Ok(Qsd {
             server,
             qmp: q,

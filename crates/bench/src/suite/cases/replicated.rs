@@ -193,17 +193,7 @@ impl Anchor {
             .arg("--monitor")
             .arg("chardev=qmp0");
         let qsd = Server::start("replicated-qsd", c, logs, &nbd)?;
-        let t = Instant::now();
-        let stream = loop {
-            match UnixStream::connect(&qmp) {
-                Ok(s) => break s,
-                Err(e) if t.elapsed() > Duration::from_secs(10) => {
-                    return Err(e).with_context(|| format!("connecting to {}", qmp.display()))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let mut q = Qmp::handshake(stream.try_clone()?, stream)?;
+        let mut q = Qmp::connect(&qmp)?;
         q.execute(
             "blockdev-add",
             json!({"driver": "nbd", "node-name": "replica", "export": "disk",
