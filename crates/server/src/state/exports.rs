@@ -168,7 +168,8 @@ impl State {
             .exports
             .remove(&name)
             .map_err(|e| Failure::internal(format!("flushing export {name} at its detach: {e}")))?;
-        if snapshot.is_none() {
+        // A front end with no export (one opened for a rebuild) stays.
+        if snapshot.is_none() && removed {
             self.fronts.remove(volume);
         }
         if removed {
