@@ -34,7 +34,7 @@ pub async fn run(ctx: &Ctx, cmd: ReplicaCmd) -> Result<()> {
             let v = ctx.client.get_volume(&volume).await?;
             let Some(r) = &v.replication else {
                 anyhow::bail!(
-                    "volume {volume} has one replica, on this node: it was not created with --replicas"
+                    "volume {volume} has one replica, on this node: add another with `lamina replica add {volume} NODE`"
                 );
             };
             output::show(ctx.fmt, r, |_| crate::cmd_volume::replication(&v))

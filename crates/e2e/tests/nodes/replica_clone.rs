@@ -21,15 +21,9 @@ fn replicated_gold<'a>(net: &'a Net, certs: &Certs, size: u64) -> Vec<Node<'a>> 
     need("nbdcopy", "libnbd-bin");
     need("nbdkit", "nbdkit");
     need("qemu-img", "qemu-utils");
-    let nodes: Vec<Node> = net
-        .hosts()
-        .iter()
-        .enumerate()
-        .map(|(i, h)| Node::start(h, &format!("n{i}"), certs, 60))
-        .collect();
-    for n in &nodes[1..3] {
-        nodes[0].d.ok(&["node", "add", &n.name, &n.transfer()]);
-    }
+    // n3 is in n0's node list too, but holds no replica: `--replicas 3`
+    // takes the list's first two.
+    let nodes = crate::replicated::nodes(net, certs);
     let a = &nodes[0];
     a.d.ok(&[
         "volume",

@@ -33,7 +33,7 @@ fn fio(uri: &str, extra: &[&str]) -> Value {
 
 /// A `lamina serve` named `n0`, `n1`... on each of `net`'s hosts, with the
 /// others in `n0`'s node list.
-fn nodes<'a>(net: &'a Net, certs: &Certs) -> Vec<Node<'a>> {
+pub(crate) fn nodes<'a>(net: &'a Net, certs: &Certs) -> Vec<Node<'a>> {
     let nodes: Vec<Node> = net
         .hosts()
         .iter()

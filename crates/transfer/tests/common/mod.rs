@@ -271,17 +271,11 @@ pub fn fake_source(
         + Send
         + 'static,
 ) -> (SocketAddr, std::thread::JoinHandle<()>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let t = std::thread::spawn(move || {
-        let (tcp, _) = l.accept().unwrap();
-        let conn = rustls::ServerConnection::new(identity.server_config().unwrap()).unwrap();
-        let mut s = rustls::StreamOwned::new(conn, tcp);
-        script(&mut s);
-        s.conn.send_close_notify();
-        let _ = s.flush();
-    });
-    (addr, t)
+    let script = std::sync::Mutex::new(Some(script));
+    fake_sources(identity, 1, move |_, s| {
+        let script = script.lock().unwrap().take();
+        script.expect("one connection")(s)
+    })
 }
 
 /// A fake source of `n` connections, one after the other: `script` runs
