@@ -528,13 +528,8 @@ pub fn delete_snapshot(p: &Parts<'_>, front: Option<&Front>, volume: &str, name:
 }
 
 /// Snapshot replicated volume `volume` as `name` on every healthy replica
-/// at one point of its write stream: through its front end `front` when it
-/// is open (changes held, those in flight completed, then every replica's
-/// snapshot taken, side by side), else over a session to each replica on
-/// another node (nothing writes then). `local` makes this node's. A
-/// replica on another node that fails its snapshot is recorded faulted
-/// (it will get the snapshot with its data when it is rebuilt); this
-/// node's failing fails the snapshot. Blocking.
+/// at one point of its write stream ([`snapshot_together`] of one volume).
+/// Blocking.
 pub fn snapshot<T>(
     p: &Parts<'_>,
     front: Option<&Front>,
@@ -545,104 +540,208 @@ pub fn snapshot<T>(
 where
     T: Send,
 {
-    let Some(set) = replica_set(p.store, p.pool, volume)? else {
-        return local();
-    };
-    let here = &set.replicas[0];
-    if here.faulted.is_some() {
-        return Err(Failure::new(
-            ErrorCode::Unavailable,
-            format!("volume {volume}: this node's replica is faulted, and its snapshot would not hold the volume's data"),
-            Some("rebuild it first"),
-        ));
-    }
-    // Those that will not have it: they get it when they are rebuilt.
-    let mut without: Vec<String> = set
-        .replicas
-        .iter()
-        .skip(1)
-        .filter(|r| r.faulted.is_some())
-        .map(|r| r.node.clone())
-        .collect();
-    let made = match front {
-        Some(f) => {
-            let _held = f.hold_snapshots();
-            let all = f.remotes();
-            f.replicated.quiesced(|healthy| {
-                without = set
-                    .replicas
-                    .iter()
-                    .skip(1)
-                    .filter(|r| !healthy.contains(&r.node))
-                    .map(|r| r.node.clone())
-                    .collect();
-                let remotes: Vec<&(String, Arc<RemoteVolume>)> =
-                    all.iter().filter(|(n, _)| healthy.contains(n)).collect();
-                // This node's first: the others are copies of it, given its
-                // identity as their origin.
-                let mine = local()?;
-                let from = origin(p.pool, volume, name);
-                let theirs = std::thread::scope(|sc| {
-                    let theirs: Vec<_> = remotes
-                        .iter()
-                        .map(|(n, v)| (n, sc.spawn(move || v.snapshot(name, from))))
-                        .collect();
-                    theirs
-                        .into_iter()
-                        .map(|(n, h)| {
-                            let r = h.join().unwrap_or_else(|_| {
-                                Err(IoError::new(
-                                    IoErrorKind::Io,
-                                    "the snapshot's thread failed",
-                                ))
-                            });
-                            (n.clone(), r)
-                        })
-                        .collect::<Vec<_>>()
-                });
-                for (node, r) in theirs {
-                    if let Err(e) = r {
-                        let reason = format!("its snapshot {name} failed: {e}");
-                        without.push(node.clone());
-                        f.replicated
-                            .fault(&node, &reason)
-                            .map_err(|e| Failure::internal(e.to_string()))?;
-                    }
-                }
-                Ok::<T, Failure>(mine)
-            })
+    snapshot_together(p, &[(volume, front)], name, local)
+}
+
+/// One replicated volume of a snapshot: its record, and how its replicas
+/// on other nodes are reached.
+struct Member<'a> {
+    volume: &'a str,
+    front: Option<&'a Front>,
+    set: ReplicaSetRec,
+    /// Its replicas on other nodes that are to take the snapshot, by node
+    /// (a detached volume's: sessions opened for it).
+    targets: Vec<(String, Arc<RemoteVolume>)>,
+    /// Those that will not have it: they get it when they are rebuilt.
+    without: Vec<String>,
+}
+
+/// Snapshot `volumes` (with their front ends when open, in the order
+/// given: callers sort them) as `name` at one point of all their write
+/// streams: every open front end's changes held and those in flight
+/// completed (each front end in turn, so each is held until all are),
+/// then `local` makes this node's snapshots (an engine snapshot, or a
+/// group's one transaction), then every healthy replica on another node
+/// of each replicated volume takes its own, side by side, given the
+/// identity of this node's as its origin; then the changes go on. A
+/// detached volume's replicas are reached over sessions opened before
+/// anything is held (nothing writes to it meanwhile). A replica on another
+/// node that fails its snapshot is recorded faulted (it gets the snapshot
+/// with its data when it is rebuilt); this node's failing, or a replicated
+/// volume whose replica here is faulted, fails the whole snapshot before
+/// any replica on another node is asked. Volumes that are not replicated
+/// are `local`'s alone. Blocking.
+pub fn snapshot_together<T>(
+    p: &Parts<'_>,
+    volumes: &[(&str, Option<&Front>)],
+    name: &str,
+    local: impl FnOnce() -> Result<T, Failure> + Send,
+) -> Result<T, Failure>
+where
+    T: Send,
+{
+    let mut members = Vec::new();
+    for &(volume, front) in volumes {
+        let Some(set) = replica_set(p.store, p.pool, volume)? else {
+            continue;
+        };
+        if set.replicas[0].faulted.is_some() {
+            return Err(Failure::new(
+                ErrorCode::Unavailable,
+                format!("volume {volume}: this node's replica is faulted, and its snapshot would not hold the volume's data"),
+                Some("rebuild it first"),
+            ));
         }
-        None => {
-            let mine = local()?;
-            let from = origin(p.pool, volume, name);
-            let identity = p.identity;
-            for r in set.replicas.iter().skip(1).filter(|r| r.faulted.is_none()) {
-                let remote = Remote {
-                    address: r.address.clone(),
-                    node: r.node.clone(),
-                };
-                let made = match identity {
-                    Some(id) => {
-                        RemoteVolume::connect(id, &remote, volume, SessionOptions::default())
-                            .map_err(|e| e.to_string())
-                            .and_then(|v| v.snapshot(name, from).map_err(|e| e.to_string()))
-                    }
-                    None => Err("this daemon has no transfer identity (--transfer-tls)".into()),
-                };
-                if let Err(e) = made {
-                    let reason = format!("its snapshot {name} failed: {e}");
-                    tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
-                    without.push(r.node.clone());
+        let without = set
+            .replicas
+            .iter()
+            .skip(1)
+            .filter(|r| r.faulted.is_some())
+            .map(|r| r.node.clone())
+            .collect();
+        members.push(Member {
+            volume,
+            front,
+            set,
+            targets: Vec::new(),
+            without,
+        });
+    }
+    if members.is_empty() {
+        return local();
+    }
+    // A detached volume's sessions, opened before anything is held; one
+    // that cannot open is faulted once this node's snapshot is made.
+    let mut unreached: Vec<(usize, String, String)> = Vec::new();
+    for (i, m) in members.iter_mut().enumerate() {
+        if m.front.is_some() {
+            continue;
+        }
+        for r in m
+            .set
+            .replicas
+            .iter()
+            .skip(1)
+            .filter(|r| r.faulted.is_none())
+        {
+            let remote = Remote {
+                address: r.address.clone(),
+                node: r.node.clone(),
+            };
+            let opened = match p.identity {
+                Some(id) => RemoteVolume::connect(id, &remote, m.volume, SessionOptions::default())
+                    .map_err(|e| e.to_string()),
+                None => Err("this daemon has no transfer identity (--transfer-tls)".into()),
+            };
+            match opened {
+                Ok(v) => m.targets.push((r.node.clone(), Arc::new(v))),
+                Err(e) => unreached.push((i, r.node.clone(), e)),
+            }
+        }
+    }
+    // Held against a rebuild's last round, in the volumes' order.
+    let _held: Vec<_> = members
+        .iter()
+        .filter_map(|m| m.front.map(Front::hold_snapshots))
+        .collect();
+    let fronts: Vec<&Front> = members.iter().filter_map(|m| m.front).collect();
+    let mut local = Some(local);
+    let made = all_quiesced(&fronts, Vec::new(), &mut |healthy: &[Vec<String>]| {
+        let mut open = healthy.iter();
+        for m in members.iter_mut() {
+            let Some(f) = m.front else { continue };
+            let healthy = open.next().map(Vec::as_slice).unwrap_or_default();
+            m.without = m
+                .set
+                .replicas
+                .iter()
+                .skip(1)
+                .filter(|r| !healthy.contains(&r.node))
+                .map(|r| r.node.clone())
+                .collect();
+            m.targets = f
+                .remotes()
+                .into_iter()
+                .filter(|(n, _)| healthy.contains(n))
+                .collect();
+        }
+        // This node's first: the others are copies of it, given its
+        // identity as their origin.
+        let Some(local) = local.take() else {
+            return Err(Failure::internal("a snapshot's own part ran twice"));
+        };
+        let mine = local()?;
+        let asks: Vec<(usize, String, Arc<RemoteVolume>, u64)> = members
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| {
+                let from = origin(p.pool, m.volume, name);
+                m.targets
+                    .iter()
+                    .map(move |(n, v)| (i, n.clone(), v.clone(), from))
+            })
+            .collect();
+        let answers = std::thread::scope(|sc| {
+            let running: Vec<_> = asks
+                .iter()
+                .map(|(i, n, v, from)| (*i, n, sc.spawn(move || v.snapshot(name, *from))))
+                .collect();
+            running
+                .into_iter()
+                .map(|(i, n, h)| {
+                    let r = h.join().unwrap_or_else(|_| {
+                        Err(IoError::new(
+                            IoErrorKind::Io,
+                            "the snapshot's thread failed",
+                        ))
+                    });
+                    (i, n.clone(), r.map_err(|e| e.to_string()))
+                })
+                .collect::<Vec<_>>()
+        });
+        for (i, node, e) in answers
+            .into_iter()
+            .filter_map(|(i, n, r)| r.err().map(|e| (i, n, e)))
+            .chain(std::mem::take(&mut unreached))
+        {
+            let m = &mut members[i];
+            let reason = format!("its snapshot {name} failed: {e}");
+            tracing::warn!(volume = m.volume, replica = %node, %reason, "replica faulted");
+            m.without.push(node.clone());
+            match m.front {
+                Some(f) => f
+                    .replicated
+                    .fault(&node, &reason)
+                    .map_err(|e| Failure::internal(e.to_string()))?,
+                None => {
                     p.store
-                        .fault_replica(volume, &r.node, &reason, now())
+                        .fault_replica(m.volume, &node, &reason, now())
                         .map_err(Failure::from)?;
                 }
             }
-            Ok(mine)
         }
-    }?;
-    p.store
-        .snapshot_missed(volume, name, &without)
-        .map_err(Failure::from)?;
+        Ok::<T, Failure>(mine)
+    })?;
+    for m in &members {
+        p.store
+            .snapshot_missed(m.volume, name, &m.without)
+            .map_err(Failure::from)?;
+    }
     Ok(made)
+}
+
+/// Run `work` with every one of `fronts` quiesced, held in their order,
+/// with each one's healthy replicas.
+fn all_quiesced<T>(
+    fronts: &[&Front],
+    mut healthy: Vec<Vec<String>>,
+    work: &mut dyn FnMut(&[Vec<String>]) -> T,
+) -> T {
+    match fronts.split_first() {
+        None => work(&healthy),
+        Some((f, rest)) => f.replicated.quiesced(|h| {
+            healthy.push(h.to_vec());
+            all_quiesced(rest, healthy, work)
+        }),
+    }
 }

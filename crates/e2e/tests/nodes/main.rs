@@ -5,6 +5,7 @@
 mod crossnode;
 #[path = "../../../controller/tests/support/mod.rs"]
 mod kube_env;
+mod nbd_client;
 mod node_register;
 mod replica_clone;
 mod replicated;

@@ -6,6 +6,7 @@
 //! acknowledged write (compared byte for byte through snapshots of each).
 
 use crate::crossnode::{Certs, Node};
+use crate::nbd_client::NbdClient;
 use lamina_test_support::netns::Net;
 use lamina_test_support::*;
 use serde_json::Value;
@@ -817,4 +818,124 @@ fn a_replica_whose_disk_fills_up_is_faulted_and_rebuilt_once_there_is_room() {
     );
     let ends = alike(&a, &[&b]);
     fio(&ends[1], &["--randseed=2", "--verify_only", "--offset=32m"]);
+}
+
+/// Volume `name` on `a` with replicas on `others` (none: unreplicated).
+fn create_with(a: &Node, name: &str, others: &[&str]) {
+    let n = (others.len() + 1).to_string();
+    let mut args = vec!["volume", "create", name, "--size", "16MiB"];
+    if !others.is_empty() {
+        args.extend(["--replicas", &n]);
+        for o in others {
+            args.extend(["--replica-node", o]);
+        }
+    }
+    a.d.ok(&args);
+}
+
+/// The counter a block of `data` holds (its first 8 bytes), checked to
+/// fill the whole block.
+fn counter(data: &[u8]) -> u64 {
+    let k = u64::from_le_bytes(data[..8].try_into().unwrap());
+    assert!(
+        data.chunks(8).all(|c| c == k.to_le_bytes()),
+        "a torn block: {:?}",
+        &data[..32]
+    );
+    k
+}
+
+#[test]
+fn a_group_snapshot_of_replicated_volumes_holds_one_instant_on_every_replica() {
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let n = nodes(&net, &certs);
+    let (a, b, c) = (&n[0], &n[1], &n[2]);
+    // r on two nodes, q on three, u unreplicated: all three written in
+    // order by one writer; d on two nodes, detached, written before.
+    create_with(a, "r", &["n1"]);
+    create_with(a, "q", &["n1", "n2"]);
+    create_with(a, "u", &[]);
+    create_with(a, "d", &["n2"]);
+    let uri = a.d.attach(&["volume", "attach", "d"]);
+    qemu_io(&uri, &["write -P 0x5d 0 1M", "flush"]);
+    a.d.ok(&["volume", "detach", "d"]);
+    let uris: Vec<String> = ["r", "q", "u"]
+        .iter()
+        .map(|v| a.d.attach(&["volume", "attach", v]))
+        .collect();
+    // Round k writes k into the first block of r, then of q, then of u,
+    // each once the one before was acknowledged: at any one instant r >=
+    // q >= u >= r - 1.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (uris, stop) = (uris.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c: Vec<NbdClient> = uris.iter().map(|u| NbdClient::connect(u)).collect();
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                k += 1;
+                let block: Vec<u8> = k.to_le_bytes().repeat(512);
+                for x in c.iter_mut() {
+                    x.write(0, &block);
+                }
+            }
+            k
+        })
+    };
+    let groups: Vec<String> = (1..=6).map(|i| format!("g{i}")).collect();
+    for g in &groups {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        a.d.ok(&["snapshot", "create-group", g, "r", "q", "u", "d"]);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rounds = writer.join().unwrap();
+    assert!(rounds > 50, "the writer ran {rounds} rounds only");
+    for (v, list) in [("r", vec!["healthy", "healthy"]), ("q", vec!["healthy"; 3])] {
+        let (r, states) = replicas(a, v);
+        assert!(states.iter().map(|(_, s)| s.as_str()).eq(list), "{v}: {r}");
+    }
+    let read = |n: &Node, v: &str, g: &str| -> u64 {
+        let uri = n.d.attach(&["snapshot", "attach", v, g]);
+        let k = counter(&NbdClient::connect(&uri).read(0, 4096));
+        n.d.ok(&["snapshot", "detach", v, g]);
+        k
+    };
+    let mut seen = Vec::new();
+    for g in &groups {
+        let members = a.d.json(&["snapshot", "get-group", g]);
+        assert_eq!(
+            members["snapshots"].as_array().map(Vec::len),
+            Some(4),
+            "{members}"
+        );
+        // Every replica's member holds what this node's does...
+        let r = read(a, "r", g);
+        assert_eq!(read(b, "r", g), r, "{g}: r on n1");
+        let q = read(a, "q", g);
+        assert_eq!(
+            (read(b, "q", g), read(c, "q", g)),
+            (q, q),
+            "{g}: q on n1, n2"
+        );
+        let u = read(a, "u", g);
+        // ...and all of them one instant of the writer's rounds.
+        assert!(r >= q && q >= u && u + 1 >= r, "{g}: r {r}, q {q}, u {u}");
+        seen.push(r);
+        let here = a.d.attach(&["snapshot", "attach", "d", g]);
+        let there = c.d.attach(&["snapshot", "attach", "d", g]);
+        let cmp = qemu_img_compare(&here, &there);
+        assert!(cmp.status.success(), "{g}: d differs on n2: {cmp:?}");
+        a.d.ok(&["snapshot", "detach", "d", g]);
+        c.d.ok(&["snapshot", "detach", "d", g]);
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // Deleting the group deletes its members on every replica.
+    a.d.ok(&["snapshot", "delete-group", "g1"]);
+    for (node, v) in [(b, "r"), (b, "q"), (c, "q"), (c, "d")] {
+        let list = node.d.ok(&["snapshot", "list", v]);
+        assert!(!list.contains("g1"), "{v} on {}: {list}", node.name);
+        assert!(list.contains("g2"), "{v} on {}: {list}", node.name);
+    }
 }

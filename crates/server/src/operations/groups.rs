@@ -92,16 +92,19 @@ pub(super) async fn create(
                 created: false,
             });
         }
-        // Its members would be taken on this node's replicas only.
-        for v in &volumes {
-            if crate::front::replica_set(&st2.store, &p, v)?.is_some() {
-                return Err(Failure::invalid(format!(
-                    "volume {v} is replicated: a group snapshot of replicated volumes is not built yet"
-                )));
-            }
-        }
+        // A replicated member's on each of its healthy replicas too, all
+        // of them at one point of every member's write stream.
+        let parts = st2.front_parts();
+        let fronts: Vec<_> = volumes.iter().map(|v| st2.fronts.get(v)).collect();
+        let members: Vec<_> = volumes
+            .iter()
+            .zip(&fronts)
+            .map(|(v, f)| (v.as_str(), f.as_deref()))
+            .collect();
         let vols: Vec<&str> = volumes.iter().map(String::as_str).collect();
-        let mut made = p.create_snapshot_group(&vols, &name, &labels_vec(&labels))?;
+        let mut made = crate::front::snapshot_together(&parts, &members, &name, || {
+            Ok(p.create_snapshot_group(&vols, &name, &labels_vec(&labels))?)
+        })?;
         made.sort_by(|a, b| a.volume.cmp(&b.volume));
         Ok(Outcome::Group {
             members: made,
@@ -187,8 +190,12 @@ fn delete_members(st: &State, name: &str, recovering: bool) -> Result<Outcome, F
         }
         st.refuse_if_copying_from(&s.volume, name)?;
     }
+    let parts = st.front_parts();
     for s in &found {
         st.pool.delete_snapshot(&s.volume, name)?;
+        // A replicated member's, on its other replicas too.
+        let front = st.fronts.get(&s.volume);
+        crate::front::delete_snapshot(&parts, front.as_deref(), &s.volume, name);
     }
     Ok(Outcome::Removed(true))
 }
