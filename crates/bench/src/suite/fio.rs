@@ -74,6 +74,8 @@ pub struct Outcome {
     pub p99_us: f64,
     pub max_us: f64,
     pub ios: u64,
+    /// CPU time fio used, user and system, in seconds.
+    pub cpu_s: f64,
 }
 
 fn command(job: &Job, target: &Target) -> Command {
@@ -255,6 +257,10 @@ fn parse(job: &Job, out: &str) -> Result<Outcome> {
         p99_us: pct("99.000000"),
         max_us: side["clat_ns"]["max"].as_f64().unwrap_or(f64::NAN) / 1e3,
         ios: side["total_ios"].as_u64().unwrap_or(0),
+        cpu_s: (j["usr_cpu"].as_f64().unwrap_or(0.0) + j["sys_cpu"].as_f64().unwrap_or(0.0))
+            / 100.0
+            * j["job_runtime"].as_f64().unwrap_or(0.0)
+            / 1e3,
     })
 }
 
@@ -297,7 +303,7 @@ mod tests {
     #[test]
     fn parses_fio_json_after_the_nbd_banner() {
         let out = r#"fio: connected to NBD server
-{"jobs":[{"error":0,"read":{"iops":1000.5,"bw_bytes":4096000,"total_ios":5000,
+{"jobs":[{"error":0,"usr_cpu":10.0,"sys_cpu":15.0,"job_runtime":2000,"read":{"iops":1000.5,"bw_bytes":4096000,"total_ios":5000,
 "clat_ns":{"max":90000,"percentile":{"50.000000":20000,"99.000000":80000}}},
 "write":{"iops":0}}]}"#;
         let o = parse(&Job::new("randread", "4k", 32, 1.0), out).unwrap();
@@ -305,6 +311,7 @@ mod tests {
         assert_eq!(o.mb_per_s, 4.096);
         assert_eq!((o.p50_us, o.p99_us, o.max_us), (20.0, 80.0, 90.0));
         assert_eq!(o.ios, 5000);
+        assert_eq!(o.cpu_s, 0.5);
         assert!(parse(&Job::new("randread", "4k", 32, 1.0), "fio: nothing").is_err());
         let failed = r#"{"jobs":[{"error":5,"read":{}}]}"#;
         assert!(parse(&Job::new("randread", "4k", 32, 1.0), failed).is_err());

@@ -137,6 +137,31 @@ pub fn written(pid: u32) -> u64 {
     proc_field(pid, "io", "write_bytes:").unwrap_or(0)
 }
 
+/// CPU time a process has used so far, user and system, all its threads
+/// (`/proc/PID/stat`'s `utime` and `stime`), in seconds; 0 once it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces), from the
+    // third (state) on: utime is the 14th, stime the 15th.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0.0;
+    };
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: sysconf(3) reads a constant of the system.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    match (f.as_slice(), ticks) {
+        ([u, s], t) if t > 0 => (u + s) as f64 / t as f64,
+        _ => 0.0,
+    }
+}
+
 pub fn have(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
