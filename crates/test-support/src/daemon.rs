@@ -463,6 +463,11 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("lamina serve did not start again: {e}"));
     }
 
+    /// The extra `serve` arguments it was started with.
+    pub fn extra(&self) -> Vec<String> {
+        self.extra.clone()
+    }
+
     /// The `serve` arguments the next start uses (after [`Daemon::kill9`]:
     /// e.g. a daemon started with a crash point comes back without it).
     pub fn set_extra(&mut self, extra: &[&str]) {

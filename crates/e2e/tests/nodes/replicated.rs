@@ -939,3 +939,55 @@ fn a_group_snapshot_of_replicated_volumes_holds_one_instant_on_every_replica() {
         assert!(list.contains("g2"), "{v} on {}: {list}", node.name);
     }
 }
+
+#[test]
+fn a_front_end_killed_between_its_snapshot_and_the_replicas_has_them_take_it_at_restart() {
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (mut a, b) = (n.next().unwrap(), n.next().unwrap());
+    create_on_two(&a, "16MiB");
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    qemu_io(&uri, &["write -P 0x31 0 2M", "flush"]);
+    // Killed (abort) once this node's snapshot is made, with the front
+    // end holding the volume's writes, before the other replica's.
+    let args = a.d.extra();
+    let mut crashing: Vec<&str> = args.iter().map(String::as_str).collect();
+    crashing.extend(["--test-crash-at", "snapshot-after-local"]);
+    a.d.kill9();
+    a.d.set_extra(&crashing);
+    a.d.start_again();
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    qemu_io(&uri, &["write -P 0x32 1M 2M", "flush"]);
+    assert!(!a
+        .d
+        .lamina(&["snapshot", "create", "r", "s1"])
+        .status
+        .success());
+    assert!(
+        a.d.wait_exit(std::time::Duration::from_secs(30)).is_some(),
+        "the daemon did not stop at its crash point"
+    );
+    a.d.kill9(); // reaped
+    assert!(!b.d.ok(&["snapshot", "list", "r"]).contains("s1"));
+    // At restart the interrupted snapshot is finished: n1 takes it, and
+    // it holds what n0's does.
+    let plain: Vec<&str> = args.iter().map(String::as_str).collect();
+    a.d.set_extra(&plain);
+    a.d.start_again();
+    let op = a.d.json(&["operation", "list", "--volume", "r"]);
+    assert!(
+        op.to_string().contains("create-snapshot"),
+        "no snapshot operation recorded: {op}"
+    );
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(list, states(&[("n0", "healthy"), ("n1", "healthy")]), "{r}");
+    let here = a.d.attach(&["snapshot", "attach", "r", "s1"]);
+    let there = b.d.attach(&["snapshot", "attach", "r", "s1"]);
+    let cmp = qemu_img_compare(&here, &there);
+    assert!(cmp.status.success(), "s1 differs on n1: {cmp:?}");
+    let mut c = NbdClient::connect(&there);
+    assert!(c.read(1 << 20, 2 << 20).iter().all(|&x| x == 0x32));
+    assert!(c.read(0, 1 << 20).iter().all(|&x| x == 0x31));
+}

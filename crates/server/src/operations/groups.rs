@@ -83,15 +83,10 @@ pub(super) async fn create(
     name: String,
     volumes: Vec<String>,
     labels: BTreeMap<String, String>,
+    recovering: bool,
 ) -> Result<Outcome, Failure> {
     let (p, st2) = (st.pool.clone(), st.clone());
     blocking(move || {
-        if let Some(members) = existing(&p, &name, &volumes, &labels)? {
-            return Ok(Outcome::Group {
-                members,
-                created: false,
-            });
-        }
         // A replicated member's on each of its healthy replicas too, all
         // of them at one point of every member's write stream.
         let parts = st2.front_parts();
@@ -101,6 +96,17 @@ pub(super) async fn create(
             .zip(&fronts)
             .map(|(v, f)| (v.as_str(), f.as_deref()))
             .collect();
+        if let Some(made) = existing(&p, &name, &volumes, &labels)? {
+            if recovering {
+                // As a single snapshot's (operations::snapshots::create):
+                // the replicas a killed daemon did not reach take theirs.
+                crate::front::snapshot_together(&parts, &members, &name, || Ok(()))?;
+            }
+            return Ok(Outcome::Group {
+                members: made,
+                created: false,
+            });
+        }
         let vols: Vec<&str> = volumes.iter().map(String::as_str).collect();
         let mut made = crate::front::snapshot_together(&parts, &members, &name, || {
             Ok(p.create_snapshot_group(&vols, &name, &labels_vec(&labels))?)

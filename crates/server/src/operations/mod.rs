@@ -374,7 +374,7 @@ async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome
             volume,
             name,
             labels,
-        } => snapshots::create(st, volume, name, labels).await,
+        } => snapshots::create(st, volume, name, labels, recovering).await,
         Op::DeleteSnapshot { volume, name } => {
             snapshots::delete(st, volume, name, recovering).await
         }
@@ -394,7 +394,7 @@ async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome
             name,
             volumes,
             labels,
-        } => groups::create(st, name, volumes, labels).await,
+        } => groups::create(st, name, volumes, labels, recovering).await,
         Op::DeleteSnapshotGroup { name, .. } => groups::delete(st, name, recovering).await,
         Op::AddReplica { volume, node } => replicas::add(st, volume, node).await,
         Op::RemoveReplica { volume, node } => replicas::remove(st, volume, node).await,

@@ -32,20 +32,32 @@ pub(super) async fn create(
     volume: String,
     name: String,
     labels: BTreeMap<String, String>,
+    recovering: bool,
 ) -> Result<Outcome, Failure> {
     let (p, st2) = (st.pool.clone(), st.clone());
     blocking(move || {
+        let parts = st2.front_parts();
+        let front = st2.fronts.get(&volume);
         if let Some(info) = existing(&p, &volume, &name, &labels)? {
+            if recovering {
+                // Made here by a daemon killed before the other replicas
+                // had theirs: they take it now, of the same origin (one
+                // that has it answers as done), or are faulted with it
+                // missed. Nothing has written since: the front end held
+                // its writes then, and NBD serves only once recovery is
+                // over.
+                crate::front::snapshot(&parts, front.as_deref(), &volume, &name, || Ok(()))?;
+            }
             return Ok(Outcome::Snapshot {
                 info,
                 created: false,
             });
         }
         // A replicated volume's on every healthy replica at one point.
-        let parts = st2.front_parts();
-        let front = st2.fronts.get(&volume);
         let info = crate::front::snapshot(&parts, front.as_deref(), &volume, &name, || {
-            Ok(p.create_snapshot(&volume, &name, &labels_vec(&labels))?)
+            let info = p.create_snapshot(&volume, &name, &labels_vec(&labels))?;
+            st2.schedules.crash_point("snapshot-after-local");
+            Ok(info)
         })?;
         Ok(Outcome::Snapshot {
             info,

@@ -574,7 +574,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // unreplicated: on these two cores, which every node shares, the
     // ratio of rates a CPU-bound run can reach.
     for (label, _) in &jobs {
-        let (cost, ratio) = (format!("{label}, {CPU_ALL}"), format!("{label}, {CPU_RATIO}"));
+        let (cost, ratio) = (
+            format!("{label}, {CPU_ALL}"),
+            format!("{label}, {CPU_RATIO}"),
+        );
         for (rep, base) in [(R2, U), (R3, U), (MIRROR, QSD)] {
             let (Some(r), Some(b)) = (
                 ctx.rec.get(CASE, rep, &cost).cloned(),
@@ -684,11 +687,24 @@ fn record_cpu(ctx: &mut Ctx, name: &str, label: &str, used: (f64, f64, f64), ios
     let (front, others, fio) = used;
     for (part, v) in [
         (CPU_ALL.to_string(), per(front + others + fio)),
-        ("CPU per write, the front end's node's server".to_string(), per(front)),
-        ("CPU per write, the other nodes' servers".to_string(), per(others)),
+        (
+            "CPU per write, the front end's node's server".to_string(),
+            per(front),
+        ),
+        (
+            "CPU per write, the other nodes' servers".to_string(),
+            per(others),
+        ),
         ("CPU per write, fio".to_string(), per(fio)),
     ] {
-        ctx.rec.add(CASE, name, &format!("{label}, {part}"), "µs", Better::Lower, v);
+        ctx.rec.add(
+            CASE,
+            name,
+            &format!("{label}, {part}"),
+            "µs",
+            Better::Lower,
+            v,
+        );
     }
 }
 
