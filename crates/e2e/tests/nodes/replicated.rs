@@ -300,7 +300,7 @@ fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies()
 }
 
 #[test]
-fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_on() {
+fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the_volume_goes_on() {
     need("fio", "fio");
     need("qemu-img", "qemu-utils");
     let net = Net::new(2);
@@ -335,6 +335,31 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_and_the_volume_goes_
     assert!(
         sent.is_some_and(|s| s <= 48 << 20),
         "32 MiB written while it was away: {r}"
+    );
+    fio(&uri, &["--randseed=2", "--verify_only"]);
+
+    // The link cut while the volume is idle: its pings go unanswered, and
+    // the replica is faulted with no I/O to find out, then rebuilt once
+    // the link is back.
+    b.host.cut();
+    let r = wait_until(
+        "n1 faulted, idle",
+        std::time::Duration::from_secs(30),
+        || {
+            let (r, list) = replicas(&a, "r");
+            (list[1].1 == "faulted").then_some(r)
+        },
+    );
+    let reason = r["replicas"][1]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("its session failed"), "{r}");
+    b.host.restore();
+    wait_until(
+        "n1 rebuilt, idle",
+        std::time::Duration::from_secs(120),
+        || {
+            let (_, list) = replicas(&a, "r");
+            (list[1].1 == "healthy").then_some(())
+        },
     );
     fio(&uri, &["--randseed=2", "--verify_only"]);
 

@@ -107,6 +107,21 @@ fn run(ctx: Ctx, front: Weak<Front>) {
                 continue;
             }
         };
+        // A session that failed while the volume was idle (its pings
+        // unanswered) faults its replica now, not at the next change.
+        for (node, v) in f.remotes() {
+            let healthy = set
+                .replicas
+                .iter()
+                .any(|r| r.node == node && r.faulted.is_none());
+            if let (true, false, Some(why)) = (healthy, f.is_closed(), v.failed()) {
+                let reason = format!("its session failed: {why}");
+                tracing::warn!(replica = %node, %reason, "replica faulted");
+                if let Err(e) = f.replicated.fault(&node, &reason) {
+                    tracing::warn!(replica = %node, error = %e, "the fault could not be recorded");
+                }
+            }
+        }
         for r in set.replicas.iter().skip(1) {
             if r.faulted.is_none() || f.is_closed() {
                 continue;

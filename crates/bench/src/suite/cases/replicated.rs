@@ -441,11 +441,11 @@ fn rebuild_round(
         o.load.p99_us,
         o.load.max_us / 1e3,
     );
-    // r3's replica on n1 lost its link too, and its session failed; but an
-    // idle front end records the fault only at the volume's next I/O (seen
-    // here: the session failed on its pings, the replica still healthy in
-    // the API until a write came 8 s later). A write and a flush show it,
-    // and the next part starts with every replica healthy.
+    // r3's replica on n1 lost its link too, and its session failed; an
+    // idle front end records that at its rebuild thread's next turn (up to
+    // 2 s on). A write and a flush record it at once, so that the wait
+    // below cannot see r3 healthy before its fault, and the next part
+    // starts with every replica healthy.
     write_and_flush(&uris[2])?;
     wait_healthy(n0, &["r2", "r3"])
 }
@@ -872,9 +872,9 @@ fn notes(ctx: &mut Ctx) {
              on with one), then up again. `sent` is the replica's `last_rebuild.sent_bytes`; `written` is the \
              daemon's `lamina_volume_io_bytes` of writes to r2 from the cut until the replica is healthy again \
              (writes after its last round rejoined it are in it too, so the ratio leans low by those); times are \
-             polled every 50 ms through the API. r3's replica on n1 loses its session too, but an idle front end \
-             records that only at the volume's next I/O: after each outage one write and a flush on r3 show it, \
-             and the round waits until every replica of r2 and r3 is healthy again."
+             polled every 50 ms through the API. r3's replica on n1 loses its session too; after each outage one \
+             write and a flush on r3 record its fault at once (an idle front end would at its rebuild thread's \
+             next turn, up to 2 s on), and the round waits until every replica of r2 and r3 is healthy again."
         ),
     );
     if p.name != "quick" {
