@@ -338,15 +338,17 @@ pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Re
             Err(e) if not_ours(&e) => {
                 tracing::warn!(volume, replica = %r.node, "the volume there is not this front end's replica: left as it is ({})", why(&e));
             }
-            Err(e) => return Err(Failure::new(
-                ErrorCode::Unavailable,
-                format!(
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorCode::Unavailable,
+                    format!(
                     "volume {volume:?}: node {} cannot delete its replica: {}; nothing was deleted",
                     r.node,
                     why(&e)
                 ),
-                Some(&hint),
-            )),
+                    Some(&hint),
+                ))
+            }
         }
     }
     // Their front end (one open for a rebuild) stops before they go.
