@@ -620,6 +620,11 @@ pub struct Removed {
     pub what: String,
     /// False when there was nothing to remove.
     pub existed: bool,
+    /// What the removal left behind, and why: a removed replica's volume
+    /// on its node, when that node could not delete it (absent when
+    /// nothing was left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<String>,
 }
 
 /// Every error the API returns.

@@ -19,7 +19,7 @@ pub enum ReplicaCmd {
         /// The node to hold it.
         node: String,
     },
-    /// Take a replica out of a volume (never this node's, nor the last healthy one). Its volume on that node stays, labelled lamina.io/replica-of, to delete there by hand.
+    /// Take a replica out of a volume (never this node's, nor the last healthy one), then delete its volume on that node. A node that cannot delete it (down, say) does not hold the removal back: the answer says what stays there, to delete there by hand.
     Remove {
         /// The volume.
         volume: String,
@@ -49,8 +49,12 @@ pub async fn run(ctx: &Ctx, cmd: ReplicaCmd) -> Result<()> {
         ReplicaCmd::Remove { volume, node } => {
             let r = ctx.client.remove_replica(&volume, &node).await?;
             output::show(ctx.fmt, &r, |r| {
-                if r.existed {
-                    format!("removed the replica of volume {volume} on {node}; its volume there stays (delete it there by hand)")
+                if let Some(left) = &r.left {
+                    format!("removed the replica of volume {volume} on {node}; {left}")
+                } else if r.existed {
+                    format!(
+                        "removed the replica of volume {volume} on {node}, and its volume there"
+                    )
                 } else {
                     format!("volume {volume} has no replica on {node}: nothing to remove")
                 }

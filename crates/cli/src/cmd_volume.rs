@@ -55,7 +55,9 @@ pub enum VolumeCmd {
     /// Delete a volume (succeeds if it does not exist). Its snapshots stay,
     /// usable, under the volume's old name and id (`NAME@ID` names them
     /// once the name is taken again), and clones made from them keep their
-    /// data; its name is free at once.
+    /// data; its name is free at once. A replicated volume's replicas on
+    /// other nodes are deleted first, each node asked first whether it can:
+    /// one that cannot (down, say) fails the delete, and nothing is deleted.
     Delete {
         /// The volume.
         name: String,

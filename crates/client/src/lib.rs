@@ -573,6 +573,7 @@ fn decode_removed(
         return Ok(api::Removed {
             what,
             existed: true,
+            left: None,
         });
     }
     decode(target, status, bytes)
@@ -623,7 +624,8 @@ mod tests {
             r,
             api::Removed {
                 what: "volume a".into(),
-                existed: true
+                existed: true,
+                left: None,
             }
         );
         let r = decode_removed(
@@ -637,7 +639,8 @@ mod tests {
             r,
             api::Removed {
                 what: "volume data".into(),
-                existed: false
+                existed: false,
+                left: None,
             }
         );
         assert!(matches!(

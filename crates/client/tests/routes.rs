@@ -235,6 +235,7 @@ async fn volume_routes() {
     let gone = api::Removed {
         what: "export a".into(),
         existed: false,
+        left: None,
     };
     f.answer(200, json(&gone));
     assert_eq!(c.detach_volume("a", false).await.unwrap(), gone);
@@ -252,7 +253,8 @@ async fn volume_routes() {
         r,
         api::Removed {
             what: "volume a".into(),
-            existed: true
+            existed: true,
+            left: None,
         }
     );
     assert_eq!(f.last(), seen("DELETE", "/v1/volumes/a", None));
@@ -408,6 +410,7 @@ async fn group_snapshot_routes() {
     let gone = api::Removed {
         what: "snapshot group g".into(),
         existed: false,
+        left: None,
     };
     f.answer(200, json(&gone));
     assert_eq!(c.delete_snapshot_group("g").await.unwrap(), gone);
@@ -647,6 +650,7 @@ async fn node_routes() {
     let removed = api::Removed {
         what: "node n2".into(),
         existed: true,
+        left: None,
     };
     f.answer(200, json(&removed));
     assert_eq!(c.remove_node("n2").await.unwrap(), removed);

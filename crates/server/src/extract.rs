@@ -30,7 +30,16 @@ pub(crate) fn created(c: bool) -> StatusCode {
 
 pub(crate) fn removed(what: String, o: Outcome) -> R<Json<api::Removed>> {
     match o {
-        Outcome::Removed(existed) => Ok(Json(api::Removed { what, existed })),
+        Outcome::Removed(existed) => Ok(Json(api::Removed {
+            what,
+            existed,
+            left: None,
+        })),
+        Outcome::RemovedLeaving(left) => Ok(Json(api::Removed {
+            what,
+            existed: true,
+            left: Some(left),
+        })),
         _ => Err(Failure::internal("a delete yielded something else")),
     }
 }

@@ -95,6 +95,7 @@ pub async fn delete_snapshot_group(
         return Ok(Json(api::Removed {
             what,
             existed: false,
+            left: None,
         }));
     }
     volumes.sort();

@@ -162,7 +162,8 @@ pub struct DeleteParams {
     responses((status = 200, description = "deleted, or was already absent (`existed: false`)", body = api::Removed),
         (status = 400, body = api::ApiError),
         (status = 409, description = "attached (it or one of its snapshots), or a full clone is copying into it or from one of its snapshots", body = api::ApiError),
-        (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
+        (status = 500, body = api::ApiError),
+        (status = 503, description = "the pool or store cannot change now; or a node holding one of a replicated volume's replicas cannot delete it (nothing was deleted)", body = api::ApiError)))]
 pub async fn delete_volume(
     st: St,
     Path(name): Path<String>,
@@ -422,7 +423,7 @@ pub async fn add_replica(
 
 #[utoipa::path(delete, path = "/v1/volumes/{name}/replicas/{node}",
     params(("name" = String, Path, description = "volume name"), ("node" = String, Path, description = "the replica's node")),
-    responses((status = 200, description = "removed (its volume on that node stays), or the volume had no replica there (`existed: false`)", body = api::Removed),
+    responses((status = 200, description = "removed, and its volume on that node deleted; or removed, and `left` says what stays on that node and why (a node that could not delete it); or the volume had no replica there (`existed: false`)", body = api::Removed),
         (status = 400, description = "this node's replica (the front end's)", body = api::ApiError),
         (status = 404, description = "no such volume", body = api::ApiError),
         (status = 409, description = "the volume's only healthy replica", body = api::ApiError),

@@ -140,7 +140,11 @@ pub async fn remove_node(st: St, Path(name): Path<String>) -> R<Json<api::Remove
     if existed {
         tracing::info!(node = %what, "node removed");
     }
-    Ok(Json(api::Removed { what, existed }))
+    Ok(Json(api::Removed {
+        what,
+        existed,
+        left: None,
+    }))
 }
 
 #[cfg(test)]

@@ -240,6 +240,64 @@ impl lamina_transfer::replica::Volumes for Served {
         }
     }
 
+    /// Only a volume made for `peer` (labelled so) goes, as `lamina volume
+    /// delete` would delete it here: refused while it or one of its
+    /// snapshots is attached; its snapshots made for `peer` go with it, and
+    /// any other (the node's own) stays with the deleted volume, as a
+    /// delete without `--with-snapshots` keeps them; a snapshot a linked
+    /// clone here shares leaves the clone its data (the engine's rule).
+    fn retire(&self, volume: &str, peer: &str, check: bool) -> Result<bool, IoError> {
+        match self.check_replica_of(volume, peer) {
+            Err(e) if e.kind == IoErrorKind::Gone => return Ok(false),
+            r => r?,
+        }
+        let snapshots = self
+            .pool
+            .list_snapshots(volume)
+            .map_err(engine_error)
+            .or_else(|e| match e.kind {
+                IoErrorKind::Gone => Ok(Vec::new()),
+                _ => Err(e),
+            })?;
+        let attached = |export: &str| {
+            self.exports.contains(export).then(|| {
+                IoError::new(
+                    IoErrorKind::Io,
+                    format!("{export} is attached on this node: detach it there first (lamina volume detach / snapshot detach)"),
+                )
+            })
+        };
+        if let Some(e) = attached(volume) {
+            return Err(e);
+        }
+        for s in &snapshots {
+            if let Some(e) = attached(&format!("{volume}@{}", s.name)) {
+                return Err(e);
+            }
+        }
+        if check {
+            return Ok(true);
+        }
+        let mine = |s: &lamina_engine::SnapshotInfo| {
+            !s.system && s.labels.iter().any(|(k, v)| k == REPLICA_OF && v == peer)
+        };
+        for s in snapshots.iter().filter(|s| mine(s)) {
+            match self.pool.delete_snapshot(volume, &s.name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(engine_error(e)),
+            }
+        }
+        match self.pool.delete_volume(volume, false) {
+            Ok(()) => {
+                tracing::info!(volume, peer, "replica session: volume deleted");
+                Ok(true)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(engine_error(e)),
+        }
+    }
+
     fn run(&self, job: Box<dyn FnOnce() + Send>) {
         self.runtime.spawn_blocking(job);
     }
@@ -613,6 +671,88 @@ mod tests {
         p.create_snapshot("b", "own", &[]).unwrap();
         let e = v.delete_snapshot("own").unwrap_err();
         assert!(e.message.contains("was not made for node front's"), "{e}");
+    }
+
+    #[test]
+    fn a_front_end_deletes_only_its_own_replicas_volume_and_snapshots() {
+        use lamina_transfer::wire::Code;
+        let n = Node::new();
+        let (_, addr, _) = n.source.as_ref().unwrap();
+        let remote = Remote {
+            address: addr.to_string(),
+            node: "replica".into(),
+        };
+        let t = std::time::Duration::from_secs(10);
+        let retire =
+            |v: &str, check: bool| lamina_transfer::replica::retire(&n.front, &remote, v, check, t);
+        let p = n.pool.as_ref().unwrap();
+        let not_replica = |v: &str, why: &str| {
+            for check in [true, false] {
+                let e = retire(v, check).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        lamina_transfer::TransferError::Remote {
+                            code: Code::NotReplica,
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                assert!(e.to_string().contains(why), "{e}");
+            }
+            assert!(p.volume_info_by_name(v).is_ok(), "{v} is gone");
+        };
+        // The node's own volume, and another front end's replica: never.
+        not_replica("own", "volume own is this node's own");
+        let other = [(REPLICA_OF.to_string(), "elsewhere".to_string())];
+        p.create_volume_labelled("theirs", 8 << 20, &other).unwrap();
+        not_replica(
+            "theirs",
+            "a replica of node elsewhere's, not of node front's",
+        );
+
+        // Volume b: a snapshot the front end made, one the node made
+        // itself, and a linked clone here of the front end's.
+        let v = n.connect("b").unwrap();
+        v.snapshot("s1", 0x5eed).unwrap();
+        drop(v);
+        p.create_snapshot("b", "mine", &[]).unwrap();
+        p.clone_snapshot("b", "s1", "kept").unwrap();
+        // Attached here: refused, checked or not, and nothing goes.
+        let exports = n.exports.as_ref().unwrap();
+        let io = Arc::new(exports.open_engine(p, "b", Some("s1")).unwrap());
+        let activity = Arc::new(crate::pacing::Activity::default());
+        exports.insert("b@s1", io, None, activity);
+        for check in [true, false] {
+            let e = retire("b", check).unwrap_err();
+            assert!(
+                e.to_string().contains("b@s1 is attached on this node"),
+                "{e}"
+            );
+        }
+        assert_eq!(p.list_snapshots("b").unwrap().len(), 2);
+        exports.remove("b@s1").unwrap();
+        // Checked: there, and nothing deleted.
+        assert!(retire("b", true).unwrap());
+        assert_eq!(p.list_snapshots("b").unwrap().len(), 2);
+        // Deleted: the volume and the front end's snapshot; the node's own
+        // snapshot stays with the deleted volume, and the clone keeps its
+        // data.
+        assert!(retire("b", false).unwrap());
+        assert!(p.volume_info_by_name("b").is_err());
+        let left: Vec<String> = p
+            .list_snapshots("b")
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(left, vec!["mine".to_string()]);
+        assert!(p.volume_info_by_name("kept").is_ok());
+        // Gone: as good, checked or not.
+        assert!(!retire("b", false).unwrap());
+        assert!(!retire("b", true).unwrap());
+        assert!(!retire("never", false).unwrap());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::error::TransferError;
 use crate::frames::{read_sync_reusing, write_sync, ReadError};
 use crate::source::Limits;
 use crate::tls::Identity;
-use crate::wire::{Answer, Code, Frame, Request, PULL_VERSION, VERSION};
+use crate::wire::{Answer, Code, Frame, Request, ORIGIN_VERSION, PULL_VERSION};
 use rustls::pki_types::ServerName;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -88,7 +88,7 @@ impl Conn {
         // Version 3 has a source name the snapshot's other holders; one of
         // version 1 or 2 refuses it (code 1), and serves version 1, all a
         // pull needs, on a new connection.
-        match Conn::open_at(identity, remote, stall, received.clone(), VERSION) {
+        match Conn::open_at(identity, remote, stall, received.clone(), ORIGIN_VERSION) {
             Err(TransferError::Remote {
                 code: Code::Version,
                 ..

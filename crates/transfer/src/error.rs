@@ -118,6 +118,8 @@ impl TransferError {
                 // Both pass: a pull retries them within its window.
                 Code::ShuttingDown | Code::Busy => Reason::SourceUnreachable,
                 Code::SourceIo => Reason::Io,
+                // Not this node's to ask: a refusal, as of a certificate.
+                Code::NotReplica => Reason::Refused,
                 Code::Version | Code::BadRequest | Code::NotServed | Code::Other(_) => {
                     Reason::Protocol
                 }

@@ -15,7 +15,9 @@ use crate::error::TransferError;
 use crate::frames::{read_async, write_async, ReadError};
 use crate::replica::Volumes;
 use crate::tls::{cert_node, Identity};
-use crate::wire::{self, Answer, Code, Frame, Holder, Mode, Request, PULL_VERSION, VERSION};
+use crate::wire::{
+    self, Answer, Code, Frame, Holder, Mode, Request, PULL_VERSION, RETIRE_VERSION, VERSION,
+};
 use lamina_engine::{Piece, Pool, Target};
 use std::collections::HashMap;
 use std::future::Future;
@@ -658,6 +660,10 @@ impl Source {
                     refuse(Code::Busy, why)
                 })?;
                 return crate::replica::serve::session(&self, tls, node, volume, create).await;
+            }
+            // Brief: it keeps the pull session's place.
+            Frame::Retire { check, volume } if version >= RETIRE_VERSION => {
+                return crate::replica::retire::serve(&self, tls, node, volume, check).await;
             }
             f => {
                 return Err(refuse(

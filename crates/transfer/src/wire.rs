@@ -9,11 +9,21 @@
 pub const MAGIC: [u8; 8] = *b"LAMINAXF";
 /// The newest protocol version this code speaks: 2 added replica sessions
 /// (Attach, Attached, Call, Reply); 3 added the other holders of a
-/// snapshot in an Answer, and a snapshot Call's origin. A source serves
-/// peers of versions 1 to 3 alike, each in its own version; a target and a
-/// front end say 3 and, answered an Error of code 1 (an older source), say
-/// again what they can do with less: a pull 1, a front end 2.
-pub const VERSION: u16 = 3;
+/// snapshot in an Answer, and a snapshot Call's origin; 4 added Retire and
+/// Retired (a front end deletes its replica's volume). A source serves
+/// peers of versions 1 to 4 alike, each in its own version. A peer says
+/// the oldest version that has all its session uses: a target and a front
+/// end say 3 ([`ORIGIN_VERSION`]) and, answered an Error of code 1 (an
+/// older source), say again what they can do with less: a pull 1, a front
+/// end 2; a retire says 4 ([`RETIRE_VERSION`]) and has nothing less to
+/// fall back to.
+pub const VERSION: u16 = 4;
+/// The version that added an Answer's holders and a snapshot Call's
+/// origin: what a pull and a front end's session say first.
+pub const ORIGIN_VERSION: u16 = 3;
+/// The version that added Retire: what a front end deleting its replica's
+/// volume says (an older node refuses it with code 1).
+pub const RETIRE_VERSION: u16 = 4;
 /// The oldest version a source still serves, and the one a pull falls back
 /// to (all a pull needs).
 pub const PULL_VERSION: u16 = 1;
@@ -54,6 +64,8 @@ pub enum Kind {
     Attached = 9,
     Call = 10,
     Reply = 11,
+    Retire = 12,
+    Retired = 13,
 }
 
 impl Kind {
@@ -70,6 +82,8 @@ impl Kind {
             9 => Kind::Attached,
             10 => Kind::Call,
             11 => Kind::Reply,
+            12 => Kind::Retire,
+            13 => Kind::Retired,
             _ => return None,
         })
     }
@@ -88,6 +102,8 @@ impl Kind {
             Kind::Attached => 10,
             Kind::Call => calls::CALL_MAX,
             Kind::Reply => calls::REPLY_MAX,
+            Kind::Retire => 1 + 2 + MAX_NAME,
+            Kind::Retired => 1,
         }
     }
 }
@@ -153,6 +169,9 @@ pub enum Code {
     VolumeMissing,
     /// The node serves no replica sessions.
     NotServed,
+    /// A Retire named a volume that is not a replica of the asking node's
+    /// front end (the node's own, or another front end's): it stays.
+    NotReplica,
     /// A code this version does not know.
     Other(u16),
 }
@@ -169,6 +188,7 @@ impl Code {
             Code::Busy => 7,
             Code::VolumeMissing => 8,
             Code::NotServed => 9,
+            Code::NotReplica => 10,
             Code::Other(n) => n,
         }
     }
@@ -184,6 +204,7 @@ impl Code {
             7 => Code::Busy,
             8 => Code::VolumeMissing,
             9 => Code::NotServed,
+            10 => Code::NotReplica,
             n => Code::Other(n),
         }
     }
@@ -229,6 +250,18 @@ pub enum Frame {
     },
     Call(Call),
     Reply(Reply),
+    /// Delete the replica's volume `volume` on the node (with `check`,
+    /// only say whether there is one to delete): in place of an Attach, in
+    /// a session of version 4. Answered by Retired, or an Error.
+    Retire {
+        check: bool,
+        volume: String,
+    },
+    /// A Retire's answer: whether the volume was there (and, unless it was
+    /// a check, is now deleted).
+    Retired {
+        existed: bool,
+    },
 }
 
 /// Most bytes of a peer's text (a name, an Error message), quoted, that
@@ -267,6 +300,11 @@ impl Frame {
                 r.from_offset
             ),
             Frame::Error { code, message } => format!("Error ({code:?}: {})", echo(message)),
+            Frame::Retire { check, volume } => format!(
+                "Retire ({}{})",
+                echo(volume),
+                if *check { ", check" } else { "" }
+            ),
             Frame::Attach { create, volume } => match create {
                 0 => format!("Attach ({})", echo(volume)),
                 n => format!("Attach ({}, creating {n} bytes)", echo(volume)),
@@ -304,7 +342,8 @@ impl Frame {
             Frame::Hello { .. }
             | Frame::Zero { .. }
             | Frame::End { .. }
-            | Frame::Attached { .. } => format!("{self:?}"),
+            | Frame::Attached { .. }
+            | Frame::Retired { .. } => format!("{self:?}"),
         }
     }
 }
@@ -410,6 +449,14 @@ impl<'a> Body<'a> {
         let b = self.take(n, what)?;
         String::from_utf8(b.to_vec()).map_err(|_| self.bad(format!("{what} is not UTF-8")))
     }
+    /// A byte that is 0 or 1.
+    fn flag(&mut self, what: &str) -> Result<bool, WireError> {
+        match self.take(1, what)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(self.bad(format!("{what} is {n}, not 0 or 1"))),
+        }
+    }
     fn end(self) -> Result<(), WireError> {
         if self.rest.is_empty() {
             Ok(())
@@ -512,6 +559,17 @@ fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
         }
         Kind::Call => Frame::Call(calls::call(&mut b)?),
         Kind::Reply => Frame::Reply(calls::reply(&mut b)?),
+        Kind::Retire => {
+            let check = b.flag("mode")?;
+            let volume = b.name("volume")?;
+            if volume.is_empty() {
+                return Err(b.bad("an empty volume name"));
+            }
+            Frame::Retire { check, volume }
+        }
+        Kind::Retired => Frame::Retired {
+            existed: b.flag("existed")?,
+        },
     };
     b.end()?;
     Ok(frame)
@@ -534,6 +592,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         Frame::Attached { .. } => Kind::Attached,
         Frame::Call(_) => Kind::Call,
         Frame::Reply(_) => Kind::Reply,
+        Frame::Retire { .. } => Kind::Retire,
+        Frame::Retired { .. } => Kind::Retired,
     };
     out.extend_from_slice(&[kind as u8, 0, 0, 0, 0, 0, 0, 0]);
     match frame {
@@ -597,6 +657,12 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Call(c) => calls::encode_call(c, out),
         Frame::Reply(r) => calls::encode_reply(r, out),
+        Frame::Retire { check, volume } => {
+            out.push(u8::from(*check));
+            out.extend_from_slice(&(volume.len() as u16).to_be_bytes());
+            out.extend_from_slice(volume.as_bytes());
+        }
+        Frame::Retired { existed } => out.push(u8::from(*existed)),
     }
     let body = (out.len() - start - HEADER) as u32;
     out[start + 4..start + HEADER].copy_from_slice(&body.to_be_bytes());

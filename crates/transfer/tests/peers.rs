@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, PULL_VERSION, VERSION};
+use lamina_transfer::wire::{Answer, Code, Frame, Mode, Request, ORIGIN_VERSION, PULL_VERSION};
 use lamina_transfer::{describe, Reason, Remote};
 
 #[test]
@@ -91,7 +91,12 @@ fn a_source_of_another_version_gets_a_clear_error() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
+        assert_eq!(
+            read_frame(s),
+            Frame::Hello {
+                version: ORIGIN_VERSION
+            }
+        );
         write_frame(s, &Frame::Hello { version: 2 });
     });
     let remote = Remote {
@@ -115,7 +120,12 @@ fn a_source_of_version_1_or_2_is_asked_again_in_version_1_and_names_no_holders()
     let (addr, fake) = fake_sources(src_id, 2, |i, s| match i {
         // An older source refuses version 3 and closes.
         0 => {
-            assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
+            assert_eq!(
+                read_frame(s),
+                Frame::Hello {
+                    version: ORIGIN_VERSION
+                }
+            );
             write_frame(
                 s,
                 &Frame::Error {
@@ -172,8 +182,18 @@ fn a_frame_with_a_bad_checksum_fails_the_pull_and_is_not_applied() {
     let (_s, src_id) = ca.identity("source");
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
-        assert_eq!(read_frame(s), Frame::Hello { version: VERSION });
-        write_frame(s, &Frame::Hello { version: VERSION });
+        assert_eq!(
+            read_frame(s),
+            Frame::Hello {
+                version: ORIGIN_VERSION
+            }
+        );
+        write_frame(
+            s,
+            &Frame::Hello {
+                version: ORIGIN_VERSION,
+            },
+        );
         let Frame::Request(r) = read_frame(s) else {
             panic!("no request")
         };
@@ -236,7 +256,12 @@ fn a_fake_source_sending_outside_the_snapshot_is_a_protocol_error() {
     let (_t, dst_id) = ca.identity("target");
     let (addr, fake) = fake_source(src_id, |s| {
         read_frame(s);
-        write_frame(s, &Frame::Hello { version: VERSION });
+        write_frame(
+            s,
+            &Frame::Hello {
+                version: ORIGIN_VERSION,
+            },
+        );
         read_frame(s);
         let a = Answer {
             id: 7,

@@ -1,8 +1,9 @@
 //! Replica sessions against the real Source over real sockets and TLS: a
 //! remote volume answers as the volume it reaches, large operations split,
 //! a silent replica or a lost link fails the calls waiting (and every later
-//! one), a session holds a bounded number of calls, and attaching is
-//! refused with a clear error where it must be. The volumes served are in
+//! one), a session holds a bounded number of calls, attaching is refused
+//! with a clear error where it must be, and a retire is answered or
+//! refused as its version and the node say. The volumes served are in
 //! memory, held or failed as each test says (`Gated`); the daemon's
 //! engine volumes and their generations are held to the whole contract in
 //! `crates/server/src/replicas.rs`.
@@ -12,7 +13,7 @@ mod common;
 use common::*;
 use lamina_blockio::testing::{Gated, MemDevice};
 use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoErrorKind, IoOp};
-use lamina_transfer::replica::{RemoteVolume, SessionOptions, Volumes, SESSION_CALLS};
+use lamina_transfer::replica::{retire, RemoteVolume, SessionOptions, Volumes, SESSION_CALLS};
 use lamina_transfer::wire::{self, Code, Frame, OpCode, VERSION};
 use lamina_transfer::{Reason, TransferError};
 use std::collections::HashMap;
@@ -43,6 +44,17 @@ impl Volumes for Mems {
     fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
         self.snapshot(volume, name, 0, peer)
     }
+    /// "v" is there (never deleted: the daemon's own test deletes), "own"
+    /// is the node's own, any other is gone.
+    fn retire(&self, volume: &str, peer: &str, _check: bool) -> Result<bool, IoError> {
+        match volume {
+            "own" => Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("volume own is this node's own, not a replica of node {peer}'s"),
+            )),
+            v => Ok(self.0.contains_key(v)),
+        }
+    }
     fn snapshot(&self, volume: &str, name: &str, origin: u64, _peer: &str) -> Result<(), IoError> {
         if name == "origin" && origin != 0x1234 {
             return Err(IoError::new(
@@ -66,6 +78,8 @@ struct Node {
     _ca: Ca,
     _dirs: Vec<tempfile::TempDir>,
     served: Served,
+    /// The replica's node's identity (for a fake source in its place).
+    replica: Arc<lamina_transfer::Identity>,
     volume: Arc<Gated<MemDevice>>,
     front: Arc<lamina_transfer::Identity>,
 }
@@ -75,7 +89,7 @@ fn node(contents: &[u8]) -> Node {
     let (d1, replica) = ca.identity("replica");
     let (d2, front) = ca.identity("front");
     let (d3, pool) = pool();
-    let served = Served::new(pool, replica);
+    let served = Served::new(pool, replica.clone());
     let mem = MemDevice::new(8 << 20);
     mem.load(0, contents);
     let volume = Arc::new(Gated::new(Arc::new(mem)));
@@ -85,6 +99,7 @@ fn node(contents: &[u8]) -> Node {
         _ca: ca,
         _dirs: vec![d1, d2, d3],
         served,
+        replica,
         volume,
         front,
     }
@@ -413,4 +428,82 @@ fn a_peer_breaking_a_replica_session_gets_an_error_frame() {
     eventually("the session ended", || {
         n.served.source.replica_sessions() == 0
     });
+}
+
+#[test]
+fn a_retire_is_answered_by_the_node_and_refused_by_an_older_one() {
+    let n = node(&[]);
+    let t = std::time::Duration::from_secs(10);
+    let remote = n.served.remote("replica");
+    // There, checked or deleted; gone, as good.
+    assert!(retire(&n.front, &remote, "v", true, t).unwrap());
+    assert!(retire(&n.front, &remote, "v", false, t).unwrap());
+    assert!(!retire(&n.front, &remote, "gone", false, t).unwrap());
+    // Not a replica of this front end's: refused, with the node's reason.
+    let e = retire(&n.front, &remote, "own", false, t).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TransferError::Remote {
+                code: Code::NotReplica,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("this node's own"), "{e}");
+    // A name the engine refuses never reaches the node's volumes.
+    let e = retire(&n.front, &remote, "../x", false, t).unwrap_err();
+    assert!(e.to_string().contains("BadRequest"), "{e}");
+    // A Retire in a session of version 3 is an unexpected frame.
+    let mut c = fake_client(&n.front, n.served.addr, "replica");
+    write_frame(&mut c, &Frame::Hello { version: 3 });
+    assert_eq!(read_frame(&mut c), Frame::Hello { version: 3 });
+    write_frame(
+        &mut c,
+        &Frame::Retire {
+            check: false,
+            volume: "v".into(),
+        },
+    );
+    match read_frame(&mut c) {
+        Frame::Error { code, message } => {
+            assert_eq!(code, Code::BadRequest);
+            assert!(
+                message.contains("expected Request, got Retire"),
+                "{message}"
+            );
+        }
+        f => panic!("{f:?}"),
+    }
+    // A node of version 3 refuses Hello 4: the retire fails with that
+    // refusal, and never falls back to a version without Retire.
+    let (addr, fake) = fake_source(n.replica.clone(), |s| {
+        assert_eq!(read_frame(s), Frame::Hello { version: 4 });
+        write_frame(
+            s,
+            &Frame::Error {
+                code: Code::Version,
+                message: "this source speaks transfer protocol version 1 to 3, the peer version 4"
+                    .into(),
+            },
+        );
+    });
+    let old = lamina_transfer::Remote {
+        address: addr.to_string(),
+        node: "replica".into(),
+    };
+    let e = retire(&n.front, &old, "v", false, t).unwrap_err();
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            e,
+            TransferError::Remote {
+                code: Code::Version,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("version 1 to 3"), "{e}");
 }

@@ -655,7 +655,8 @@ fn a_replica_added_later_is_sent_the_volume_and_its_snapshots_and_one_removed_le
     let e = a.d.err(&["replica", "add", "r", "n2x"]);
     assert!(e.contains("no node") || e.contains("at most 3"), "{e}");
 
-    // Removed: the volume goes on with the others; its volume there stays.
+    // Removed: the volume goes on with the others; its volume there goes,
+    // with its snapshot.
     let e = a.d.err(&["replica", "remove", "r", "n0"]);
     assert!(e.contains("this node's"), "{e}");
     a.d.ok(&["replica", "remove", "r", "n1"]);
@@ -668,7 +669,7 @@ fn a_replica_added_later_is_sent_the_volume_and_its_snapshots_and_one_removed_le
         states(&[("n0", "healthy"), ("n2", "healthy")])
     );
     fio(&uri, &["--randseed=4", "--do_verify=1", "--size=8m"]);
-    assert!(b.d.ok(&["volume", "list"]).contains('r'));
+    assert!(!holds(&b, "r"), "n1 still holds r: {:?}", held(&b));
     let ends = alike(&a, &[&c]);
     fio(&ends[1], &["--randseed=4", "--verify_only", "--size=8m"]);
 }
@@ -1015,4 +1016,126 @@ fn a_front_end_killed_between_its_snapshot_and_the_replicas_has_them_take_it_at_
     let mut c = NbdClient::connect(&there);
     assert!(c.read(1 << 20, 2 << 20).iter().all(|&x| x == 0x32));
     assert!(c.read(0, 1 << 20).iter().all(|&x| x == 0x31));
+}
+
+/// The names of the volumes on `n`, and of the volumes its snapshots are
+/// of (deleted ones' too), as its API lists them.
+fn held(n: &Node) -> (Vec<String>, Vec<String>) {
+    let names = |v: Value, key: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap_or_else(|| panic!("not a list: {v}"))
+            .iter()
+            .map(|x| x[key].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    (
+        names(n.d.json(&["volume", "list"]), "name"),
+        names(n.d.json(&["snapshot", "list"]), "volume"),
+    )
+}
+
+/// Whether `n` holds volume `name` or a snapshot of one of that name.
+fn holds(n: &Node, name: &str) -> bool {
+    let (volumes, snapshots) = held(n);
+    volumes.iter().chain(&snapshots).any(|v| v == name)
+}
+
+#[test]
+fn deleting_a_replicated_volume_or_removing_a_replica_deletes_its_volume_on_its_node() {
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (a, b, mut c) = (n.next().unwrap(), n.next().unwrap(), n.next().unwrap());
+    let create = |name: &str, all: [&Node; 3]| {
+        all[0].d.ok(&[
+            "volume",
+            "create",
+            name,
+            "--size",
+            "64MiB",
+            "--replicas",
+            "3",
+        ]);
+        all[0].d.ok(&["snapshot", "create", name, "s1"]);
+        for n in all {
+            assert!(holds(n, name), "{} lacks {name}", n.name);
+        }
+    };
+
+    // A node down: the delete fails naming it, and nothing is deleted,
+    // on any node.
+    create("r", [&a, &b, &c]);
+    c.d.kill9();
+    let e = a.d.err(&["volume", "delete", "r"]);
+    assert!(
+        e.contains("node n2 cannot delete its replica") && e.contains("nothing was deleted"),
+        "{e}"
+    );
+    assert_eq!(
+        replicas(&a, "r").1,
+        states(&[("n0", "healthy"), ("n1", "healthy"), ("n2", "healthy")])
+    );
+    assert!(holds(&a, "r") && holds(&b, "r"));
+    c.d.start_again();
+    assert!(holds(&c, "r"));
+    // Back: deleted on every node, with its snapshots.
+    a.d.ok(&["volume", "delete", "r", "--with-snapshots"]);
+    for n in [&a, &b, &c] {
+        assert!(!holds(n, "r"), "{} still holds r: {:?}", n.name, held(n));
+    }
+    assert!(a
+        .d
+        .ok(&["volume", "delete", "r"])
+        .contains("nothing to delete"));
+
+    // A replica removed: its volume goes on its node, the others stay.
+    create("q", [&a, &b, &c]);
+    let out = a.d.ok(&["replica", "remove", "q", "n1"]);
+    assert!(out.contains("and its volume there"), "{out}");
+    assert!(!holds(&b, "q"), "n1 still holds q: {:?}", held(&b));
+    assert!(holds(&a, "q") && holds(&c, "q"));
+    // Its node down: the removal goes on, and says what stays there.
+    c.d.kill9();
+    let r = a.d.json(&["replica", "remove", "q", "n2"]);
+    assert_eq!(r["existed"], true, "{r}");
+    let left = r["left"]
+        .as_str()
+        .unwrap_or_else(|| panic!("nothing left: {r}"));
+    assert!(
+        left.contains("its volume q on node n2 stays") && left.contains("lamina volume delete q"),
+        "{left}"
+    );
+    assert_eq!(replicas(&a, "q").1, states(&[("n0", "healthy")]));
+    assert!(a
+        .d
+        .log()
+        .contains("a removed replica's volume stays on its node"));
+    c.d.start_again();
+    assert!(holds(&c, "q"), "left on n2, as answered");
+    a.d.ok(&["volume", "delete", "q", "--with-snapshots"]);
+    assert!(!holds(&a, "q"));
+    // Deleted there by hand, as the answer said.
+    c.d.ok(&["volume", "delete", "q", "--with-snapshots"]);
+    assert!(!holds(&c, "q"));
+
+    // A node's own volume is never deleted by a peer: its replica deleted
+    // by hand and a volume of its own made under the name, the front end's
+    // delete leaves it.
+    a.d.ok(&[
+        "volume",
+        "create",
+        "x",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--replica-node",
+        "n1",
+    ]);
+    b.d.ok(&["volume", "delete", "x"]);
+    b.d.ok(&["volume", "create", "x", "--size", "32MiB"]);
+    a.d.ok(&["volume", "delete", "x"]);
+    assert!(!holds(&a, "x"));
+    let own = b.d.json(&["volume", "get", "x"]);
+    assert_eq!(own["size"], 32 << 20, "{own}");
 }

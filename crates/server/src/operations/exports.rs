@@ -58,7 +58,11 @@ pub async fn detach(
         };
         let s2 = s.clone();
         let existed = blocking(move || s2.detach(&volume, snapshot.as_deref(), force)).await?;
-        Ok(api::Removed { what, existed })
+        Ok(api::Removed {
+            what,
+            existed,
+            left: None,
+        })
     })
     .await
 }

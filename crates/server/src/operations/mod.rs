@@ -53,6 +53,9 @@ pub enum Outcome {
     },
     /// Whether there was something to remove.
     Removed(bool),
+    /// Removed, leaving something behind: what, and why (a removed
+    /// replica's volume its node could not delete).
+    RemovedLeaving(String),
     /// A clone, or a flatten: `running` names the operation still working
     /// in the background (a full clone's copy, a flatten), which marks its
     /// record done itself.
@@ -397,6 +400,6 @@ async fn apply(st: &Arc<State>, rec: &OpRec, recovering: bool) -> Result<Outcome
         } => groups::create(st, name, volumes, labels, recovering).await,
         Op::DeleteSnapshotGroup { name, .. } => groups::delete(st, name, recovering).await,
         Op::AddReplica { volume, node } => replicas::add(st, volume, node).await,
-        Op::RemoveReplica { volume, node } => replicas::remove(st, volume, node).await,
+        Op::RemoveReplica { volume, node } => replicas::remove(st, volume, node, recovering).await,
     }
 }

@@ -12,6 +12,8 @@ use crate::state::{blocking, State};
 use crate::store::{ReplicaRec, ReplicaSetRec, MAX_REPLICAS};
 use lamina_api::ErrorCode;
 use lamina_transfer::replica::{RemoteVolume, SessionOptions};
+use lamina_transfer::wire::Code;
+use lamina_transfer::TransferError;
 use std::sync::Arc;
 
 /// Why a new replica is out of the healthy set until its rebuild ends.
@@ -148,21 +150,33 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
 }
 
 /// Remove volume `volume`'s replica on node `node`: faulted, taken out of
-/// the front end, and forgotten. Not this node's (the front end's), and
-/// not the last healthy one. Its volume there stays. Gone already:
-/// nothing changes.
+/// the front end, forgotten, then its volume on that node deleted (a
+/// Retire). Not this node's (the front end's), and not the last healthy
+/// one. A node that cannot delete it (down, say: the reason to remove a
+/// replica) does not hold the removal back: the answer says what was left
+/// there, and so does a warning. Gone already: nothing changes, but a
+/// removal finished after a restart (`recovering`) deletes its volume
+/// there still.
 pub(super) async fn remove(
     st: &Arc<State>,
     volume: String,
     node: String,
+    recovering: bool,
 ) -> Result<Outcome, Failure> {
     let st2 = st.clone();
     blocking(move || {
-        let Some(set) = crate::front::replica_set(&st2.store, &st2.pool, &volume)? else {
-            st2.pool.volume_info_by_name(&volume)?;
-            return Ok(Outcome::Removed(false));
-        };
-        let Some(i) = set.replicas.iter().position(|r| r.node == node) else {
+        let set = crate::front::replica_set(&st2.store, &st2.pool, &volume)?;
+        let at = set
+            .as_ref()
+            .and_then(|s| s.replicas.iter().position(|r| r.node == node));
+        let (Some(set), Some(i)) = (set.as_ref(), at) else {
+            if recovering {
+                // Killed between its record's change and the Retire.
+                return Ok(retire_removed(&st2, &volume, &node, None));
+            }
+            if set.is_none() {
+                st2.pool.volume_info_by_name(&volume)?;
+            }
             return Ok(Outcome::Removed(false));
         };
         if i == 0 {
@@ -194,6 +208,7 @@ pub(super) async fn remove(
             .store
             .remove_replica(&volume, &node)
             .map_err(Failure::from)?;
+        let gone_address = set.replicas[i].address.clone();
         // The system snapshots its rebuild kept.
         if let Some(rb) = gone.and_then(|r| r.rebuild) {
             for s in std::iter::once(rb.base).chain(rb.round.map(|t| t.target)) {
@@ -204,8 +219,170 @@ pub(super) async fn remove(
                 }
             }
         }
-        tracing::info!(volume = %volume, replica = %node, "replica removed; its volume on that node stays");
-        Ok(Outcome::Removed(true))
+        tracing::info!(volume = %volume, replica = %node, "replica removed");
+        let address = gone_address;
+        Ok(retire_removed(&st2, &volume, &node, Some(address)))
     })
     .await
+}
+
+/// Delete the volume of volume `volume`'s removed replica on `node` (at
+/// `address`; none: the node list's), once it is out of the replica set:
+/// `Removed`, or, when the node could not, `RemovedLeaving` saying what
+/// stays there and why (logged too).
+fn retire_removed(st: &State, volume: &str, node: &str, address: Option<String>) -> Outcome {
+    let left = |why: String| {
+        let left = format!(
+            "its volume {volume} on node {node} stays: {why}; delete it there (lamina volume delete {volume}, on {node})"
+        );
+        tracing::warn!(
+            volume,
+            replica = node,
+            "a removed replica's volume stays on its node: {why}"
+        );
+        Outcome::RemovedLeaving(left)
+    };
+    let Some(identity) = st.identity.clone() else {
+        return left("this daemon has no transfer identity (--transfer-tls)".into());
+    };
+    let address = match address {
+        Some(a) => a,
+        None => match crate::state::nodes::address_of(st, node) {
+            Ok(a) => a,
+            Err(f) => return left(f.1.message),
+        },
+    };
+    match retire(&identity, node, &address, volume, false) {
+        Ok(existed) => {
+            tracing::info!(
+                volume,
+                replica = node,
+                existed,
+                "a removed replica's volume deleted on its node"
+            );
+            Outcome::Removed(true)
+        }
+        Err(e) => left(why(&e)),
+    }
+}
+
+/// Ask node `node` (at `address`) to delete its replica of volume `volume`
+/// (with `check`, only whether it holds one to delete): whether it was
+/// there.
+fn retire(
+    identity: &lamina_transfer::Identity,
+    node: &str,
+    address: &str,
+    volume: &str,
+    check: bool,
+) -> Result<bool, TransferError> {
+    let remote = lamina_transfer::Remote {
+        address: address.to_string(),
+        node: node.to_string(),
+    };
+    lamina_transfer::replica::retire(
+        identity,
+        &remote,
+        volume,
+        check,
+        SessionOptions::default().connect_timeout,
+    )
+}
+
+/// Whether a Retire's error says the volume there is not this front end's
+/// (its node's own, or another's): nothing of ours to delete.
+fn not_ours(e: &TransferError) -> bool {
+    matches!(
+        e,
+        TransferError::Remote {
+            code: Code::NotReplica,
+            ..
+        }
+    )
+}
+
+/// A Retire's error in words: the node's own for a refusal.
+fn why(e: &TransferError) -> String {
+    match e {
+        TransferError::Remote { message, code, .. } => {
+            format!("the node refused ({code:?}): {message}")
+        }
+        e => e.to_string(),
+    }
+}
+
+/// Before volume `volume` is deleted here: each of its replicas on other
+/// nodes in `set` deleted there, first every node asked whether it can
+/// (each answering, of a version that can delete, its volume not
+/// attached there), so that a node that cannot fails the delete with
+/// `unavailable` naming it before anything changed; then each deleted,
+/// and taken out of the replica set once it is gone. A volume there that
+/// is not this front end's (made anew by hand, say) is left as it is. Run
+/// again (asked again, or after a restart), it deletes what is left.
+pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Result<(), Failure> {
+    let others: Vec<&ReplicaRec> = set.replicas.iter().skip(1).collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    let identity = st.identity.clone().ok_or_else(|| {
+        Failure::invalid(format!(
+            "volume {volume:?} has replicas on other nodes, and this daemon has no transfer identity to delete them with: start it with --transfer-tls DIR"
+        ))
+    })?;
+    let hint = format!(
+        "ask again once the node answers; or take its replica out first (lamina replica remove {volume} NODE), which leaves its volume there to delete by hand"
+    );
+    for r in &others {
+        match retire(&identity, &r.node, &r.address, volume, true) {
+            Ok(_) => {}
+            Err(e) if not_ours(&e) => {
+                tracing::warn!(volume, replica = %r.node, "the volume there is not this front end's replica: left as it is ({})", why(&e));
+            }
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                    "volume {volume:?}: node {} cannot delete its replica: {}; nothing was deleted",
+                    r.node,
+                    why(&e)
+                ),
+                    Some(&hint),
+                ))
+            }
+        }
+    }
+    // Their front end (one open for a rebuild) stops before they go.
+    st.fronts.remove(volume);
+    let mut deleted = Vec::new();
+    for r in &others {
+        match retire(&identity, &r.node, &r.address, volume, false) {
+            Ok(existed) => {
+                tracing::info!(volume, replica = %r.node, existed, "replica's volume deleted on its node");
+            }
+            Err(e) if not_ours(&e) => {}
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "volume {volume:?}: node {} could not delete its replica: {}; the volume here stays{}",
+                        r.node,
+                        why(&e),
+                        match deleted.is_empty() {
+                            true => String::new(),
+                            false => format!(
+                                ", without its replicas on {} (deleted, and out of its replica set)",
+                                deleted.join(", ")
+                            ),
+                        }
+                    ),
+                    Some(&hint),
+                ))
+            }
+        }
+        st.store
+            .remove_replica(volume, &r.node)
+            .map_err(Failure::from)?;
+        deleted.push(r.node.clone());
+    }
+    Ok(())
 }

@@ -273,15 +273,17 @@ pub(super) async fn delete(
             }
             st2.refuse_if_copying_from(&name, &s.name)?;
         }
+        // Its replicas on other nodes go first (each node asked first
+        // whether it can), so that this volume, and the operation's
+        // record, stay until none is left (docs/replicas.md, "Deleting").
+        let set = crate::front::replica_set(&st2.store, &st2.pool, &name)?;
+        if let Some(set) = &set {
+            super::replicas::retire_others(&st2, &name, set)?;
+        }
         // A front end open for a rebuild (the volume detached) stops.
         st2.fronts.remove(&name);
         p.delete_volume(&name, with_snapshots)?;
-        // Its replicas on other nodes stay there (docs/replicas.md).
-        if let Ok(Some(set)) = st2.store.replica_set(&name) {
-            let others: Vec<&str> = set.replicas.iter().skip(1).map(|r| r.node.as_str()).collect();
-            if !others.is_empty() {
-                tracing::warn!(volume = %name, nodes = ?others, "a replicated volume was deleted here; its replicas on other nodes are left as they are");
-            }
+        if let Ok(Some(_)) = st2.store.replica_set(&name) {
             st2.store.remove_replica_set(&name).map_err(Failure::from)?;
         }
         Ok(Outcome::Removed(true))

@@ -19,8 +19,8 @@ use crate::error::TransferError;
 use crate::frames::{gather, read_async, ReadError};
 use crate::tls::Identity;
 use crate::wire::{
-    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, REPLICA_VERSION,
-    VERSION,
+    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, ORIGIN_VERSION,
+    REPLICA_VERSION, RETIRE_VERSION,
 };
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use rustls::pki_types::ServerName;
@@ -168,7 +168,15 @@ impl RemoteVolume {
         rt.spawn(async move {
             // A replica's node of version 2 refuses Hello 3 (code 1): a
             // session of version 2 does all but give snapshots an origin.
-            let mut r = attach(config.clone(), &remote, &volume, create, options, VERSION).await;
+            let mut r = attach(
+                config.clone(),
+                &remote,
+                &volume,
+                create,
+                options,
+                ORIGIN_VERSION,
+            )
+            .await;
             if let Err(TransferError::Remote {
                 code: Code::Version,
                 ..
@@ -293,6 +301,78 @@ async fn attach(
     o: SessionOptions,
     version: u16,
 ) -> Result<(TlsStream<TcpStream>, String, u64, Caps, bool, u16), TransferError> {
+    let first = Frame::Attach {
+        create,
+        volume: volume.to_string(),
+    };
+    let (tls, peer, answer) = opening(config, remote, volume, first, o, version).await?;
+    match answer {
+        Frame::Attached {
+            size,
+            caps,
+            read_only,
+        } => Ok((tls, peer, size, caps, read_only, version)),
+        f => Err(TransferError::Protocol {
+            peer,
+            detail: format!("expected Attached, got {}", f.summary()),
+        }),
+    }
+}
+
+/// Delete the replica's volume `volume` on `remote`'s node, made for this
+/// node's front end (with `check`, only find out whether it is there to
+/// delete): whether it was there. A session of its own, of version 4: a
+/// node of an older version refuses it (code 1), and so does one whose
+/// volume of that name is not a replica of this node's (code 10,
+/// [`Code::NotReplica`]). Blocks; call it from a thread that may.
+pub fn retire(
+    identity: &Identity,
+    remote: &Remote,
+    volume: &str,
+    check: bool,
+    connect_timeout: Duration,
+) -> Result<bool, TransferError> {
+    let rt = runtime()?;
+    let config = identity.client_config()?;
+    let o = SessionOptions {
+        connect_timeout,
+        ..SessionOptions::default()
+    };
+    let (remote, volume) = (remote.clone(), volume.to_string());
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let first = Frame::Retire {
+            check,
+            volume: volume.clone(),
+        };
+        let r = match opening(config, &remote, &volume, first, o, RETIRE_VERSION).await {
+            Ok((mut tls, _, Frame::Retired { existed })) => {
+                let _ = tls.shutdown().await;
+                Ok(existed)
+            }
+            Ok((_, peer, f)) => Err(TransferError::Protocol {
+                peer,
+                detail: format!("expected Retired, got {}", f.summary()),
+            }),
+            Err(e) => Err(e),
+        };
+        let _ = tx.send(r);
+    });
+    rx.recv()
+        .map_err(|_| TransferError::Invalid("the replica sessions' runtime stopped".into()))?
+}
+
+/// TCP, TLS, Hellos in `version`, then `first` (an Attach, a Retire); the
+/// stream, the peer's description, and the frame that answered `first`
+/// (an Error is returned as the error it says).
+async fn opening(
+    config: Arc<rustls::ClientConfig>,
+    remote: &Remote,
+    volume: &str,
+    first: Frame,
+    o: SessionOptions,
+    version: u16,
+) -> Result<(TlsStream<TcpStream>, String, Frame), TransferError> {
     let unreachable = |source| TransferError::Unreachable {
         address: remote.address.clone(),
         source,
@@ -364,19 +444,9 @@ async fn attach(
         Frame::Error { code, message } => return Err(refused(code, message)),
         f => return Err(protocol(format!("expected Hello, got {}", f.summary()))),
     }
-    let attached = exchange(Frame::Attach {
-        create,
-        volume: volume.to_string(),
-    })
-    .await?;
-    match attached {
-        Frame::Attached {
-            size,
-            caps,
-            read_only,
-        } => Ok((tls, peer, size, caps, read_only, version)),
+    match exchange(first).await? {
         Frame::Error { code, message } => Err(refused(code, message)),
-        f => Err(protocol(format!("expected Attached, got {}", f.summary()))),
+        f => Ok((tls, peer, f)),
     }
 }
 

@@ -18,9 +18,10 @@
 //! as for the pulls it shares the codec with.
 
 mod client;
+pub(crate) mod retire;
 pub(crate) mod serve;
 
-pub use client::{RemoteVolume, SessionOptions};
+pub use client::{retire, RemoteVolume, SessionOptions};
 pub use serve::{CALL_BYTES, SESSION_CALLS, SESSION_CALL_BYTES};
 
 use lamina_blockio::{BlockIo, IoError};
@@ -55,6 +56,14 @@ pub trait Volumes: Send + Sync + 'static {
     /// of node `peer`; one not there is as good. Called from a thread that
     /// may block.
     fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError>;
+    /// Delete this node's `volume`, made for the front end of node `peer`,
+    /// with the snapshots made for it (with `check`, delete nothing: only
+    /// say whether there is one to delete): whether it was there. A volume
+    /// that is not a replica of `peer`'s (this node's own, or another front
+    /// end's) is never deleted: an error of kind
+    /// [`IoErrorKind::Invalid`](lamina_blockio::IoErrorKind::Invalid). Called
+    /// from a thread that may block.
+    fn retire(&self, volume: &str, peer: &str, check: bool) -> Result<bool, IoError>;
     /// Run `job` (it submits to a volume handle and may block) on a thread
     /// that may block, at the priority of the node's volume I/O: never on an
     /// async reactor.

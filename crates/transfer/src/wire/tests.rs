@@ -55,6 +55,8 @@ fn frame() -> impl Strategy<Value = Frame> {
         }),
         (any::<u64>(), call_op()).prop_map(|(tag, op)| Frame::Call(Call { tag, op })),
         (any::<u64>(), outcome()).prop_map(|(tag, outcome)| Frame::Reply(Reply { tag, outcome })),
+        (any::<bool>(), name()).prop_map(|(check, volume)| Frame::Retire { check, volume }),
+        any::<bool>().prop_map(|existed| Frame::Retired { existed }),
     ]
 }
 
@@ -165,7 +167,7 @@ proptest! {
 
     #[test]
     fn any_checksummed_body_decodes_to_a_frame_or_an_error(
-        kind in 0u8..13,
+        kind in 0u8..15,
         body in proptest::collection::vec(any::<u8>(), 0..600),
     ) {
         // A valid header and checksum around random bytes: the body parsers
@@ -220,8 +222,8 @@ fn lengths_are_bounded_before_reading_the_body() {
     h[4..].copy_from_slice(&((8 + MAX_DATA) as u32).to_be_bytes());
     assert_eq!(check_header(&h), Ok((Kind::Data, 8 + MAX_DATA + TRAILER)));
     assert_eq!(
-        check_header(&[12, 0, 0, 0, 0, 0, 0, 0]),
-        Err(WireError::UnknownKind(12))
+        check_header(&[14, 0, 0, 0, 0, 0, 0, 0]),
+        Err(WireError::UnknownKind(14))
     );
     assert_eq!(
         check_header(&[1, 0, 1, 0, 0, 0, 0, 0]),
@@ -448,4 +450,64 @@ fn version_3_frames_are_laid_out_as_documented() {
         decode(&framed(10, &body)),
         Err(WireError::Malformed { .. })
     ));
+}
+
+#[test]
+fn version_4_frames_are_laid_out_as_documented() {
+    // A Retire: mode (0 delete, 1 check), then the volume's name.
+    let f = Frame::Retire {
+        check: false,
+        volume: "data".into(),
+    };
+    let mut out = Vec::new();
+    encode(&f, &mut out);
+    assert_eq!(out, framed(12, &[0, 0, 4, b'd', b'a', b't', b'a']));
+    assert_eq!(decode(&out).unwrap(), Some((f, out.len())));
+    assert_eq!(
+        decode(&framed(12, &[1, 0, 1, b'v'])).unwrap().unwrap().0,
+        Frame::Retire {
+            check: true,
+            volume: "v".into()
+        }
+    );
+    // A Retired: whether the volume was there.
+    let mut out = Vec::new();
+    encode(&Frame::Retired { existed: true }, &mut out);
+    assert_eq!(out, framed(13, &[1]));
+    // Another mode, an empty or cut name, a name too long, an existed of
+    // 2, bytes after the last field: malformed.
+    let long = [&[0u8, 1, 0][..], &[b'x'; 256]].concat();
+    for (kind, bad) in [
+        (12, vec![2, 0, 1, b'v']),
+        (12, vec![0, 0, 0]),
+        (12, vec![0, 0, 2, b'v']),
+        (12, vec![0, 0, 1, b'v', 0]),
+        (13, vec![2]),
+        (13, vec![]),
+    ] {
+        assert!(
+            matches!(
+                decode(&framed(kind, &bad)),
+                Err(WireError::Malformed { .. })
+            ),
+            "{kind}: {bad:?}"
+        );
+    }
+    // Limits, checked on the header before the body is read: a Retire of
+    // 258 bytes, a Retired of 1.
+    assert!(matches!(
+        decode(&framed(12, &long)),
+        Err(WireError::TooLong {
+            len: 259,
+            max: 258,
+            ..
+        })
+    ));
+    assert!(matches!(
+        check_header(&[13, 0, 0, 0, 0, 0, 0, 2]),
+        Err(WireError::TooLong { len: 2, max: 1, .. })
+    ));
+    // Code 10: not a replica of the asking node's.
+    assert_eq!(Code::from_u16(10), Code::NotReplica);
+    assert_eq!(Code::NotReplica.to_u16(), 10);
 }
