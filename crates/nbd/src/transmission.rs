@@ -30,7 +30,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::exec::ReplyMode;
 use crate::handshake::Session;
 use crate::proto::*;
-use crate::runner::{Executor, Job};
+use crate::runner::{executor, Executor, Job};
 use crate::server::Shutdown;
 use crate::writer::{BoxedWrite, Permits, ReplyWriter};
 use crate::{NbdError, ServerOptions};
@@ -182,7 +182,7 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(
         structured: session.structured,
         meta_id: session.meta_context.unwrap_or(0),
     };
-    let sh = Arc::new(Executor::new(
+    let sh = Arc::new(executor(
         session.device,
         mode,
         ReplyWriter::new(writer),
@@ -214,10 +214,10 @@ pub(crate) async fn run<R: AsyncRead + Unpin>(
             timeout = ?opts.drain_timeout,
             "the client did not read its replies: closing the connection (its requests have run)"
         );
-        sh.writer.abort();
+        sh.work().writer.abort();
         let _all = slots.acquire_many(slot_count).await;
     }
-    match sh.writer.close().await {
+    match sh.work().writer.close().await {
         Err(e) if result.is_ok() && drained.is_ok() => Err(e.into()),
         _ => result,
     }
@@ -247,7 +247,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             }
             let next = tokio::select! {
                 biased;
-                _ = sh.writer.failed() => return Ok(()),
+                _ = sh.work().writer.failed() => return Ok(()),
                 _ = shutdown.wait() => {
                     tracing::debug!("server shutting down: no more requests");
                     return Ok(());
@@ -267,7 +267,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                         message,
                         "request refused"
                     );
-                    Some(sh.mode.error(req.cookie, errno, message))
+                    Some(sh.work().mode.error(req.cookie, errno, message))
                 }
                 Ok(()) if req.kind == CMD_CACHE => Some(Reply::simple(req.cookie, 0, Vec::new())),
                 Ok(()) => None,

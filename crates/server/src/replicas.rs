@@ -298,8 +298,8 @@ impl lamina_transfer::replica::Volumes for Served {
         }
     }
 
-    fn run(&self, job: Box<dyn FnOnce() + Send>) {
-        self.runtime.spawn_blocking(job);
+    fn runtime(&self) -> tokio::runtime::Handle {
+        self.runtime.clone()
     }
 }
 

@@ -80,7 +80,7 @@ pub(crate) fn read_sync_reusing<R: Read>(
 }
 
 /// Bytes of queued frames written at once, at most (about).
-const BATCH: usize = 256 << 10;
+pub(crate) const BATCH: usize = 256 << 10;
 
 /// Frames for one write to a session's socket: `taken` holds the first
 /// one received; those queued on `rx` meanwhile join it, up to about

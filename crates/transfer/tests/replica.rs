@@ -20,7 +20,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Volumes in memory, by name; each call on its own thread.
+/// Volumes in memory, by name; calls on the runners of the Source's
+/// runtime, snapshots each on its own thread.
 struct Mems(HashMap<String, Arc<Gated<MemDevice>>>);
 
 impl Volumes for Mems {
@@ -37,6 +38,10 @@ impl Volumes for Mems {
                 format!("no volume {volume}"),
             )),
         }
+    }
+    fn runtime(&self) -> tokio::runtime::Handle {
+        // The Source's own, which serves the session.
+        tokio::runtime::Handle::current()
     }
     fn run(&self, job: Box<dyn FnOnce() + Send>) {
         std::thread::spawn(job);

@@ -7,7 +7,8 @@
 //!
 //! - The replica's side ([`serve`]): a [`Source`](crate::Source) given
 //!   [`Volumes`] answers Attach with a handle the daemon opens, and runs
-//!   each Call on it where the daemon runs volume I/O.
+//!   the Calls on it where the daemon runs volume I/O, through the runners
+//!   the NBD server's connections use too (crate `lamina-runners`).
 //! - The front end's side ([`RemoteVolume`]): a [`BlockIo`] whose every
 //!   operation is a Call on one session, answered by a Reply of the same
 //!   tag.
@@ -64,8 +65,15 @@ pub trait Volumes: Send + Sync + 'static {
     /// [`IoErrorKind::Invalid`](lamina_blockio::IoErrorKind::Invalid). Called
     /// from a thread that may block.
     fn retire(&self, volume: &str, peer: &str, check: bool) -> Result<bool, IoError>;
-    /// Run `job` (it submits to a volume handle and may block) on a thread
-    /// that may block, at the priority of the node's volume I/O: never on an
-    /// async reactor.
-    fn run(&self, job: Box<dyn FnOnce() + Send>);
+    /// The runtime whose blocking threads run the node's volume I/O, at its
+    /// priority: a session's calls run there (see [`serve`]), never on an
+    /// async reactor, nor on the listener's threads. Called from the
+    /// session's task.
+    fn runtime(&self) -> tokio::runtime::Handle;
+    /// Run `job` (it may block: a snapshot or a snapshot's deletion) on a
+    /// thread that may block, at the priority of the node's volume I/O. By
+    /// default a blocking task of [`Volumes::runtime`].
+    fn run(&self, job: Box<dyn FnOnce() + Send>) {
+        self.runtime().spawn_blocking(job);
+    }
 }

@@ -1,18 +1,30 @@
 //! The replica's side of a replica session: after Attach, read Calls, run
-//! each on the volume handle where the daemon runs volume I/O
-//! ([`Volumes::run`]), and write each Reply as its operation completes, in
-//! whatever order they complete. What one session holds is bounded: at
-//! most [`SESSION_CALLS`] calls and [`SESSION_CALL_BYTES`] bytes of their
-//! data (a write's payload, a read's buffer) between the Call read and its
-//! Reply written, and all the node's sessions together at most
-//! [`CALL_BYTES`]; at a bound the session reads nothing more from its
-//! peer, so a front end that sends faster than the volume answers is held
-//! back by TCP.
+//! them on the volume handle on the daemon's blocking threads, at the
+//! priority of its volume I/O ([`Volumes::runtime`]), and write each Reply
+//! as its operation completes, in whatever order they complete.
+//!
+//! Calls run as the NBD server's requests do, through the shared runners
+//! (crate `lamina-runners`): each call is submitted as it is read; on a fast
+//! volume one runner takes every call queued, runs them in order and sends
+//! their replies to the writer together (one channel send, one socket write
+//! for many), instead of a blocking task and two thread wake-ups per call; on
+//! a slow one a runner per call. A flush runs on a blocking task of its own
+//! (see [`Calls`] for why that keeps its meaning); a snapshot or a snapshot's
+//! deletion is the daemon's to make ([`Volumes::run`]).
+//!
+//! What one session holds is bounded: at most [`SESSION_CALLS`] calls and
+//! [`SESSION_CALL_BYTES`] bytes of their data (a write's payload, a read's
+//! buffer) between the Call read and its Reply written, and all the node's
+//! sessions together at most [`CALL_BYTES`]; at a bound the session reads
+//! nothing more from its peer, so a front end that sends faster than the
+//! volume answers is held back by TCP.
 
-use crate::frames::{gather, read_async, ReadError};
+use crate::frames::{read_async, ReadError, BATCH};
 use crate::source::{refuse, Ended, Refusal, Source};
 use crate::wire::{self, Answered, Call, CallOp, Code, Frame, OpCode, Outcome, Reply};
 use lamina_blockio::{BlockIo, IoDone, IoError, IoErrorKind, IoOp};
+use lamina_runners::{answer_inline, Runners, Work};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -30,17 +42,64 @@ pub const SESSION_CALL_BYTES: usize = 8 << 20;
 /// together, whatever their number.
 pub const CALL_BYTES: usize = 256 << 20;
 
-/// A reply on its way to the socket, with the places its call held.
-struct Queued {
-    frame: Vec<u8>,
+/// The places a call holds from its Call read until its Reply is written.
+struct Held {
     _call: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
     _node_bytes: OwnedSemaphorePermit,
 }
 
-impl AsRef<[u8]> for Queued {
-    fn as_ref(&self) -> &[u8] {
-        &self.frame
+/// A reply on its way to the socket, with the places its call held.
+struct Queued {
+    frame: Vec<u8>,
+    _held: Held,
+}
+
+/// A call on its way to a runner.
+struct Job {
+    call: Call,
+    held: Held,
+}
+
+/// What the runners of a session run: its calls on its volume handle; the
+/// replies go to the session's writer, a runner's batch in one send.
+///
+/// A flush is not queued with the other calls but run alone, on a blocking
+/// task of its own, so it may complete before calls read ahead of it that
+/// a runner holds. That is all the contract asks of a flush
+/// (`docs/volume-io.md`, item 4): it covers the writes that had completed
+/// before it was submitted, not those in flight. And the front end asks no
+/// more: its replicated volume counts a flush as covering only the changes
+/// that had completed on every replica before it sent the flush
+/// (`lamina_replica`, `Shared::covers`), whose Replies this session had
+/// therefore written already, after their calls completed on the volume
+/// handle here.
+struct Calls {
+    io: Arc<dyn BlockIo>,
+    tx: mpsc::UnboundedSender<Vec<Queued>>,
+}
+
+impl Work for Calls {
+    type Job = Job;
+    type Done = Queued;
+
+    fn run(&self, job: Job) -> Option<Queued> {
+        let (held, tx) = (job.held, self.tx.clone());
+        answer_inline(
+            |answer| {
+                execute(&*self.io, job.call, move |frame| {
+                    answer(Queued { frame, _held: held })
+                })
+            },
+            // Completed after the runner moved on: to the writer alone.
+            move |q| {
+                let _ = tx.send(vec![q]);
+            },
+        )
+    }
+
+    fn deliver(&self, batch: Vec<Queued>) {
+        let _ = self.tx.send(batch);
     }
 }
 
@@ -85,19 +144,42 @@ pub(crate) async fn session(
 
     let calls = Arc::new(Semaphore::new(SESSION_CALLS));
     let bytes = Arc::new(Semaphore::new(SESSION_CALL_BYTES));
-    let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Queued>>();
+    let runners = Arc::new(Runners::new(
+        Calls {
+            io: io.clone(),
+            tx: tx.clone(),
+        },
+        volumes.runtime(),
+        SESSION_CALLS,
+    ));
     let (mut rd, mut wr) = tokio::io::split(&mut *tls);
     let stall = source.limits().stall_timeout;
     let writer = async {
-        // The replies ready meanwhile go out together (one TLS record and
-        // one system call for many); their places are given back once
-        // written.
-        let (mut held, mut batch) = (Vec::new(), Vec::new());
-        while let Some(q) = rx.recv().await {
-            held.clear();
-            held.push(q);
-            let bytes = gather(&mut rx, &mut held, &mut batch);
-            source.timed(wr.write_all(bytes)).await?;
+        // The replies ready meanwhile go out together (small ones copied
+        // into one buffer of up to BATCH bytes: one TLS record and one
+        // system call for many); their places are given back once written.
+        let (mut held, mut buf) = (Vec::new(), Vec::new());
+        while let Some(first) = rx.recv().await {
+            held.push(first);
+            while let Ok(more) = rx.try_recv() {
+                held.push(more);
+            }
+            for q in held.iter().flatten() {
+                if !buf.is_empty() && buf.len() + q.frame.len() > BATCH {
+                    source.timed(wr.write_all(&buf)).await?;
+                    buf.clear();
+                }
+                if q.frame.len() >= BATCH {
+                    source.timed(wr.write_all(&q.frame)).await?;
+                } else {
+                    buf.extend_from_slice(&q.frame);
+                }
+            }
+            if !buf.is_empty() {
+                source.timed(wr.write_all(&buf)).await?;
+                buf.clear();
+            }
             held.clear();
             if rx.is_empty() {
                 source.timed(wr.flush()).await?;
@@ -149,14 +231,10 @@ pub(crate) async fn session(
             ) else {
                 return Ok(Ended::Gone);
             };
-            let (io, tx) = (io.clone(), tx.clone());
-            let reply = move |frame| {
-                let _ = tx.send(Queued {
-                    frame,
-                    _call: call_permit,
-                    _bytes: bytes_permit,
-                    _node_bytes: node_permit,
-                });
+            let held = Held {
+                _call: call_permit,
+                _bytes: bytes_permit,
+                _node_bytes: node_permit,
             };
             if let CallOp::Snapshot { name, .. } | CallOp::DeleteSnapshot { name } = &call.op {
                 // The daemon's, not the volume handle's, to make.
@@ -170,7 +248,7 @@ pub(crate) async fn session(
                     volume.clone(),
                     node.to_string(),
                 );
-                let (tag, code) = (call.tag, call.op.code());
+                let (tag, code, tx) = (call.tag, call.op.code(), tx.clone());
                 volumes.run(Box::new(move || {
                     let (done, answered) = match code {
                         OpCode::Snapshot => (
@@ -192,11 +270,17 @@ pub(crate) async fn session(
                     };
                     let mut frame = Vec::new();
                     wire::encode(&Frame::Reply(Reply { tag, outcome }), &mut frame);
-                    reply(frame)
+                    let _ = tx.send(vec![Queued { frame, _held: held }]);
                 }));
                 continue;
             }
-            volumes.run(Box::new(move || execute(&*io, call, reply)));
+            let job = Job { call, held };
+            if matches!(job.call.op, CallOp::Flush) {
+                // Not behind the calls queued: see `Calls`.
+                runners.run_alone(job);
+            } else {
+                runners.submit(&mut VecDeque::from([job]));
+            }
         }
     };
     let ended = tokio::select! {
