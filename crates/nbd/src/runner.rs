@@ -123,10 +123,7 @@ fn error_reply(mode: ReplyMode, span: &tracing::Span, req: &Request, e: &IoError
 
 /// Sends a reply that completed after its runner moved on.
 fn send_later(writer: Arc<ReplyWriter>, reply: (Reply, Permits)) {
-    let w = writer.clone();
-    writer.runtime.spawn(async move {
-        w.send(vec![reply]).await;
-    });
+    writer.send_later(reply);
 }
 
 type Answer = Box<dyn FnOnce(Result<Reply, IoError>) + Send>;

@@ -5,6 +5,7 @@
 //! system calls while a lone reply goes out at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{watch, Mutex, Notify, OwnedSemaphorePermit};
@@ -39,6 +40,12 @@ pub(crate) struct ReplyWriter {
     /// up at once.
     aborted: watch::Sender<bool>,
     pub(crate) runtime: tokio::runtime::Handle,
+    /// Replies a volume completed from its own thread or task, after their
+    /// runner moved on, waiting for the one task that writes them
+    /// ([`ReplyWriter::send_later`]).
+    late: std::sync::Mutex<Vec<(Reply, Permits)>>,
+    /// That task is running (or about to).
+    late_task: std::sync::atomic::AtomicBool,
 }
 
 impl ReplyWriter {
@@ -53,6 +60,8 @@ impl ReplyWriter {
             failed: Notify::new(),
             aborted: watch::channel(false).0,
             runtime: tokio::runtime::Handle::current(),
+            late: std::sync::Mutex::new(Vec::new()),
+            late_task: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -126,6 +135,37 @@ fn release(replies: Vec<(Reply, Permits)>) {
 
 impl ReplyWriter {
     /// [`ReplyWriter::send`] from a blocking task.
+    /// Sends a reply completed off the runners (a replicated volume's,
+    /// whose last replica answered on its session's task). A burst of them
+    /// shares one task, one wake-up of this runtime and one write: the
+    /// first starts the task, the others join its queue while it writes.
+    pub(crate) fn send_later(self: &Arc<Self>, reply: (Reply, Permits)) {
+        self.late_queue().push(reply);
+        if self.late_task.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let w = self.clone();
+        self.runtime.spawn(async move {
+            loop {
+                let batch = std::mem::take(&mut *w.late_queue());
+                if !batch.is_empty() {
+                    w.send(batch).await;
+                    continue;
+                }
+                w.late_task.store(false, Ordering::SeqCst);
+                // A reply queued after the take and before the store saw
+                // the task running: look once more.
+                if w.late_queue().is_empty() || w.late_task.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+            }
+        });
+    }
+
+    fn late_queue(&self) -> std::sync::MutexGuard<'_, Vec<(Reply, Permits)>> {
+        self.late.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn send_blocking(&self, replies: Vec<(Reply, Permits)>) {
         self.runtime.block_on(self.send(replies))
     }
