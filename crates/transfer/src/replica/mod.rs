@@ -25,6 +25,8 @@ pub(crate) mod serve;
 pub use client::{retire, RemoteVolume, SessionOptions};
 pub use serve::{CALL_BYTES, SESSION_CALLS, SESSION_CALL_BYTES};
 
+use crate::source::{refuse, Refusal, Source};
+use crate::wire::Code;
 use lamina_blockio::{BlockIo, IoError};
 use std::sync::Arc;
 
@@ -76,4 +78,21 @@ pub trait Volumes: Send + Sync + 'static {
     fn run(&self, job: Box<dyn FnOnce() + Send>) {
         self.runtime().spawn_blocking(job);
     }
+}
+
+/// The node's volumes for a session opened on `volume` (an Attach's or a
+/// Retire's): refused if the node serves no replica sessions, or if the
+/// name is not a volume's.
+pub(crate) fn served<'a>(
+    source: &'a Source,
+    volume: &str,
+) -> Result<&'a Arc<dyn Volumes>, Refusal> {
+    let Some(volumes) = source.volumes() else {
+        return Err(refuse(
+            Code::NotServed,
+            "this node serves no replica sessions",
+        ));
+    };
+    lamina_engine::check_name(volume).map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
+    Ok(volumes)
 }

@@ -20,13 +20,7 @@ pub(crate) async fn serve(
     volume: String,
     check: bool,
 ) -> Result<Ended, Refusal> {
-    let Some(volumes) = source.volumes() else {
-        return Err(refuse(
-            Code::NotServed,
-            "this node serves no replica sessions",
-        ));
-    };
-    lamina_engine::check_name(&volume).map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
+    let volumes = super::served(source, &volume)?;
     let (v, peer, name) = (volumes.clone(), node.to_string(), volume.clone());
     let done = tokio::task::spawn_blocking(move || v.retire(&name, &peer, check))
         .await

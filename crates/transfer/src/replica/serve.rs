@@ -112,13 +112,7 @@ pub(crate) async fn session(
     volume: String,
     create: u64,
 ) -> Result<Ended, Refusal> {
-    let Some(volumes) = source.volumes() else {
-        return Err(refuse(
-            Code::NotServed,
-            "this node serves no replica sessions",
-        ));
-    };
-    lamina_engine::check_name(&volume).map_err(|e| refuse(Code::BadRequest, e.to_string()))?;
+    let volumes = super::served(source, &volume)?;
     let (v, peer, name) = (volumes.clone(), node.to_string(), volume.clone());
     let opened = tokio::task::spawn_blocking(move || {
         let io = v.open(&name, &peer, (create > 0).then_some(create))?;
