@@ -117,6 +117,19 @@ impl ReplyWriter {
     }
 }
 
+/// While armed, the late replies' task is running: dropped armed (the
+/// task dropped mid-write, its runtime shutting down), it lets the next
+/// late reply start another instead of queueing behind a task that is gone.
+struct LateTask(Option<Arc<ReplyWriter>>);
+
+impl Drop for LateTask {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            w.late_task.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The error of a send given up by [`ReplyWriter::abort`].
 fn aborted() -> std::io::Error {
     std::io::Error::new(
@@ -146,6 +159,7 @@ impl ReplyWriter {
         }
         let w = self.clone();
         self.runtime.spawn(async move {
+            let mut running = LateTask(Some(w.clone()));
             loop {
                 let batch = std::mem::take(&mut *w.late_queue());
                 if !batch.is_empty() {
@@ -156,6 +170,7 @@ impl ReplyWriter {
                 // A reply queued after the take and before the store saw
                 // the task running: look once more.
                 if w.late_queue().is_empty() || w.late_task.swap(true, Ordering::SeqCst) {
+                    running.0 = None;
                     return;
                 }
             }
