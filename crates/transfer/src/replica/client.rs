@@ -66,9 +66,8 @@ impl Default for SessionOptions {
 
 /// The runtime every front end's session runs on: one thread, so that a
 /// session's writer and reader tasks, and the wake-ups between them, stay
-/// on it rather than bouncing between workers (the bench's replicated case
-/// measured about a sixth less of the front end's CPU per write this way,
-/// docs/bench-history.md).
+/// on it rather than bouncing between workers (measured in the bench's
+/// replicated case: docs/bench-history.md).
 fn runtime() -> Result<&'static tokio::runtime::Runtime, TransferError> {
     static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RT.get_or_init(|| {
