@@ -576,8 +576,13 @@ impl Env {
                     .iter()
                     .map(|e| {
                         format!(
-                            "{} {} {}: {}",
-                            e["type"], e["reason"], e["source"]["component"], e["message"]
+                            "{} {} {} (x{}, last {}): {}",
+                            e["type"],
+                            e["reason"],
+                            e["source"]["component"],
+                            e["count"],
+                            e["lastTimestamp"],
+                            e["message"]
                         )
                     })
                     .collect();

@@ -743,6 +743,38 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
             .join("\n")
     );
     goes_on("the daemon's restart")?;
+    if env.node_pod {
+        // The controller reaches the daemon through the chart's Service,
+        // whose endpoints follow the new pod's readiness a moment later: a
+        // resize in between is refused and retried by the resizer with its
+        // backoff. Grown once the Service leads to the new daemon.
+        let ip = env.kubectl(&[
+            "-n",
+            "lamina",
+            "get",
+            "service",
+            "lamina-api",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])?;
+        let (_, port) = env
+            .endpoint
+            .rsplit_once(':')
+            .with_context(|| format!("no port in {}", env.endpoint))?;
+        let through = format!("http://{}:{port}", ip.trim());
+        wait("the daemon to answer through its Service", T, |last| {
+            let r = run(Command::new(&env.lamina)
+                .args(["--endpoint", &through, "status"])
+                .env("LAMINA_TOKEN", &env.token));
+            Ok(match r {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    *last = format!("{e:#}");
+                    None
+                }
+            })
+        })?;
+    }
 
     // Grown while the pod runs.
     let df = || -> Result<u64> {
@@ -763,12 +795,33 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
         "-p",
         r#"{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}"#,
     ])?;
-    wait("the claim to show 640Mi, grown online", T, |last| {
+    // Longer than the sidecars' timeout (90 s): a call that timed out is
+    // retried, and shown below.
+    let asked = std::time::Instant::now();
+    wait("the claim to show 640Mi, grown online", 2 * T, |last| {
         let p = env.get(ns, "pvc", "busy")?.context("PVC busy")?;
         *last = p["status"].to_string();
         Ok((p["status"]["capacity"]["storage"] == "640Mi").then_some(()))
     })
-    .with_context(|| env.events(ns, "busy"))?;
+    .with_context(|| {
+        let mut why = env.events(ns, "busy");
+        if env.node_pod {
+            why.push_str(&pod_logs(env));
+        }
+        why
+    })?;
+    if asked.elapsed() > T / 3 {
+        println!(
+            "    the claim grew {:.0} s after it was asked to:\n{}{}",
+            asked.elapsed().as_secs_f64(),
+            env.events(ns, "busy"),
+            if env.node_pod {
+                pod_logs(env)
+            } else {
+                String::new()
+            }
+        );
+    }
     let after = df()?;
     ensure!(
         after > before * 3 / 2,
@@ -787,4 +840,22 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
     );
     env.delete_pods(ns, &["writer"])?;
     Ok(())
+}
+
+/// In the chart's pods, the logs that go with the environment: the
+/// resizer's and the CSI controller's in the controller pod, the daemon's
+/// in the node pod (their last lines).
+fn pod_logs(env: &Env) -> String {
+    let mut out = String::new();
+    for (what, c) in [
+        ("deployment/lamina-controller", "csi-resizer"),
+        ("deployment/lamina-controller", "csi-controller"),
+        ("daemonset/lamina-node", "lamina"),
+    ] {
+        let logs = env
+            .kubectl(&["-n", "lamina", "logs", what, "-c", c, "--tail=40"])
+            .unwrap_or_else(|e| format!("{e:#}"));
+        out.push_str(&format!("\n{what} {c}'s log:\n{logs}"));
+    }
+    out
 }
