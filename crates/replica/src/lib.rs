@@ -51,14 +51,17 @@
 //!    held changes are sent once it returns.
 //! 10. **What a faulted replica may have missed is kept**: from its fault
 //!     (or from the front end's start, for one given as [`Start::Faulted`]
-//!     with `keep_missed`) the range of every change in flight then, of
-//!     every change no flush has covered yet (a replica that crashed may
+//!     with `keep_missed`) the range of every change in flight then and of
+//!     every change sent since; and, apart, of every change it answered
+//!     that no flush had covered at its fault (a replica that crashed may
 //!     have lost those: they were not durable; past [`MISSED_LIMIT`] of
-//!     them, the regions rule 14 recorded dirty instead), and of every
-//!     change sent since, until [`Replicated::take_missed`] hands
-//!     them over (inside [`Replicated::quiesced`], with the snapshot that
-//!     becomes the replica's rebuild base). Past [`MISSED_LIMIT`] ranges
-//!     only [`Missed::TooMany`] is kept.
+//!     them, the regions rule 14 recorded dirty instead). Both are kept
+//!     until [`Replicated::take_missed`] hands them over (inside
+//!     [`Replicated::quiesced`], with the snapshot that becomes the
+//!     replica's rebuild base) as [`Kept`]: the caller sends the second
+//!     part again unless it knows the replica lost nothing (its node still
+//!     the instance it failed at, and a flush there since). Past
+//!     [`MISSED_LIMIT`] ranges only [`Missed::TooMany`] is kept.
 //! 11. **A rebuilding replica gets every change, and answers no read**:
 //!     [`Replicated::rejoin`] puts a faulted replica back in the write set
 //!     (a new `BlockIo` for it) without making it healthy. A change
@@ -235,6 +238,52 @@ impl Missed {
     }
 }
 
+/// What [`Replicated::take_missed`] hands over of what a faulted replica
+/// may lack (rule 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Changes it may never have applied: in flight at its fault, sent
+    /// since, or added by [`Replicated::seed_missed`].
+    pub missed: Missed,
+    /// Changes it answered that no flush had covered at its fault: it
+    /// holds them unless its node lost what it had not made durable (a
+    /// restart, a crash).
+    pub unflushed: Missed,
+}
+
+impl Kept {
+    /// Nothing kept.
+    pub const NONE: Kept = Kept {
+        missed: Missed::NotKept,
+        unflushed: Missed::NotKept,
+    };
+
+    /// Both parts as one: what the replica may lack if its node lost what
+    /// it had not made durable. Not kept if neither was; ranges sorted and
+    /// merged.
+    pub fn all(self) -> Missed {
+        match (self.missed, self.unflushed) {
+            (Missed::TooMany, _) | (_, Missed::TooMany) => Missed::TooMany,
+            (Missed::NotKept, Missed::NotKept) => Missed::NotKept,
+            (a, b) => {
+                let mut v: Vec<(u64, u64)> = [a, b]
+                    .into_iter()
+                    .flat_map(|m| match m {
+                        Missed::Ranges(v) => v,
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                v.sort_unstable();
+                let mut out = Missed::Ranges(Vec::with_capacity(v.len()));
+                for r in v {
+                    out.add(r);
+                }
+                out
+            }
+        }
+    }
+}
+
 /// Changes sent since the last flush that covers them (a flush covers
 /// the changes completed before it was sent).
 #[derive(Default)]
@@ -292,6 +341,8 @@ struct Shared {
     /// Per replica: what it may have missed (rule 10), and whether that is
     /// kept (read without the lock on every change).
     missed: Vec<Mutex<Missed>>,
+    /// Per replica: what it had answered unflushed at its fault (rule 10).
+    unflushed_at_fault: Vec<Mutex<Missed>>,
     keeping: Vec<AtomicBool>,
     /// Changes no flush has covered yet (rule 10).
     unflushed: Mutex<Unflushed>,
@@ -386,6 +437,16 @@ impl Replicated {
                 )
             })
             .collect();
+        let unflushed_at_fault = keep
+            .iter()
+            .map(|&k| {
+                Mutex::new(if k {
+                    Missed::Ranges(Vec::new())
+                } else {
+                    Missed::NotKept
+                })
+            })
+            .collect();
         let missed = keep
             .iter()
             .map(|&k| {
@@ -418,6 +479,7 @@ impl Replicated {
                 healthy,
                 rebuilding: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 missed,
+                unflushed_at_fault,
                 keeping: keep.into_iter().map(AtomicBool::new).collect(),
                 unflushed: Mutex::new(Unflushed::default()),
                 marked: Mutex::new((Default::default(), std::time::Instant::now())),
@@ -518,12 +580,16 @@ impl Replicated {
     /// Hand over what replica `name` may have missed since its fault, and
     /// stop keeping it (rule 10). Call it inside [`Replicated::quiesced`],
     /// with the snapshot those ranges are read from.
-    pub fn take_missed(&self, name: &str) -> Result<Missed, IoError> {
+    pub fn take_missed(&self, name: &str) -> Result<Kept, IoError> {
         let i = self.index(name)?;
         let s = &self.shared;
         let mut m = s.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         s.keeping[i].store(false, Ordering::SeqCst);
-        Ok(std::mem::replace(&mut *m, Missed::NotKept))
+        let missed = std::mem::replace(&mut *m, Missed::NotKept);
+        Ok(Kept {
+            missed,
+            unflushed: s.take_unflushed_at_fault(i),
+        })
     }
 
     /// The front end stops serving: every region whose writes a flush
@@ -664,6 +730,7 @@ impl Replicated {
         *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) =
             Arc::new(Absent(name.to_string()));
         *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
+        s.take_unflushed_at_fault(i);
         s.keeping[i].store(false, Ordering::SeqCst);
         s.rebuilding[i].store(false, Ordering::SeqCst);
         s.recorded[i].store(true, Ordering::SeqCst);
@@ -687,6 +754,7 @@ impl Replicated {
         s.rebuilding[i].store(false, Ordering::SeqCst);
         s.keeping[i].store(false, Ordering::SeqCst);
         *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
+        s.take_unflushed_at_fault(i);
         s.reasons()[i] = Some("vacant".to_string());
         *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) =
             Arc::new(Absent(String::new()));
@@ -814,6 +882,12 @@ impl Shared {
         if *m == Missed::NotKept {
             *m = Missed::Ranges(Vec::new());
         }
+        let mut u = self.unflushed_at_fault[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *u == Missed::NotKept {
+            *u = Missed::Ranges(Vec::new());
+        }
         self.keeping[i].store(true, Ordering::SeqCst);
     }
 
@@ -830,10 +904,16 @@ impl Shared {
             let o = self.order.lock().unwrap_or_else(|p| p.into_inner());
             o.running.iter().map(|&(_, a, b)| (a, b)).collect()
         };
-        let (unflushed, overflow) = {
+        // Answered by every replica: held by this one unless its node
+        // lost what it had not made durable. Not answered yet: in flight.
+        let (answered, in_flight, overflow) = {
             let u = self.unflushed();
-            let r: Vec<(u64, u64)> = u.changes.values().map(|&(a, b, _)| (a, b)).collect();
-            (r, u.overflow)
+            let (done, not): (Vec<&(u64, u64, bool)>, Vec<_>) =
+                u.changes.values().partition(|c| c.2);
+            let r = |v: Vec<&(u64, u64, bool)>| -> Vec<(u64, u64)> {
+                v.into_iter().map(|&(a, b, _)| (a, b)).collect()
+            };
+            (r(done), r(not), u.overflow)
         };
         // Too many to keep one by one: the regions recorded dirty hold
         // every one of them (rule 14).
@@ -846,16 +926,30 @@ impl Shared {
         } else {
             Vec::new()
         };
-        let mut all: Vec<(u64, u64)> = running
-            .into_iter()
-            .chain(unflushed)
-            .chain(regions)
-            .collect();
-        all.sort_unstable();
+        let mut sure: Vec<(u64, u64)> = running.into_iter().chain(in_flight).collect();
+        sure.sort_unstable();
         let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
-        for r in all {
+        for r in sure {
             m.add(r);
         }
+        drop(m);
+        let mut held: Vec<(u64, u64)> = answered.into_iter().chain(regions).collect();
+        held.sort_unstable();
+        let mut u = self.unflushed_at_fault[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for r in held {
+            u.add(r);
+        }
+    }
+
+    /// Rule 10: hand over what replica `i` had answered unflushed at its
+    /// fault, and keep it no more.
+    fn take_unflushed_at_fault(&self, i: usize) -> Missed {
+        let mut u = self.unflushed_at_fault[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *u, Missed::NotKept)
     }
 
     fn marked(

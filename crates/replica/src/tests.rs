@@ -473,15 +473,17 @@ fn what_a_faulted_replica_missed_is_kept_from_the_changes_in_flight_on() {
     write(&*s.vol, 12288, 4).unwrap();
     wait(&*s.vol, IoOp::Flush).unwrap();
     let m = s.vol.quiesced(|_| s.vol.take_missed("r1")).unwrap();
-    let Missed::Ranges(mut r) = m else {
+    // Nothing it answered was unflushed at its fault.
+    assert_eq!(m.unflushed, Missed::Ranges(vec![]));
+    let Missed::Ranges(mut r) = m.missed else {
         panic!("kept ranges, got {m:?}")
     };
     r.sort();
     assert_eq!(r, vec![(0, 4096), (8192, 16384), (65536, 69632)]);
     // Handed over once: not kept any more.
     write(&*s.vol, 4096, 5).unwrap();
-    assert_eq!(s.vol.take_missed("r1").unwrap(), Missed::NotKept);
-    assert_eq!(s.vol.take_missed("r0").unwrap(), Missed::NotKept);
+    assert_eq!(s.vol.take_missed("r1").unwrap(), Kept::NONE);
+    assert_eq!(s.vol.take_missed("r0").unwrap(), Kept::NONE);
 }
 
 #[test]
@@ -540,7 +542,10 @@ fn a_replica_faulted_at_the_start_gets_nothing_and_is_not_recorded_again() {
     assert!(record.faulted().is_empty(), "recorded before the start");
     assert_eq!(
         vol.take_missed("r1").unwrap(),
-        Missed::Ranges(vec![(4096, 8192)])
+        Kept {
+            missed: Missed::Ranges(vec![(4096, 8192)]),
+            unflushed: Missed::Ranges(vec![]),
+        }
     );
     // Only a faulted replica rejoins; only a rebuilding one is promoted.
     let e = vol
@@ -615,7 +620,7 @@ fn a_rebuilding_replica_that_fails_a_change_leaves_the_write_set_and_the_change_
     );
     // What it missed is kept again, from the failed change on.
     write(&*vol, 0, 2).unwrap();
-    let Missed::Ranges(mut r) = vol.take_missed("r1").unwrap() else {
+    let Missed::Ranges(mut r) = vol.take_missed("r1").unwrap().all() else {
         panic!("kept")
     };
     r.sort();
@@ -639,15 +644,38 @@ fn what_no_flush_covered_counts_as_missed_by_a_replica_that_fails() {
     write(&*s.vol, 8192, 2).unwrap();
     s.gates[1].fail(IoErrorKind::Io, is_write);
     write(&*s.vol, 65536, 3).unwrap();
-    let Missed::Ranges(mut r) = s.vol.take_missed("r1").unwrap() else {
+    let kept = s.vol.take_missed("r1").unwrap();
+    // Apart: the one it answered, which its node holds unless it lost what
+    // was not durable, and the one it failed.
+    assert_eq!(kept.unflushed, Missed::Ranges(vec![(8192, 12288)]));
+    assert_eq!(kept.missed, Missed::Ranges(vec![(65536, 69632)]));
+    let Missed::Ranges(r) = kept.all() else {
         panic!("kept")
     };
-    r.sort();
     assert_eq!(
         r,
         vec![(8192, 12288), (65536, 69632)],
         "not the flushed one"
     );
+}
+
+#[test]
+fn kept_parts_merge_into_one_sorted_list() {
+    let k = |m: Missed, u: Missed| {
+        Kept {
+            missed: m,
+            unflushed: u,
+        }
+        .all()
+    };
+    let r = |v: &[(u64, u64)]| Missed::Ranges(v.to_vec());
+    assert_eq!(k(Missed::NotKept, Missed::NotKept), Missed::NotKept);
+    assert_eq!(
+        k(r(&[(8192, 12288)]), r(&[(0, 4096), (4096, 8192)])),
+        r(&[(0, 12288)])
+    );
+    assert_eq!(k(r(&[(0, 1)]), Missed::TooMany), Missed::TooMany);
+    assert_eq!(k(Missed::NotKept, r(&[(5, 9)])), r(&[(5, 9)]));
 }
 
 /// The write intent's records (rule 14).
@@ -754,7 +782,7 @@ fn a_replica_added_in_a_vacant_place_is_rebuilt_and_one_removed_leaves_its_place
     // Nothing is kept of what it misses: its rebuild copies everything.
     write(&*vol, 4096, 2).unwrap();
     assert!(!vol.is_keeping("r1"));
-    assert_eq!(vol.take_missed("r1").unwrap(), Missed::NotKept);
+    assert_eq!(vol.take_missed("r1").unwrap(), Kept::NONE);
     assert!(
         record.faulted().is_empty(),
         "added as recorded: no record made"

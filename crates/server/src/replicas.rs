@@ -18,19 +18,33 @@ pub struct Served {
     pool: lamina_engine::Pool,
     exports: Arc<Registry>,
     runtime: tokio::runtime::Handle,
+    /// Drawn once, with the pool open for the daemon's life: what its
+    /// volumes' instances are made from (none if it could not be drawn).
+    drawn: Option<u64>,
 }
 
 impl Served {
-    /// Calls run on `runtime`'s blocking threads.
+    /// Calls run on `runtime`'s blocking threads. `pool` stays open as
+    /// long as this lives: what it acknowledged is lost only with it.
     pub fn new(
         pool: lamina_engine::Pool,
         exports: Arc<Registry>,
         runtime: tokio::runtime::Handle,
     ) -> Served {
+        let drawn = {
+            use std::io::Read;
+            let mut b = [0u8; 8];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut b))
+                .map(|()| u64::from_be_bytes(b))
+                .map_err(|e| tracing::warn!(error = %e, "no instance drawn: front ends resend what no flush covered"))
+                .ok()
+        };
         Served {
             pool,
             exports,
             runtime,
+            drawn,
         }
     }
 }
@@ -175,6 +189,17 @@ impl lamina_transfer::replica::Volumes for Served {
             }
             Err(e) => Err(IoError::new(IoErrorKind::Io, e.to_string())),
         }
+    }
+
+    /// The drawn number, the pool's identity and the volume's (a volume
+    /// deleted and made again is another), hashed.
+    fn instance(&self, volume: &str) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let drawn = self.drawn?;
+        let id = self.pool.volume_info_by_name(volume).ok()?.id;
+        let mut h = std::hash::DefaultHasher::new();
+        (drawn, self.pool.pool_id(), id).hash(&mut h);
+        Some(h.finish())
     }
 
     fn snapshot(&self, volume: &str, name: &str, origin: u64, peer: &str) -> Result<(), IoError> {

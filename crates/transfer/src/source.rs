@@ -659,7 +659,8 @@ impl Source {
                     self.busy.fetch_add(1, Ordering::Relaxed);
                     refuse(Code::Busy, why)
                 })?;
-                return crate::replica::serve::session(&self, tls, node, volume, create).await;
+                return crate::replica::serve::session(&self, tls, node, volume, create, version)
+                    .await;
             }
             // Brief: it keeps the pull session's place.
             Frame::Retire { check, volume } if version >= RETIRE_VERSION => {

@@ -10,20 +10,24 @@ pub const MAGIC: [u8; 8] = *b"LAMINAXF";
 /// The newest protocol version this code speaks: 2 added replica sessions
 /// (Attach, Attached, Call, Reply); 3 added the other holders of a
 /// snapshot in an Answer, and a snapshot Call's origin; 4 added Retire and
-/// Retired (a front end deletes its replica's volume). A source serves
-/// peers of versions 1 to 4 alike, each in its own version. A peer says
-/// the oldest version that has all its session uses: a target and a front
-/// end say 3 ([`ORIGIN_VERSION`]) and, answered an Error of code 1 (an
-/// older source), say again what they can do with less: a pull 1, a front
-/// end 2; a retire says 4 ([`RETIRE_VERSION`]) and has nothing less to
-/// fall back to.
-pub const VERSION: u16 = 4;
+/// Retired (a front end deletes its replica's volume); 5 added the node's
+/// instance to Attached. A source serves peers of versions 1 to 5 alike,
+/// each in its own version. A peer says the oldest version that has all
+/// its session uses: a target says 3 ([`ORIGIN_VERSION`]), a front end 5
+/// ([`INSTANCE_VERSION`]) and, answered an Error of code 1 (an older
+/// source), they say again what they can do with less: a pull 1, a front
+/// end 3, then 2; a retire says 4 ([`RETIRE_VERSION`]) and has nothing
+/// less to fall back to.
+pub const VERSION: u16 = 5;
 /// The version that added an Answer's holders and a snapshot Call's
 /// origin: what a pull and a front end's session say first.
 pub const ORIGIN_VERSION: u16 = 3;
 /// The version that added Retire: what a front end deleting its replica's
 /// volume says (an older node refuses it with code 1).
 pub const RETIRE_VERSION: u16 = 4;
+/// The version that added the node's instance to Attached: what a front
+/// end's session says first.
+pub const INSTANCE_VERSION: u16 = 5;
 /// The oldest version a source still serves, and the one a pull falls back
 /// to (all a pull needs).
 pub const PULL_VERSION: u16 = 1;
@@ -99,7 +103,7 @@ impl Kind {
             Kind::End => 16,
             Kind::Error => 2 + MAX_MESSAGE,
             Kind::Attach => 8 + 2 + MAX_NAME,
-            Kind::Attached => 10,
+            Kind::Attached => 18,
             Kind::Call => calls::CALL_MAX,
             Kind::Reply => calls::REPLY_MAX,
             Kind::Retire => 1 + 2 + MAX_NAME,
@@ -242,11 +246,16 @@ pub enum Frame {
         create: u64,
         volume: String,
     },
-    /// The attached volume: its size, what it does, whether it is read-only.
+    /// The attached volume: its size, what it does, whether it is
+    /// read-only; and, in a session of version 5, the serving node's
+    /// instance when it says one (drawn when its pool was opened: a node
+    /// that answers with the same instance has lost nothing it
+    /// acknowledged, flushed or not).
     Attached {
         size: u64,
         caps: Caps,
         read_only: bool,
+        instance: Option<u64>,
     },
     Call(Call),
     Reply(Reply),
@@ -550,11 +559,12 @@ fn body_frame(kind: Kind, body: &[u8]) -> Result<Frame, WireError> {
             volume: b.name("volume")?,
         },
         Kind::Attached => {
-            let (size, caps, read_only) = calls::attached(&mut b)?;
+            let (size, caps, read_only, instance) = calls::attached(&mut b)?;
             Frame::Attached {
                 size,
                 caps,
                 read_only,
+                instance,
             }
         }
         Kind::Call => Frame::Call(calls::call(&mut b)?),
@@ -650,10 +660,14 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             size,
             caps,
             read_only,
+            instance,
         } => {
             out.extend_from_slice(&size.to_be_bytes());
             out.push(calls::caps_byte(*caps));
             out.push(u8::from(*read_only));
+            if let Some(i) = instance {
+                out.extend_from_slice(&i.to_be_bytes());
+            }
         }
         Frame::Call(c) => calls::encode_call(c, out),
         Frame::Reply(r) => calls::encode_reply(r, out),

@@ -12,13 +12,16 @@ mod common;
 
 use common::*;
 use lamina_blockio::testing::{Gated, MemDevice};
-use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoErrorKind, IoOp};
+use lamina_blockio::{wait, BlockIo, Caps, IoDone, IoError, IoErrorKind, IoOp};
 use lamina_transfer::replica::{retire, RemoteVolume, SessionOptions, Volumes, SESSION_CALLS};
 use lamina_transfer::wire::{self, Code, Frame, OpCode, VERSION};
 use lamina_transfer::{Reason, TransferError};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The instance the node below says.
+const INSTANCE: u64 = 0x5eed_0001;
 
 /// Volumes in memory, by name; calls on the runners of the Source's
 /// runtime, snapshots each on its own thread.
@@ -45,6 +48,9 @@ impl Volumes for Mems {
     }
     fn run(&self, job: Box<dyn FnOnce() + Send>) {
         std::thread::spawn(job);
+    }
+    fn instance(&self, _volume: &str) -> Option<u64> {
+        Some(INSTANCE)
     }
     fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
         self.snapshot(volume, name, 0, peer)
@@ -135,6 +141,7 @@ fn a_remote_volume_answers_as_the_volume_it_reaches() {
     let remote = n.connect("v", SessionOptions::default()).unwrap();
     assert_eq!(remote.size().unwrap(), 8 << 20);
     assert_eq!(remote.caps(), here.caps());
+    assert_eq!(remote.instance(), Some(INSTANCE));
     let ops = || {
         vec![
             IoOp::Read {
@@ -418,7 +425,11 @@ fn a_peer_breaking_a_replica_session_gets_an_error_frame() {
     );
     assert!(matches!(
         read_frame(&mut c),
-        Frame::Attached { size: 8388608, .. }
+        Frame::Attached {
+            size: 8388608,
+            instance: Some(INSTANCE),
+            ..
+        }
     ));
     let mut buf = Vec::new();
     wire::encode_call(1, OpCode::Flush, 0, 4096, 0, &[], &mut buf);
@@ -511,4 +522,69 @@ fn a_retire_is_answered_by_the_node_and_refused_by_an_older_one() {
         "{e}"
     );
     assert!(e.to_string().contains("version 1 to 3"), "{e}");
+}
+
+#[test]
+fn a_front_end_falls_back_to_what_an_older_node_speaks_and_gets_no_instance() {
+    let n = node(&[]);
+    // A node of version 4 refuses Hello 5 and serves a session of 3, with
+    // no instance in its Attached; in a session of 3 the real node says
+    // none either.
+    let (addr, fake) = fake_sources(n.replica.clone(), 2, |i, s| match i {
+        0 => {
+            assert_eq!(read_frame(s), Frame::Hello { version: 5 });
+            write_frame(
+                s,
+                &Frame::Error {
+                    code: Code::Version,
+                    message:
+                        "this source speaks transfer protocol version 1 to 4, the peer version 5"
+                            .into(),
+                },
+            );
+        }
+        _ => {
+            assert_eq!(read_frame(s), Frame::Hello { version: 3 });
+            write_frame(s, &Frame::Hello { version: 3 });
+            assert!(matches!(read_frame(s), Frame::Attach { .. }));
+            write_frame(
+                s,
+                &Frame::Attached {
+                    size: 8 << 20,
+                    caps: Caps {
+                        flush: true,
+                        fua: false,
+                        trim: false,
+                        write_zeroes: false,
+                        block_status: false,
+                    },
+                    read_only: false,
+                    instance: None,
+                },
+            );
+        }
+    });
+    let old = lamina_transfer::Remote {
+        address: addr.to_string(),
+        node: "replica".into(),
+    };
+    let v = RemoteVolume::connect(&n.front, &old, "v", SessionOptions::default()).unwrap();
+    fake.join().unwrap();
+    assert_eq!(v.instance(), None);
+    drop(v);
+
+    let mut c = fake_client(&n.front, n.served.addr, "replica");
+    write_frame(&mut c, &Frame::Hello { version: 3 });
+    assert_eq!(read_frame(&mut c), Frame::Hello { version: 3 });
+    write_frame(
+        &mut c,
+        &Frame::Attach {
+            create: 0,
+            volume: "v".into(),
+        },
+    );
+    assert!(matches!(
+        read_frame(&mut c),
+        Frame::Attached { instance: None, .. }
+    ));
 }

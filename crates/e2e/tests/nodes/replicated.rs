@@ -306,10 +306,12 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
     let net = Net::new(2);
     let certs = Certs::new();
     let mut n = nodes(&net, &certs).into_iter();
-    let (a, b) = (n.next().unwrap(), n.next().unwrap());
+    let (a, mut b) = (n.next().unwrap(), n.next().unwrap());
     create_on_two(&a, "64MiB");
     let uri = a.d.attach(&["volume", "attach", "r"]);
+    // Both halves written, and no flush: every write unflushed at the cut.
     fio(&uri, &["--randseed=1", "--do_verify=1"]);
+    fio(&uri, &["--randseed=5", "--do_verify=1", "--offset=32m"]);
 
     // The link goes silent (packets dropped, no reset): the front end
     // waits out its silence (5 s), faults the replica, and goes on.
@@ -321,7 +323,9 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
     let reason = r["replicas"][1]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("no answer for 5 s"), "{r}");
     // The link back, the replica is sent what it missed, and is healthy
-    // again.
+    // again. Its daemon lived through the cut: it still holds the 64 MiB
+    // it answered before, unflushed, which a flush there makes durable
+    // instead of their being sent again.
     b.host.restore();
     let r = wait_until("n1 rebuilt", std::time::Duration::from_secs(120), || {
         let (r, list) = replicas(&a, "r");
@@ -337,6 +341,7 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
         "32 MiB written while it was away: {r}"
     );
     fio(&uri, &["--randseed=2", "--verify_only"]);
+    fio(&uri, &["--randseed=5", "--verify_only", "--offset=32m"]);
 
     // The link cut while the volume is idle: its pings go unanswered, and
     // the replica is faulted with no I/O to find out, then rebuilt once
@@ -362,6 +367,38 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
         },
     );
     fio(&uri, &["--randseed=2", "--verify_only"]);
+
+    // The replica's daemon killed with 32 MiB it answered that no flush
+    // covered: its node may have lost them, and it comes back at another
+    // instance, so they are sent again with nothing else written.
+    fio(&uri, &["--randseed=6", "--do_verify=1", "--offset=32m"]);
+    let before = replicas(&a, "r").0["replicas"][1]["last_rebuild"].clone();
+    b.d.kill9();
+    wait_until(
+        "n1 faulted, killed",
+        std::time::Duration::from_secs(30),
+        || {
+            let (_, list) = replicas(&a, "r");
+            (list[1].1 == "faulted").then_some(())
+        },
+    );
+    b.d.start_again();
+    let r = wait_until(
+        "n1 rebuilt, restarted",
+        std::time::Duration::from_secs(120),
+        || {
+            let (r, list) = replicas(&a, "r");
+            let done = list[1].1 == "healthy" && r["replicas"][1]["last_rebuild"] != before;
+            done.then_some(r)
+        },
+    );
+    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    eprintln!("rebuild after a restart: {sent:?} bytes sent for 32 MiB unflushed");
+    assert!(
+        sent.is_some_and(|s| (32 << 20..=48 << 20).contains(&s)),
+        "32 MiB unflushed at the kill: {r}"
+    );
+    fio(&uri, &["--randseed=6", "--verify_only", "--offset=32m"]);
 
     // The front end's own daemon killed: it comes back serving the export
     // at the next generation, from both replicas, with every flushed write.

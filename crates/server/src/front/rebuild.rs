@@ -172,6 +172,7 @@ fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<
     io(v.activate(generation))?;
     let v = Arc::new(v);
     tracing::info!(replica = %node, "faulted replica answers: rebuilding");
+    settle_unflushed(ctx, node, &v)?;
     loop {
         if front.is_closed() {
             return Ok(());
@@ -228,6 +229,44 @@ fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<
         }
     }
     last_round(ctx, front, node, v)
+}
+
+/// Settle what the replica on `node` (session `v`) had answered unflushed
+/// at its fault: at the instance it failed at, its node lost none of it,
+/// and a flush there makes it durable, so it is not sent again; at
+/// another, or none, it may have been lost, and joins the uncertain ranges
+/// the next round sends.
+fn settle_unflushed(ctx: &Ctx, node: &str, v: &Arc<RemoteVolume>) -> Result<(), Fail> {
+    let Some(rb) = current(ctx, node)?.rebuild else {
+        return Ok(());
+    };
+    if rb.unflushed.is_empty() {
+        return Ok(());
+    }
+    let held = rb.instance.is_some() && rb.instance == v.instance();
+    if held {
+        io(wait(&**v, IoOp::Flush))?;
+    }
+    let bytes: u64 = rb.unflushed.iter().map(|(a, b)| b - a).sum();
+    stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+        if let Some(b) = x.rebuild.as_mut() {
+            if !held {
+                let mut u = std::mem::take(&mut b.uncertain);
+                u.extend(b.unflushed.iter().copied());
+                b.uncertain = merge(u);
+                // A round's cursor holds for the ranges it had.
+                b.round = None;
+            }
+            b.unflushed.clear();
+            b.instance = None;
+        }
+    }))?;
+    if held {
+        tracing::info!(replica = %node, bytes, "the replica kept what it answered unflushed: flushed there, not sent");
+    } else {
+        tracing::info!(replica = %node, bytes, "the replica is at another instance: what it answered unflushed is sent again");
+    }
+    Ok(())
 }
 
 /// A system snapshot of this node's replica, for a rebuild of the one on
@@ -298,35 +337,61 @@ fn changed(ctx: &Ctx, from: &str, to: &str) -> Result<Vec<(u64, u64)>, Fail> {
 /// kept of what it missed, and a system snapshot of this node's replica.
 fn take_base(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
     let node = &r.node;
-    let (missed, base) = front.replicated.quiesced(|_| {
+    let (kept, base) = front.replicated.quiesced(|_| {
         let m = io(front.replicated.take_missed(node))?;
         let b = system_snapshot(ctx, node)?;
         Ok::<_, Fail>((m, b))
     })?;
+    // The instance of the replica's volume in the session that failed (the
+    // one in the write set until it rejoins).
+    let instance = front
+        .remotes()
+        .into_iter()
+        .find(|(n, _)| n == node)
+        .and_then(|(_, v)| v.instance());
     let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
     let all = vec![(0, size)];
-    let uncertain = match (&r.rebuild, missed) {
-        (_, Missed::TooMany) => all,
+    let ranges = |m: Missed| match m {
+        Missed::Ranges(v) => v,
+        _ => Vec::new(),
+    };
+    let too_many = kept.missed == Missed::TooMany || kept.unflushed == Missed::TooMany;
+    let (uncertain, mut unflushed) = match (&r.rebuild, kept) {
+        _ if too_many => (all, Vec::new()),
         // Rebuilt before, and out of the write set again (or its front end
         // restarted): what it may lack since its base, and what changed
         // since.
-        (Some(old), m) => match since(ctx, old, &base) {
+        (Some(old), k) => match since(ctx, old, &base) {
             Ok(mut d) => {
-                if let Missed::Ranges(m) = m {
-                    d.extend(m);
+                d.extend(ranges(k.missed));
+                let mut u = ranges(k.unflushed);
+                // Still unsettled from before: held at the same instance
+                // only.
+                if old.instance.is_some() && old.instance == instance {
+                    u.extend(old.unflushed.iter().copied());
+                } else {
+                    d.extend(old.unflushed.iter().copied());
                 }
-                d
+                (d, u)
             }
-            Err(_) => all,
+            Err(_) => (all, Vec::new()),
         },
         // Kept since its fault by this front end.
-        (None, Missed::Ranges(m)) if r.tracked == generation => m,
+        (None, k) if r.tracked == generation && k.missed != Missed::NotKept => {
+            (ranges(k.missed), ranges(k.unflushed))
+        }
         // Faulted under an earlier front end that took no base: anything
         // may differ.
-        (None, _) => all,
+        (None, _) => (all, Vec::new()),
     };
-    let uncertain = merge(uncertain);
-    tracing::info!(replica = %node, base = %base, uncertain = uncertain.len(), "rebuild base taken");
+    let mut uncertain = merge(uncertain);
+    // Without an instance to find it at again, lost for all it knows.
+    if instance.is_none() {
+        uncertain = merge(uncertain.into_iter().chain(unflushed.drain(..)).collect());
+    }
+    let unflushed = merge(unflushed);
+    tracing::info!(replica = %node, base = %base, uncertain = uncertain.len(),
+        unflushed = unflushed.len(), "rebuild base taken");
     let old = r.rebuild.clone();
     stored(ctx.store.change_replica(&ctx.volume, node, |x| {
         let (sent, started) = x
@@ -337,6 +402,8 @@ fn take_base(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Resul
         x.rebuild = Some(RebuildRec {
             base: base.clone(),
             uncertain,
+            unflushed,
+            instance,
             round: None,
             sent,
             started,

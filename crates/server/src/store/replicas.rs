@@ -87,6 +87,15 @@ pub struct RebuildRec {
     /// Ranges `[start, end)` where it may differ from `base`, sorted and
     /// apart.
     pub uncertain: Vec<(u64, u64)>,
+    /// Ranges it answered that no flush covered at its fault, sorted and
+    /// apart: it holds them unless its node lost what it had not made
+    /// durable. Settled when it next answers, before any round: at
+    /// `instance` (its volume's instance when it failed), a flush makes
+    /// them durable and they are dropped; else they join `uncertain`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unflushed: Vec<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u64>,
     /// The round under way: the snapshot it brings the replica to, and
     /// where it got (everything it sends below `cursor` was sent).
     #[serde(default, skip_serializing_if = "Option::is_none")]

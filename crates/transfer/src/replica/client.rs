@@ -19,8 +19,8 @@ use crate::error::TransferError;
 use crate::frames::{gather, read_async, ReadError};
 use crate::tls::Identity;
 use crate::wire::{
-    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, ORIGIN_VERSION,
-    REPLICA_VERSION, RETIRE_VERSION,
+    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, INSTANCE_VERSION,
+    ORIGIN_VERSION, REPLICA_VERSION, RETIRE_VERSION,
 };
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use rustls::pki_types::ServerName;
@@ -122,9 +122,11 @@ pub struct RemoteVolume {
     size: u64,
     caps: Caps,
     read_only: bool,
-    /// The session's protocol version: 3, or 2 with a replica's node of
-    /// that version (its snapshots then get no origin).
+    /// The session's protocol version: 5, or 3 or 2 with a replica's node
+    /// of that version (at 2 its snapshots get no origin).
     version: u16,
+    /// The replica's node's instance, as its Attached said (version 5).
+    instance: Option<u64>,
 }
 
 impl RemoteVolume {
@@ -169,27 +171,25 @@ impl RemoteVolume {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (remote, volume) = (remote.clone(), volume.to_string());
         rt.spawn(async move {
-            // A replica's node of version 2 refuses Hello 3 (code 1): a
-            // session of version 2 does all but give snapshots an origin.
-            let mut r = attach(
-                config.clone(),
-                &remote,
-                &volume,
-                create,
-                options,
-                ORIGIN_VERSION,
-            )
-            .await;
-            if let Err(TransferError::Remote {
-                code: Code::Version,
-                ..
-            }) = &r
-            {
-                r = attach(config, &remote, &volume, create, options, REPLICA_VERSION).await;
+            // A replica's node of an older version refuses a newer Hello
+            // (code 1): a session of version 3 does all but say the node's
+            // instance, one of version 2 also gives snapshots no origin.
+            let mut r = Err(TransferError::Invalid("no version tried".into()));
+            for version in [INSTANCE_VERSION, ORIGIN_VERSION, REPLICA_VERSION] {
+                r = attach(config.clone(), &remote, &volume, create, options, version).await;
+                if !matches!(
+                    &r,
+                    Err(TransferError::Remote {
+                        code: Code::Version,
+                        ..
+                    })
+                ) {
+                    break;
+                }
             }
             let _ = tx.send(r);
         });
-        let (tls, peer, size, caps, read_only, version) = rx.recv().map_err(|_| {
+        let (tls, peer, size, caps, read_only, instance, version) = rx.recv().map_err(|_| {
             TransferError::Invalid("the replica sessions' runtime stopped".into())
         })??;
         let (out, rx) = mpsc::unbounded_channel();
@@ -213,7 +213,15 @@ impl RemoteVolume {
             caps,
             read_only,
             version,
+            instance,
         })
+    }
+
+    /// The replica's node's instance, if it said one (`Volumes::instance`):
+    /// two sessions that got the same one reached a node that lost nothing
+    /// it acknowledged in between.
+    pub fn instance(&self) -> Option<u64> {
+        self.instance
     }
 
     /// Snapshot the replica's volume as `name`, a copy of the snapshot
@@ -303,7 +311,18 @@ async fn attach(
     create: u64,
     o: SessionOptions,
     version: u16,
-) -> Result<(TlsStream<TcpStream>, String, u64, Caps, bool, u16), TransferError> {
+) -> Result<
+    (
+        TlsStream<TcpStream>,
+        String,
+        u64,
+        Caps,
+        bool,
+        Option<u64>,
+        u16,
+    ),
+    TransferError,
+> {
     let first = Frame::Attach {
         create,
         volume: volume.to_string(),
@@ -314,7 +333,8 @@ async fn attach(
             size,
             caps,
             read_only,
-        } => Ok((tls, peer, size, caps, read_only, version)),
+            instance,
+        } => Ok((tls, peer, size, caps, read_only, instance, version)),
         f => Err(TransferError::Protocol {
             peer,
             detail: format!("expected Attached, got {}", f.summary()),

@@ -72,6 +72,18 @@ pub trait Volumes: Send + Sync + 'static {
     /// async reactor, nor on the listener's threads. Called from the
     /// session's task.
     fn runtime(&self) -> tokio::runtime::Handle;
+    /// The instance of this node's `volume`, said in Attached (sessions of
+    /// version 5): a number that stays the same exactly as long as nothing
+    /// the volume acknowledged can be lost, flushed or not (the daemon's
+    /// draws it from one drawn when its pool was opened, and the volume's
+    /// identity). A front end that finds a replica at the instance it
+    /// failed at knows the replica kept every write it answered, and has a
+    /// flush make them durable instead of sending them again. None (the
+    /// default): not said, and every write no flush covered counts as
+    /// possibly lost. Called once the volume is opened.
+    fn instance(&self, _volume: &str) -> Option<u64> {
+        None
+    }
     /// Run `job` (it may block: a snapshot or a snapshot's deletion) on a
     /// thread that may block, at the priority of the node's volume I/O. By
     /// default a blocking task of [`Volumes::runtime`].

@@ -104,13 +104,15 @@ impl Work for Calls {
 }
 
 /// Serve a replica session on `volume` for `node`, once its Attach is read
-/// (with `create` above 0: made first, of that size, if missing).
+/// (with `create` above 0: made first, of that size, if missing), in
+/// protocol `version`.
 pub(crate) async fn session(
     source: &Source,
     tls: &mut TlsStream<TcpStream>,
     node: &str,
     volume: String,
     create: u64,
+    version: u16,
 ) -> Result<Ended, Refusal> {
     let volumes = super::served(source, &volume)?;
     let (v, peer, name) = (volumes.clone(), node.to_string(), volume.clone());
@@ -130,6 +132,11 @@ pub(crate) async fn session(
         size,
         caps: io.caps(),
         read_only: io.read_only(),
+        instance: if version >= wire::INSTANCE_VERSION {
+            volumes.instance(&volume)
+        } else {
+            None
+        },
     };
     if source.send(tls, &attached).await == Ended::Gone {
         return Ok(Ended::Gone);

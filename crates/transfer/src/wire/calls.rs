@@ -240,7 +240,7 @@ pub(super) fn caps_of(b: u8) -> Caps {
     }
 }
 
-pub(super) fn attached(b: &mut Body<'_>) -> Result<(u64, Caps, bool), WireError> {
+pub(super) fn attached(b: &mut Body<'_>) -> Result<(u64, Caps, bool, Option<u64>), WireError> {
     let size = b.u64("size")?;
     let caps = b.take(1, "caps")?[0];
     if caps & !0x1f != 0 {
@@ -251,7 +251,13 @@ pub(super) fn attached(b: &mut Body<'_>) -> Result<(u64, Caps, bool), WireError>
         1 => true,
         r => return Err(b.bad(format!("read_only is {r}, not 0 or 1"))),
     };
-    Ok((size, caps_of(caps), read_only))
+    // Version 5's instance, when the node says one.
+    let instance = if b.rest.is_empty() {
+        None
+    } else {
+        Some(b.u64("instance")?)
+    };
+    Ok((size, caps_of(caps), read_only, instance))
 }
 
 fn ranged(b: &Body<'_>, what: &str, offset: u64, len: u64) -> Result<(), WireError> {

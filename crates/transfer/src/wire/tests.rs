@@ -46,13 +46,18 @@ fn frame() -> impl Strategy<Value = Frame> {
             message
         }),
         (any::<u64>(), name()).prop_map(|(create, volume)| Frame::Attach { create, volume }),
-        (any::<u64>(), 0u8..32, any::<bool>()).prop_map(|(size, caps, read_only)| {
-            Frame::Attached {
+        (
+            any::<u64>(),
+            0u8..32,
+            any::<bool>(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(size, caps, read_only, instance)| Frame::Attached {
                 size,
                 caps: super::calls::caps_of(caps),
                 read_only,
-            }
-        }),
+                instance,
+            }),
         (any::<u64>(), call_op()).prop_map(|(tag, op)| Frame::Call(Call { tag, op })),
         (any::<u64>(), outcome()).prop_map(|(tag, outcome)| Frame::Reply(Reply { tag, outcome })),
         (any::<bool>(), name()).prop_map(|(check, volume)| Frame::Retire { check, volume }),
