@@ -516,3 +516,49 @@ fn version_4_frames_are_laid_out_as_documented() {
     assert_eq!(Code::from_u16(10), Code::NotReplica);
     assert_eq!(Code::NotReplica.to_u16(), 10);
 }
+
+#[test]
+fn version_5_frames_are_laid_out_as_documented() {
+    // An Attached with the node's instance: size, caps, read_only, then
+    // the instance; without it, the version 2 body.
+    let caps = super::calls::caps_of(0x1f);
+    let f = Frame::Attached {
+        size: 1 << 20,
+        caps,
+        read_only: false,
+        instance: Some(0x0102_0304_0506_0708),
+    };
+    let mut out = Vec::new();
+    encode(&f, &mut out);
+    let body = [0, 0, 0, 0, 0, 0x10, 0, 0, 0x1f, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    assert_eq!(out, framed(9, &body));
+    assert_eq!(decode(&out).unwrap(), Some((f, out.len())));
+    assert_eq!(
+        decode(&framed(9, &body[..10])).unwrap().unwrap().0,
+        Frame::Attached {
+            size: 1 << 20,
+            caps,
+            read_only: false,
+            instance: None,
+        }
+    );
+    // An instance cut short: malformed; one byte more than the instance:
+    // too long, on the header.
+    for cut in 11..18 {
+        assert!(
+            matches!(
+                decode(&framed(9, &body[..cut])),
+                Err(WireError::Malformed { .. })
+            ),
+            "{cut} bytes"
+        );
+    }
+    assert!(matches!(
+        check_header(&[9, 0, 0, 0, 0, 0, 0, 19]),
+        Err(WireError::TooLong {
+            len: 19,
+            max: 18,
+            ..
+        })
+    ));
+}
