@@ -228,6 +228,9 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 # gives them back (at the default 85% of a shared disk the kubelet removed
 # the pause image, and every new pod failed)
 imageGCHighThresholdPercent: 100
+# a running pod's volumes grown online are grown on the node at its next
+# sync: every 10 s here, not the default minute
+syncFrequency: 10s
 volumePluginDir: $kubelet_root/volume-plugins
 EOF
 start kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
