@@ -243,7 +243,7 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
             Some("see `lamina volume get` for its replicas"),
         )
     };
-    let set = p
+    let (set, held_all) = p
         .store
         .next_replica_generation(volume)
         .map_err(Failure::from)?;
@@ -339,14 +339,17 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
         store: p.store.clone(),
         volume: volume.to_string(),
     });
+    // Faulted at this start, or while no front end served (a snapshot's
+    // failure while detached).
     let faulted_now: Vec<String> = replicas
         .iter()
         .filter(|(r, s)| {
             *s != Start::Healthy
-                && set
-                    .replicas
-                    .iter()
-                    .any(|x| x.node == r.name && x.faulted.is_none())
+                && (held_all.contains(&r.name)
+                    || set
+                        .replicas
+                        .iter()
+                        .any(|x| x.node == r.name && x.faulted.is_none()))
         })
         .map(|(r, _)| r.name.clone())
         .collect();
@@ -713,9 +716,11 @@ where
                     .replicated
                     .fault(&node, &reason)
                     .map_err(|e| Failure::internal(e.to_string()))?,
+                // It held every write until now: the next front end tracks
+                // what it misses from its start.
                 None => {
                     p.store
-                        .fault_replica(m.volume, &node, &reason, now())
+                        .fault_detached_replica(m.volume, &node, &reason, now())
                         .map_err(Failure::from)?;
                 }
             }

@@ -50,6 +50,12 @@ pub struct ReplicaRec {
     /// since its fault (the one that recorded it); 0 for none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tracked: u64,
+    /// Faulted while no front end served the volume (its snapshot failed
+    /// while the volume was detached): it held every write until then,
+    /// but for the regions left dirty. The next front end tracks it from
+    /// its start, as one it could not reach then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_all: bool,
     /// Where its rebuild stands, once it has a base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild: Option<RebuildRec>,
@@ -228,8 +234,45 @@ impl Store {
 
     /// Take the next generation of volume `volume`'s front end: durable
     /// when it returns.
-    pub fn next_replica_generation(&self, volume: &str) -> Result<ReplicaSetRec, ServerError> {
-        self.change_replica_set(volume, |r| r.generation += 1)
+    /// The next generation, taken by a front end that opens: the set, and
+    /// the replicas faulted while no front end served that it tracks from
+    /// now on (`held_all`: their `tracked` is the new generation, in the
+    /// same transaction).
+    pub fn next_replica_generation(
+        &self,
+        volume: &str,
+    ) -> Result<(ReplicaSetRec, Vec<String>), ServerError> {
+        let mut held = Vec::new();
+        let set = self.change_replica_set(volume, |r| {
+            r.generation += 1;
+            held.clear();
+            for x in r.replicas.iter_mut().filter(|x| x.held_all) {
+                x.held_all = false;
+                x.tracked = r.generation;
+                held.push(x.node.clone());
+            }
+        })?;
+        Ok((set, held))
+    }
+
+    /// [`Store::fault_replica`] for a replica faulted while no front end
+    /// serves the volume: it held every write until then (`held_all`).
+    pub fn fault_detached_replica(
+        &self,
+        volume: &str,
+        node: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<ReplicaSetRec, ServerError> {
+        self.change_replica_set(volume, |r| {
+            if let Some(x) = r.replicas.iter_mut().find(|x| x.node == node) {
+                if x.faulted.is_none() {
+                    x.faulted = Some(reason.to_string());
+                    x.since = now;
+                    x.held_all = true;
+                }
+            }
+        })
     }
 
     /// Record replica `node` of volume `volume` faulted for `reason` (at
@@ -387,8 +430,8 @@ mod tests {
             "no set, no generation"
         );
         store.put_replica_set("v", &set()).unwrap();
-        assert_eq!(store.next_replica_generation("v").unwrap().generation, 1);
-        assert_eq!(store.next_replica_generation("v").unwrap().generation, 2);
+        assert_eq!(store.next_replica_generation("v").unwrap().0.generation, 1);
+        assert_eq!(store.next_replica_generation("v").unwrap().0.generation, 2);
         let f = store
             .fault_replica("v", "b", "no answer for 5 s", 9)
             .unwrap();
@@ -406,6 +449,22 @@ mod tests {
         );
         // The fault was recorded by generation 2's front end.
         assert_eq!(got.replicas[1].tracked, 2);
+        // One faulted with no front end serving is tracked by the next
+        // front end, once: the generation and its tracking in one record.
+        let d = store
+            .fault_detached_replica("v", "c", "snapshot failed", 12)
+            .unwrap();
+        assert!(d.replicas[2].held_all && d.replicas[2].tracked == 0);
+        let (set, held) = store.next_replica_generation("v").unwrap();
+        assert_eq!(held, vec!["c".to_string()]);
+        assert_eq!(
+            (set.replicas[2].tracked, set.replicas[2].held_all),
+            (3, false)
+        );
+        assert_eq!(set.replicas[1].tracked, 2, "b stays as it was");
+        let (set, held) = store.next_replica_generation("v").unwrap();
+        assert!(held.is_empty());
+        assert_eq!(set.replicas[2].tracked, 3);
         assert!(store.remove_replica_set("v").unwrap());
         assert!(!store.remove_replica_set("v").unwrap());
         assert_eq!(store.replica_set("v").unwrap(), None);
