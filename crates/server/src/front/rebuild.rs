@@ -9,7 +9,10 @@
 //! node's replica that its volume equals outside a list of *uncertain*
 //! ranges. The first base is taken after its fault, at one point of the
 //! write stream, with the ranges of every change in flight at the fault
-//! and sent since (lamina-replica's rule 10). Each round then brings it
+//! and sent since (lamina-replica's rule 10), and of every change it had
+//! answered that no flush covered: those are dropped once it answers at
+//! the instance it failed at (its daemon did not restart) and a flush
+//! there made them durable. Each round then brings it
 //! from its base to a later snapshot of this node's replica, sending the
 //! uncertain ranges and the engine's diff between the two (metadata only:
 //! unchanged data is never read), and that snapshot becomes its base:
