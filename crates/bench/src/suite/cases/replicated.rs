@@ -795,6 +795,15 @@ fn judge(ctx: &mut Ctx) {
         SENT_PER_WRITTEN,
         1.5,
     );
+    if ctx.p.name != "quick" {
+        r.goal(
+            CASE,
+            "rebuild: bytes sent ≤ 1.5× bytes written while away (2 replicas, load never flushed)",
+            R2_UNFLUSHED,
+            SENT_PER_WRITTEN,
+            1.5,
+        );
+    }
     for (name, what) in [(R2, "2 replicas"), (R3, "3 replicas")] {
         r.goal(
             CASE,
@@ -882,9 +891,10 @@ fn notes(ctx: &mut Ctx) {
             CASE,
             format!(
                 "`{R2_UNFLUSHED}`: one outage before the others, right after the I/O rounds, the same load without \
-                 its flushes, nothing flushed since the fill: Lamina counts every write no flush covered as \
-                 possibly lost by a replica that fails (docs/replicas.md, rebuilds), so this is what a returning \
-                 replica is sent when the writer never flushes (fio's default). Shown without a goal."
+                 its flushes, nothing flushed since the fill (fio's default): every write the replica answered that \
+                 no flush covered is one its node may have lost, unless it is found at the instance it failed at \
+                 (its daemon lived through the outage, as here: a flush there then makes them durable, and they \
+                 are not sent; docs/replicas.md, rebuilds). Held to the same goal."
             ),
         );
     }
