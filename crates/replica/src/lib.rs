@@ -437,26 +437,18 @@ impl Replicated {
                 )
             })
             .collect();
-        let unflushed_at_fault = keep
-            .iter()
-            .map(|&k| {
-                Mutex::new(if k {
-                    Missed::Ranges(Vec::new())
-                } else {
-                    Missed::NotKept
+        let kept = || -> Vec<Mutex<Missed>> {
+            keep.iter()
+                .map(|&k| {
+                    Mutex::new(if k {
+                        Missed::Ranges(Vec::new())
+                    } else {
+                        Missed::NotKept
+                    })
                 })
-            })
-            .collect();
-        let missed = keep
-            .iter()
-            .map(|&k| {
-                Mutex::new(if k {
-                    Missed::Ranges(Vec::new())
-                } else {
-                    Missed::NotKept
-                })
-            })
-            .collect();
+                .collect()
+        };
+        let (missed, unflushed_at_fault) = (kept(), kept());
         let recorded = replicas
             .iter()
             .map(|(_, s)| AtomicBool::new(*s != Start::Healthy))

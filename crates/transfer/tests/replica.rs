@@ -413,18 +413,9 @@ fn a_peer_breaking_a_replica_session_gets_an_error_frame() {
         f => panic!("{f:?}"),
     }
     // A malformed call in an attached session.
-    let mut c = fake_client(&n.front, n.served.addr, "replica");
-    write_frame(&mut c, &Frame::Hello { version: VERSION });
-    assert_eq!(read_frame(&mut c), Frame::Hello { version: VERSION });
-    write_frame(
-        &mut c,
-        &Frame::Attach {
-            create: 0,
-            volume: "v".into(),
-        },
-    );
+    let (mut c, attached) = attach_by_hand(&n, VERSION);
     assert!(matches!(
-        read_frame(&mut c),
+        attached,
         Frame::Attached {
             size: 8388608,
             instance: Some(INSTANCE),
@@ -573,9 +564,22 @@ fn a_front_end_falls_back_to_what_an_older_node_speaks_and_gets_no_instance() {
     assert_eq!(v.instance(), None);
     drop(v);
 
+    let (_c, attached) = attach_by_hand(&n, 3);
+    assert!(matches!(attached, Frame::Attached { instance: None, .. }));
+}
+
+/// A session of `version` to `n`'s volume "v" opened frame by frame: the
+/// connection, and the answer to its Attach.
+fn attach_by_hand(
+    n: &Node,
+    version: u16,
+) -> (
+    rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>,
+    Frame,
+) {
     let mut c = fake_client(&n.front, n.served.addr, "replica");
-    write_frame(&mut c, &Frame::Hello { version: 3 });
-    assert_eq!(read_frame(&mut c), Frame::Hello { version: 3 });
+    write_frame(&mut c, &Frame::Hello { version });
+    assert_eq!(read_frame(&mut c), Frame::Hello { version });
     write_frame(
         &mut c,
         &Frame::Attach {
@@ -583,8 +587,6 @@ fn a_front_end_falls_back_to_what_an_older_node_speaks_and_gets_no_instance() {
             volume: "v".into(),
         },
     );
-    assert!(matches!(
-        read_frame(&mut c),
-        Frame::Attached { instance: None, .. }
-    ));
+    let answer = read_frame(&mut c);
+    (c, answer)
 }

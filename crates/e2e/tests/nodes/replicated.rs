@@ -299,6 +299,22 @@ fn a_replicated_volume_keeps_every_acknowledged_write_when_a_replica_node_dies()
     fio(&ends[2], &["--randseed=4", "--verify_only", "--size=8m"]);
 }
 
+/// Wait until volume r's second replica (on n1) is healthy with a last
+/// rebuild other than `before`: the replica set, and the bytes it sent.
+fn rebuilt_again(a: &Node, before: &Value, what: &str) -> (Value, Option<u64>) {
+    let r = wait_until(
+        &format!("n1 rebuilt, {what}"),
+        std::time::Duration::from_secs(120),
+        || {
+            let (r, list) = replicas(a, "r");
+            let done = list[1].1 == "healthy" && r["replicas"][1]["last_rebuild"] != *before;
+            done.then_some(r)
+        },
+    );
+    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    (r, sent)
+}
+
 #[test]
 fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the_volume_goes_on() {
     need("fio", "fio");
@@ -383,16 +399,7 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
         },
     );
     b.d.start_again();
-    let r = wait_until(
-        "n1 rebuilt, restarted",
-        std::time::Duration::from_secs(120),
-        || {
-            let (r, list) = replicas(&a, "r");
-            let done = list[1].1 == "healthy" && r["replicas"][1]["last_rebuild"] != before;
-            done.then_some(r)
-        },
-    );
-    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    let (r, sent) = rebuilt_again(&a, &before, "restarted");
     eprintln!("rebuild after a restart: {sent:?} bytes sent for 32 MiB unflushed");
     assert!(
         sent.is_some_and(|s| (32 << 20..=48 << 20).contains(&s)),
@@ -424,16 +431,7 @@ fn a_replica_whose_link_is_cut_is_faulted_after_its_silence_busy_or_idle_and_the
     a.d.ok(&["snapshot", "detach", "r", "end"]);
     let uri = a.d.attach(&["volume", "attach", "r"]);
     fio(&uri, &["--randseed=7", "--do_verify=1", "--size=4m"]);
-    let r = wait_until(
-        "n1 rebuilt after its fault while detached",
-        std::time::Duration::from_secs(120),
-        || {
-            let (r, list) = replicas(&a, "r");
-            let done = list[1].1 == "healthy" && r["replicas"][1]["last_rebuild"] != before;
-            done.then_some(r)
-        },
-    );
-    let sent = r["replicas"][1]["last_rebuild"]["sent_bytes"].as_u64();
+    let (r, sent) = rebuilt_again(&a, &before, "faulted while detached");
     eprintln!("rebuild after a fault while detached: {sent:?} bytes sent for 4 MiB written");
     // Each block written since goes twice: as the missed snapshot has it,
     // then as the volume does (and a third time if written during the

@@ -264,15 +264,7 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<ReplicaSetRec, ServerError> {
-        self.change_replica_set(volume, |r| {
-            if let Some(x) = r.replicas.iter_mut().find(|x| x.node == node) {
-                if x.faulted.is_none() {
-                    x.faulted = Some(reason.to_string());
-                    x.since = now;
-                    x.held_all = true;
-                }
-            }
-        })
+        self.fault(volume, node, reason, now, true)
     }
 
     /// Record replica `node` of volume `volume` faulted for `reason` (at
@@ -284,13 +276,30 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<ReplicaSetRec, ServerError> {
+        self.fault(volume, node, reason, now, false)
+    }
+
+    /// Replica `node` faulted, unless it is already: tracked by the front
+    /// end of the set's generation, or (`detached`) held every write.
+    fn fault(
+        &self,
+        volume: &str,
+        node: &str,
+        reason: &str,
+        now: i64,
+        detached: bool,
+    ) -> Result<ReplicaSetRec, ServerError> {
         self.change_replica_set(volume, |r| {
             let g = r.generation;
             if let Some(x) = r.replicas.iter_mut().find(|x| x.node == node) {
                 if x.faulted.is_none() {
                     x.faulted = Some(reason.to_string());
                     x.since = now;
-                    x.tracked = g;
+                    if detached {
+                        x.held_all = true;
+                    } else {
+                        x.tracked = g;
+                    }
                 }
             }
         })
