@@ -805,3 +805,57 @@ fn a_replica_added_in_a_vacant_place_is_rebuilt_and_one_removed_leaves_its_place
     vol.quiesced(|_| vol.add("r2", "new")).unwrap();
     assert_eq!(vol.states()[1].0, "r2");
 }
+
+/// A volume that notes each operation submitted to it, by its replica's
+/// name, in one list shared by the replicas.
+struct Noted {
+    name: &'static str,
+    log: Arc<Mutex<Vec<&'static str>>>,
+    inner: Arc<MemDevice>,
+}
+
+impl BlockIo for Noted {
+    fn size(&self) -> Result<u64, IoError> {
+        BlockIo::size(&*self.inner)
+    }
+    fn read_only(&self) -> bool {
+        BlockIo::read_only(&*self.inner)
+    }
+    fn caps(&self) -> Caps {
+        BlockIo::caps(&*self.inner)
+    }
+    fn activate(&self, generation: u64) -> Result<(), IoError> {
+        BlockIo::activate(&*self.inner, generation)
+    }
+    fn submit(&self, op: IoOp, done: Completion) {
+        self.log.lock().unwrap().push(self.name);
+        self.inner.submit(op, done)
+    }
+}
+
+#[test]
+fn a_change_reaches_the_first_replica_last_and_a_read_only_the_first() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let replica = |name: &'static str| Replica {
+        name: name.into(),
+        io: Arc::new(Noted {
+            name,
+            log: log.clone(),
+            inner: Arc::new(MemDevice::new(SIZE)),
+        }),
+    };
+    let vol = Replicated::new(
+        "v",
+        vec![replica("r0"), replica("r1"), replica("r2")],
+        Arc::new(Record::default()),
+    )
+    .unwrap();
+    write(&vol, 0, 1).unwrap();
+    assert_eq!(*log.lock().unwrap(), ["r2", "r1", "r0"]);
+    log.lock().unwrap().clear();
+    wait(&vol, IoOp::Flush).unwrap();
+    assert_eq!(*log.lock().unwrap(), ["r2", "r1", "r0"]);
+    log.lock().unwrap().clear();
+    assert_eq!(read(&vol, 0).unwrap(), vec![1; 4096]);
+    assert_eq!(*log.lock().unwrap(), ["r0"]);
+}
