@@ -12,10 +12,7 @@
 //!
 //! 1. **Writes, trims, write-zeroes and flushes go to every healthy replica**
 //!    and complete when all of them have answered: successfully if at least
-//!    one replica succeeded and every replica that failed is faulted. They
-//!    are submitted to the replicas in the reverse of their order, so that
-//!    the first (the local one, whose volume runs a change on the calling
-//!    thread) overlaps the others' round trips instead of delaying them.
+//!    one replica succeeded and every replica that failed is faulted.
 //! 2. **A replica that fails a change is faulted before the change
 //!    completes**: taken out of the healthy set in memory (nothing is sent
 //!    to it or read from it after that), then recorded through
@@ -1352,12 +1349,9 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         failed: Vec::new(),
         done: Some(done),
     }));
-    // The first replica last: a volume in process (the local one, put
-    // first) may run the change on this thread before it returns, and the
-    // others' requests are then on their way meanwhile.
     let last = targets.len() - 1;
     let mut op = Some(op);
-    for (n, i) in targets.into_iter().rev().enumerate() {
+    for (n, i) in targets.into_iter().enumerate() {
         // The last replica takes the caller's buffer; the others copies.
         let this = if n == last {
             op.take().expect("the operation is taken once, last")
