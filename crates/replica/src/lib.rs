@@ -55,7 +55,9 @@
 //!     every change sent since; and, apart, of every change it answered
 //!     that no flush had covered at its fault (a replica that crashed may
 //!     have lost those: they were not durable; past [`MISSED_LIMIT`] of
-//!     them, the regions rule 14 recorded dirty instead). Both are kept
+//!     them, the regions rule 14 recorded dirty instead). For a rebuilding
+//!     replica that leaves the write set, those count with the first: they
+//!     may predate its rejoin, and never have reached it. Both are kept
 //!     until [`Replicated::take_missed`] hands them over (inside
 //!     [`Replicated::quiesced`], with the snapshot that becomes the
 //!     replica's rebuild base) as [`Kept`]: the caller sends the second
@@ -861,7 +863,9 @@ impl Shared {
         if self.rebuilding[i].load(Ordering::SeqCst) {
             self.begin_keeping(i);
             self.rebuilding[i].store(false, Ordering::SeqCst);
-            self.start_keeping(i);
+            // Changes no flush covered may predate its rejoin, and never
+            // have reached it: all count as missed.
+            self.start_keeping(i, false);
             tracing::warn!(volume = %self.name, replica = %self.replicas[i].name(), error = %e,
                 "rebuilding replica failed a change: out of the write set");
         }
@@ -890,8 +894,10 @@ impl Shared {
     /// healthy set or the write set: a change that leaves it out does so
     /// after, and `dispatch` keeps its range (it reads its targets before
     /// it keeps); one sent to it before is in flight or unflushed, gathered
-    /// here. Ranges kept twice do no harm.
-    fn start_keeping(&self, i: usize) {
+    /// here. Ranges kept twice do no harm. With `healthy` (it leaves the
+    /// healthy set, so every change no flush covered was sent to it), those
+    /// it answered are kept apart from the ones it missed.
+    fn start_keeping(&self, i: usize, healthy: bool) {
         let running: Vec<(u64, u64)> = {
             let o = self.order.lock().unwrap_or_else(|p| p.into_inner());
             o.running.iter().map(|&(_, a, b)| (a, b)).collect()
@@ -919,13 +925,16 @@ impl Shared {
             Vec::new()
         };
         let mut sure: Vec<(u64, u64)> = running.into_iter().chain(in_flight).collect();
+        let mut held: Vec<(u64, u64)> = answered.into_iter().chain(regions).collect();
+        if !healthy {
+            sure.append(&mut held);
+        }
         sure.sort_unstable();
         let mut m = self.missed[i].lock().unwrap_or_else(|p| p.into_inner());
         for r in sure {
             m.add(r);
         }
         drop(m);
-        let mut held: Vec<(u64, u64)> = answered.into_iter().chain(regions).collect();
         held.sort_unstable();
         let mut u = self.unflushed_at_fault[i]
             .lock()
@@ -1146,7 +1155,7 @@ impl Shared {
             // every one from now on is.
             self.begin_keeping(i);
             self.healthy[i].store(false, Ordering::SeqCst);
-            self.start_keeping(i);
+            self.start_keeping(i, true);
             self.unrecorded.fetch_add(1, Ordering::SeqCst);
             self.reasons()[i] = Some(reason.to_string());
             tracing::warn!(volume = %self.name, replica = %self.replicas[i].name(), %reason, "replica faulted");

@@ -644,6 +644,11 @@ fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Res
         Ok(sent)
     })();
     let done = copied.and_then(|sent| {
+        // The copies are durable there before it counts as healthy: once
+        // healthy, only the changes no flush covered count as what a crash
+        // of its node could lose (lamina-replica's rule 10), and copies are
+        // not changes.
+        io(wait(&*v, IoOp::Flush))?;
         front.replicated.quiesced(|_| {
             if !front.replicated.is_rebuilding(node) {
                 return Err("it failed a change while rebuilding".to_string());
