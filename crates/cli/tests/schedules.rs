@@ -19,10 +19,20 @@ const T0: i64 = 1_893_456_600;
 /// beside it.
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// The daemon, its data in memory: these tests are of what schedules
+/// decide, and a step waiting on a sync of a disk that the work beside it
+/// keeps busy once took over 120 s in CI. Its requests and operations are
+/// logged, for the log a failure shows.
 fn start(clock: &TestClock, more: &[&str]) -> Daemon {
     let mut args = vec!["--test-clock", clock.arg()];
     args.extend(more);
-    LAMINA.start_with(&args).unwrap()
+    LAMINA
+        .serve()
+        .in_memory()
+        .args(&args)
+        .env("LAMINA_LOG", "info,lamina_server=debug")
+        .start()
+        .unwrap()
 }
 
 /// The hourly slot `n` hours after T0's (T0 is 10 minutes past it).

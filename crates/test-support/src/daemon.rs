@@ -121,6 +121,7 @@ impl Lamina {
         Serve {
             lamina: self.clone(),
             data: None,
+            under: "/tmp",
             log: None,
             prefix: Vec::new(),
             args: Vec::new(),
@@ -184,6 +185,8 @@ fn clear_lamina_vars(mut c: Command) -> Command {
 pub struct Serve {
     lamina: Lamina,
     data: Option<PathBuf>,
+    /// Where its temporary data directory is made.
+    under: &'static str,
     log: Option<PathBuf>,
     prefix: Vec<String>,
     args: Vec<String>,
@@ -196,6 +199,17 @@ impl Serve {
     /// are limited to 108 bytes: keep it short.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Serve {
         self.data = Some(dir.into());
+        self
+    }
+
+    /// Its temporary data directory in memory (`/dev/shm`, when there is
+    /// one): for tests of what the daemon decides, not of what a disk
+    /// keeps, whose steps then wait on no disk that other work beside them
+    /// keeps busy (a sync there can take minutes).
+    pub fn in_memory(mut self) -> Serve {
+        if Path::new("/dev/shm").is_dir() {
+            self.under = "/dev/shm";
+        }
         self
     }
 
@@ -241,9 +255,9 @@ impl Serve {
             None => DataDir::Temp(
                 tempfile::Builder::new()
                     .prefix("lamina-test")
-                    .tempdir_in("/tmp")
+                    .tempdir_in(self.under)
                     .map_err(|source| StartError::DataDir {
-                        dir: "/tmp".into(),
+                        dir: self.under.into(),
                         source,
                     })?,
             ),
