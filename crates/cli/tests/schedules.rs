@@ -20,9 +20,9 @@ const T0: i64 = 1_893_456_600;
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// The daemon, its data in memory: these tests are of what schedules
-/// decide, and a step waiting on a sync of a disk that the work beside it
-/// keeps busy once took over 120 s in CI. Its requests and operations are
-/// logged, for the log a failure shows.
+/// decide, and a step once took over 120 s in CI while builds beside it
+/// wrote to the disk. Its requests and operations are logged, for the log
+/// a failure shows.
 fn start(clock: &TestClock, more: &[&str]) -> Daemon {
     let mut args = vec!["--test-clock", clock.arg()];
     args.extend(more);

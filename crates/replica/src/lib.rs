@@ -262,8 +262,9 @@ impl Kept {
 
     /// Both parts as one: what the replica may lack if its node lost what
     /// it had not made durable. Not kept if neither was; ranges sorted and
-    /// merged.
-    pub fn all(self) -> Missed {
+    /// merged. (The tests' view: the daemon records the parts apart.)
+    #[cfg(test)]
+    pub(crate) fn all(self) -> Missed {
         match (self.missed, self.unflushed) {
             (Missed::TooMany, _) | (_, Missed::TooMany) => Missed::TooMany,
             (Missed::NotKept, Missed::NotKept) => Missed::NotKept,

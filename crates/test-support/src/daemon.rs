@@ -205,7 +205,8 @@ impl Serve {
     /// Its temporary data directory in memory (`/dev/shm`, when there is
     /// one): for tests of what the daemon decides, not of what a disk
     /// keeps, whose steps then wait on no disk that other work beside them
-    /// keeps busy (a sync there can take minutes).
+    /// keeps busy (a schedule step once took over 120 s in CI while
+    /// builds beside it wrote to the disk).
     pub fn in_memory(mut self) -> Serve {
         if Path::new("/dev/shm").is_dir() {
             self.under = "/dev/shm";
