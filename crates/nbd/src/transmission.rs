@@ -7,6 +7,9 @@
 //! Requests already buffered when the loop reads them (a pipelining client
 //! sends many at once) are queued together; the loop hands them over once
 //! reading on would wait for the client, or after [`MAX_BATCH`].
+//! A lone request (a client at queue depth 1) may instead run on the loop
+//! itself, while the runners are idle and the volume fast
+//! ([`Reader::run_lone`]).
 //!
 //! Backpressure: every request holds a slot (and READ/WRITE hold a share of
 //! the byte budget) from the moment its header is read until its reply has
@@ -243,6 +246,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         loop {
             // Dispatch once reading on would wait for the client.
             if self.batch.len() >= MAX_BATCH || self.reader.buffer().len() < REQUEST_LEN {
+                if self.batch.len() == 1 {
+                    self.run_lone();
+                }
                 self.dispatch();
             }
             let next = tokio::select! {
@@ -352,6 +358,23 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             _bytes: bytes,
             hold: None,
         })
+    }
+
+    /// A lone request (a client at queue depth 1) runs here, on the reader,
+    /// when the runners are idle and the volume fast
+    /// ([`lamina_runners::Runners::run_here_if_idle`]): no runner to wake,
+    /// and its reply goes to a task of this runtime, which runs on this
+    /// thread once the reader waits for the client. Otherwise it stays in
+    /// the batch.
+    fn run_lone(&mut self) {
+        let Some(job) = self.batch.pop_front() else {
+            return;
+        };
+        match self.sh.run_here_if_idle(job) {
+            Ok(Some(done)) => self.sh.work().writer.send_later(done),
+            Ok(None) => {}
+            Err(job) => self.batch.push_back(job),
+        }
     }
 
     /// Hands the batch to the runners.

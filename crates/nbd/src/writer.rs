@@ -147,18 +147,25 @@ fn release(replies: Vec<(Reply, Permits)>) {
 }
 
 impl ReplyWriter {
-    /// [`ReplyWriter::send`] from a blocking task.
     /// Sends a reply completed off the runners (a replicated volume's,
     /// whose last replica answered on its session's task). A burst of them
-    /// shares one task, one wake-up of this runtime and one write: the
-    /// first starts the task, the others join its queue while it writes.
+    /// shares one task and one write: the first starts the task, the others
+    /// join its queue while it writes. The task runs on the runtime of the
+    /// thread that completed the request, when that is a multi-threaded
+    /// one (a replica session's): it then runs there as soon as that
+    /// thread's task yields, with no other thread woken; otherwise on this
+    /// connection's runtime.
     pub(crate) fn send_later(self: &Arc<Self>, reply: (Reply, Permits)) {
         self.late_queue().push(reply);
         if self.late_task.swap(true, Ordering::SeqCst) {
             return;
         }
         let w = self.clone();
-        self.runtime.spawn(async move {
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            .unwrap_or_else(|| self.runtime.clone());
+        runtime.spawn(async move {
             let mut running = LateTask(Some(w.clone()));
             loop {
                 let batch = std::mem::take(&mut *w.late_queue());
@@ -181,6 +188,7 @@ impl ReplyWriter {
         self.late.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// [`ReplyWriter::send`] from a blocking task.
     pub(crate) fn send_blocking(&self, replies: Vec<(Reply, Permits)>) {
         self.runtime.block_on(self.send(replies))
     }

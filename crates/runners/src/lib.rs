@@ -24,6 +24,10 @@
 //!   [`Runners::submit`] starts a runner per queued job, so a disk sees the
 //!   client's whole queue depth.
 //!
+//! * a lone call on an idle fast device: [`Runners::run_here_if_idle`] runs
+//!   it on the caller's thread (a connection's reader), saving the runner's
+//!   two wake-ups, which at queue depth 1 are most of a call's time.
+//!
 //! The cost of the fast policy is head-of-line blocking when a call is
 //! unexpectedly slow (a cache miss): jobs the runner already took wait for
 //! that one call before being shared out.
@@ -106,6 +110,8 @@ pub struct Runners<W: Work> {
     clock: Instant,
     /// A watchdog task runs (see [`Runners::watch`]).
     watching: AtomicBool,
+    /// The last call timed was slow (see [`Runners::run_here_if_idle`]).
+    last_slow: AtomicBool,
 }
 
 impl<W: Work> Runners<W> {
@@ -125,6 +131,7 @@ impl<W: Work> Runners<W> {
             progress_ns: AtomicU64::new(0),
             clock: Instant::now(),
             watching: AtomicBool::new(false),
+            last_slow: AtomicBool::new(true),
         }
     }
 
@@ -183,6 +190,55 @@ impl<W: Work> Runners<W> {
         if left_queued {
             self.watch();
         }
+    }
+
+    /// Runs `job` on the calling thread, as a runner would, when no runner
+    /// is running, nothing is queued, most recent calls were fast and the
+    /// last one was too; otherwise hands it back (for [`Runners::submit`]).
+    /// `Ok(Some)` is its answer, for the caller to deliver (it is not given
+    /// to [`Work::deliver`]); `Ok(None)` when it will be answered later (see
+    /// [`Work::run`]).
+    ///
+    /// For a lone call on a fast device (a client at queue depth 1) this
+    /// saves the two thread wake-ups a runner costs: starting it, and
+    /// handing its answer to the writer. It blocks the caller for one call,
+    /// which the policy has just judged to take a few microseconds; a call
+    /// that turns out slow sends the next ones to runners until one is fast
+    /// again. A caller on an async runtime's worker (a connection's reader)
+    /// blocks that worker meanwhile, while the runtime's other workers take
+    /// its other tasks; on a runtime of one thread, where nothing would,
+    /// the job is handed back.
+    pub fn run_here_if_idle(self: &Arc<Self>, job: W::Job) -> Result<Option<W::Done>, W::Job> {
+        let one_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if one_thread || self.slow() || self.last_slow.load(Ordering::Relaxed) {
+            return Err(job);
+        }
+        {
+            let mut q = self.lock();
+            if q.runners > 0 || !q.jobs.is_empty() {
+                return Err(job);
+            }
+            // Counted as a runner while it runs: a submit meanwhile starts
+            // none, and its jobs are handed on below.
+            q.runners += 1;
+        }
+        let done = if self.work.timed(&job) {
+            let t = Instant::now();
+            let done = self.run(job);
+            self.record(t);
+            done
+        } else {
+            self.run(job)
+        };
+        let mut q = self.lock();
+        q.runners -= 1;
+        if !q.jobs.is_empty() && q.runners < self.max_runners {
+            q.runners += 1;
+            drop(q);
+            self.spawn_runner();
+        }
+        Ok(done)
     }
 
     /// While jobs wait in the queue for busy runners, checks every
@@ -326,7 +382,9 @@ impl<W: Work> Runners<W> {
     /// Accounts for a call that started at `start`; returns now.
     fn record(&self, start: Instant) -> Instant {
         let end = Instant::now();
-        let sample = if end - start > SLOW_CALL { ONE / 16 } else { 0 };
+        let slow = end - start > SLOW_CALL;
+        self.last_slow.store(slow, Ordering::Relaxed);
+        let sample = if slow { ONE / 16 } else { 0 };
         let old = self.slow_share.load(Ordering::Relaxed);
         self.slow_share
             .store(old - old / 16 + sample, Ordering::Relaxed);

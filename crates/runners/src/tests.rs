@@ -21,6 +21,8 @@ enum Act {
     Answered,
     /// Answered later, from another thread.
     Late,
+    /// Takes longer than a slow call.
+    Slow,
 }
 
 struct Job {
@@ -110,6 +112,7 @@ impl Work for Test {
                 met = g.running >= n;
             }
             Act::Panic => panic!("a job that panics"),
+            Act::Slow => std::thread::sleep(SLOW_CALL * 4),
             Act::Late => {
                 let s = self.0.clone();
                 return answer_inline(
@@ -363,4 +366,99 @@ fn an_answer_given_before_start_returns_is_returned() {
     let (tx, rx) = std::sync::mpsc::channel::<u32>();
     assert_eq!(answer_inline(drop, move |d| tx.send(d).unwrap()), None);
     assert!(rx.recv().is_err(), "`later` dropped without being called");
+}
+
+/// Waits until every runner has ended (idle ones linger a moment first).
+fn runners_ended(r: &Arc<Runners<Test>>) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while r.lock().runners > 0 {
+        assert!(Instant::now() < until, "idle runners never ended");
+        std::thread::yield_now();
+    }
+}
+
+fn job(id: u64, act: Act) -> Job {
+    Job { id, act }
+}
+
+#[test]
+fn a_lone_call_on_an_idle_fast_device_runs_on_the_caller() {
+    let rt = runtime();
+    let (r, s) = runners(&rt);
+    // Presumed slow at the start: handed back.
+    assert!(r.run_here_if_idle(job(1, Act::Fast)).is_err());
+    warm_up(&r, &s);
+    runners_ended(&r);
+    let here = std::thread::current().id();
+    let done = r.run_here_if_idle(job(2, Act::Fast)).ok().flatten();
+    assert_eq!(done.map(|d| (d.id, d.thread)), Some((2, here)));
+    // Its answer is the caller's to deliver, not the work's.
+    assert!(answered(&s.lock()).is_empty());
+    // One answered later goes its own way.
+    assert!(matches!(r.run_here_if_idle(job(3, Act::Late)), Ok(None)));
+    s.wait("the late answer", |st| answered(st) == [3]);
+    assert_eq!(r.lock().runners, 0, "counted out once it ran");
+}
+
+#[test]
+fn a_call_is_handed_back_while_runners_work_and_after_a_slow_call() {
+    let rt = runtime();
+    let (r, s) = runners(&rt);
+    warm_up(&r, &s);
+    // Well clear of the slow policy: one slow call below must not reach it.
+    for i in 0..200 {
+        if r.slow_share.load(Ordering::Relaxed) < ONE / 8 {
+            break;
+        }
+        submit(&r, 1_000 + i, &[Act::Fast]);
+        s.wait("the fast call", |st| answered(st).contains(&(1_000 + i)));
+    }
+    assert!(r.slow_share.load(Ordering::Relaxed) < ONE / 8);
+    s.set(|st| st.batches.clear());
+    submit(&r, 1, &[Act::Gate]);
+    s.wait("the call is stuck", |st| st.in_gate == 1);
+    assert!(
+        r.run_here_if_idle(job(2, Act::Fast)).is_err(),
+        "a runner works"
+    );
+    s.set(|st| st.gate_open = true);
+    s.wait("the stuck call", |st| answered(st) == [1]);
+    runners_ended(&r);
+    // A slow call runs here once; the next is handed back, until a call
+    // the runners run proves fast again.
+    assert!(r.run_here_if_idle(job(3, Act::Slow)).is_ok());
+    assert!(r.run_here_if_idle(job(4, Act::Fast)).is_err());
+    submit(&r, 5, &[Act::Fast]);
+    s.wait("the fast call", |st| answered(st).contains(&5));
+    runners_ended(&r);
+    assert!(r.run_here_if_idle(job(6, Act::Fast)).is_ok());
+}
+
+#[test]
+fn calls_submitted_while_one_runs_on_the_caller_are_all_answered() {
+    let rt = runtime();
+    let (r, s) = runners(&rt);
+    warm_up(&r, &s);
+    runners_ended(&r);
+    let r2 = r.clone();
+    let inline = std::thread::spawn(move || r2.run_here_if_idle(job(1, Act::Gate)).is_ok());
+    s.wait("the call runs on its caller", |st| st.in_gate == 1);
+    submit(&r, 10, &[Act::Fast; 8]);
+    s.set(|st| st.gate_open = true);
+    assert!(inline.join().unwrap());
+    s.wait("the eight calls", |st| answered(st).len() == 8);
+}
+
+#[test]
+fn a_runtime_of_one_thread_never_runs_a_call_on_its_caller() {
+    let rt = runtime();
+    let (r, s) = runners(&rt);
+    warm_up(&r, &s);
+    runners_ended(&r);
+    let one = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let r2 = r.clone();
+    assert!(one.block_on(async move { r2.run_here_if_idle(job(1, Act::Fast)).is_err() }));
+    assert!(r.run_here_if_idle(job(2, Act::Fast)).is_ok());
 }

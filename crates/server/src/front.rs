@@ -649,7 +649,9 @@ where
         .collect();
     let fronts: Vec<&Front> = members.iter().filter_map(|m| m.front).collect();
     let mut local = Some(local);
+    let asked = std::time::Instant::now();
     let made = all_quiesced(&fronts, Vec::new(), &mut |healthy: &[Vec<String>]| {
+        let held = asked.elapsed();
         let mut open = healthy.iter();
         for m in members.iter_mut() {
             let Some(f) = m.front else { continue };
@@ -673,7 +675,10 @@ where
         let Some(local) = local.take() else {
             return Err(Failure::internal("a snapshot's own part ran twice"));
         };
+        let t = std::time::Instant::now();
         let mine = local()?;
+        let here = t.elapsed();
+        let t = std::time::Instant::now();
         let asks: Vec<(usize, String, Arc<RemoteVolume>, u64)> = members
             .iter()
             .enumerate()
@@ -702,6 +707,13 @@ where
                 })
                 .collect::<Vec<_>>()
         });
+        tracing::debug!(
+            snapshot = name,
+            held_us = held.as_micros() as u64,
+            here_us = here.as_micros() as u64,
+            others_us = t.elapsed().as_micros() as u64,
+            "snapshot: writes held, this node's made, the other replicas' made"
+        );
         for (i, node, e) in answers
             .into_iter()
             .filter_map(|(i, n, r)| r.err().map(|e| (i, n, e)))

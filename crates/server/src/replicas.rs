@@ -215,12 +215,14 @@ impl lamina_transfer::replica::Volumes for Served {
             let o = lamina_transfer::identity::format(origin);
             labels.push((lamina_transfer::identity::ORIGIN_LABEL.to_string(), o));
         }
+        let t = std::time::Instant::now();
         match self.pool.create_snapshot(volume, name, &labels) {
             Ok(_) => {
                 tracing::info!(
                     volume,
                     snapshot = name,
                     peer,
+                    took_us = t.elapsed().as_micros() as u64,
                     "replica session: snapshot made"
                 );
                 Ok(())

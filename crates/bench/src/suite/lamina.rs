@@ -49,7 +49,13 @@ impl Lamina {
             .log(log_dir.join(format!("{name}.log")))
             .prefix(prefix)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            // The daemon's filter (LAMINA_LOG): warnings, unless the
+            // bench is run with LAMINA_BENCH_LOG (`lamina_server=debug`
+            // shows where a replicated snapshot's time goes, say).
+            .env(
+                "LAMINA_LOG",
+                std::env::var("LAMINA_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .start()
             .with_context(|| format!("starting {name}"))?;
         // The NBD socket comes up beside the API socket.

@@ -280,7 +280,16 @@ pub(crate) async fn session(
                 // Not behind the calls queued: see `Calls`.
                 runners.run_alone(job);
             } else {
-                runners.submit(&mut VecDeque::from([job]));
+                // A lone call on a fast volume runs here, on the reader
+                // (the daemon's runtime has other workers); its reply goes
+                // to the writer of this same task, with no thread woken.
+                match runners.run_here_if_idle(job) {
+                    Ok(Some(done)) => {
+                        let _ = tx.send(vec![done]);
+                    }
+                    Ok(None) => {}
+                    Err(job) => runners.submit(&mut VecDeque::from([job])),
+                }
             }
         }
     };
