@@ -467,14 +467,19 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// `samples` snapshots of `volume` 50 ms apart under fio's 4 KiB random
-/// writes at QD32, then deleted; their latencies in ms.
+/// writes at QD32, then deleted; their latencies in ms, and how the load
+/// ran meanwhile. Returns once every node has reclaimed what the deletes
+/// freed and the machine's dirty pages are written: the next volume's turn
+/// does not run beside this one's clean-up (it did, and its writes ran at
+/// a tenth of their rate).
 fn snapshots(
-    n0: &Lamina,
+    nodes: &[Lamina],
     volume: &str,
     uri: &str,
     samples: usize,
     round: usize,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, fio::Outcome)> {
+    let n0 = &nodes[0];
     let mut job = Job::new("randwrite", "4k", 32, 3600.0);
     job.seed = 200 + round as u64;
     let load = fio::spawn(&job, &Target::Nbd(uri.to_string()))?;
@@ -485,11 +490,24 @@ fn snapshots(
         lat.push(ms(n0.snapshot(volume, name)?));
         std::thread::sleep(Duration::from_millis(50));
     }
-    load.interrupt().context("the write load under snapshots")?;
+    let load = load.interrupt().context("the write load under snapshots")?;
     for name in &names {
         n0.delete_snapshot(volume, name)?;
     }
-    Ok(lat)
+    settle(nodes)?;
+    Ok((lat, load))
+}
+
+/// Waits until every node has reclaimed what deletes freed, then writes
+/// the machine's dirty pages out.
+fn settle(nodes: &[Lamina]) -> Result<()> {
+    let t = Instant::now();
+    for n in nodes {
+        n.reclaimed(t)?;
+    }
+    // SAFETY: sync(2) takes no arguments and touches no memory of ours.
+    unsafe { libc::sync() };
+    Ok(())
 }
 
 pub fn run(ctx: &mut Ctx) -> Result<()> {
@@ -627,8 +645,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     }
     eprintln!("  rebuilds: {:.0} s", t.elapsed().as_secs_f64());
 
-    // 3. Snapshot latency under writes.
+    // 3. Snapshot latency under writes, from a quiet machine (the
+    // rebuilds' system snapshots deleted and reclaimed).
     let t = Instant::now();
+    settle(&nodes)?;
     let vols = [
         (U, "u", &uris[0]),
         (R2, "r2", &uris[1]),
@@ -637,11 +657,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     for round in 0..ctx.p.rounds {
         for i in 0..vols.len() {
             let (name, vol, uri) = vols[(i + round) % vols.len()];
-            let lat = snapshots(n0, vol, uri, ctx.p.snapshot_samples, round)?;
+            let (lat, load) = snapshots(&nodes, vol, uri, ctx.p.snapshot_samples, round)?;
             let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
             eprintln!(
-                "  round {round} snapshots of {vol}: p50 {p50:.1} ms, p99 {p99:.1} ms ({} calls)",
-                lat.len()
+                "  round {round} snapshots of {vol}: p50 {p50:.1} ms, p99 {p99:.1} ms ({} calls); the load ran at {:.0} IOPS, write p99 {:.0} µs, max {:.0} ms",
+                lat.len(), load.iops, load.p99_us, load.max_us / 1e3
             );
             let r = &mut ctx.rec;
             r.add(
@@ -914,7 +934,10 @@ fn notes(ctx: &mut Ctx) {
             "Snapshot latency: {samples} snapshots per volume and round, 50 ms apart, each `POST \
              /v1/volumes/V/snapshots` timed around the API client's call over the daemon's unix socket, \
              under fio 4k random writes at QD32 on that volume (started 0.5 s before); the snapshots are \
-             deleted after each turn, with the load stopped. Volumes in rotated order each round."
+             deleted after each turn, with the load stopped, and the next turn starts once every node has \
+             reclaimed what they held (used bytes and the pool files' blocks still for 2 s) and the \
+             machine's dirty pages are written (`sync`): before, a turn ran beside the last one's \
+             clean-up, and its writes at a tenth of their rate. Volumes in rotated order each round."
         ),
     );
 }
