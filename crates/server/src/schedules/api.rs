@@ -163,6 +163,15 @@ pub async fn create_schedule(
             deleting: false,
         };
         s.store.put_schedule(&rec)?;
+        // The volumes it covers now are tracked from its creation: a slot
+        // that passes before the loop first looks at them is still theirs
+        // (the loop tracks a volume from when it first sees it covered).
+        for v in s.pool.list_volumes() {
+            if super::runner::covers(&rec.spec, &v) {
+                s.store
+                    .put_track(&rec.id, v.id, &lamina_schedule::Track::new(rec.created))?;
+            }
+        }
         Ok((rec, true))
     })
     .await?;

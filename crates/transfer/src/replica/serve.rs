@@ -154,7 +154,10 @@ pub(crate) async fn session(
         volumes.runtime(),
         SESSION_CALLS,
     ));
-    let (mut rd, mut wr) = tokio::io::split(&mut *tls);
+    let (rd, mut wr) = tokio::io::split(&mut *tls);
+    // Buffered, so that the reader knows whether another call is here
+    // already (a call is lone only if not).
+    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let stall = source.limits().stall_timeout;
     let writer = async {
         // The replies ready meanwhile go out together (small ones copied
@@ -279,10 +282,11 @@ pub(crate) async fn session(
             if matches!(job.call.op, CallOp::Flush) {
                 // Not behind the calls queued: see `Calls`.
                 runners.run_alone(job);
-            } else {
-                // A lone call on a fast volume runs here, on the reader
-                // (the daemon's runtime has other workers); its reply goes
-                // to the writer of this same task, with no thread woken.
+            } else if rd.buffer().is_empty() {
+                // A lone call (no other read behind it) on a fast volume
+                // runs here, on the reader (the daemon's runtime has other
+                // workers); its reply goes to the writer of this same task,
+                // with no thread woken.
                 match runners.run_here_if_idle(job) {
                     Ok(Some(done)) => {
                         let _ = tx.send(vec![done]);
@@ -290,6 +294,8 @@ pub(crate) async fn session(
                     Ok(None) => {}
                     Err(job) => runners.submit(&mut VecDeque::from([job])),
                 }
+            } else {
+                runners.submit(&mut VecDeque::from([job]));
             }
         }
     };
