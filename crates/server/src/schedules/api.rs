@@ -162,16 +162,18 @@ pub async fn create_schedule(
             created: s.schedules.clock.now(),
             deleting: false,
         };
-        s.store.put_schedule(&rec)?;
-        // The volumes it covers now are tracked from its creation: a slot
-        // that passes before the loop first looks at them is still theirs
-        // (the loop tracks a volume from when it first sees it covered).
-        for v in s.pool.list_volumes() {
-            if super::runner::covers(&rec.spec, &v) {
-                s.store
-                    .put_track(&rec.id, v.id, &lamina_schedule::Track::new(rec.created))?;
-            }
-        }
+        // The volumes it covers now are tracked from its creation, in the
+        // same transaction: a slot that passes before the loop first looks
+        // at them is still theirs (the loop tracks a volume from when it
+        // first sees it covered).
+        let tracks: Vec<(u64, lamina_schedule::Track)> = s
+            .pool
+            .list_volumes()
+            .iter()
+            .filter(|v| super::runner::covers(&rec.spec, v))
+            .map(|v| (v.id, lamina_schedule::Track::new(rec.created)))
+            .collect();
+        s.store.put_schedule_with_tracks(&rec, &tracks)?;
         Ok((rec, true))
     })
     .await?;

@@ -107,12 +107,28 @@ impl Store {
     /// and if the store fails on it, not there (or as it was) when the
     /// store reopens, since its caller answers an error.
     pub fn put_schedule(&self, rec: &ScheduleRec) -> Result<(), ServerError> {
+        self.put_schedule_with_tracks(rec, &[])
+    }
+
+    /// [`Store::put_schedule`] and the tracks of volumes (by id) in the
+    /// same transaction: a new schedule with the volumes it covers.
+    pub fn put_schedule_with_tracks(
+        &self,
+        rec: &ScheduleRec,
+        tracks: &[(u64, Track)],
+    ) -> Result<(), ServerError> {
         let json = serde_json::to_string(rec)?;
-        self.db.write(
-            &[(SCHEDULES, rec.id.as_str(), Some(json.as_str()))],
-            redb::Durability::Immediate,
-            OnFailure::Undo,
-        )
+        let mut rows = Vec::with_capacity(tracks.len());
+        for (volume_id, t) in tracks {
+            rows.push((track_key(&rec.id, *volume_id), serde_json::to_string(t)?));
+        }
+        let mut writes = vec![(SCHEDULES, rec.id.as_str(), Some(json.as_str()))];
+        writes.extend(
+            rows.iter()
+                .map(|(k, v)| (TRACKS, k.as_str(), Some(v.as_str()))),
+        );
+        self.db
+            .write(&writes, redb::Durability::Immediate, OnFailure::Undo)
     }
 
     /// Remove a schedule with its tracks and runs, in one transaction
@@ -281,6 +297,28 @@ mod tests {
         // "sch-10/..." shares the prefix text "sch-1" but not "sch-1/".
         assert!(s.track("sch-10", 2).unwrap().is_some());
         assert_eq!(s.forget_tracks_except("sch-1", &live).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_new_schedule_and_its_volumes_tracks_are_written_together() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(&d.path().join("store.redb")).unwrap();
+        let rec = super::ScheduleRec {
+            id: "sch-1".into(),
+            spec: serde_json::from_value(
+                serde_json::json!({"name": "hourly", "cron": "0 * * * *", "volumes": ["a", "b"]}),
+            )
+            .unwrap(),
+            created: 1_000,
+            deleting: false,
+        };
+        s.put_schedule_with_tracks(&rec, &[(1, Track::new(1_000)), (2, Track::new(1_000))])
+            .unwrap();
+        assert_eq!(s.schedule_by_name("hourly").unwrap(), Some(rec));
+        for v in [1, 2] {
+            assert_eq!(s.track("sch-1", v).unwrap().map(|t| t.since), Some(1_000));
+        }
+        assert!(s.track("sch-1", 3).unwrap().is_none());
     }
 
     #[test]
