@@ -19,16 +19,13 @@ const T0: i64 = 1_893_456_600;
 /// beside it.
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// The daemon, its data in memory: these tests are of what schedules
-/// decide, and a step once took over 120 s in CI while builds beside it
-/// wrote to the disk. Its requests and operations are logged, for the log
-/// a failure shows.
+/// The daemon, its requests and operations logged, for the log a failure
+/// shows.
 fn start(clock: &TestClock, more: &[&str]) -> Daemon {
     let mut args = vec!["--test-clock", clock.arg()];
     args.extend(more);
     LAMINA
         .serve()
-        .in_memory()
         .args(&args)
         .env("LAMINA_LOG", "info,lamina_server=debug")
         .start()

@@ -121,7 +121,6 @@ impl Lamina {
         Serve {
             lamina: self.clone(),
             data: None,
-            under: "/tmp",
             log: None,
             prefix: Vec::new(),
             args: Vec::new(),
@@ -185,8 +184,6 @@ fn clear_lamina_vars(mut c: Command) -> Command {
 pub struct Serve {
     lamina: Lamina,
     data: Option<PathBuf>,
-    /// Where its temporary data directory is made.
-    under: &'static str,
     log: Option<PathBuf>,
     prefix: Vec<String>,
     args: Vec<String>,
@@ -199,18 +196,6 @@ impl Serve {
     /// are limited to 108 bytes: keep it short.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Serve {
         self.data = Some(dir.into());
-        self
-    }
-
-    /// Its temporary data directory in memory (`/dev/shm`, when there is
-    /// one): for tests of what the daemon decides, not of what a disk
-    /// keeps, whose steps then wait on no disk that other work beside them
-    /// keeps busy (a schedule step once took over 120 s in CI while
-    /// builds beside it wrote to the disk).
-    pub fn in_memory(mut self) -> Serve {
-        if Path::new("/dev/shm").is_dir() {
-            self.under = "/dev/shm";
-        }
         self
     }
 
@@ -256,9 +241,9 @@ impl Serve {
             None => DataDir::Temp(
                 tempfile::Builder::new()
                     .prefix("lamina-test")
-                    .tempdir_in(self.under)
+                    .tempdir_in("/tmp")
                     .map_err(|source| StartError::DataDir {
-                        dir: self.under.into(),
+                        dir: "/tmp".into(),
                         source,
                     })?,
             ),
