@@ -212,6 +212,9 @@ pub struct Parts<'a> {
     pub identity: Option<&'a Arc<Identity>>,
     /// How rebuilds yield to the volumes' I/O.
     pub pace: Option<&'a Arc<dyn lamina_transfer::Pace>>,
+    /// Where the pool's files are: the room a rebuild of this node's
+    /// replica needs is looked for there.
+    pub pool_dir: &'a std::path::Path,
 }
 
 /// An export's volume, and its front end when it is a replicated volume's.
@@ -592,7 +595,7 @@ where
             return Err(Failure::new(
                 ErrorCode::Unavailable,
                 format!("volume {volume}: this node's replica is faulted, and its snapshot would not hold the volume's data"),
-                Some("rebuild it first"),
+                Some("wait until it is rebuilt"),
             ));
         }
         let without = set
@@ -656,6 +659,16 @@ where
         for m in members.iter_mut() {
             let Some(f) = m.front else { continue };
             let healthy = open.next().map(Vec::as_slice).unwrap_or_default();
+            // Faulted since it was looked at, with its record durable
+            // before the change that failed it completed: its snapshot
+            // would miss that change.
+            if !healthy.contains(&m.set.replicas[0].node) {
+                return Err(Failure::new(
+                    ErrorCode::Unavailable,
+                    format!("volume {}: this node's replica is faulted, and its snapshot would not hold the volume's data", m.volume),
+                    Some("wait until it is rebuilt"),
+                ));
+            }
             m.without = m
                 .set
                 .replicas

@@ -195,12 +195,13 @@ impl State {
             if replicated {
                 // Its front end reaches other nodes: off the reactor, and
                 // not fatal to the start (attaching again retries).
-                let (pool, exports, store, identity, pace) = (
+                let (pool, exports, store, identity, pace, pool_dir) = (
                     state.pool.clone(),
                     state.exports.clone(),
                     state.store.clone(),
                     state.identity.clone(),
                     state.pace.clone(),
+                    state.layout.pool.clone(),
                 );
                 let volume = rec.volume.clone();
                 let opened = tokio::task::spawn_blocking(move || {
@@ -210,6 +211,7 @@ impl State {
                         store: &store,
                         identity: identity.as_ref(),
                         pace: pace.as_ref(),
+                        pool_dir: &pool_dir,
                     };
                     crate::front::open(&parts, &volume)
                 })

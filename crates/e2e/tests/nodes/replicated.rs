@@ -919,6 +919,114 @@ fn a_replica_whose_disk_fills_up_is_faulted_and_rebuilt_once_there_is_room() {
     fio(&ends[1], &["--randseed=2", "--verify_only", "--offset=32m"]);
 }
 
+#[test]
+fn the_front_ends_own_replica_whose_disk_fills_up_is_rebuilt_first_and_the_others_from_it() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    // n0's pool on a small disk (about 48 MiB for data, as above), its
+    // store beside it on the machine's: the faults are recorded.
+    let disk = SmallDisk::new("128m");
+    let data = tempfile::Builder::new()
+        .prefix("lamina-n0")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::os::unix::fs::symlink(disk.path(), data.path().join("pool")).unwrap();
+    let a = Node::start_on(net.host(0), "n0", certs.issue("n0"), data.path().into());
+    let b = Node::start(net.host(1), "n1", &certs, 60);
+    let c = Node::start(net.host(2), "n2", &certs, 60);
+    for n in [&b, &c] {
+        a.d.ok(&["node", "add", &n.name, &n.transfer()]);
+    }
+    a.d.ok(&[
+        "volume",
+        "create",
+        "r",
+        "--size",
+        "96MiB",
+        "--replicas",
+        "3",
+        "--replica-node",
+        "n1",
+        "--replica-node",
+        "n2",
+    ]);
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    fio(&uri, &["--randseed=1", "--do_verify=1"]);
+    // 32 MiB more do not fit in n0's pool: the front end's own replica is
+    // faulted, and the volume goes on from n1 and n2 with no error
+    // reaching fio.
+    fio(&uri, &["--randseed=2", "--do_verify=1", "--offset=32m"]);
+    let (r, list) = replicas(&a, "r");
+    assert_ne!(list[0].1, "healthy", "{r}");
+    assert_eq!(
+        list[1..],
+        states(&[("n1", "healthy"), ("n2", "healthy")]),
+        "{r}"
+    );
+    let reason = r["replicas"][0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no space left"), "{r}");
+    // Its snapshot would miss what it failed: refused, saying why.
+    let out = a.d.lamina(&["snapshot", "create", "r", "while-full"]);
+    let err = &out.stderr;
+    assert!(
+        !out.status.success() && err.contains("this node's replica is faulted"),
+        "{out:?}"
+    );
+    // n2's link cut too: n1 alone holds the next writes.
+    c.host.cut();
+    fio(
+        &uri,
+        &["--randseed=3", "--do_verify=1", "--size=8m", "--offset=64m"],
+    );
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(
+        list[1..],
+        states(&[("n1", "healthy"), ("n2", "faulted")]),
+        "{r}"
+    );
+    // n2 answers again, but it would be rebuilt from n0's replica, which
+    // lacks what n1 holds: it waits for n0's rebuild (4 turns here).
+    c.host.restore();
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let (r, list) = replicas(&a, "r");
+    assert_ne!(list[0].1, "healthy", "{r}");
+    assert_ne!(list[2].1, "healthy", "{r}");
+    // Room again: n0's replica is copied what it missed, from n1, then n2
+    // is rebuilt from it.
+    disk.resize("512m");
+    let r = wait_until("all rebuilt", std::time::Duration::from_secs(120), || {
+        let (r, list) = replicas(&a, "r");
+        list.iter().all(|(_, s)| s == "healthy").then_some(r)
+    });
+    let sent = r["replicas"][0]["last_rebuild"]["sent_bytes"].as_u64();
+    eprintln!(
+        "this node's replica rebuilt: {sent:?} bytes copied for at most 40 MiB written while away ({})",
+        r["replicas"][0]["last_rebuild"]
+    );
+    // Of what fio wrote after the fault (part of the second 32 MiB) and
+    // then 8 MiB, each 4 KiB block copied once: never the volume (96 MiB).
+    assert!(
+        sent.is_some_and(|s| (1..=60 << 20).contains(&s)),
+        "at most 40 MiB written while it was away: {r}"
+    );
+    fio(&uri, &["--randseed=1", "--verify_only", "--size=32m"]);
+    fio(&uri, &["--randseed=2", "--verify_only", "--offset=32m"]);
+    fio(
+        &uri,
+        &["--randseed=3", "--verify_only", "--size=8m", "--offset=64m"],
+    );
+    let ends = alike(&a, &[&b, &c]);
+    for end in &ends {
+        fio(end, &["--randseed=2", "--verify_only", "--offset=32m"]);
+        fio(
+            end,
+            &["--randseed=3", "--verify_only", "--size=8m", "--offset=64m"],
+        );
+    }
+}
+
 /// Volume `name` on `a` with replicas on `others` (none: unreplicated).
 fn create_with(a: &Node, name: &str, others: &[&str]) {
     let n = (others.len() + 1).to_string();

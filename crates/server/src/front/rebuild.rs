@@ -3,7 +3,9 @@
 //! faulted replica on another node every few seconds and, once it
 //! answers, sends it only what it lacks, in rounds recorded in the store so
 //! that a kill of either side or a cut link resumes from the last recorded
-//! offset.
+//! offset. They are sent from this node's replica, so only while it is
+//! healthy; faulted, it is brought back first, from the others, through
+//! the front end ([`rebuild_here`]).
 //!
 //! What a replica lacks is known from its *base*: a snapshot of this
 //! node's replica that its volume equals outside a list of *uncertain*
@@ -36,7 +38,7 @@ use crate::device::Registry;
 use crate::store::{LastRebuild, RebuildRec, ReplicaRec, RoundRec, Store};
 use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoOp};
 use lamina_engine::{ExtentKind, Pool, Target};
-use lamina_replica::Missed;
+use lamina_replica::{Missed, State};
 use lamina_transfer::replica::{RemoteVolume, SessionOptions};
 use lamina_transfer::{Identity, Pace, Remote};
 use std::sync::{Arc, Weak};
@@ -57,6 +59,14 @@ const ZEROS: u64 = 1 << 30;
 /// Progress is recorded at least this often (bytes sent).
 const RECORD_EVERY: u64 = 16 << 20;
 
+/// This node's replica is not tried while its pool has less room than
+/// this (free in the pool, and what its file system can still give it): a
+/// replica faulted by a full disk waits for room instead of failing each
+/// attempt part way. Not what the copy needs, which is not known before
+/// it starts (a copy over a block the replica holds alone takes no room):
+/// one that runs out all the same fails, and is tried again.
+const ROOM: u64 = 32 << 20;
+
 /// What a rebuild needs of the daemon, owned.
 struct Ctx {
     pool: Pool,
@@ -64,6 +74,7 @@ struct Ctx {
     store: Arc<Store>,
     identity: Option<Arc<Identity>>,
     pace: Option<Arc<dyn Pace>>,
+    pool_dir: std::path::PathBuf,
     volume: String,
 }
 
@@ -78,6 +89,7 @@ pub(super) fn spawn(p: &Parts<'_>, volume: &str, front: &Arc<Front>) {
         store: p.store.clone(),
         identity: p.identity.cloned(),
         pace: p.pace.cloned(),
+        pool_dir: p.pool_dir.to_path_buf(),
         volume: volume.to_string(),
     };
     let front = Arc::downgrade(front);
@@ -125,11 +137,24 @@ fn run(ctx: Ctx, front: Weak<Front>) {
                 }
             }
         }
+        // This node's replica is the source of every other's rebuild: it
+        // is rebuilt first, and the others wait for it.
+        let Some(here) = set.replicas.first().filter(|r| r.address.is_empty()) else {
+            continue;
+        };
+        if here.faulted.is_some() {
+            if !f.is_closed() {
+                if let Err(e) = rebuild_here(&ctx, &f, here, set.generation) {
+                    tracing::debug!(replica = %here.node, error = %e, "this node's replica not rebuilt yet");
+                }
+            }
+            continue;
+        }
         for r in set.replicas.iter().skip(1) {
             if r.faulted.is_none() || f.is_closed() {
                 continue;
             }
-            if let Err(e) = rebuild(&ctx, &f, r, set.generation) {
+            if let Err(e) = rebuild(&ctx, &f, &here.node, r, set.generation) {
                 tracing::debug!(replica = %r.node, error = %e, "not rebuilt yet");
             }
         }
@@ -156,11 +181,36 @@ fn current(ctx: &Ctx, node: &str) -> Result<ReplicaRec, Fail> {
         .ok_or_else(|| format!("volume {} has no replica on {node} any more", ctx.volume))
 }
 
-/// One attempt at bringing faulted replica `r` back.
-fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+/// Whether this node's replica (`here`) is healthy now. Its snapshots are
+/// what every other replica is rebuilt from, so a snapshot a rebuild takes
+/// of it counts only if it was healthy when the snapshot was made: a
+/// replica faulted is not healthy again until its own rebuild (this
+/// thread's) ends, so healthy after the snapshot means healthy through it.
+fn here_healthy(front: &Front, here: &str) -> bool {
+    front
+        .replicated
+        .states()
+        .iter()
+        .any(|(n, s)| n == here && *s == State::Healthy)
+}
+
+/// The error of a rebuild that finds this node's replica faulted.
+fn here_faulted(here: &str) -> Fail {
+    format!("this node's replica ({here}) is faulted: it is rebuilt first")
+}
+
+/// One attempt at bringing faulted replica `r` (on another node) back,
+/// from this node's replica, `here`.
+fn rebuild(
+    ctx: &Ctx,
+    front: &Front,
+    here: &str,
+    r: &ReplicaRec,
+    generation: u64,
+) -> Result<(), Fail> {
     let node = &r.node;
     if front.replicated.is_keeping(node) || r.rebuild.is_none() {
-        take_base(ctx, front, r, generation)?;
+        take_base(ctx, front, here, r, generation)?;
     }
     let identity = ctx
         .identity
@@ -223,7 +273,14 @@ fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<
             {
                 t.target.clone()
             }
-            _ => system_snapshot(ctx, node)?,
+            _ => {
+                let t = system_snapshot(ctx, node)?;
+                if !here_healthy(front, here) {
+                    drop_system(ctx, &t, &rb.base);
+                    return Err(here_faulted(here));
+                }
+                t
+            }
         };
         let sent = round(ctx, front, node, &v, &rb, &target)?;
         rebase(ctx, node, &rb, &target, |_| {})?;
@@ -231,7 +288,7 @@ fn rebuild(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<
             break;
         }
     }
-    last_round(ctx, front, node, v)
+    last_round(ctx, front, here, node, v)
 }
 
 /// Settle what the replica on `node` (session `v`) had answered unflushed
@@ -338,9 +395,18 @@ fn changed(ctx: &Ctx, from: &str, to: &str) -> Result<Vec<(u64, u64)>, Fail> {
 
 /// Take replica `r`'s base: with no change in flight, what the front end
 /// kept of what it missed, and a system snapshot of this node's replica.
-fn take_base(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+fn take_base(
+    ctx: &Ctx,
+    front: &Front,
+    here: &str,
+    r: &ReplicaRec,
+    generation: u64,
+) -> Result<(), Fail> {
     let node = &r.node;
-    let (kept, base) = front.replicated.quiesced(|_| {
+    let (kept, base) = front.replicated.quiesced(|healthy| {
+        if !healthy.iter().any(|n| n == here) {
+            return Err(here_faulted(here));
+        }
         let m = io(front.replicated.take_missed(node))?;
         let b = system_snapshot(ctx, node)?;
         Ok::<_, Fail>((m, b))
@@ -605,7 +671,13 @@ fn round(
 /// The last round (step 3): the replica in the write set from a snapshot
 /// taken at one point of the write stream, what changed up to it copied
 /// through the front end, then healthy.
-fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Result<(), Fail> {
+fn last_round(
+    ctx: &Ctx,
+    front: &Front,
+    here: &str,
+    node: &str,
+    v: Arc<RemoteVolume>,
+) -> Result<(), Fail> {
     let _held = front.hold_snapshots();
     let rec = current(ctx, node)?;
     let rb = rec.rebuild.clone().ok_or("no base")?;
@@ -613,7 +685,10 @@ fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Res
         return Err("a snapshot was taken meanwhile: another round first".into());
     }
     let io_v: Arc<dyn BlockIo> = v.clone();
-    let joined = front.replicated.quiesced(|_| {
+    let joined = front.replicated.quiesced(|healthy| {
+        if !healthy.iter().any(|n| n == here) {
+            return Err(here_faulted(here));
+        }
         io(front.replicated.rejoin(node, io_v))?;
         system_snapshot(ctx, node)
     });
@@ -682,6 +757,155 @@ fn last_round(ctx: &Ctx, front: &Front, node: &str, v: Arc<RemoteVolume>) -> Res
             // the next base covers what this round left.
             front.replicated.drop_rebuild(node);
             drop_system(ctx, &last, &rb.base);
+            Err(e)
+        }
+    }
+}
+
+/// Bring this node's own replica (`r`, faulted) back: with what it may
+/// lack handed over at one point of the write stream, it rejoins the write
+/// set (lamina-replica's rule 11), what it lacks is copied through the
+/// front end from a healthy replica on another node (rule 12: ordered with
+/// the writes, so a copy never puts older data over a newer write),
+/// flushed here, and it is recorded healthy and made so with no change in
+/// flight (rule 13).
+///
+/// What it lacks: the ranges the front end kept since its fault (rule 10),
+/// and those an earlier attempt of this front end left uncopied
+/// (`uncertain` in its record). What it answered that no flush covered is
+/// not among them: its node is this one, and nothing here lost it (a pool
+/// reopened would have restarted the front end too), so a flush here makes
+/// it durable. Faulted under an earlier front end, or past the ranges rule
+/// 10 keeps, anything may differ, and every byte is copied. Snapshots of
+/// the volume are refused while it is faulted, so it missed none.
+fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+    let node = &r.node;
+    if let Some(f) = ctx.pool.failure() {
+        return Err(format!("this node's pool: {f}"));
+    }
+    let room = crate::paths::capacity_bytes(&ctx.pool_dir, &engine(ctx.pool.stats())?);
+    if room < ROOM {
+        return Err(format!(
+            "this node's pool has {room} bytes of room: waiting for {ROOM}"
+        ));
+    }
+    let dev = ctx
+        .exports
+        .open_engine(&ctx.pool, &ctx.volume, None)
+        .map_err(|e| e.to_string())?;
+    io(dev.activate(generation))?;
+    // What it answered unflushed before its fault, durable.
+    io(wait(&dev, IoOp::Flush))?;
+    let dev: Arc<dyn BlockIo> = Arc::new(dev);
+    let _held = front.hold_snapshots();
+    let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
+    let kept = front.replicated.quiesced(|healthy| {
+        if healthy.is_empty() {
+            return Err("no healthy replica to copy from".to_string());
+        }
+        // In the write set first: what it misses stops growing, and what
+        // was kept is all it may lack.
+        io(front.replicated.rejoin(node, dev.clone()))?;
+        io(front.replicated.take_missed(node))
+    })?;
+    let old = r.rebuild.clone();
+    let ranges = match kept.missed {
+        Missed::Ranges(v) if r.tracked == generation => {
+            let mut all = v;
+            all.extend(old.iter().flat_map(|b| b.uncertain.iter().copied()));
+            merge(all)
+        }
+        _ => vec![(0, size)],
+    };
+    let bytes: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+    let (sent0, started) = old
+        .as_ref()
+        .map(|b| (b.sent, b.started))
+        .unwrap_or((0, now()));
+    let record = |left: Vec<(u64, u64)>, done: u64, sent: u64| {
+        stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+            x.rebuild = Some(RebuildRec {
+                base: String::new(),
+                uncertain: left,
+                unflushed: Vec::new(),
+                instance: None,
+                round: Some(RoundRec {
+                    target: String::new(),
+                    cursor: 0,
+                    bytes,
+                    done,
+                }),
+                sent: sent0 + sent,
+                started,
+            });
+        }))
+    };
+    tracing::info!(replica = %node, ranges = ranges.len(), bytes, "this node's replica rejoined: copying what it lacks");
+    let mut sent = 0u64;
+    let mut done = 0u64;
+    // What is left to copy. Should this attempt stop, it goes back to what
+    // the front end keeps the replica misses (the copies made stay in this
+    // node's pool while the front end lives), and the record shows it.
+    let mut left: Vec<(u64, u64)> = ranges.clone();
+    let copied = (|| {
+        record(left.clone(), 0, 0)?;
+        let mut unrecorded = 0u64;
+        while let Some(&(at, b)) = left.first() {
+            if front.is_closed() {
+                return Err("the front end stopped".to_string());
+            }
+            let len = PIECE.min(b - at);
+            let data = io(front.replicated.copy(node, at, len))?;
+            if at + len == b {
+                left.remove(0);
+            } else {
+                left[0].0 = at + len;
+            }
+            if data {
+                sent += len;
+            }
+            done += len;
+            unrecorded += len;
+            if let Some(pace) = &ctx.pace {
+                std::thread::sleep(pace.wait(if data { len } else { 64 }));
+            }
+            if unrecorded >= RECORD_EVERY {
+                record(left.clone(), done, sent)?;
+                unrecorded = 0;
+            }
+        }
+        io(wait(&*dev, IoOp::Flush)).map(|_| ())
+    })();
+    let healthy = copied.and_then(|()| {
+        front.replicated.quiesced(|_| {
+            if !front.replicated.is_rebuilding(node) {
+                return Err("it failed a change while rebuilding".to_string());
+            }
+            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+                let ended = now();
+                x.last_rebuild = Some(LastRebuild {
+                    sent: sent0 + sent,
+                    started,
+                    ended,
+                });
+                x.faulted = None;
+                x.since = ended;
+                x.tracked = 0;
+                x.rebuild = None;
+            }))?;
+            io(front.replicated.promote(node))
+        })
+    });
+    match healthy {
+        Ok(()) => {
+            tracing::info!(replica = %node, sent = sent0 + sent, "this node's replica rebuilt: healthy");
+            Ok(())
+        }
+        Err(e) => {
+            // Out of the write set: what it misses is kept from now on,
+            // with what this attempt had not copied.
+            front.replicated.drop_rebuild(node);
+            front.replicated.seed_missed(node, &left);
             Err(e)
         }
     }

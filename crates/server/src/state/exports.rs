@@ -187,6 +187,7 @@ impl State {
             store: &self.store,
             identity: self.identity.as_ref(),
             pace: self.pace.as_ref(),
+            pool_dir: &self.layout.pool,
         }
     }
 
