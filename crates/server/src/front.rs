@@ -215,6 +215,8 @@ pub struct Parts<'a> {
     /// Where the pool's files are: the room a rebuild of this node's
     /// replica needs is looked for there.
     pub pool_dir: &'a std::path::Path,
+    /// The point a test asked the daemon to die at (`--test-crash-at`).
+    pub crash_at: Option<&'a str>,
 }
 
 /// An export's volume, and its front end when it is a replicated volume's.

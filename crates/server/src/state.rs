@@ -203,6 +203,7 @@ impl State {
                     state.pace.clone(),
                     state.layout.pool.clone(),
                 );
+                let crash_at = state.schedules.crash_at().map(str::to_string);
                 let volume = rec.volume.clone();
                 let opened = tokio::task::spawn_blocking(move || {
                     let parts = crate::front::Parts {
@@ -212,6 +213,7 @@ impl State {
                         identity: identity.as_ref(),
                         pace: pace.as_ref(),
                         pool_dir: &pool_dir,
+                        crash_at: crash_at.as_deref(),
                     };
                     crate::front::open(&parts, &volume)
                 })

@@ -1199,6 +1199,106 @@ fn a_front_end_killed_between_its_snapshot_and_the_replicas_has_them_take_it_at_
     assert!(c.read(0, 1 << 20).iter().all(|&x| x == 0x31));
 }
 
+/// fio writing 4 KiB blocks at random over 8 MiB of `uri` from 48 MiB on,
+/// with no flush, for up to two minutes, in the background.
+fn writing(uri: &str) -> std::process::Child {
+    Command::new("fio")
+        .args([
+            "--name=writing",
+            "--thread",
+            "--ioengine=nbd",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=4",
+            "--size=8m",
+            "--offset=48m",
+            "--time_based",
+            "--runtime=120",
+            "--output=/dev/null",
+        ])
+        .arg(format!("--uri={uri}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("fio runs")
+}
+
+#[test]
+fn a_front_end_killed_as_a_rebuild_ends_comes_back_with_the_replica_equal_healthy_or_not() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    let mut n = nodes(&net, &certs).into_iter();
+    let (mut a, b) = (n.next().unwrap(), n.next().unwrap());
+    create_on_two(&a, "64MiB");
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    fio(&uri, &["--randseed=1", "--do_verify=1", "--end_fsync=1"]);
+    let plain = a.d.extra();
+    // Killed (abort) in the last round's quiesced step: before n1 is
+    // recorded healthy, then between that record and its promotion.
+    for (i, point) in ["rebuild-before-healthy", "rebuild-before-promote"]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = format!("--randseed={}", i + 2);
+        // n1 away while 8 MiB are written, and flushed.
+        b.host.cut();
+        fio(
+            &uri,
+            &[
+                &seed,
+                "--do_verify=1",
+                "--size=8m",
+                "--offset=32m",
+                "--end_fsync=1",
+            ],
+        );
+        assert_eq!(replicas(&a, "r").1[1].1, "faulted");
+        let mut crashing: Vec<&str> = plain.iter().map(String::as_str).collect();
+        crashing.extend(["--test-crash-at", point]);
+        a.d.kill9();
+        a.d.set_extra(&crashing);
+        a.d.start_again();
+        // Writes going on through its last round; the link back.
+        let mut load = writing(&uri);
+        b.host.restore();
+        assert!(
+            a.d.wait_exit(std::time::Duration::from_secs(90)).is_some(),
+            "the daemon did not stop at {point}"
+        );
+        let _ = load.kill();
+        let _ = load.wait();
+        a.d.kill9(); // reaped
+        assert!(
+            a.d.log().contains(&format!("crashing at {point}")),
+            "it stopped elsewhere: {}",
+            a.d.log_tail()
+        );
+        let healthy = point == "rebuild-before-promote";
+        let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
+        a.d.set_extra(&plain);
+        a.d.start_again();
+        // Recorded healthy, it is served as such at once (made alike where
+        // the writes no flush covered went); else it is rebuilt again.
+        let (r, list) = replicas(&a, "r");
+        assert_eq!(list[1].1 == "healthy", healthy, "{point}: {r}");
+        wait_until(
+            &format!("n1 healthy after {point}"),
+            std::time::Duration::from_secs(120),
+            || (replicas(&a, "r").1[1].1 == "healthy").then_some(()),
+        );
+        fio(&uri, &[&seed, "--verify_only", "--size=8m", "--offset=32m"]);
+    }
+    fio(&uri, &["--randseed=1", "--verify_only", "--size=32m"]);
+    let ends = alike(&a, &[&b]);
+    fio(
+        &ends[1],
+        &["--randseed=3", "--verify_only", "--size=8m", "--offset=32m"],
+    );
+    fio(&ends[1], &["--randseed=1", "--verify_only", "--size=32m"]);
+}
+
 /// The names of the volumes on `n`, and of the volumes its snapshots are
 /// of (deleted ones' too), as its API lists them.
 fn held(n: &Node) -> (Vec<String>, Vec<String>) {

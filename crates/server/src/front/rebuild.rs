@@ -75,7 +75,19 @@ struct Ctx {
     identity: Option<Arc<Identity>>,
     pace: Option<Arc<dyn Pace>>,
     pool_dir: std::path::PathBuf,
+    crash_at: Option<String>,
     volume: String,
+}
+
+impl Ctx {
+    /// At a named point, die as kill -9 would (tests of crash recovery:
+    /// `--test-crash-at`).
+    fn crash_point(&self, name: &str) {
+        if self.crash_at.as_deref() == Some(name) {
+            eprintln!("lamina: crashing at {name}, as asked (--test-crash-at)");
+            std::process::abort();
+        }
+    }
 }
 
 type Fail = String;
@@ -90,6 +102,7 @@ pub(super) fn spawn(p: &Parts<'_>, volume: &str, front: &Arc<Front>) {
         identity: p.identity.cloned(),
         pace: p.pace.cloned(),
         pool_dir: p.pool_dir.to_path_buf(),
+        crash_at: p.crash_at.map(str::to_string),
         volume: volume.to_string(),
     };
     let front = Arc::downgrade(front);
@@ -728,6 +741,7 @@ fn last_round(
             if !front.replicated.is_rebuilding(node) {
                 return Err("it failed a change while rebuilding".to_string());
             }
+            ctx.crash_point("rebuild-before-healthy");
             stored(ctx.store.change_replica(&ctx.volume, node, |x| {
                 let ended = now();
                 x.last_rebuild = Some(LastRebuild {
@@ -740,6 +754,7 @@ fn last_round(
                 x.tracked = 0;
                 x.rebuild = None;
             }))?;
+            ctx.crash_point("rebuild-before-promote");
             io(front.replicated.promote(node))
         })?;
         Ok(sent)

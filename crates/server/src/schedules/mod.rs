@@ -61,6 +61,11 @@ impl Runtime {
         }
     }
 
+    /// The point a test asked the daemon to die at (`--test-crash-at`).
+    pub fn crash_at(&self) -> Option<&str> {
+        self.crash_at.as_deref()
+    }
+
     /// At a named point, die as kill -9 would (tests of crash recovery).
     pub fn crash_point(&self, name: &str) {
         if self.crash_at.as_deref() == Some(name) {

@@ -188,6 +188,7 @@ impl State {
             identity: self.identity.as_ref(),
             pace: self.pace.as_ref(),
             pool_dir: &self.layout.pool,
+            crash_at: self.schedules.crash_at(),
         }
     }
 
