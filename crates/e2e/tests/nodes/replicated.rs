@@ -496,27 +496,32 @@ fn snapshots_taken_under_writes_hold_the_same_data_on_every_replica() {
     }
 }
 
-/// fio reading `uri` at random for up to two minutes, in the background:
-/// I/O that makes the node pace its rebuilds.
-fn busy(uri: &str) -> std::process::Child {
+/// fio on `uri` with `job` (4 KiB at random, 4 in flight) for up to two
+/// minutes, in the background.
+fn background(uri: &str, job: &[&str]) -> std::process::Child {
     Command::new("fio")
         .args([
-            "--name=busy",
             // Its job a thread of the process killed, not a child.
             "--thread",
             "--ioengine=nbd",
-            "--rw=randread",
             "--bs=4k",
             "--iodepth=4",
             "--time_based",
             "--runtime=120",
             "--output=/dev/null",
         ])
+        .args(job)
         .arg(format!("--uri={uri}"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("fio runs")
+}
+
+/// fio reading `uri` at random, in the background: I/O that makes the
+/// node pace its rebuilds.
+fn busy(uri: &str) -> std::process::Child {
+    background(uri, &["--name=busy", "--rw=randread"])
 }
 
 /// The rebuild of replica `i` of volume `name` on `n`, once it has sent at
@@ -1200,27 +1205,17 @@ fn a_front_end_killed_between_its_snapshot_and_the_replicas_has_them_take_it_at_
 }
 
 /// fio writing 4 KiB blocks at random over 8 MiB of `uri` from 48 MiB on,
-/// with no flush, for up to two minutes, in the background.
+/// with no flush, in the background.
 fn writing(uri: &str) -> std::process::Child {
-    Command::new("fio")
-        .args([
+    background(
+        uri,
+        &[
             "--name=writing",
-            "--thread",
-            "--ioengine=nbd",
             "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=4",
             "--size=8m",
             "--offset=48m",
-            "--time_based",
-            "--runtime=120",
-            "--output=/dev/null",
-        ])
-        .arg(format!("--uri={uri}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("fio runs")
+        ],
+    )
 }
 
 #[test]

@@ -681,6 +681,24 @@ fn round(
     Ok(sent)
 }
 
+/// Record the replica on `node` healthy, its rebuild (begun at `started`,
+/// `sent` bytes) ended: durable when it returns.
+fn healthy_again(ctx: &Ctx, node: &str, sent: u64, started: i64) -> Result<(), Fail> {
+    stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+        let ended = now();
+        x.last_rebuild = Some(LastRebuild {
+            sent,
+            started,
+            ended,
+        });
+        x.faulted = None;
+        x.since = ended;
+        x.tracked = 0;
+        x.rebuild = None;
+    }))
+    .map(|_| ())
+}
+
 /// The last round (step 3): the replica in the write set from a snapshot
 /// taken at one point of the write stream, what changed up to it copied
 /// through the front end, then healthy.
@@ -742,18 +760,7 @@ fn last_round(
                 return Err("it failed a change while rebuilding".to_string());
             }
             ctx.crash_point("rebuild-before-healthy");
-            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
-                let ended = now();
-                x.last_rebuild = Some(LastRebuild {
-                    sent: rb.sent + sent,
-                    started: rb.started,
-                    ended,
-                });
-                x.faulted = None;
-                x.since = ended;
-                x.tracked = 0;
-                x.rebuild = None;
-            }))?;
+            healthy_again(ctx, node, rb.sent + sent, rb.started)?;
             ctx.crash_point("rebuild-before-promote");
             io(front.replicated.promote(node))
         })?;
@@ -896,18 +903,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
             if !front.replicated.is_rebuilding(node) {
                 return Err("it failed a change while rebuilding".to_string());
             }
-            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
-                let ended = now();
-                x.last_rebuild = Some(LastRebuild {
-                    sent: sent0 + sent,
-                    started,
-                    ended,
-                });
-                x.faulted = None;
-                x.since = ended;
-                x.tracked = 0;
-                x.rebuild = None;
-            }))?;
+            healthy_again(ctx, node, sent0 + sent, started)?;
             io(front.replicated.promote(node))
         })
     });
