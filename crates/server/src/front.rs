@@ -100,6 +100,17 @@ pub fn origin(pool: &lamina_engine::Pool, volume: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether this node's snapshot `name` of `volume` is a member of the
+/// group snapshot of that name: the other replicas' copies are made so
+/// too.
+pub fn in_group(pool: &lamina_engine::Pool, volume: &str, name: &str) -> bool {
+    pool.snapshot_info_by_name(volume, name).is_ok_and(|s| {
+        s.labels
+            .iter()
+            .any(|(k, v)| k == lamina_engine::GROUP_LABEL && v == name)
+    })
+}
+
 /// A replicated volume's front end, open: the volume it serves, and its
 /// replicas on other nodes by node name (for what is not I/O: snapshots).
 pub struct Front {
@@ -694,20 +705,23 @@ where
         let mine = local()?;
         let here = t.elapsed();
         let t = std::time::Instant::now();
-        let asks: Vec<(usize, String, Arc<RemoteVolume>, u64)> = members
+        let asks: Vec<(usize, String, Arc<RemoteVolume>, u64, bool)> = members
             .iter()
             .enumerate()
             .flat_map(|(i, m)| {
                 let from = origin(p.pool, m.volume, name);
+                let group = in_group(p.pool, m.volume, name);
                 m.targets
                     .iter()
-                    .map(move |(n, v)| (i, n.clone(), v.clone(), from))
+                    .map(move |(n, v)| (i, n.clone(), v.clone(), from, group))
             })
             .collect();
         let answers = std::thread::scope(|sc| {
             let running: Vec<_> = asks
                 .iter()
-                .map(|(i, n, v, from)| (*i, n, sc.spawn(move || v.snapshot(name, *from))))
+                .map(|(i, n, v, from, group)| {
+                    (*i, n, sc.spawn(move || v.snapshot(name, *from, *group)))
+                })
                 .collect();
             running
                 .into_iter()

@@ -202,7 +202,14 @@ impl lamina_transfer::replica::Volumes for Served {
         Some(h.finish())
     }
 
-    fn snapshot(&self, volume: &str, name: &str, origin: u64, peer: &str) -> Result<(), IoError> {
+    fn snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        origin: u64,
+        group: bool,
+        peer: &str,
+    ) -> Result<(), IoError> {
         self.check_replica_of(volume, peer)?;
         lamina_engine::check_name(name)
             .map_err(|e| IoError::new(IoErrorKind::Invalid, e.to_string()))?;
@@ -214,6 +221,11 @@ impl lamina_transfer::replica::Volumes for Served {
         if origin != 0 {
             let o = lamina_transfer::identity::format(origin);
             labels.push((lamina_transfer::identity::ORIGIN_LABEL.to_string(), o));
+        }
+        if group {
+            // A member of the group snapshot of its name: `snapshot
+            // get-group` finds it here too.
+            labels.push((lamina_engine::GROUP_LABEL.to_string(), name.to_string()));
         }
         let t = std::time::Instant::now();
         match self.pool.create_snapshot(volume, name, &labels) {
@@ -661,10 +673,10 @@ mod tests {
     fn a_front_end_snapshots_its_replica_by_name() {
         let n = Node::new();
         let v = n.connect("b").unwrap();
-        v.snapshot("s1", 0x5eed).unwrap();
+        v.snapshot("s1", 0x5eed, false).unwrap();
         // Again: the same snapshot, as good; another origin is not.
-        v.snapshot("s1", 0x5eed).unwrap();
-        let e = v.snapshot("s1", 0x5eee).unwrap_err();
+        v.snapshot("s1", 0x5eed, false).unwrap();
+        let e = v.snapshot("s1", 0x5eee, false).unwrap_err();
         assert_eq!((e.kind, e.op), (IoErrorKind::Invalid, "snapshot"), "{e}");
         assert!(e.message.contains("another snapshot of that name"), "{e}");
         let p = n.pool.as_ref().unwrap();
@@ -687,7 +699,7 @@ mod tests {
             0x5eed
         );
         assert_eq!(p.list_snapshots("b").unwrap().len(), 1);
-        let e = v.snapshot("a/b", 0).unwrap_err();
+        let e = v.snapshot("a/b", 0, false).unwrap_err();
         assert_eq!((e.kind, e.op), (IoErrorKind::Invalid, "snapshot"), "{e}");
         // The session goes on after a refused snapshot.
         assert_eq!(v.size().unwrap(), 8 << 20);
@@ -698,6 +710,15 @@ mod tests {
         p.create_snapshot("b", "own", &[]).unwrap();
         let e = v.delete_snapshot("own").unwrap_err();
         assert!(e.message.contains("was not made for node front's"), "{e}");
+        // A group snapshot's member carries the group's label too.
+        v.snapshot("g1", 0x77, true).unwrap();
+        let g = p.snapshot_info_by_name("b", "g1").unwrap();
+        assert!(
+            g.labels
+                .contains(&(lamina_engine::GROUP_LABEL.to_string(), "g1".to_string())),
+            "{:?}",
+            g.labels
+        );
     }
 
     #[test]
@@ -742,7 +763,7 @@ mod tests {
         // Volume b: a snapshot the front end made, one the node made
         // itself, and a linked clone here of the front end's.
         let v = n.connect("b").unwrap();
-        v.snapshot("s1", 0x5eed).unwrap();
+        v.snapshot("s1", 0x5eed, false).unwrap();
         drop(v);
         p.create_snapshot("b", "mine", &[]).unwrap();
         p.clone_snapshot("b", "s1", "kept").unwrap();

@@ -11,14 +11,14 @@ pub const MAGIC: [u8; 8] = *b"LAMINAXF";
 /// (Attach, Attached, Call, Reply); 3 added the other holders of a
 /// snapshot in an Answer, and a snapshot Call's origin; 4 added Retire and
 /// Retired (a front end deletes its replica's volume); 5 added the node's
-/// instance to Attached. A source serves peers of versions 1 to 5 alike,
-/// each in its own version. A peer says the oldest version that has all
-/// its session uses: a target says 3 ([`ORIGIN_VERSION`]), a front end 5
-/// ([`INSTANCE_VERSION`]) and, answered an Error of code 1 (an older
-/// source), they say again what they can do with less: a pull 1, a front
-/// end 3, then 2; a retire says 4 ([`RETIRE_VERSION`]) and has nothing
-/// less to fall back to.
-pub const VERSION: u16 = 5;
+/// instance to Attached; 6 added a snapshot Call's group flag. A source
+/// serves peers of versions 1 to 6 alike, each in its own version. A peer
+/// says the oldest version that has all its session uses: a target says 3
+/// ([`ORIGIN_VERSION`]), a front end 6 ([`GROUP_VERSION`]) and, answered
+/// an Error of code 1 (an older source), they say again what they can do
+/// with less: a pull 1, a front end 5, 3, then 2; a retire says 4
+/// ([`RETIRE_VERSION`]) and has nothing less to fall back to.
+pub const VERSION: u16 = 6;
 /// The version that added an Answer's holders and a snapshot Call's
 /// origin: what a pull and a front end's session say first.
 pub const ORIGIN_VERSION: u16 = 3;
@@ -28,6 +28,9 @@ pub const RETIRE_VERSION: u16 = 4;
 /// The version that added the node's instance to Attached: what a front
 /// end's session says first.
 pub const INSTANCE_VERSION: u16 = 5;
+/// The version that added a snapshot Call's group flag: what a front end's
+/// session says first.
+pub const GROUP_VERSION: u16 = 6;
 /// The oldest version a source still serves, and the one a pull falls back
 /// to (all a pull needs).
 pub const PULL_VERSION: u16 = 1;
@@ -48,8 +51,8 @@ pub const MAX_MESSAGE: usize = 4096;
 
 mod calls;
 pub use calls::{
-    caps_byte, status_of, Answered, Call, CallOp, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM,
-    MAX_EXTENTS,
+    caps_byte, status_of, Answered, Call, CallOp, OpCode, Outcome, Reply, FLAG_FUA, FLAG_GROUP,
+    FLAG_MAY_TRIM, MAX_EXTENTS,
 };
 use lamina_blockio::Caps;
 

@@ -53,7 +53,7 @@ impl Volumes for Mems {
         Some(INSTANCE)
     }
     fn delete_snapshot(&self, volume: &str, name: &str, peer: &str) -> Result<(), IoError> {
-        self.snapshot(volume, name, 0, peer)
+        self.snapshot(volume, name, 0, false, peer)
     }
     /// "v" is there (never deleted: the daemon's own test deletes), "own"
     /// is the node's own, any other is gone.
@@ -66,11 +66,24 @@ impl Volumes for Mems {
             v => Ok(self.0.contains_key(v)),
         }
     }
-    fn snapshot(&self, volume: &str, name: &str, origin: u64, _peer: &str) -> Result<(), IoError> {
+    fn snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        origin: u64,
+        group: bool,
+        _peer: &str,
+    ) -> Result<(), IoError> {
         if name == "origin" && origin != 0x1234 {
             return Err(IoError::new(
                 IoErrorKind::Invalid,
                 format!("origin {origin:x}"),
+            ));
+        }
+        if group != (name == "member") {
+            return Err(IoError::new(
+                IoErrorKind::Invalid,
+                format!("{name}: group {group}"),
             ));
         }
         match name {
@@ -215,13 +228,17 @@ fn a_remote_volume_answers_as_the_volume_it_reaches() {
         "{e}"
     );
     // Snapshots are the node's to make, by name; a refusal comes back.
-    remote.snapshot("s1", 0).unwrap();
-    // The origin reaches the node (version 3).
-    remote.snapshot("origin", 0x1234).unwrap();
+    remote.snapshot("s1", 0, false).unwrap();
+    // The origin reaches the node (version 3), and a group's member says
+    // so (version 6).
+    remote.snapshot("origin", 0x1234, false).unwrap();
+    remote.snapshot("member", 0, true).unwrap();
+    let e = remote.snapshot("member", 0, false).unwrap_err();
+    assert_eq!(e.kind, IoErrorKind::Invalid, "{e}");
     remote.delete_snapshot("s1").unwrap();
     let e = remote.delete_snapshot("refused").unwrap_err();
     assert_eq!((e.kind, e.op), (IoErrorKind::NoSpace, "delete-snapshot"));
-    let e = remote.snapshot("refused", 0).unwrap_err();
+    let e = remote.snapshot("refused", 0, false).unwrap_err();
     assert_eq!((e.kind, e.op), (IoErrorKind::NoSpace, "snapshot"));
     assert!(e.message.contains("no room for v/refused"), "{e}");
     // A MemDevice keeps no generation: its refusal comes back as it is.
@@ -518,19 +535,20 @@ fn a_retire_is_answered_by_the_node_and_refused_by_an_older_one() {
 #[test]
 fn a_front_end_falls_back_to_what_an_older_node_speaks_and_gets_no_instance() {
     let n = node(&[]);
-    // A node of version 4 refuses Hello 5 and serves a session of 3, with
-    // no instance in its Attached; in a session of 3 the real node says
-    // none either.
-    let (addr, fake) = fake_sources(n.replica.clone(), 2, |i, s| match i {
-        0 => {
-            assert_eq!(read_frame(s), Frame::Hello { version: 5 });
+    // A node of version 4 refuses Hello 6 and 5 and serves a session of
+    // 3, with no instance in its Attached; in a session of 3 the real node
+    // says none either.
+    let (addr, fake) = fake_sources(n.replica.clone(), 3, |i, s| match i {
+        0 | 1 => {
+            let v = 6 - i as u16;
+            assert_eq!(read_frame(s), Frame::Hello { version: v });
             write_frame(
                 s,
                 &Frame::Error {
                     code: Code::Version,
-                    message:
-                        "this source speaks transfer protocol version 1 to 4, the peer version 5"
-                            .into(),
+                    message: format!(
+                        "this source speaks transfer protocol version 1 to 4, the peer version {v}"
+                    ),
                 },
             );
         }
@@ -566,6 +584,75 @@ fn a_front_end_falls_back_to_what_an_older_node_speaks_and_gets_no_instance() {
 
     let (_c, attached) = attach_by_hand(&n, 3);
     assert!(matches!(attached, Frame::Attached { instance: None, .. }));
+}
+
+#[test]
+fn a_front_end_marks_a_group_snapshots_members_only_for_a_node_of_version_6() {
+    let n = node(&[]);
+    // A node of version 5 refuses Hello 6 and serves a session of 5: a
+    // group's member is asked for with no group flag, which it would
+    // refuse as malformed.
+    let (addr, fake) = fake_sources(n.replica.clone(), 2, |i, s| match i {
+        0 => {
+            assert_eq!(read_frame(s), Frame::Hello { version: 6 });
+            write_frame(
+                s,
+                &Frame::Error {
+                    code: Code::Version,
+                    message:
+                        "this source speaks transfer protocol version 1 to 5, the peer version 6"
+                            .into(),
+                },
+            );
+        }
+        _ => {
+            assert_eq!(read_frame(s), Frame::Hello { version: 5 });
+            write_frame(s, &Frame::Hello { version: 5 });
+            assert!(matches!(read_frame(s), Frame::Attach { .. }));
+            write_frame(
+                s,
+                &Frame::Attached {
+                    size: 8 << 20,
+                    caps: Caps {
+                        flush: true,
+                        fua: false,
+                        trim: false,
+                        write_zeroes: false,
+                        block_status: false,
+                    },
+                    read_only: false,
+                    instance: Some(7),
+                },
+            );
+            let Frame::Call(c) = read_frame(s) else {
+                panic!("not a call")
+            };
+            assert_eq!(
+                c.op,
+                wire::CallOp::Snapshot {
+                    name: "g1".into(),
+                    origin: 0x1234,
+                    group: false
+                }
+            );
+            write_frame(
+                s,
+                &Frame::Reply(wire::Reply {
+                    tag: c.tag,
+                    outcome: wire::Outcome::Done(wire::Answered::Snapshot),
+                }),
+            );
+        }
+    });
+    let old = lamina_transfer::Remote {
+        address: addr.to_string(),
+        node: "replica".into(),
+    };
+    let v = RemoteVolume::connect(&n.front, &old, "v", SessionOptions::default()).unwrap();
+    assert_eq!(v.instance(), Some(7));
+    v.snapshot("g1", 0x1234, true).unwrap();
+    drop(v);
+    fake.join().unwrap();
 }
 
 /// A session of `version` to `n`'s volume "v" opened frame by frame: the

@@ -1143,6 +1143,18 @@ fn a_group_snapshot_of_replicated_volumes_holds_one_instant_on_every_replica() {
         c.d.ok(&["snapshot", "detach", "d", g]);
     }
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // Every replica's member carries the group's label: on another node,
+    // `snapshot get-group` lists the members that node holds.
+    for (node, want) in [(b, ["q", "r"]), (c, ["d", "q"])] {
+        let m = node.d.json(&["snapshot", "get-group", "g2"]);
+        let vols: Vec<&str> = m["snapshots"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}: {m}", node.name))
+            .iter()
+            .map(|s| s["volume"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(vols, want, "{}: {m}", node.name);
+    }
     // Deleting the group deletes its members on every replica.
     a.d.ok(&["snapshot", "delete-group", "g1"]);
     for (node, v) in [(b, "r"), (b, "q"), (c, "q"), (c, "d")] {

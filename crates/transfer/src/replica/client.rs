@@ -19,8 +19,8 @@ use crate::error::TransferError;
 use crate::frames::{gather, read_async, ReadError};
 use crate::tls::Identity;
 use crate::wire::{
-    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, INSTANCE_VERSION,
-    ORIGIN_VERSION, REPLICA_VERSION, RETIRE_VERSION,
+    self, Answered, Code, Frame, OpCode, Outcome, Reply, FLAG_FUA, FLAG_MAY_TRIM, GROUP_VERSION,
+    INSTANCE_VERSION, ORIGIN_VERSION, REPLICA_VERSION, RETIRE_VERSION,
 };
 use lamina_blockio::{BlockIo, Caps, Completion, IoDone, IoError, IoErrorKind, IoOp};
 use rustls::pki_types::ServerName;
@@ -172,10 +172,16 @@ impl RemoteVolume {
         let (remote, volume) = (remote.clone(), volume.to_string());
         rt.spawn(async move {
             // A replica's node of an older version refuses a newer Hello
-            // (code 1): a session of version 3 does all but say the node's
-            // instance, one of version 2 also gives snapshots no origin.
+            // (code 1): a session of version 5 does all but mark a group
+            // snapshot's members, one of 3 also says no node's instance,
+            // one of 2 also gives snapshots no origin.
             let mut r = Err(TransferError::Invalid("no version tried".into()));
-            for version in [INSTANCE_VERSION, ORIGIN_VERSION, REPLICA_VERSION] {
+            for version in [
+                GROUP_VERSION,
+                INSTANCE_VERSION,
+                ORIGIN_VERSION,
+                REPLICA_VERSION,
+            ] {
                 r = attach(config.clone(), &remote, &volume, create, options, version).await;
                 if !matches!(
                     &r,
@@ -226,22 +232,33 @@ impl RemoteVolume {
 
     /// Snapshot the replica's volume as `name`, a copy of the snapshot
     /// whose identity is `origin` (`crate::identity`; an existing snapshot
-    /// of that name and origin is as good), and wait for it. In a session
-    /// of version 2 the origin is not sent. Blocks.
-    pub fn snapshot(&self, name: &str, origin: u64) -> Result<(), IoError> {
-        let origin = if self.version >= 3 { origin } else { 0 };
-        self.named_call(OpCode::Snapshot, name, origin)
+    /// of that name and origin is as good), and wait for it; with `group`,
+    /// a member of the group snapshot `name`, labelled so there. In a
+    /// session of version 2 the origin is not sent, and below version 6
+    /// the group is not. Blocks.
+    pub fn snapshot(&self, name: &str, origin: u64, group: bool) -> Result<(), IoError> {
+        let origin = if self.version >= ORIGIN_VERSION {
+            origin
+        } else {
+            0
+        };
+        let flags = if group && self.version >= GROUP_VERSION {
+            wire::FLAG_GROUP
+        } else {
+            0
+        };
+        self.named_call(OpCode::Snapshot, name, origin, flags)
     }
 
     /// Delete the replica's snapshot `name` (one not there is as good),
     /// and wait for it. Blocks.
     pub fn delete_snapshot(&self, name: &str) -> Result<(), IoError> {
-        self.named_call(OpCode::DeleteSnapshot, name, 0)
+        self.named_call(OpCode::DeleteSnapshot, name, 0, 0)
     }
 
     /// A call whose payload is a snapshot's name (and whose offset its
     /// origin), waited for.
-    fn named_call(&self, op: OpCode, name: &str, offset: u64) -> Result<(), IoError> {
+    fn named_call(&self, op: OpCode, name: &str, offset: u64, flags: u8) -> Result<(), IoError> {
         if name.is_empty() || name.len() > wire::MAX_NAME {
             return Err(IoError::new(
                 IoErrorKind::Invalid,
@@ -249,7 +266,8 @@ impl RemoteVolume {
             )
             .at((op_name(op), 0, 0)));
         }
-        self.call_and_wait(op, offset, name.as_bytes()).map(|_| ())
+        self.call_and_wait(op, flags, offset, name.as_bytes())
+            .map(|_| ())
     }
 
     /// Why the session failed, if it has.
@@ -259,12 +277,18 @@ impl RemoteVolume {
 
     /// Run one call that is not I/O (size, activate, a snapshot's) and
     /// wait for its answer.
-    fn call_and_wait(&self, op: OpCode, offset: u64, payload: &[u8]) -> Result<Answered, IoError> {
+    fn call_and_wait(
+        &self,
+        op: OpCode,
+        flags: u8,
+        offset: u64,
+        payload: &[u8],
+    ) -> Result<Answered, IoError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let at = (op_name(op), 0, 0);
         self.session.call(
             op,
-            0,
+            flags,
             offset,
             payload.len() as u64,
             payload,
@@ -709,7 +733,7 @@ fn done_of(a: Answered) -> IoDone {
 
 impl BlockIo for RemoteVolume {
     fn size(&self) -> Result<u64, IoError> {
-        match self.call_and_wait(OpCode::Size, 0, &[])? {
+        match self.call_and_wait(OpCode::Size, 0, 0, &[])? {
             Answered::Size(s) => Ok(s),
             _ => Ok(self.size),
         }
@@ -724,7 +748,7 @@ impl BlockIo for RemoteVolume {
     }
 
     fn activate(&self, generation: u64) -> Result<(), IoError> {
-        self.call_and_wait(OpCode::Activate, generation, &[])
+        self.call_and_wait(OpCode::Activate, 0, generation, &[])
             .map(|_| ())
     }
 

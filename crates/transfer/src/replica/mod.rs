@@ -53,8 +53,17 @@ pub trait Volumes: Send + Sync + 'static {
     /// One of that name there already is as good if it has that origin (or
     /// none was said); one of another origin is another snapshot, an error
     /// of kind [`IoErrorKind::Invalid`](lamina_blockio::IoErrorKind::Invalid).
-    /// Called from a thread that may block.
-    fn snapshot(&self, volume: &str, name: &str, origin: u64, peer: &str) -> Result<(), IoError>;
+    /// With `group` (version 6), it is a member of the group snapshot
+    /// `name`, and carries that group's label. Called from a thread that
+    /// may block.
+    fn snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        origin: u64,
+        group: bool,
+        peer: &str,
+    ) -> Result<(), IoError>;
     /// Delete this node's snapshot `volume`/`name`, made for the front end
     /// of node `peer`; one not there is as good. Called from a thread that
     /// may block.

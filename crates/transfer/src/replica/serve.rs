@@ -242,9 +242,9 @@ pub(crate) async fn session(
             };
             if let CallOp::Snapshot { name, .. } | CallOp::DeleteSnapshot { name } = &call.op {
                 // The daemon's, not the volume handle's, to make.
-                let origin = match &call.op {
-                    CallOp::Snapshot { origin, .. } => *origin,
-                    _ => 0,
+                let (origin, group) = match &call.op {
+                    CallOp::Snapshot { origin, group, .. } => (*origin, *group),
+                    _ => (0, false),
                 };
                 let (v, name, volume, peer) = (
                     volumes.clone(),
@@ -256,7 +256,7 @@ pub(crate) async fn session(
                 volumes.run(Box::new(move || {
                     let (done, answered) = match code {
                         OpCode::Snapshot => (
-                            v.snapshot(&volume, &name, origin, &peer),
+                            v.snapshot(&volume, &name, origin, group, &peer),
                             Answered::Snapshot,
                         ),
                         _ => (

@@ -26,6 +26,9 @@ pub const CALL_MAX: usize = CALL_FIXED + MAX_DATA;
 pub const FLAG_FUA: u8 = 1;
 /// Call flag: a write-zeroes may leave a hole.
 pub const FLAG_MAY_TRIM: u8 = 2;
+/// Call flag: a snapshot is a member of the group snapshot of its name
+/// (version 6).
+pub const FLAG_GROUP: u8 = 4;
 
 /// An operation's code on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,10 +105,13 @@ pub enum CallOp {
     /// Snapshot the attached volume as `name` (1 to 255 bytes of UTF-8;
     /// the replica's node applies the engine's naming rule), a copy of the
     /// snapshot whose identity is `origin` (`crate::identity`; carried in
-    /// the call's offset, 0 for none: a version 2 session's).
+    /// the call's offset, 0 for none: a version 2 session's); with
+    /// `group` (flag [`FLAG_GROUP`], version 6), a member of the group
+    /// snapshot `name`.
     Snapshot {
         name: String,
         origin: u64,
+        group: bool,
     },
     /// Delete the attached volume's snapshot `name` (one that is not there
     /// is as good).
@@ -277,6 +283,7 @@ pub(super) fn call(b: &mut Body<'_>) -> Result<Call, WireError> {
     let allowed = match op {
         OpCode::Write => FLAG_FUA,
         OpCode::WriteZeroes => FLAG_MAY_TRIM,
+        OpCode::Snapshot => FLAG_GROUP,
         _ => 0,
     };
     if flags & !allowed != 0 {
@@ -361,6 +368,7 @@ pub(super) fn call(b: &mut Body<'_>) -> Result<Call, WireError> {
                 OpCode::Snapshot => CallOp::Snapshot {
                     name,
                     origin: offset,
+                    group: flags & FLAG_GROUP != 0,
                 },
                 _ => CallOp::DeleteSnapshot { name },
             }
@@ -484,10 +492,14 @@ pub(super) fn encode_call(c: &Call, out: &mut Vec<u8>) {
         }
         CallOp::Size => call_body(t, OpCode::Size, 0, 0, 0, &[], out),
         CallOp::Ping => call_body(t, OpCode::Ping, 0, 0, 0, &[], out),
-        CallOp::Snapshot { name, origin } => call_body(
+        CallOp::Snapshot {
+            name,
+            origin,
+            group,
+        } => call_body(
             t,
             OpCode::Snapshot,
-            0,
+            if *group { FLAG_GROUP } else { 0 },
             *origin,
             name.len() as u64,
             name.as_bytes(),

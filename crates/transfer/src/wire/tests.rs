@@ -90,7 +90,11 @@ fn call_op() -> impl Strategy<Value = CallOp> {
         any::<u64>().prop_map(|generation| CallOp::Activate { generation }),
         Just(CallOp::Size),
         Just(CallOp::Ping),
-        (name(), any::<u64>()).prop_map(|(name, origin)| CallOp::Snapshot { name, origin }),
+        (name(), any::<u64>(), any::<bool>()).prop_map(|(name, origin, group)| CallOp::Snapshot {
+            name,
+            origin,
+            group
+        }),
         name().prop_map(|name| CallOp::DeleteSnapshot { name }),
     ]
 }
@@ -444,12 +448,36 @@ fn version_3_frames_are_laid_out_as_documented() {
         op: CallOp::Snapshot {
             name: "gold".into(),
             origin: 0x1234_abcd_5678_ef01,
+            group: false,
         },
     };
     let mut out = Vec::new();
     encode(&Frame::Call(c.clone()), &mut out);
     assert_eq!(out, framed(10, &body));
     assert_eq!(decode(&out).unwrap(), Some((Frame::Call(c), out.len())));
+    // Version 6: a member of group snapshot "gold", flag bit 2.
+    body[9] = 4;
+    let g = Call {
+        tag: 7,
+        op: CallOp::Snapshot {
+            name: "gold".into(),
+            origin: 0x1234_abcd_5678_ef01,
+            group: true,
+        },
+    };
+    let mut out = Vec::new();
+    encode(&Frame::Call(g.clone()), &mut out);
+    assert_eq!(out, framed(10, &body));
+    assert_eq!(decode(&out).unwrap(), Some((Frame::Call(g), out.len())));
+    // Any other flag is malformed.
+    for flags in [1, 2, 8, 0x80] {
+        body[9] = flags;
+        assert!(matches!(
+            decode(&framed(10, &body)),
+            Err(WireError::Malformed { .. })
+        ));
+    }
+    body[9] = 0;
     body[8] = 10;
     assert!(matches!(
         decode(&framed(10, &body)),
