@@ -110,7 +110,7 @@ pub(crate) fn capacity_bytes(dir: &std::path::Path, stats: &lamina_engine::PoolS
 }
 
 /// Bytes an unprivileged writer may still add to the filesystem of `dir`.
-fn fs_available(dir: &std::path::Path) -> Option<u64> {
+pub(crate) fn fs_available(dir: &std::path::Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.

@@ -59,12 +59,14 @@ const ZEROS: u64 = 1 << 30;
 /// Progress is recorded at least this often (bytes sent).
 const RECORD_EVERY: u64 = 16 << 20;
 
-/// This node's replica is not tried while its pool has less room than
-/// this (free in the pool, and what its file system can still give it): a
-/// replica faulted by a full disk waits for room instead of failing each
-/// attempt part way. Not what the copy needs, which is not known before
-/// it starts (a copy over a block the replica holds alone takes no room):
-/// one that runs out all the same fails, and is tried again.
+/// This node's replica is not tried while the pool's file system has less
+/// room than this: a replica faulted by a full disk waits for room
+/// instead of failing each attempt part way. Not what the copy needs,
+/// which is not known before it starts (a copy over a block the replica
+/// holds alone takes no room), nor the pool's own free blocks (counting
+/// them scans every refcount page under the metadata mutex; the blocks a
+/// delete frees are punched, and so come back to the file system): one
+/// that runs out all the same fails, and is tried again.
 const ROOM: u64 = 32 << 20;
 
 /// What a rebuild needs of the daemon, owned.
@@ -809,10 +811,10 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     if let Some(f) = ctx.pool.failure() {
         return Err(format!("this node's pool: {f}"));
     }
-    let room = crate::paths::capacity_bytes(&ctx.pool_dir, &engine(ctx.pool.stats())?);
+    let room = crate::paths::fs_available(&ctx.pool_dir).unwrap_or(0);
     if room < ROOM {
         return Err(format!(
-            "this node's pool has {room} bytes of room: waiting for {ROOM}"
+            "the file system of this node's pool has {room} bytes of room: waiting for {ROOM}"
         ));
     }
     let dev = ctx
@@ -823,7 +825,9 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     // What it answered unflushed before its fault, durable.
     io(wait(&dev, IoOp::Flush))?;
     let dev: Arc<dyn BlockIo> = Arc::new(dev);
-    let _held = front.hold_snapshots();
+    // Snapshots are not held (they are refused while it is faulted, and
+    // its promotion is quiesced): a replica removed meanwhile does not
+    // wait for a copy of any length.
     let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
     let kept = front.replicated.quiesced(|healthy| {
         if healthy.is_empty() {
