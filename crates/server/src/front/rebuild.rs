@@ -836,7 +836,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
         // In the write set first: what it misses stops growing, and what
         // was kept is all it may lack.
         io(front.replicated.rejoin(node, dev.clone()))?;
-        io(front.replicated.take_missed(node))
+        io(front.replicated.take_missed(node)).inspect_err(|_| front.replicated.drop_rebuild(node))
     })?;
     let old = r.rebuild.clone();
     let ranges = match kept.missed {
@@ -876,18 +876,18 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     // What is left to copy. Should this attempt stop, it goes back to what
     // the front end keeps the replica misses (the copies made stay in this
     // node's pool while the front end lives), and the record shows it.
-    let mut left: Vec<(u64, u64)> = ranges.clone();
+    let mut left: std::collections::VecDeque<(u64, u64)> = ranges.iter().copied().collect();
     let copied = (|| {
-        record(left.clone(), 0, 0)?;
+        record(left.iter().copied().collect(), 0, 0)?;
         let mut unrecorded = 0u64;
-        while let Some(&(at, b)) = left.first() {
+        while let Some(&(at, b)) = left.front() {
             if front.is_closed() {
                 return Err("the front end stopped".to_string());
             }
             let len = PIECE.min(b - at);
             let data = io(front.replicated.copy(node, at, len))?;
             if at + len == b {
-                left.remove(0);
+                left.pop_front();
             } else {
                 left[0].0 = at + len;
             }
@@ -900,7 +900,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
                 std::thread::sleep(pace.wait(if data { len } else { 64 }));
             }
             if unrecorded >= RECORD_EVERY {
-                record(left.clone(), done, sent)?;
+                record(left.iter().copied().collect(), done, sent)?;
                 unrecorded = 0;
             }
         }
@@ -924,6 +924,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
             // Out of the write set: what it misses is kept from now on,
             // with what this attempt had not copied.
             front.replicated.drop_rebuild(node);
+            let left: Vec<(u64, u64)> = left.into_iter().collect();
             front.replicated.seed_missed(node, &left);
             Err(e)
         }
