@@ -524,8 +524,11 @@ async fn late_completions_from_another_thread_answer_in_their_own_order() {
     disc(c).await;
 }
 
-/// Reads at offset 0 block until the test opens the gate; everything else
-/// is instant. A plain blocking volume, as the engine is: it shows that one
+/// A read here takes 5 ms: slow, by the runners' measure.
+const SLOW_AT: u64 = 3 * 4096;
+
+/// Reads at offset 0 block until the test opens the gate, reads at
+/// [`SLOW_AT`] take 5 ms; everything else is instant. A plain blocking volume, as the engine is: it shows that one
 /// stuck call on a runner does not hold up the requests behind it.
 struct StuckRead {
     inner: MemDevice,
@@ -566,6 +569,9 @@ impl InlineIo for StuckRead {
             self.set(|s| s.0 = true); // entered
             self.wait(|s| s.1); // opened
         }
+        if o == SLOW_AT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         self.inner.read(o, b)
     }
     fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), IoError> {
@@ -599,6 +605,11 @@ async fn a_stuck_call_does_not_hold_up_later_requests() {
         c.request(CMD_READ, 0, 100 + i, 4096, 512).await;
         c.chunk().await;
     }
+    // The last call slow: the stuck one is a runner's, not a lone call the
+    // reader runs itself (it would be, after fast ones, if no runner were
+    // lingering: docs/nbd.md, "Concurrency").
+    c.request(CMD_READ, 0, 99, SLOW_AT, 512).await;
+    c.chunk().await;
     c.request(CMD_READ, 0, 1, 0, 512).await;
     let d2 = dev.clone();
     tokio::task::spawn_blocking(move || d2.wait(|s| s.0))
