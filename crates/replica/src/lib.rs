@@ -97,6 +97,18 @@
 //!     one out, and its place is vacant again. Both run inside
 //!     [`Replicated::quiesced`], so no change in flight was sent to a place
 //!     that changed hands.
+//! 16. **What a replica out of the healthy set may lack, recorded by
+//!     region**: when its fault is recorded, the regions of what rule 10
+//!     keeps for it then (the changes in flight, and those no flush
+//!     covered; past [`MISSED_LIMIT`], every region recorded dirty) go in
+//!     the record of its fault ([`Membership::fault`]); and while it is out
+//!     of the healthy set (faulted or rebuilding), before a change to a
+//!     region not yet recorded so for it is sent, that region is
+//!     ([`Membership::missed`]). A record that fails fails the change, as
+//!     in rule 14. So once its fault is recorded, those regions hold every
+//!     change it may lack, through any crash of the front end: for a
+//!     replica whose rebuild has no snapshot to start from (the front
+//!     end's own), they are what it copies.
 //!
 //! A replica on another node is a `lamina_transfer::replica::RemoteVolume`
 //! (a session of the transfer protocol); whatever fails that session fails
@@ -114,11 +126,15 @@ pub const MISSED_LIMIT: usize = 1 << 16;
 /// Where the healthy set is recorded.
 pub trait Membership: Send + Sync + 'static {
     /// Record, durably, that replica `index` (in the order given to
-    /// [`Replicated::new`]) is faulted: it may miss acknowledged writes.
-    /// Returns once the record survives a crash; an error if it could not
-    /// be made. Called at most once per replica by one front end, from the
+    /// [`Replicated::new`]) is faulted: it may miss acknowledged writes,
+    /// there in regions `at_risk` (rule 16: the regions of the changes in
+    /// flight at its fault, and of those no flush covered), and in those
+    /// [`Membership::missed`] records from then on. Returns once the record
+    /// survives a crash; an error if it could not be made. Called at most
+    /// once per replica by one front end (again after an error), from the
     /// thread of the operation that found the fault (it may block).
-    fn fault(&self, index: usize, name: &str, reason: &str) -> Result<(), IoError>;
+    fn fault(&self, index: usize, name: &str, reason: &str, at_risk: &[u64])
+        -> Result<(), IoError>;
 
     /// Record, durably, that regions `regions` (indices of [`REGION`]-byte
     /// ranges) may differ between the healthy replicas until a flush covers
@@ -130,6 +146,13 @@ pub trait Membership: Send + Sync + 'static {
     /// Record that regions `regions` are alike on every healthy replica
     /// again (their writes flushed).
     fn clean(&self, _regions: &[u64]) -> Result<(), IoError> {
+        Ok(())
+    }
+
+    /// Record, durably, that replica `index` (`name`), out of the healthy
+    /// set, may lack changes in regions `regions` too (rule 16). The
+    /// default records nothing.
+    fn missed(&self, _index: usize, _name: &str, _regions: &[u64]) -> Result<(), IoError> {
         Ok(())
     }
 }
@@ -351,6 +374,9 @@ struct Shared {
     unflushed: Mutex<Unflushed>,
     /// Regions recorded dirty (rule 14), and when they were last cleaned.
     marked: Mutex<(std::collections::BTreeSet<u64>, std::time::Instant)>,
+    /// Per replica: regions recorded as ones it may lack (rule 16) since it
+    /// last left the healthy set.
+    missed_regions: Vec<Mutex<std::collections::BTreeSet<u64>>>,
     /// Held while a fault is recorded: each replica is recorded once.
     faulting: Mutex<()>,
     /// Why each replica left the healthy set (a short lock, never held
@@ -478,6 +504,7 @@ impl Replicated {
                 keeping: keep.into_iter().map(AtomicBool::new).collect(),
                 unflushed: Mutex::new(Unflushed::default()),
                 marked: Mutex::new((Default::default(), std::time::Instant::now())),
+                missed_regions: (0..n).map(|_| Mutex::default()).collect(),
                 faulting: Mutex::new(()),
                 reasons: Mutex::new(reasons),
                 recorded,
@@ -664,6 +691,7 @@ impl Replicated {
         s.reasons()[i] = None;
         s.recorded[i].store(false, Ordering::SeqCst);
         s.rebuilding[i].store(false, Ordering::SeqCst);
+        s.missed_regions(i).clear();
         s.healthy[i].store(true, Ordering::SeqCst);
         tracing::info!(volume = %s.name, replica = name, "replica rebuilt, healthy");
         Ok(())
@@ -726,6 +754,7 @@ impl Replicated {
             Arc::new(Absent(name.to_string()));
         *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
         s.take_unflushed_at_fault(i);
+        s.missed_regions(i).clear();
         s.keeping[i].store(false, Ordering::SeqCst);
         s.rebuilding[i].store(false, Ordering::SeqCst);
         s.recorded[i].store(true, Ordering::SeqCst);
@@ -750,6 +779,7 @@ impl Replicated {
         s.keeping[i].store(false, Ordering::SeqCst);
         *s.missed[i].lock().unwrap_or_else(|p| p.into_inner()) = Missed::NotKept;
         s.take_unflushed_at_fault(i);
+        s.missed_regions(i).clear();
         s.reasons()[i] = Some("vacant".to_string());
         *s.replicas[i].io.write().unwrap_or_else(|p| p.into_inner()) =
             Arc::new(Absent(String::new()));
@@ -987,6 +1017,81 @@ impl Shared {
         Ok(())
     }
 
+    fn missed_regions(
+        &self,
+        i: usize,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<u64>> {
+        self.missed_regions[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rule 16: the regions replica `i`, out of the healthy set, may lack
+    /// as rule 10 keeps them (every region recorded dirty, if it kept too
+    /// many to list).
+    fn at_risk(&self, i: usize) -> Vec<u64> {
+        let mut out = std::collections::BTreeSet::new();
+        for kept in [&self.missed[i], &self.unflushed_at_fault[i]] {
+            match &*kept.lock().unwrap_or_else(|p| p.into_inner()) {
+                Missed::NotKept => {}
+                Missed::Ranges(v) => {
+                    for &(a, b) in v.iter().filter(|(a, b)| a < b) {
+                        out.extend(a / REGION..=(b - 1) / REGION);
+                    }
+                }
+                Missed::TooMany => out.extend(self.marked().0.iter().copied()),
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Rule 16: `regions` recorded as ones replica `i` may lack, those not
+    /// recorded yet.
+    fn record_missed(&self, i: usize, regions: &[u64]) -> Result<(), IoError> {
+        let new: Vec<u64> = {
+            let m = self.missed_regions(i);
+            regions.iter().filter(|x| !m.contains(x)).copied().collect()
+        };
+        if new.is_empty() {
+            return Ok(());
+        }
+        let name = self.replicas[i].name();
+        self.membership.missed(i, &name, &new).map_err(|e| {
+            IoError::new(
+                IoErrorKind::Io,
+                format!(
+                    "volume {}: what replica {name} misses could not be recorded: {}",
+                    self.name, e.message
+                ),
+            )
+        })?;
+        self.missed_regions(i).extend(new);
+        Ok(())
+    }
+
+    /// Rule 16: before a change to range `r` is sent, its regions recorded
+    /// for every replica out of the healthy set.
+    fn mark_missed(&self, r: (u64, u64)) -> Result<(), IoError> {
+        if r.1 <= r.0 {
+            return Ok(());
+        }
+        for i in 0..self.replicas.len() {
+            let vacant = || {
+                self.replicas[i]
+                    .name
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty()
+            };
+            if self.healthy[i].load(Ordering::SeqCst) || vacant() {
+                continue;
+            }
+            let want: Vec<u64> = (r.0 / REGION..=(r.1 - 1) / REGION).collect();
+            self.record_missed(i, &want)?;
+        }
+        Ok(())
+    }
+
     /// Rule 14: record clean every marked region with no change in flight
     /// or uncovered by a flush; unless `now`, at most every
     /// [`CLEAN_AFTER`].
@@ -1169,8 +1274,10 @@ impl Shared {
     fn record(&self, i: usize) -> Result<(), IoError> {
         let name = &self.replicas[i].name();
         let reason = self.reasons()[i].clone().unwrap_or_default();
-        match self.membership.fault(i, name, &reason) {
+        let at_risk = self.at_risk(i);
+        match self.membership.fault(i, name, &reason, &at_risk) {
             Ok(()) => {
+                self.missed_regions(i).extend(at_risk);
                 self.recorded[i].store(true, Ordering::SeqCst);
                 self.unrecorded.fetch_sub(1, Ordering::SeqCst);
                 Ok(())
@@ -1340,7 +1447,7 @@ fn dispatch(s: &Arc<Shared>, id: u64, op: IoOp, done: Completion) {
         return complete(s, id, done, Err(e));
     }
     if let Some(r) = range(&op) {
-        if let Err(e) = s.mark(r) {
+        if let Err(e) = s.mark(r).and_then(|()| s.mark_missed(r)) {
             return complete(s, id, done, Err(e.at(op.describe())));
         }
         s.keep_missed(r);

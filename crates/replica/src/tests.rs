@@ -22,7 +22,7 @@ struct Record {
 }
 
 impl Membership for Record {
-    fn fault(&self, index: usize, name: &str, _reason: &str) -> Result<(), IoError> {
+    fn fault(&self, index: usize, name: &str, _reason: &str, _: &[u64]) -> Result<(), IoError> {
         if let Some(go) = self.hold.lock().unwrap().take() {
             go.recv().unwrap();
         }
@@ -693,7 +693,7 @@ struct Intent {
 }
 
 impl Membership for Intent {
-    fn fault(&self, _: usize, _: &str, _: &str) -> Result<(), IoError> {
+    fn fault(&self, _: usize, _: &str, _: &str, _: &[u64]) -> Result<(), IoError> {
         Ok(())
     }
     fn dirty(&self, regions: &[u64]) -> Result<(), IoError> {
@@ -810,4 +810,101 @@ fn a_replica_added_in_a_vacant_place_is_rebuilt_and_one_removed_leaves_its_place
     assert_eq!(&d1.contents()[12288..12288 + 4096], &[0u8; 4096][..]);
     vol.quiesced(|_| vol.add("r2", "new")).unwrap();
     assert_eq!(vol.states()[1].0, "r2");
+}
+
+/// Rule 16's records of what a replica out of the healthy set may lack.
+#[derive(Default)]
+struct Misses {
+    missed: Mutex<Vec<(usize, Vec<u64>)>>,
+    refuse: AtomicBool,
+}
+
+impl Membership for Misses {
+    fn fault(
+        &self,
+        index: usize,
+        _name: &str,
+        _reason: &str,
+        at_risk: &[u64],
+    ) -> Result<(), IoError> {
+        self.missed.lock().unwrap().push((index, at_risk.to_vec()));
+        Ok(())
+    }
+    fn missed(&self, index: usize, _name: &str, regions: &[u64]) -> Result<(), IoError> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(IoError::new(IoErrorKind::Io, "the store failed"));
+        }
+        self.missed.lock().unwrap().push((index, regions.to_vec()));
+        Ok(())
+    }
+}
+
+impl Misses {
+    fn take(&self) -> Vec<(usize, Vec<u64>)> {
+        std::mem::take(&mut *self.missed.lock().unwrap())
+    }
+}
+
+#[test]
+fn the_regions_a_replica_out_of_the_healthy_set_may_lack_are_recorded_before_a_change_there_is_sent(
+) {
+    // Three regions; the pages never written stay unallocated.
+    const BIG: usize = 3 * REGION as usize;
+    let devices: Vec<_> = (0..2).map(|_| Arc::new(MemDevice::new(BIG))).collect();
+    let gate = Arc::new(Gated::new(devices[1].clone()));
+    let misses = Arc::new(Misses::default());
+    let vol = Replicated::new(
+        "v",
+        vec![
+            Replica {
+                name: "r0".into(),
+                io: devices[0].clone(),
+            },
+            Replica {
+                name: "r1".into(),
+                io: gate.clone(),
+            },
+        ],
+        misses.clone(),
+    )
+    .unwrap();
+    let r = REGION;
+    // Region 0 written and flushed, region 1 written and not: all healthy,
+    // nothing recorded.
+    write(&vol, 0, 1).unwrap();
+    wait(&vol, IoOp::Flush).unwrap();
+    write(&vol, r, 2).unwrap();
+    assert!(misses.take().is_empty());
+    // r1 fails a write in region 2: at its fault, what it answered that
+    // no flush covered (region 1) and the write it failed (region 2).
+    gate.fail(IoErrorKind::Io, is_write);
+    write(&vol, 2 * r, 3).unwrap();
+    assert_eq!(misses.take(), vec![(1, vec![1, 2])]);
+    // A change to region 0 now: recorded before it is sent, and a record
+    // that fails fails the change, with no replica written.
+    misses.refuse.store(true, Ordering::SeqCst);
+    assert!(write(&vol, 4096, 4).is_err());
+    assert_eq!(&devices[0].contents()[4096..8192], &[0u8; 4096][..]);
+    misses.refuse.store(false, Ordering::SeqCst);
+    write(&vol, 4096, 4).unwrap();
+    write(&vol, 8192, 5).unwrap();
+    write(&vol, r, 6).unwrap();
+    assert_eq!(misses.take(), vec![(1, vec![0])], "each region once");
+    // Rebuilding, it is still out of the healthy set: recorded, as before.
+    gate.clear();
+    vol.quiesced(|_| {
+        vol.rejoin("r1", gate.clone())?;
+        vol.take_missed("r1").map(|_| ())
+    })
+    .unwrap();
+    write(&vol, 2 * r + 4096, 7).unwrap();
+    assert!(misses.take().is_empty(), "region 2 was recorded already");
+    // Healthy again: nothing recorded; faulted again, recorded afresh.
+    vol.quiesced(|_| vol.promote("r1")).unwrap();
+    write(&vol, 0, 8).unwrap();
+    assert!(misses.take().is_empty());
+    wait(&vol, IoOp::Flush).unwrap();
+    gate.fail(IoErrorKind::Io, is_write);
+    write(&vol, r + 4096, 9).unwrap();
+    assert_eq!(misses.take(), vec![(1, vec![1])]);
 }

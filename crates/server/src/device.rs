@@ -433,7 +433,7 @@ pub(crate) mod tests {
     pub(crate) struct Faults(pub(crate) std::sync::Mutex<Vec<String>>);
 
     impl lamina_replica::Membership for Faults {
-        fn fault(&self, _index: usize, name: &str, reason: &str) -> Result<(), IoError> {
+        fn fault(&self, _index: usize, name: &str, reason: &str, _: &[u64]) -> Result<(), IoError> {
             self.0.lock().unwrap().push(format!("{name}: {reason}"));
             Ok(())
         }

@@ -37,12 +37,21 @@ pub fn now() -> i64 {
 pub struct StoreMembership {
     store: Arc<Store>,
     volume: String,
+    /// This node's replica: the one whose missed regions are recorded
+    /// (rule 16); the others' rebuilds start from a base snapshot instead.
+    here: String,
 }
 
 impl Membership for StoreMembership {
-    fn fault(&self, _index: usize, name: &str, reason: &str) -> Result<(), IoError> {
+    fn fault(
+        &self,
+        _index: usize,
+        name: &str,
+        reason: &str,
+        at_risk: &[u64],
+    ) -> Result<(), IoError> {
         self.store
-            .fault_replica(&self.volume, name, reason, now())
+            .fault_replica(&self.volume, name, reason, now(), at_risk)
             .map(|_| ())
             .map_err(|e| {
                 IoError::new(
@@ -58,6 +67,22 @@ impl Membership for StoreMembership {
 
     fn clean(&self, regions: &[u64]) -> Result<(), IoError> {
         self.regions(regions, false)
+    }
+
+    fn missed(&self, _index: usize, name: &str, regions: &[u64]) -> Result<(), IoError> {
+        if name != self.here {
+            return Ok(());
+        }
+        self.store
+            .missed_regions(&self.volume, name, regions)
+            .map_err(|e| {
+                IoError::new(
+                    IoErrorKind::Io,
+                    format!(
+                        "the daemon's store could not record what this node's replica misses: {e}"
+                    ),
+                )
+            })
     }
 }
 
@@ -313,8 +338,10 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
             Err(e) => {
                 let reason = format!("could not be opened at generation {g}: {e}");
                 tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
+                // What an earlier front end left dirty it may lack (a
+                // crash here lost what it had not made durable).
                 p.store
-                    .fault_replica(volume, &r.node, &reason, now())
+                    .fault_replica(volume, &r.node, &reason, now(), &set.dirty)
                     .map_err(Failure::from)?;
                 // It held everything until now: it misses only what is
                 // written from here on.
@@ -354,6 +381,12 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
     let membership = Arc::new(StoreMembership {
         store: p.store.clone(),
         volume: volume.to_string(),
+        here: set
+            .replicas
+            .iter()
+            .find(|x| x.address.is_empty())
+            .map(|x| x.node.clone())
+            .unwrap_or_default(),
     });
     // Faulted at this start, or while no front end served (a snapshot's
     // failure while detached).
@@ -381,6 +414,21 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
         .collect();
     for name in &faulted_now {
         front.seed_missed(name, &dirty);
+    }
+    // This node's replica, faulted under an earlier front end: what it
+    // lacks is in its missed regions (lamina-replica's rule 16: those at
+    // risk when it was faulted, recorded with its fault, and each one a
+    // change went to since).
+    for x in set.replicas.iter().filter(|x| x.faulted.is_some()) {
+        if let (Some(m), false) = (&x.missed_regions, faulted_now.contains(&x.node)) {
+            let lacks: Vec<(u64, u64)> = m
+                .iter()
+                .map(|x| (x * lamina_replica::REGION, (x + 1) * lamina_replica::REGION))
+                .collect();
+            tracing::info!(volume, replica = %x.node, regions = ?m,
+                "this node's replica, faulted under an earlier front end: it may lack what is in these regions");
+            front.seed_missed(&x.node, &lacks);
+        }
     }
     tracing::info!(
         volume,
@@ -429,7 +477,7 @@ fn reconcile(
         let reason = format!("could not be made alike at generation {g}: {e}");
         tracing::warn!(volume, replica = %replicas[i].0.name, %reason, "replica faulted");
         p.store
-            .fault_replica(volume, &replicas[i].0.name, &reason, now())
+            .fault_replica(volume, &replicas[i].0.name, &reason, now(), dirty)
             .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()))?;
         replicas[i] = (
             Replica::absent(&replicas[i].0.name),

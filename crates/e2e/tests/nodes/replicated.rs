@@ -1032,6 +1032,97 @@ fn the_front_ends_own_replica_whose_disk_fills_up_is_rebuilt_first_and_the_other
     }
 }
 
+#[test]
+fn the_front_ends_own_replica_faulted_then_its_daemon_killed_is_copied_only_the_regions_it_missed()
+{
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(2);
+    let certs = Certs::new();
+    // n0's pool on a small disk, as above; a volume of four 64 MiB regions.
+    let disk = SmallDisk::new("128m");
+    let data = tempfile::Builder::new()
+        .prefix("lamina-n0")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::os::unix::fs::symlink(disk.path(), data.path().join("pool")).unwrap();
+    let mut a = Node::start_on(net.host(0), "n0", certs.issue("n0"), data.path().into());
+    let b = Node::start(net.host(1), "n1", &certs, 60);
+    a.d.ok(&["node", "add", &b.name, &b.transfer()]);
+    create_on_two(&a, "256MiB");
+    let uri = a.d.attach(&["volume", "attach", "r"]);
+    // Region 0, flushed.
+    fio(&uri, &["--randseed=1", "--do_verify=1", "--end_fsync=1"]);
+    // Region 3 fills n0's disk: its replica is faulted, n1 holds the rest,
+    // and the flush at the end records the region clean, so the record
+    // keeps it as one n0's replica missed.
+    fio(
+        &uri,
+        &[
+            "--randseed=2",
+            "--do_verify=1",
+            "--offset=192m",
+            "--end_fsync=1",
+        ],
+    );
+    let (r, list) = replicas(&a, "r");
+    assert_eq!(list, states(&[("n0", "faulted"), ("n1", "healthy")]), "{r}");
+    // Region 2 written with no flush: dirty when the daemon is killed.
+    fio(
+        &uri,
+        &[
+            "--randseed=3",
+            "--do_verify=1",
+            "--size=4m",
+            "--offset=128m",
+        ],
+    );
+    a.d.kill9();
+    disk.resize("512m");
+    a.d.start_again();
+    // The next front end copies regions 2 and 3 from n1 (36 MiB of data),
+    // not the volume (68 MiB of data: region 0 too).
+    let r = wait_until("n0 rebuilt", std::time::Duration::from_secs(120), || {
+        let (r, list) = replicas(&a, "r");
+        (list[0].1 == "healthy").then_some(r)
+    });
+    assert_eq!(r["generation"], 2, "{r}");
+    let sent = r["replicas"][0]["last_rebuild"]["sent_bytes"].as_u64();
+    eprintln!(
+        "this node's replica rebuilt after a restart: {sent:?} bytes copied, 36 MiB of data in the regions it missed ({})",
+        r["replicas"][0]["last_rebuild"]
+    );
+    assert!(
+        sent.is_some_and(|s| (32 << 20..=44 << 20).contains(&s)),
+        "regions 2 and 3 hold 36 MiB of data, the volume 68 MiB: {r}"
+    );
+    fio(&uri, &["--randseed=1", "--verify_only"]);
+    fio(&uri, &["--randseed=2", "--verify_only", "--offset=192m"]);
+    fio(
+        &uri,
+        &[
+            "--randseed=3",
+            "--verify_only",
+            "--size=4m",
+            "--offset=128m",
+        ],
+    );
+    let ends = alike(&a, &[&b]);
+    fio(
+        &ends[0],
+        &["--randseed=2", "--verify_only", "--offset=192m"],
+    );
+    fio(
+        &ends[0],
+        &[
+            "--randseed=3",
+            "--verify_only",
+            "--size=4m",
+            "--offset=128m",
+        ],
+    );
+}
+
 /// Volume `name` on `a` with replicas on `others` (none: unreplicated).
 fn create_with(a: &Node, name: &str, others: &[&str]) {
     let n = (others.len() + 1).to_string();

@@ -701,6 +701,7 @@ fn healthy_again(ctx: &Ctx, node: &str, sent: u64, started: i64) -> Result<(), F
         x.since = ended;
         x.tracked = 0;
         x.rebuild = None;
+        x.missed_regions = None;
     }))
     .map(|_| ())
 }
@@ -840,10 +841,18 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     })?;
     let old = r.rebuild.clone();
     let ranges = match kept.missed {
-        Missed::Ranges(v) if r.tracked == generation => {
+        // Faulted under this front end, or one whose missed regions this
+        // front end's start put in what it keeps (`front::open`).
+        Missed::Ranges(v) if r.tracked == generation || r.missed_regions.is_some() => {
             let mut all = v;
             all.extend(old.iter().flat_map(|b| b.uncertain.iter().copied()));
+            // Regions end at a multiple of their size, maybe past the
+            // volume's.
             merge(all)
+                .into_iter()
+                .map(|(a, b)| (a.min(size), b.min(size)))
+                .filter(|(a, b)| a < b)
+                .collect()
         }
         _ => vec![(0, size)],
     };

@@ -45,8 +45,11 @@ const VERSION_KEY: &str = "record_version";
 /// create with labels, and `set-volume-labels`; a format-4 store is read as
 /// it is, the same way); 6: replicated volumes (a volume's create with
 /// replicas, `add-replica` and `remove-replica`, and the `replica_sets`
-/// table; a format-5 store is read as it is, the same way).
-pub const RECORD_VERSION: u64 = 6;
+/// table; a format-5 store is read as it is, the same way); 7: a faulted
+/// replica of this node's keeps the regions it missed (`missed_regions`: a
+/// format-6 store is read as it is, the same way, and an older daemon must
+/// not clean regions without keeping them).
+pub const RECORD_VERSION: u64 = 7;
 
 pub struct Store {
     pub(crate) db: Db,
@@ -88,7 +91,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
-            2..=5 => store.set_version(version)?,
+            2..=6 => store.set_version(version)?,
             newer => {
                 return Err(ServerError::Unreadable(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",

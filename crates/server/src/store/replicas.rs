@@ -69,6 +69,17 @@ pub struct ReplicaRec {
     /// Its last rebuild that ended healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rebuild: Option<LastRebuild>,
+    /// This node's replica, out of the healthy set (record format 7): the
+    /// regions (of `lamina_replica::REGION` bytes, by index, sorted) where
+    /// it may lack changes, as lamina-replica's rule 16 records them (those
+    /// at risk at its fault, and each one a change went to since, recorded
+    /// before the change was sent). With the set's `dirty`, every change
+    /// it may lack, whichever front end sent it: a front end that opens
+    /// after a crash copies only those, not the volume. None: not kept
+    /// (healthy, another node's, or faulted before format 7); emptied when
+    /// it is healthy again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed_regions: Option<Vec<u64>>,
 }
 
 /// A rebuild that ended: bytes of data sent, when it began and ended
@@ -78,6 +89,13 @@ pub struct LastRebuild {
     pub sent: u64,
     pub started: i64,
     pub ended: i64,
+}
+
+/// Regions `new` added to sorted list `to`, once each.
+fn add(to: &mut Vec<u64>, new: &[u64]) {
+    to.extend_from_slice(new);
+    to.sort_unstable();
+    to.dedup();
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -232,6 +250,21 @@ impl Store {
         .map(|_| ())
     }
 
+    /// Record that replica `node` of volume `volume` may lack changes in
+    /// regions `regions` (lamina-replica's rule 16): durable when it
+    /// returns.
+    pub fn missed_regions(
+        &self,
+        volume: &str,
+        node: &str,
+        regions: &[u64],
+    ) -> Result<(), ServerError> {
+        self.change_replica(volume, node, |x| {
+            add(x.missed_regions.get_or_insert_with(Vec::new), regions)
+        })
+        .map(|_| ())
+    }
+
     /// Take the next generation of volume `volume`'s front end: durable
     /// when it returns.
     /// The next generation, taken by a front end that opens: the set, and
@@ -264,19 +297,22 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<ReplicaSetRec, ServerError> {
-        self.fault(volume, node, reason, now, true)
+        self.fault(volume, node, reason, now, true, &[])
     }
 
     /// Record replica `node` of volume `volume` faulted for `reason` (at
-    /// `now`, Unix seconds), unless it is already: durable when it returns.
+    /// `now`, Unix seconds), unless it is already, and, for this node's
+    /// replica, that it may lack changes in regions `at_risk`
+    /// (lamina-replica's rule 16): durable when it returns.
     pub fn fault_replica(
         &self,
         volume: &str,
         node: &str,
         reason: &str,
         now: i64,
+        at_risk: &[u64],
     ) -> Result<ReplicaSetRec, ServerError> {
-        self.fault(volume, node, reason, now, false)
+        self.fault(volume, node, reason, now, false, at_risk)
     }
 
     /// Replica `node` faulted, unless it is already: tracked by the front
@@ -288,6 +324,7 @@ impl Store {
         reason: &str,
         now: i64,
         detached: bool,
+        at_risk: &[u64],
     ) -> Result<ReplicaSetRec, ServerError> {
         self.change_replica_set(volume, |r| {
             let g = r.generation;
@@ -295,11 +332,19 @@ impl Store {
                 if x.faulted.is_none() {
                     x.faulted = Some(reason.to_string());
                     x.since = now;
+                    // This node's: no base snapshot can stand for what it
+                    // holds, so the regions it may lack are kept instead.
+                    if x.address.is_empty() {
+                        x.missed_regions.get_or_insert_with(Vec::new);
+                    }
                     if detached {
                         x.held_all = true;
                     } else {
                         x.tracked = g;
                     }
+                }
+                if let Some(m) = x.missed_regions.as_mut() {
+                    add(m, at_risk);
                 }
             }
         })
@@ -442,12 +487,12 @@ mod tests {
         assert_eq!(store.next_replica_generation("v").unwrap().0.generation, 1);
         assert_eq!(store.next_replica_generation("v").unwrap().0.generation, 2);
         let f = store
-            .fault_replica("v", "b", "no answer for 5 s", 9)
+            .fault_replica("v", "b", "no answer for 5 s", 9, &[])
             .unwrap();
         assert_eq!(f.replicas[1].faulted.as_deref(), Some("no answer for 5 s"));
         assert_eq!(f.replicas[1].since, 9);
         // Faulted once: a later fault keeps the first reason and time.
-        let again = store.fault_replica("v", "b", "other", 11).unwrap();
+        let again = store.fault_replica("v", "b", "other", 11, &[]).unwrap();
         assert_eq!(again, f);
         drop(store);
         let store = Store::open(&path).unwrap();
@@ -484,7 +529,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store.redb")).unwrap();
         store.put_replica_set("v", &set()).unwrap();
-        store.fault_replica("v", "c", "gone", 9).unwrap();
+        store.fault_replica("v", "c", "gone", 9, &[]).unwrap();
         store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
         store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
         store.snapshot_missed("v", "s2", &["c".into()]).unwrap();
@@ -515,6 +560,42 @@ mod tests {
         assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![1, 3]);
         store.mark_regions("v", &[1, 7], false).unwrap();
         assert_eq!(store.replica_set("v").unwrap().unwrap().dirty, vec![3]);
+    }
+
+    #[test]
+    fn the_regions_this_nodes_replica_missed_are_kept_until_it_is_healthy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let store = Store::open(&path).unwrap();
+        store.put_replica_set("v", &set()).unwrap();
+        // Another node's replica faulted: its base stands for what it
+        // holds, and no regions are kept.
+        store.fault_replica("v", "b", "gone", 9, &[2]).unwrap();
+        let got = store.replica_set("v").unwrap().unwrap();
+        assert!(got.replicas.iter().all(|x| x.missed_regions.is_none()));
+        // This node's: kept from its fault, the regions sorted, once each;
+        // cleaning a region (rule 14) takes nothing from them.
+        let f = store
+            .fault_replica("v", "a", "no space left", 10, &[5])
+            .unwrap();
+        assert_eq!(f.replicas[0].missed_regions, Some(vec![5]));
+        store.missed_regions("v", "a", &[5, 1]).unwrap();
+        store.mark_regions("v", &[5, 4], true).unwrap();
+        store.mark_regions("v", &[5], false).unwrap();
+        store.missed_regions("v", "a", &[1, 3]).unwrap();
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let got = store.replica_set("v").unwrap().unwrap();
+        assert_eq!(got.replicas[0].missed_regions, Some(vec![1, 3, 5]));
+        assert_eq!(got.dirty, vec![4]);
+        // A later fault record keeps the first reason, and adds its
+        // regions.
+        let again = store.fault_replica("v", "a", "other", 11, &[0]).unwrap();
+        assert_eq!(again.replicas[0].faulted.as_deref(), Some("no space left"));
+        assert_eq!(again.replicas[0].missed_regions, Some(vec![0, 1, 3, 5]));
+        // An unknown replica: an error, nothing changed.
+        assert!(store.missed_regions("v", "zz", &[0]).is_err());
+        assert_eq!(store.replica_set("v").unwrap().unwrap(), again);
     }
 
     #[test]

@@ -270,9 +270,11 @@ impl RemoteVolume {
             .map(|_| ())
     }
 
-    /// Why the session failed, if it has.
+    /// Why the session failed, if it has, naming the replica as its
+    /// calls' errors do.
     pub fn failed(&self) -> Option<String> {
-        self.session.lock().dead.clone()
+        let why = self.session.lock().dead.clone()?;
+        Some(format!("replica {}: {why}", self.session.peer))
     }
 
     /// Run one call that is not I/O (size, activate, a snapshot's) and
