@@ -115,25 +115,24 @@ pub fn replica_set(
     })
 }
 
-/// The identity (`lamina_transfer::identity`) of this node's snapshot
-/// `name` of `volume`: what the other replicas' copies of it are given as
-/// their origin, so that a pull may go on from any of them. 0 (none) if
-/// it is not there.
-pub fn origin(pool: &lamina_engine::Pool, volume: &str, name: &str) -> u64 {
+/// What the other replicas' copies of this node's snapshot `name` of
+/// `volume` are made with, in one look-up: its identity
+/// (`lamina_transfer::identity`) as their origin, so that a pull may go on
+/// from any of them (0, none, if it is not there); and whether it is a
+/// member of the group snapshot of that name, as they are made too.
+pub fn copy_of(pool: &lamina_engine::Pool, volume: &str, name: &str) -> (u64, bool) {
     pool.snapshot_info_by_name(volume, name)
-        .map(|s| lamina_transfer::identity::of_snapshot(pool.pool_id(), s.id, &s.labels))
-        .unwrap_or(0)
-}
-
-/// Whether this node's snapshot `name` of `volume` is a member of the
-/// group snapshot of that name: the other replicas' copies are made so
-/// too.
-pub fn in_group(pool: &lamina_engine::Pool, volume: &str, name: &str) -> bool {
-    pool.snapshot_info_by_name(volume, name).is_ok_and(|s| {
-        s.labels
-            .iter()
-            .any(|(k, v)| k == lamina_engine::GROUP_LABEL && v == name)
-    })
+        .map(|s| {
+            let group = s
+                .labels
+                .iter()
+                .any(|(k, v)| k == lamina_engine::GROUP_LABEL && v == name);
+            (
+                lamina_transfer::identity::of_snapshot(pool.pool_id(), s.id, &s.labels),
+                group,
+            )
+        })
+        .unwrap_or((0, false))
 }
 
 /// A replicated volume's front end, open: the volume it serves, and its
@@ -757,8 +756,7 @@ where
             .iter()
             .enumerate()
             .flat_map(|(i, m)| {
-                let from = origin(p.pool, m.volume, name);
-                let group = in_group(p.pool, m.volume, name);
+                let (from, group) = copy_of(p.pool, m.volume, name);
                 m.targets
                     .iter()
                     .map(move |(n, v)| (i, n.clone(), v.clone(), from, group))

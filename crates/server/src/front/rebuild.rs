@@ -269,10 +269,7 @@ fn rebuild(
                 continue;
             }
             round(ctx, front, node, &v, &rb, s)?;
-            let (origin, group) = (
-                super::origin(&ctx.pool, &ctx.volume, s),
-                super::in_group(&ctx.pool, &ctx.volume, s),
-            );
+            let (origin, group) = super::copy_of(&ctx.pool, &ctx.volume, s);
             io(v.snapshot(s, origin, group))?;
             let s = s.clone();
             rebase(ctx, node, &rb, &s, |x| {
