@@ -55,24 +55,41 @@ pub const REPLICA_OF: &str = "lamina.io/replica-of";
 impl Served {
     /// Make `volume` (`size` bytes, labelled with the front end's node) if
     /// this node has none of that name. One there already must be one made
-    /// so for the same front end, of that size: a volume of this node's
-    /// own is never taken over as a replica.
+    /// so for the same front end, of that size, and never written (no data,
+    /// no snapshot): a volume of this node's own is never taken over as a
+    /// replica, nor one left from an earlier volume as a new one's.
     fn create(&self, volume: &str, peer: &str, size: u64) -> Result<(), IoError> {
         let invalid = |m: String| IoError::new(IoErrorKind::Invalid, m);
         let check = |v: lamina_engine::VolumeInfo| {
             let of = v.labels.iter().find(|(k, _)| k == REPLICA_OF);
             if of.is_none_or(|(_, front)| front != peer) {
-                Err(invalid(format!(
+                return Err(invalid(format!(
                     "this node holds a volume {volume} that is not a replica of node {peer}'s"
-                )))
-            } else if v.size == size {
-                Ok(())
-            } else {
-                Err(invalid(format!(
+                )));
+            }
+            if v.size != size {
+                return Err(invalid(format!(
                     "this node holds a volume {volume} of {} bytes, not {size}",
                     v.size
-                )))
+                )));
             }
+            // One made by an earlier ask of this same create (or add) was
+            // never written: as good as a new one. One with data or
+            // snapshots is left from an earlier volume of that name (its
+            // replica removed, or the volume deleted, while this node was
+            // away), and would be taken for a copy of the new one.
+            let snapshots = self
+                .pool
+                .list_snapshots(volume)
+                .map_err(|e| IoError::new(IoErrorKind::Io, e.to_string()))?;
+            if v.allocated_bytes > 0 || !snapshots.is_empty() {
+                return Err(invalid(format!(
+                    "this node holds a volume {volume} of node {peer}'s with {} bytes of data and {} snapshots, left from an earlier volume of that name (a replica removed, or the volume deleted, while this node was away): delete it here first (lamina volume delete {volume} --with-snapshots, on this node)",
+                    v.allocated_bytes,
+                    snapshots.len()
+                )));
+            }
+            Ok(())
         };
         if let Ok(v) = self.pool.volume_info_by_name(volume) {
             return check(v);
@@ -632,8 +649,44 @@ mod tests {
             info.labels,
             vec![(REPLICA_OF.to_string(), "front".to_string())]
         );
-        // Again, of the same size: the same volume.
+        // Again, of the same size: the same volume, while it was never
+        // written.
         drop(RemoteVolume::create(&n.front, &remote, "new", 4 << 20, o).unwrap());
+        // Written (or with a snapshot): left from an earlier volume, it is
+        // never taken for a new one's replica.
+        let pool = n.pool.as_ref().unwrap();
+        pool.create_volume_labelled("old", 4 << 20, &info.labels)
+            .unwrap();
+        pool.create_snapshot("old", "s", &[]).unwrap();
+        pool.create_volume_labelled("used", 4 << 20, &info.labels)
+            .unwrap();
+        let used = RemoteVolume::connect(&n.front, &remote, "used", o).unwrap();
+        used.activate(1).unwrap();
+        lamina_blockio::wait(
+            &used,
+            lamina_blockio::IoOp::Write {
+                offset: 0,
+                data: vec![1; 4096],
+                fua: true,
+            },
+        )
+        .unwrap();
+        for (v, what) in [
+            ("old", "0 bytes of data and 1 snapshots"),
+            ("used", "4096 bytes of data and 0 snapshots"),
+        ] {
+            let e = RemoteVolume::create(&n.front, &remote, v, 4 << 20, o)
+                .err()
+                .unwrap();
+            assert!(
+                e.to_string().contains(&format!(
+                    "holds a volume {v} of node front's with {what}, left from an earlier volume"
+                )) && e
+                    .to_string()
+                    .contains(&format!("lamina volume delete {v} --with-snapshots")),
+                "{e}"
+            );
+        }
         let e = RemoteVolume::create(&n.front, &remote, "new", 8 << 20, o)
             .err()
             .unwrap();

@@ -1493,6 +1493,27 @@ fn deleting_a_replicated_volume_or_removing_a_replica_deletes_its_volume_on_its_
     assert!(holds(&c, "q"), "left on n2, as answered");
     a.d.ok(&["volume", "delete", "q", "--with-snapshots"]);
     assert!(!holds(&a, "q"));
+    // A new volume of that name and size is not given the one left there
+    // (an earlier volume's data) as its replica: refused, saying what to
+    // delete, and nothing is made.
+    let e = a.d.err(&[
+        "volume",
+        "create",
+        "q",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--replica-node",
+        "n2",
+    ]);
+    assert!(
+        e.contains("node n2 could not make its replica")
+            && e.contains("left from an earlier volume")
+            && e.contains("lamina volume delete q"),
+        "{e}"
+    );
+    assert!(!holds(&a, "q"), "{:?}", held(&a));
     // Deleted there by hand, as the answer said.
     c.d.ok(&["volume", "delete", "q", "--with-snapshots"]);
     assert!(!holds(&c, "q"));
