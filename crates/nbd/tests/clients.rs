@@ -44,6 +44,7 @@ impl lamina_replica::Membership for Faults {
         _index: usize,
         name: &str,
         reason: &str,
+        _at_risk: &[u64],
     ) -> Result<(), lamina_blockio::IoError> {
         self.0.lock().unwrap().push(format!("{name}: {reason}"));
         Ok(())

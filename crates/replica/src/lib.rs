@@ -1031,6 +1031,7 @@ impl Shared {
     /// many to list).
     fn at_risk(&self, i: usize) -> Vec<u64> {
         let mut out = std::collections::BTreeSet::new();
+        let mut too_many = false;
         for kept in [&self.missed[i], &self.unflushed_at_fault[i]] {
             match &*kept.lock().unwrap_or_else(|p| p.into_inner()) {
                 Missed::NotKept => {}
@@ -1039,8 +1040,12 @@ impl Shared {
                         out.extend(a / REGION..=(b - 1) / REGION);
                     }
                 }
-                Missed::TooMany => out.extend(self.marked().0.iter().copied()),
+                Missed::TooMany => too_many = true,
             }
+        }
+        // Taken apart from the locks above.
+        if too_many {
+            out.extend(self.marked().0.iter().copied());
         }
         out.into_iter().collect()
     }
