@@ -175,16 +175,20 @@ fn submit(r: &Arc<Runners<Test>>, first: u64, acts: &[Act]) {
 
 /// Fast calls, one at a time, until the policy has judged the device fast.
 fn warm_up(r: &Arc<Runners<Test>>, s: &Script) {
+    // Until the device looks fast and the last call was fast too: on a
+    // busy machine one of them may be preempted past SLOW_CALL, and a lone
+    // call after a slow one is handed back.
+    let fast = || !r.slow() && !r.last_slow.load(Ordering::Relaxed);
     for i in 0..200 {
         submit(r, 1_000_000 + i, &[Act::Fast]);
         s.wait("the warm-up call is answered", |st| {
             answered(st).contains(&(1_000_000 + i))
         });
-        if !r.slow() {
+        if fast() {
             break;
         }
     }
-    assert!(!r.slow(), "fast calls never made the device look fast");
+    assert!(fast(), "fast calls never made the device look fast");
     s.set(|st| st.batches.clear());
 }
 
@@ -394,7 +398,10 @@ fn a_lone_call_on_an_idle_fast_device_runs_on_the_caller() {
     assert_eq!(done.map(|d| (d.id, d.thread)), Some((2, here)));
     // Its answer is the caller's to deliver, not the work's.
     assert!(answered(&s.lock()).is_empty());
-    // One answered later goes its own way.
+    // One answered later goes its own way (after fast calls again: the one
+    // above may have been preempted past SLOW_CALL on a busy machine).
+    warm_up(&r, &s);
+    runners_ended(&r);
     assert!(matches!(r.run_here_if_idle(job(3, Act::Late)), Ok(None)));
     s.wait("the late answer", |st| answered(st) == [3]);
     assert_eq!(r.lock().runners, 0, "counted out once it ran");
@@ -423,13 +430,16 @@ fn a_call_is_handed_back_while_runners_work_and_after_a_slow_call() {
     );
     s.set(|st| st.gate_open = true);
     s.wait("the stuck call", |st| answered(st) == [1]);
+    // The stuck call counts as slow if it was held past SLOW_CALL (how
+    // long depends on the machine's load): fast calls after it, as the
+    // runners run them, make the last call fast for what follows.
+    warm_up(&r, &s);
     runners_ended(&r);
     // A slow call runs here once; the next is handed back, until a call
     // the runners run proves fast again.
     assert!(r.run_here_if_idle(job(3, Act::Slow)).is_ok());
     assert!(r.run_here_if_idle(job(4, Act::Fast)).is_err());
-    submit(&r, 5, &[Act::Fast]);
-    s.wait("the fast call", |st| answered(st).contains(&5));
+    warm_up(&r, &s);
     runners_ended(&r);
     assert!(r.run_here_if_idle(job(6, Act::Fast)).is_ok());
 }

@@ -924,14 +924,11 @@ fn a_replica_whose_disk_fills_up_is_faulted_and_rebuilt_once_there_is_room() {
     fio(&ends[1], &["--randseed=2", "--verify_only", "--offset=32m"]);
 }
 
-#[test]
-fn the_front_ends_own_replica_whose_disk_fills_up_is_rebuilt_first_and_the_others_from_it() {
-    need("fio", "fio");
-    need("qemu-img", "qemu-utils");
-    let net = Net::new(3);
-    let certs = Certs::new();
-    // n0's pool on a small disk (about 48 MiB for data, as above), its
-    // store beside it on the machine's: the faults are recorded.
+/// Node n0 on `net`'s first host, its pool on a small disk (128 MiB, about
+/// 48 MiB for data), its store beside it on the machine's (the faults are
+/// recorded): the disk, the data directory and the node, in the order they
+/// must outlive one another (bound in that order, the node stops first).
+fn n0_on_a_small_disk<'a>(net: &'a Net, certs: &Certs) -> (SmallDisk, tempfile::TempDir, Node<'a>) {
     let disk = SmallDisk::new("128m");
     let data = tempfile::Builder::new()
         .prefix("lamina-n0")
@@ -939,6 +936,16 @@ fn the_front_ends_own_replica_whose_disk_fills_up_is_rebuilt_first_and_the_other
         .unwrap();
     std::os::unix::fs::symlink(disk.path(), data.path().join("pool")).unwrap();
     let a = Node::start_on(net.host(0), "n0", certs.issue("n0"), data.path().into());
+    (disk, data, a)
+}
+
+#[test]
+fn the_front_ends_own_replica_whose_disk_fills_up_is_rebuilt_first_and_the_others_from_it() {
+    need("fio", "fio");
+    need("qemu-img", "qemu-utils");
+    let net = Net::new(3);
+    let certs = Certs::new();
+    let (disk, _data, a) = n0_on_a_small_disk(&net, &certs);
     let b = Node::start(net.host(1), "n1", &certs, 60);
     let c = Node::start(net.host(2), "n2", &certs, 60);
     for n in [&b, &c] {
@@ -1039,14 +1046,8 @@ fn the_front_ends_own_replica_faulted_then_its_daemon_killed_is_copied_only_the_
     need("qemu-img", "qemu-utils");
     let net = Net::new(2);
     let certs = Certs::new();
-    // n0's pool on a small disk, as above; a volume of four 64 MiB regions.
-    let disk = SmallDisk::new("128m");
-    let data = tempfile::Builder::new()
-        .prefix("lamina-n0")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::os::unix::fs::symlink(disk.path(), data.path().join("pool")).unwrap();
-    let mut a = Node::start_on(net.host(0), "n0", certs.issue("n0"), data.path().into());
+    // A volume of four 64 MiB regions.
+    let (disk, _data, mut a) = n0_on_a_small_disk(&net, &certs);
     let b = Node::start(net.host(1), "n1", &certs, 60);
     a.d.ok(&["node", "add", &b.name, &b.transfer()]);
     create_on_two(&a, "256MiB");
