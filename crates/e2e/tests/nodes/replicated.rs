@@ -1054,9 +1054,8 @@ fn the_front_ends_own_replica_faulted_then_its_daemon_killed_is_copied_only_the_
     let uri = a.d.attach(&["volume", "attach", "r"]);
     // Region 0, flushed.
     fio(&uri, &["--randseed=1", "--do_verify=1", "--end_fsync=1"]);
-    // Region 3 fills n0's disk: its replica is faulted, n1 holds the rest,
-    // and the flush at the end records the region clean, so the record
-    // keeps it as one n0's replica missed.
+    // Region 3 fills n0's disk: its replica is faulted with region 3 at
+    // risk in its record, and n1 holds the rest.
     fio(
         &uri,
         &[
@@ -1069,7 +1068,8 @@ fn the_front_ends_own_replica_faulted_then_its_daemon_killed_is_copied_only_the_
     let (r, list) = replicas(&a, "r");
     assert_ne!(list[0].1, "healthy", "{r}");
     assert_eq!(list[1].1, "healthy", "{r}");
-    // Region 2 written with no flush: dirty when the daemon is killed.
+    // Region 2 written with no flush: recorded as missed before the first
+    // write there is sent, and still dirty when the daemon is killed.
     fio(
         &uri,
         &[

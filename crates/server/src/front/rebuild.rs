@@ -930,8 +930,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
             // Out of the write set: what it misses is kept from now on,
             // with what this attempt had not copied.
             front.replicated.drop_rebuild(node);
-            let left: Vec<(u64, u64)> = left.into_iter().collect();
-            front.replicated.seed_missed(node, &left);
+            front.replicated.seed_missed(node, left.make_contiguous());
             Err(e)
         }
     }

@@ -73,9 +73,9 @@ pub struct ReplicaRec {
     /// regions (of `lamina_replica::REGION` bytes, by index, sorted) where
     /// it may lack changes, as lamina-replica's rule 16 records them (those
     /// at risk at its fault, and each one a change went to since, recorded
-    /// before the change was sent). With the set's `dirty`, every change
-    /// it may lack, whichever front end sent it: a front end that opens
-    /// after a crash copies only those, not the volume. None: not kept
+    /// before the change was sent): every change it may lack, whichever
+    /// front end sent it, so a front end that opens after a crash copies
+    /// only those, not the volume. None: not kept
     /// (healthy, another node's, or faulted before format 7); emptied when
     /// it is healthy again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
