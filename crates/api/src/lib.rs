@@ -344,6 +344,13 @@ pub const GROUP_LABEL: &str = "lamina.io/group";
 /// snapshots). Like [`GROUP_LABEL`], no user may set it.
 pub const SCHEDULE_LABEL: &str = "lamina.io/schedule";
 
+/// Label a volume made to be another node's replica carries; its value is
+/// the node of the front end it serves. Such a volume is part of that
+/// node's volume of the same name (its `replication` lists it), not a
+/// volume of its own: Kubernetes' side (the CSI driver, the controllers)
+/// passes over it.
+pub const REPLICA_OF_LABEL: &str = "lamina.io/replica-of";
+
 /// Snapshots of several volumes taken at one instant (one engine
 /// transaction): crash-consistent across the volumes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -78,12 +78,14 @@ async fn sync(ctx: &Ctx, engine: &Engine) -> Result<(), Error> {
             operations.insert(v, op);
         }
     }
-    let view = Arc::new(EngineView {
+    // Replicas of other nodes' volumes are theirs: not in the view the
+    // reconcilers look volumes and snapshots up in either.
+    let view = Arc::new(plan::own(&EngineView {
         node: engine.node.clone(),
         volumes,
         snapshots,
         operations,
-    });
+    }));
     ctx.views
         .write()
         .unwrap()

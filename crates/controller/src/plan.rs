@@ -106,9 +106,40 @@ pub fn plan(
     now: &Time,
 ) -> Vec<Write> {
     let mut out = Vec::new();
-    plan_volumes(view, volumes, now, &mut out);
-    plan_snapshots(view, snapshots, &mut out);
+    let view = own(view);
+    plan_volumes(&view, volumes, now, &mut out);
+    plan_snapshots(&view, snapshots, &mut out);
     out
+}
+
+/// `view` without the volumes this node holds as replicas of another
+/// node's (label [`api::REPLICA_OF_LABEL`]) and their snapshots: each is
+/// part of its front end's volume of the same name, which has the
+/// resources; mirrored as a volume of this node, it would be a second
+/// Volume of that name.
+pub fn own(view: &EngineView) -> EngineView {
+    let replicas: std::collections::HashSet<u64> = view
+        .volumes
+        .iter()
+        .filter(|v| v.labels.contains_key(api::REPLICA_OF_LABEL))
+        .map(|v| v.id)
+        .collect();
+    EngineView {
+        node: view.node.clone(),
+        volumes: view
+            .volumes
+            .iter()
+            .filter(|v| !replicas.contains(&v.id))
+            .cloned()
+            .collect(),
+        snapshots: view
+            .snapshots
+            .iter()
+            .filter(|s| !replicas.contains(&s.volume_id))
+            .cloned()
+            .collect(),
+        operations: view.operations.clone(),
+    }
 }
 
 fn plan_volumes(view: &EngineView, existing: &[Arc<Volume>], now: &Time, out: &mut Vec<Write>) {

@@ -278,6 +278,34 @@ fn a_full_clone_reports_progress_then_failure() {
 }
 
 #[test]
+fn a_volume_held_as_another_nodes_replica_gets_no_resource_nor_do_its_snapshots() {
+    // "r" here is node n0's volume r's replica (its resources are n0's);
+    // "a" is this node's own, with a snapshot of the same name.
+    let mut replica = vol("r");
+    replica.id = 2;
+    replica
+        .labels
+        .insert(api::REPLICA_OF_LABEL.into(), "n0".into());
+    let mut of_replica = snap("r", "s1", false);
+    of_replica.id = 8;
+    of_replica.volume_id = 2;
+    let v = view(
+        vec![vol("a"), replica],
+        vec![snap("a", "s1", false), of_replica],
+    );
+    let w = plan(&v, &[], &[], &now());
+    let made: Vec<&str> = w
+        .iter()
+        .filter_map(|w| match w {
+            Write::CreateVolume { name, .. } => Some(name.as_str()),
+            Write::CreateSnapshot { spec, .. } => Some(spec.volume.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(made, ["a", "a"], "{w:?}");
+}
+
+#[test]
 fn other_nodes_resources_are_not_touched() {
     let mut other = Volume::new(
         "b",

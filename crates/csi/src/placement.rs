@@ -57,6 +57,28 @@ fn pick(req: Option<&TopologyRequirement>, nodes: &[Candidate], size: u64) -> Op
     roomy(&|n| r.requisite.iter().any(|t| fits(t, &topology_of(n))))
 }
 
+/// The nodes for `n` more replicas of a volume whose front end is on
+/// `front`: the roomiest of `nodes` (most free bytes first, ties to the
+/// first name) that are neither `front` nor in `taken` (nodes holding a
+/// replica already). Replicas are thin too, so room only orders them.
+/// Err: how many such nodes there are, when fewer than `n`.
+pub fn choose_replicas(
+    front: &str,
+    taken: &[String],
+    nodes: &[Candidate],
+    n: usize,
+) -> Result<Vec<String>, usize> {
+    let mut others: Vec<&Candidate> = nodes
+        .iter()
+        .filter(|c| c.name != front && !taken.contains(&c.name))
+        .collect();
+    if others.len() < n {
+        return Err(others.len());
+    }
+    others.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.name.cmp(&b.name)));
+    Ok(others.into_iter().take(n).map(|c| c.name.clone()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +161,58 @@ mod tests {
                     }
                 }
                 None => proptest::prop_assert!(!nodes.iter().any(|x| allowed(Some(&r), &x.name))),
+            }
+        }
+    }
+
+    #[test]
+    fn replicas_go_to_the_roomiest_other_nodes_never_the_front_ends_nor_a_taken_one() {
+        let nodes = [c("a", 100), c("b", 50), c("c", 50), c("d", 80)];
+        assert_eq!(
+            choose_replicas("a", &[], &nodes, 2),
+            Ok(vec!["d".into(), "b".into()])
+        );
+        assert_eq!(
+            choose_replicas("d", &["a".into()], &nodes, 2),
+            Ok(vec!["b".into(), "c".into()])
+        );
+        assert_eq!(choose_replicas("a", &[], &nodes, 0), Ok(vec![]));
+        assert_eq!(choose_replicas("a", &["d".into()], &nodes, 3), Err(2));
+        assert_eq!(choose_replicas("z", &[], &[], 1), Err(0));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn chosen_replicas_are_distinct_other_nodes(
+            free in proptest::collection::vec(0u64..4, 0..6),
+            taken in proptest::collection::vec(0usize..6, 0..3),
+            n in 0usize..4,
+        ) {
+            let nodes: Vec<Candidate> = free
+                .iter()
+                .enumerate()
+                .map(|(i, f)| c(&format!("n{i}"), *f))
+                .collect();
+            let taken: Vec<String> = taken.iter().map(|i| format!("n{i}")).collect();
+            let eligible = nodes
+                .iter()
+                .filter(|x| x.name != "n0" && !taken.contains(&x.name))
+                .count();
+            match choose_replicas("n0", &taken, &nodes, n) {
+                Ok(chosen) => {
+                    proptest::prop_assert_eq!(chosen.len(), n);
+                    let mut d = chosen.clone();
+                    d.sort();
+                    d.dedup();
+                    proptest::prop_assert_eq!(d.len(), n);
+                    for x in &chosen {
+                        proptest::prop_assert!(x != "n0" && !taken.contains(x));
+                    }
+                }
+                Err(k) => {
+                    proptest::prop_assert!(eligible < n);
+                    proptest::prop_assert_eq!(k, eligible);
+                }
             }
         }
     }

@@ -451,3 +451,116 @@ fn a_restore_from_a_node_that_refuses_this_one_is_a_failed_precondition() {
     assert!(e.message().starts_with("refused"), "{e:?}");
     assert!(!c.has(&c.a, "pvc-there"));
 }
+
+#[test]
+fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third_lacks() {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = |n: &str| certs.path().join(n);
+    lamina_transfer::certs::create_ca(&dir("ca")).unwrap();
+    for n in ["a", "b"] {
+        lamina_transfer::certs::issue(&dir("ca"), n, &dir(n)).unwrap();
+    }
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", lamina_test_support::free_port())
+        .parse()
+        .unwrap();
+    let transfer = |node: &str, listen| lamina_server::TransferConfig {
+        listen,
+        tls_dir: Some(dir(node)),
+        ..Default::default()
+    };
+    let c = Cluster::start_with(
+        Some(&listen.to_string()),
+        false,
+        [transfer("a", None), transfer("b", Some(listen))],
+    );
+    let create = |name: &str, replicas: &str, source: Option<Source>| {
+        let req = CreateVolumeRequest {
+            accessibility_requirements: req(&["a"], &[]),
+            volume_content_source: source.map(|t| VolumeContentSource { r#type: Some(t) }),
+            parameters: [("replicas".to_string(), replicas.to_string())].into(),
+            ..node_env::create_request(name, 16 * MIB)
+        };
+        c.call(c.ctl().create_volume(req))
+            .map(|r| r.volume.expect("a volume"))
+    };
+    let replicas_of = |name: &str| -> Vec<String> {
+        let v = c.rt.block_on(c.a.get_volume(name)).unwrap();
+        v.replication
+            .map(|r| r.replicas.into_iter().map(|x| x.node).collect())
+            .unwrap_or_default()
+    };
+
+    // Two replicas: the volume on a (where the topology puts it), its
+    // second replica on b, which a's daemon learnt from the node set.
+    let v = create("pvc-r", "2", None).unwrap();
+    assert_eq!(node_of(&v), "a");
+    assert_eq!(replicas_of("pvc-r"), ["a", "b"]);
+    let there = c.rt.block_on(c.b.get_volume("pvc-r")).unwrap();
+    assert_eq!(
+        there
+            .labels
+            .get(lamina_api::REPLICA_OF_LABEL)
+            .map(String::as_str),
+        Some("a")
+    );
+    let known = c.rt.block_on(c.a.list_nodes()).unwrap();
+    assert!(
+        known
+            .iter()
+            .any(|n| n.name == "b" && n.address == listen.to_string()),
+        "{known:?}"
+    );
+    // Asked again: the same volume. b's replica is no volume of its own.
+    assert_eq!(create("pvc-r", "2", None).unwrap().volume_id, v.volume_id);
+    let listed = c
+        .call(c.ctl().list_volumes(ListVolumesRequest::default()))
+        .unwrap();
+    let ids: Vec<&str> = listed
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.as_str()))
+        .collect();
+    assert_eq!(ids, [v.volume_id.as_str()]);
+
+    // A restore gets its second replica after it is made.
+    let snap = c
+        .call(c.ctl().create_snapshot(CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: "snap-r".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .snapshot
+        .unwrap();
+    let listed = c
+        .call(c.ctl().list_snapshots(ListSnapshotsRequest::default()))
+        .unwrap();
+    assert_eq!(
+        listed.entries.len(),
+        1,
+        "b's copy of the snapshot is a's: {listed:?}"
+    );
+    let src = Some(Source::Snapshot(SnapshotSource {
+        snapshot_id: snap.snapshot_id.clone(),
+    }));
+    create("pvc-restored", "2", src).unwrap();
+    assert_eq!(replicas_of("pvc-restored"), ["a", "b"]);
+
+    // Three replicas need a third node; no such number is taken.
+    let e = create("pvc-3", "3", None).unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("1 found"), "{e:?}");
+    assert!(!c.has(&c.a, "pvc-3") && !c.has(&c.b, "pvc-3"));
+    for bad in ["0", "4", "two"] {
+        let e = create("pvc-x", bad, None).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e:?}");
+    }
+
+    // Deleting the volume deletes its replica on b.
+    c.call(c.ctl().delete_volume(DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert!(!c.has(&c.b, "pvc-r"));
+}

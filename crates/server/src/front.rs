@@ -254,6 +254,25 @@ pub struct Parts<'a> {
     pub crash_at: Option<&'a str>,
 }
 
+/// Where replica `r` (another node's) is reached: its node's address in
+/// this node's node list, which an operator (or the CSI controller, for a
+/// node pod that came back with a new IP) keeps current; the address
+/// recorded with the replica when the node is not listed (or the list
+/// cannot be read).
+pub(crate) fn remote_of(store: &Store, r: &crate::store::ReplicaRec) -> Remote {
+    let listed = store
+        .node(&r.node)
+        .map_err(|e| tracing::warn!(node = %r.node, error = %e, "the node list could not be read; using the replica's recorded address"))
+        .ok()
+        .flatten();
+    Remote {
+        address: listed
+            .map(|n| n.address)
+            .unwrap_or_else(|| r.address.clone()),
+        node: r.node.clone(),
+    }
+}
+
 /// An export's volume, and its front end when it is a replicated volume's.
 pub type Opened = (Arc<dyn BlockIo>, Option<Arc<Front>>);
 
@@ -314,10 +333,7 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                     "volume {volume} has replicas on other nodes, and this daemon has no transfer identity (--transfer-tls)"
                 )));
             };
-            let remote = Remote {
-                address: r.address.clone(),
-                node: r.node.clone(),
-            };
+            let remote = remote_of(p.store, r);
             RemoteVolume::connect(identity, &remote, volume, SessionOptions::default())
                 .map(|v| {
                     let v = Arc::new(v);
@@ -576,10 +592,7 @@ pub fn delete_snapshot(p: &Parts<'_>, front: Option<&Front>, volume: &str, name:
         let done = match (open, p.identity) {
             (Some((_, v)), _) => v.delete_snapshot(name).map_err(|e| e.to_string()),
             (None, Some(id)) => {
-                let remote = Remote {
-                    address: r.address.clone(),
-                    node: r.node.clone(),
-                };
+                let remote = remote_of(p.store, r);
                 RemoteVolume::connect(id, &remote, volume, SessionOptions::default())
                     .map_err(|e| e.to_string())
                     .and_then(|v| v.delete_snapshot(name).map_err(|e| e.to_string()))
@@ -690,10 +703,7 @@ where
             .skip(1)
             .filter(|r| r.faulted.is_none())
         {
-            let remote = Remote {
-                address: r.address.clone(),
-                node: r.node.clone(),
-            };
+            let remote = remote_of(p.store, r);
             let opened = match p.identity {
                 Some(id) => RemoteVolume::connect(id, &remote, m.volume, SessionOptions::default())
                     .map_err(|e| e.to_string()),
@@ -835,5 +845,37 @@ fn all_quiesced<T>(
             healthy.push(h.to_vec());
             all_quiesced(rest, healthy, work)
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NodeRec, ReplicaRec};
+
+    #[test]
+    fn a_replica_is_reached_at_its_nodes_listed_address_else_at_the_recorded_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.redb")).unwrap();
+        let r = ReplicaRec {
+            node: "n1".into(),
+            address: "10.0.0.1:7481".into(),
+            ..Default::default()
+        };
+        // Not listed: where it was when the replica was made.
+        assert_eq!(remote_of(&store, &r).address, "10.0.0.1:7481");
+        // Listed at a new address (its node came back elsewhere): there.
+        store
+            .add_node(&NodeRec {
+                name: "n1".into(),
+                address: "10.0.0.9:7481".into(),
+                added: 0,
+            })
+            .unwrap();
+        let to = remote_of(&store, &r);
+        assert_eq!(
+            (to.node.as_str(), to.address.as_str()),
+            ("n1", "10.0.0.9:7481")
+        );
     }
 }

@@ -44,7 +44,7 @@ impl Known {
                 .filter(holds)
                 .map(|r| Holder {
                     node: r.node.clone(),
-                    address: r.address.clone(),
+                    address: crate::front::remote_of(&self.store, r).address,
                 })
                 .collect());
         }

@@ -50,7 +50,7 @@ impl Served {
 }
 
 /// The label a volume made for a front end carries: that front end's node.
-pub const REPLICA_OF: &str = "lamina.io/replica-of";
+pub const REPLICA_OF: &str = lamina_api::REPLICA_OF_LABEL;
 
 impl Served {
     /// Make `volume` (`size` bytes, labelled with the front end's node) if

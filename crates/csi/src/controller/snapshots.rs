@@ -231,11 +231,23 @@ impl ControllerService {
             }
         } else {
             for n in self.nodes.all() {
-                let snaps = n
+                let mut snaps = n
                     .client
                     .list_all_snapshots()
                     .await
                     .map_err(|e| from_client(&e))?;
+                // A replica's snapshots are its front end's volume's,
+                // listed from that node.
+                let replicas: std::collections::HashSet<u64> = n
+                    .client
+                    .list_volumes()
+                    .await
+                    .map_err(|e| from_client(&e))?
+                    .iter()
+                    .filter(|v| super::volumes::is_replica(v))
+                    .map(|v| v.id)
+                    .collect();
+                snaps.retain(|s| !replicas.contains(&s.volume_id));
                 found.push((n.name, snaps));
             }
         }

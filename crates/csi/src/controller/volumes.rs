@@ -5,7 +5,7 @@
 use super::{check_capabilities, check_capability, volume_id, ControllerService, DEFAULT_SIZE};
 use crate::ids::{fits_csi_limit, lamina_name, shown, SnapshotId, VolumeId};
 use crate::nodes::{topology_of, Picked};
-use crate::placement::{allowed, choose, fits, Candidate};
+use crate::placement::{allowed, choose, choose_replicas, fits, Candidate};
 use crate::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
@@ -15,6 +15,11 @@ use tonic::Status;
 
 /// StorageClass parameter: `linked` (default) or `full` clones and restores.
 pub const PARAM_CLONE: &str = "clone";
+/// StorageClass parameter: how many replicas a volume has, each in the
+/// pool of a node of its own (1 to [`MAX_REPLICAS`], default 1).
+pub const PARAM_REPLICAS: &str = "replicas";
+/// The most replicas a volume has (the daemon's limit).
+pub const MAX_REPLICAS: usize = 3;
 /// Parameters the CO adds on its own (`csi.storage.k8s.io/...`) are ignored.
 const CO_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
@@ -48,28 +53,48 @@ fn fs_floor(caps: &[VolumeCapability]) -> Option<(u64, &'static str)> {
         .then_some((XFS_MIN_SIZE, "xfs"))
 }
 
-/// Whether clones and restores copy the data (`clone: full`).
-fn full_clone(params: &std::collections::HashMap<String, String>) -> Result<bool, Status> {
-    let mut full = false;
+/// A StorageClass's parameters, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Params {
+    /// Clones and restores copy the data (`clone: full`).
+    pub full: bool,
+    /// Replicas, each on a node of its own (`replicas`, 1 to 3).
+    pub replicas: usize,
+}
+
+pub(crate) fn params(params: &std::collections::HashMap<String, String>) -> Result<Params, Status> {
+    let mut p = Params {
+        full: false,
+        replicas: 1,
+    };
     for (k, v) in params {
         if k.starts_with(CO_PARAM_PREFIX) {
             continue;
         }
         match (k.as_str(), v.as_str()) {
-            (PARAM_CLONE, "linked") => full = false,
-            (PARAM_CLONE, "full") => full = true,
+            (PARAM_CLONE, "linked") => p.full = false,
+            (PARAM_CLONE, "full") => p.full = true,
             (PARAM_CLONE, other) => {
                 return invalid!("parameter clone={}: expected linked or full", shown(other))
             }
+            (PARAM_REPLICAS, n) => match n.parse::<usize>() {
+                Ok(n @ 1..=MAX_REPLICAS) => p.replicas = n,
+                _ => {
+                    return invalid!(
+                        "parameter replicas={}: expected 1 to {MAX_REPLICAS}",
+                        shown(n)
+                    )
+                }
+            },
             _ => {
                 return invalid!(
-                    "unknown parameter {} (Lamina takes: {PARAM_CLONE})",
+                    "unknown parameter {} (Lamina takes: {PARAM_CLONE}, {PARAM_REPLICAS})",
                     shown(k)
                 )
             }
         }
     }
-    Ok(full)
+    Ok(p)
 }
 
 /// The (required, limit) bytes of a capacity range, checked.
@@ -120,13 +145,15 @@ impl ControllerService {
         }
         check_capabilities(&req.volume_capabilities)?;
         let (want_min, limit) = range(req.capacity_range.as_ref())?;
-        let full = full_clone(&req.parameters)?;
+        let Params { full, replicas } = params(&req.parameters)?;
         let name = lamina_name(&req.name);
         let _g = self.lock(&name).await;
 
         // Retried, or asked again: the same volume if it is compatible.
         if let Some((node, v)) = self.find_volume(&name).await? {
-            return self.existing(&node, v, &req, want_min, limit).await;
+            return self
+                .existing(&node, v, &req, want_min, limit, replicas)
+                .await;
         }
 
         let source = self.resolve(req.volume_content_source.as_ref()).await?;
@@ -176,11 +203,18 @@ impl ControllerService {
                 crate::ids::MAX_ID_LEN
             );
         }
+        // An empty volume is made with its replicas; a clone or restore is
+        // made here first, then given its other replicas (each a full copy).
+        let others = match &source {
+            Resolved::None if replicas > 1 => self.replica_nodes(&node, &[], replicas - 1).await?,
+            _ => vec![],
+        };
         let made = match &source {
             Resolved::None => {
                 let r = api::CreateVolume {
                     name: name.clone(),
                     size,
+                    replicas: others,
                     ..Default::default()
                 };
                 node.client
@@ -219,7 +253,8 @@ impl ControllerService {
                 if let Some(op) = c.operation {
                     self.wait_copy(&node, &name, &op.id).await?;
                 }
-                self.grow_to(&node, &name, size).await?
+                self.grow_to(&node, &name, size).await?;
+                self.ensure_replicas(&node, &name, replicas).await?
             }
         };
         Ok(CreateVolumeResponse {
@@ -227,12 +262,14 @@ impl ControllerService {
         })
     }
 
-    /// A volume of this name on any node the controller can reach. A node
+    /// A volume of this name on any node the controller can reach (not a
+    /// replica of another node's: that node's volume is the one). A node
     /// that does not answer is passed over (docs/csi.md: a retry could
     /// then place the volume again elsewhere).
     async fn find_volume(&self, name: &str) -> Result<Option<(Picked, api::Volume)>, Status> {
         for n in self.nodes.all() {
             match n.client.get_volume(name).await {
+                Ok(v) if is_replica(&v) => {}
                 Ok(v) => return Ok(Some((n, v))),
                 Err(e) if e.is_not_found() => {}
                 Err(lamina_client::Error::Unreachable { .. }) if self.nodes.qualified() => {
@@ -309,6 +346,7 @@ impl ControllerService {
         req: &CreateVolumeRequest,
         want_min: u64,
         limit: u64,
+        replicas: usize,
     ) -> Result<CreateVolumeResponse, Status> {
         let asked = requested_source(req.volume_content_source.as_ref())?;
         let had = self.created_from(node, &v).await?;
@@ -339,14 +377,134 @@ impl ControllerService {
                 v.size
             )));
         }
-        let v = node
-            .client
-            .get_volume(&v.name)
-            .await
-            .map_err(|e| from_client(&e))?;
+        // A call cut off before every replica was added: the retry adds the
+        // rest. A volume with more than asked keeps them.
+        let v = self.ensure_replicas(node, &v.name, replicas).await?;
         Ok(CreateVolumeResponse {
             volume: Some(self.csi_volume(&node.name, &v, req.volume_content_source.clone())),
         })
+    }
+
+    /// Volume `name` on `node` with at least `want` replicas: those it
+    /// lacks added on other nodes (each a full copy, made in the
+    /// background: the volume is usable meanwhile, degraded). The volume
+    /// as it is then.
+    async fn ensure_replicas(
+        &self,
+        node: &Picked,
+        name: &str,
+        want: usize,
+    ) -> Result<api::Volume, Status> {
+        let v = node
+            .client
+            .get_volume(name)
+            .await
+            .map_err(|e| from_client(&e))?;
+        let held: Vec<String> = v
+            .replication
+            .iter()
+            .flat_map(|r| r.replicas.iter().map(|x| x.node.clone()))
+            .collect();
+        let have = held.len().max(1);
+        if have >= want {
+            return Ok(v);
+        }
+        for other in self.replica_nodes(node, &held, want - have).await? {
+            node.client
+                .add_replica(name, &other)
+                .await
+                .map_err(|e| from_client(&e))?;
+        }
+        node.client
+            .get_volume(name)
+            .await
+            .map_err(|e| from_client(&e))
+    }
+
+    /// `n` nodes for more replicas of a volume on `front` (none of
+    /// `taken`), each known to `front`'s daemon by its transfer address
+    /// (its node list, where a replicated volume names its replicas'
+    /// nodes): RESOURCE_EXHAUSTED naming what is missing when there are
+    /// not enough.
+    async fn replica_nodes(
+        &self,
+        front: &Picked,
+        taken: &[String],
+        n: usize,
+    ) -> Result<Vec<String>, Status> {
+        let mut cands = vec![];
+        let mut seen = vec![];
+        for x in self.nodes.all() {
+            if x.name == front.name {
+                continue;
+            }
+            if x.transfer_address.is_none() {
+                seen.push(format!("{} (no transfer address)", x.name));
+                continue;
+            }
+            match x.client.health().await {
+                Ok(h) => {
+                    seen.push(format!("{} ({} bytes free)", x.name, h.capacity_bytes));
+                    cands.push(Candidate {
+                        name: x.name.clone(),
+                        free: h.capacity_bytes,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(node = %x.name, error = %e, "node left out of replica placement");
+                    seen.push(format!("{} (unreachable)", x.name));
+                }
+            }
+        }
+        let chosen = choose_replicas(&front.name, taken, &cands, n).map_err(|found| {
+            Status::resource_exhausted(format!(
+                "{n} more replica(s) need as many storage nodes besides {:?}{} that answer and have a transfer address; {found} found (other nodes: {})",
+                front.name,
+                if taken.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and {}", taken.join(", "))
+                },
+                if seen.is_empty() {
+                    "none known".to_string()
+                } else {
+                    seen.join(", ")
+                }
+            ))
+        })?;
+        for name in &chosen {
+            let other = self.node(Some(name))?;
+            let address = peer(&other)?.address;
+            self.know_node(front, name, &address).await?;
+        }
+        Ok(chosen)
+    }
+
+    /// Put node `name` at `address` in `front`'s daemon's node list, in
+    /// place of an entry of another address (a node pod that came back
+    /// with a new IP registers that one).
+    async fn know_node(&self, front: &Picked, name: &str, address: &str) -> Result<(), Status> {
+        let req = api::AddNode {
+            name: name.to_string(),
+            address: address.to_string(),
+        };
+        match front.client.add_node(&req).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_conflict() => {
+                front
+                    .client
+                    .remove_node(name)
+                    .await
+                    .map_err(|e| from_client(&e))?;
+                front
+                    .client
+                    .add_node(&req)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| from_client(&e))
+            }
+            Err(e) => Err(from_client(&e)),
+        }
     }
 
     /// What a volume was made from, as the daemon names sources: `Some(None)`
@@ -540,7 +698,10 @@ impl ControllerService {
         let mut all = vec![];
         for n in self.nodes.all() {
             let vols = n.client.list_volumes().await.map_err(|e| from_client(&e))?;
-            for v in vols.into_iter().filter(|v| !v.name.starts_with('.')) {
+            for v in vols
+                .into_iter()
+                .filter(|v| !v.name.starts_with('.') && !is_replica(v))
+            {
                 let entry = list_volumes_response::Entry {
                     volume: Some(self.csi_volume(&n.name, &v, None)),
                     status: Some(list_volumes_response::VolumeStatus {
@@ -593,7 +754,7 @@ impl ControllerService {
             || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         self.volume_by_id(&id).await?.ok_or_else(not_found)?;
-        if let Err(why) = full_clone(&req.parameters) {
+        if let Err(why) = params(&req.parameters) {
             return Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
                 message: why.message().into(),
@@ -627,7 +788,7 @@ impl ControllerService {
             .iter()
             .all(|c| check_capability(c).is_ok());
         let mut available: u64 = 0;
-        if fits_caps && full_clone(&req.parameters).is_ok() {
+        if fits_caps && params(&req.parameters).is_ok() {
             for n in self.nodes.all() {
                 let counts = req
                     .accessible_topology
@@ -732,6 +893,12 @@ fn requested_source(src: Option<&VolumeContentSource>) -> Result<Option<String>,
 }
 
 /// The source node as the daemon's clone from another node names it.
+/// Whether `v` is another node's volume's replica (part of that volume,
+/// not one of its own).
+pub(crate) fn is_replica(v: &api::Volume) -> bool {
+    v.labels.contains_key(api::REPLICA_OF_LABEL)
+}
+
 fn peer(src: &Picked) -> Result<api::PeerNode, Status> {
     let address = src.transfer_address.clone().ok_or_else(|| {
         Status::failed_precondition(format!(

@@ -23,6 +23,7 @@ mod groups;
 mod namespaces;
 mod node;
 mod pods;
+mod replicated;
 mod scale;
 mod schedules;
 mod snapshots;
@@ -71,6 +72,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         pods::io_through_restarts_and_growth,
     ),
     ("cross-node-restore", cross_node::cross_node_restore),
+    ("replicated-pvc", replicated::replicated_pvc),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     (
@@ -80,7 +82,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 ];
 
 /// The scenarios that need a second storage node.
-const TWO_NODES: &[&str] = &["cross-node-restore"];
+const TWO_NODES: &[&str] = &["cross-node-restore", "replicated-pvc"];
 /// The scenarios that need a real node: a kubelet and a container runtime.
 const KUBELET: &[&str] = &[
     "pods-write-restore-read",

@@ -40,7 +40,7 @@ use lamina_blockio::{wait, BlockIo, IoDone, IoError, IoOp};
 use lamina_engine::{ExtentKind, Pool, Target};
 use lamina_replica::{Missed, State};
 use lamina_transfer::replica::{RemoteVolume, SessionOptions};
-use lamina_transfer::{Identity, Pace, Remote};
+use lamina_transfer::{Identity, Pace};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -231,10 +231,7 @@ fn rebuild(
         .identity
         .as_ref()
         .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
-    let remote = Remote {
-        address: r.address.clone(),
-        node: node.clone(),
-    };
+    let remote = super::remote_of(&ctx.store, r);
     let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
         .map_err(|e| e.to_string())?;
     io(v.activate(generation))?;

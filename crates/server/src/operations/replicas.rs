@@ -227,7 +227,7 @@ pub(super) async fn remove(
 }
 
 /// Delete the volume of volume `volume`'s removed replica on `node` (at
-/// `address`; none: the node list's), once it is out of the replica set:
+/// the node list's address, else at `address`), once it is out of the replica set:
 /// `Removed`, or, when the node could not, `RemovedLeaving` saying what
 /// stays there and why (logged too).
 fn retire_removed(st: &State, volume: &str, node: &str, address: Option<String>) -> Outcome {
@@ -245,12 +245,11 @@ fn retire_removed(st: &State, volume: &str, node: &str, address: Option<String>)
     let Some(identity) = st.identity.clone() else {
         return left("this daemon has no transfer identity (--transfer-tls)".into());
     };
-    let address = match address {
-        Some(a) => a,
-        None => match crate::state::nodes::address_of(st, node) {
-            Ok(a) => a,
-            Err(f) => return left(f.1.message),
-        },
+    // The node list's address first: it is kept current (a node that
+    // came back at a new address), the recorded one may not be.
+    let address = match (crate::state::nodes::address_of(st, node), address) {
+        (Ok(a), _) | (Err(_), Some(a)) => a,
+        (Err(f), None) => return left(f.1.message),
     };
     match retire(&identity, node, &address, volume, false) {
         Ok(existed) => {
@@ -333,7 +332,8 @@ pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Re
         "ask again once the node answers; or take its replica out first (lamina replica remove {volume} NODE), which leaves its volume there to delete by hand"
     );
     for r in &others {
-        match retire(&identity, &r.node, &r.address, volume, true) {
+        let address = crate::front::remote_of(&st.store, r).address;
+        match retire(&identity, &r.node, &address, volume, true) {
             Ok(_) => {}
             Err(e) if not_ours(&e) => {
                 tracing::warn!(volume, replica = %r.node, "the volume there is not this front end's replica: left as it is ({})", why(&e));
@@ -355,7 +355,8 @@ pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Re
     st.fronts.remove(volume);
     let mut deleted = Vec::new();
     for r in &others {
-        match retire(&identity, &r.node, &r.address, volume, false) {
+        let address = crate::front::remote_of(&st.store, r).address;
+        match retire(&identity, &r.node, &address, volume, false) {
             Ok(existed) => {
                 tracing::info!(volume, replica = %r.node, existed, "replica's volume deleted on its node");
             }

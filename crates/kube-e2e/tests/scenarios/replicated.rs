@@ -1,0 +1,137 @@
+//! j. A replicated PVC (KUBE_ENV_NODES=2): a StorageClass with
+//! `replicas: "2"` whose topology names node 1. The volume is made on node
+//! 1 with its second replica on node 2 (node 1's daemon learns node 2's
+//! transfer address from the CSI controller, which reads it from node 2's
+//! Secret); both replicas are healthy; data written through node 1's
+//! export is on both, as a VolumeSnapshot taken on both shows byte for
+//! byte; node 2's replica is no volume of its own to Kubernetes (no Volume
+//! resource, no CSI volume); a class asking for 3 replicas on two nodes
+//! leaves its claim Pending with an event naming what is missing; and
+//! deleting the claim deletes the replica on node 2.
+
+use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_2, NODE_ID};
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn class(name: &str, replicas: u8) -> String {
+    format!(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {name}}}\n\
+         provisioner: lamina.csi.io\nvolumeBindingMode: Immediate\nreclaimPolicy: Delete\n\
+         parameters: {{replicas: \"{replicas}\"}}\n\
+         allowedTopologies:\n- matchLabelExpressions:\n  - {{key: topology.lamina.io/node, values: [{NODE_ID}]}}\n"
+    )
+}
+
+/// Node 1's replicas of `volume` as `lamina volume get` shows them:
+/// (node, state).
+fn replicas(env: &Env, volume: &str) -> Result<Vec<(String, String)>> {
+    let v = env.lamina_json(&["volume", "get", volume])?;
+    Ok(v["replication"]["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap_or("").to_string(),
+                r["state"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect())
+}
+
+fn uri_of(v: &Value) -> Result<String> {
+    v.get("uri")
+        .and_then(|u| u.as_str())
+        .map(str::to_string)
+        .context("no uri")
+}
+
+pub fn replicated_pvc(env: &Env) -> Result<()> {
+    let node2 = env.on_node_2()?;
+    let ns = "replicated-pvc";
+    env.namespace(ns)?;
+    env.apply(&class("lamina-replicated-2", 2))?;
+    env.apply(&pvc(ns, "data", "lamina-replicated-2", "256Mi", None))?;
+    let vol = env.wait_bound(ns, "data", T)?;
+    let set = wait("both replicas healthy", T, |last| {
+        let r = replicas(env, &vol)?;
+        *last = format!("{r:?}");
+        Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
+    })?;
+    ensure!(
+        set.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>() == [NODE_ID, NODE_2],
+        "replicas on {set:?}, not on {NODE_ID} and {NODE_2}"
+    );
+    let there = node2.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        there["labels"]["lamina.io/replica-of"] == NODE_ID,
+        "node 2's volume {vol} is not node 1's replica: {there}"
+    );
+
+    // Written through node 1, on both.
+    let uri = env.attach_volume(&vol)?;
+    crate::env::fill_pattern(&uri, "64M")?;
+    env.detach_volume(&vol)?;
+    env.apply(&volume_snapshot(ns, "snap", "data", "lamina"))?;
+    env.wait_snapshot_ready(ns, "snap", T)?;
+    let (svol, snap, _) = env.engine_snapshot(ns, "snap")?;
+    ensure!(svol == vol, "the snapshot is of {svol}, not {vol}");
+    let a = uri_of(&env.lamina_json(&["snapshot", "attach", &vol, &snap])?)?;
+    let b = uri_of(&node2.lamina_json(&["snapshot", "attach", &vol, &snap])?)?;
+    let cmp = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &a, &b]));
+    env.lamina(&["snapshot", "detach", &vol, &snap])?;
+    node2.lamina(&["snapshot", "detach", &vol, &snap])?;
+    cmp.context("node 2's replica differs from node 1's")?;
+
+    // One Volume resource, node 1's; one CSI volume, and the snapshot's
+    // one VolumeSnapshotContent.
+    let vols = env.kubectl_json(&["get", "volumes.lamina.io", "-n", "lamina"])?;
+    let named: Vec<&Value> = vols["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["metadata"]["name"] == vol.as_str())
+        .collect();
+    ensure!(
+        named.len() == 1 && named[0]["spec"]["node"] == NODE_ID,
+        "the Volume resources of {vol}: {named:?}"
+    );
+
+    // Three replicas on two nodes: Pending, and the event says why.
+    env.apply(&class("lamina-replicated-3", 3))?;
+    env.apply(&pvc(ns, "three", "lamina-replicated-3", "16Mi", None))?;
+    wait("the 3-replica claim's refusal", T, |last| {
+        let events = env.events(ns, "three");
+        *last = events.clone();
+        Ok(events
+            .contains("ProvisioningFailed")
+            .then_some(())
+            .filter(|_| events.contains("1 found")))
+    })?;
+    let p = env.get(ns, "pvc", "three")?.context("PVC three")?;
+    ensure!(
+        p["status"]["phase"] == "Pending",
+        "PVC three: {}",
+        p["status"]
+    );
+
+    // Deleting the claims deletes both replicas.
+    env.kubectl(&["delete", "-n", ns, "volumesnapshot", "snap", "--wait=true"])?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "data", "three", "--wait=true"])?;
+    wait("the replica on node 2 deleted", T, |last| {
+        let r = node2.lamina(&["volume", "get", &vol]);
+        *last = format!("{r:?}");
+        Ok(r.is_err().then_some(()))
+    })?;
+    env.kubectl(&[
+        "delete",
+        "storageclass",
+        "lamina-replicated-2",
+        "lamina-replicated-3",
+    ])?;
+    Ok(())
+}
