@@ -5,7 +5,7 @@
 //! Secret); both replicas are healthy; data written through node 1's
 //! export is on both, as a VolumeSnapshot taken on both shows byte for
 //! byte; node 2's replica is no volume of its own to Kubernetes (no Volume
-//! resource, no CSI volume); a class asking for 3 replicas on two nodes
+//! resource of node 2's); a class asking for 3 replicas on two nodes
 //! leaves its claim Pending with an event naming what is missing; and
 //! deleting the claim deletes the replica on node 2.
 
@@ -87,19 +87,25 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     node2.lamina(&["snapshot", "detach", &vol, &snap])?;
     cmp.context("node 2's replica differs from node 1's")?;
 
-    // One Volume resource, node 1's; one CSI volume, and the snapshot's
-    // one VolumeSnapshotContent.
-    let vols = env.kubectl_json(&["get", "volumes.lamina.io", "-n", "lamina"])?;
-    let named: Vec<&Value> = vols["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| v["metadata"]["name"] == vol.as_str())
-        .collect();
-    ensure!(
-        named.len() == 1 && named[0]["spec"]["node"] == NODE_ID,
-        "the Volume resources of {vol}: {named:?}"
-    );
+    // Lamina's controllers mirror node 1's volume, and node 2's replica
+    // (the same name) not: one Volume resource, node 1's, ready.
+    let mirrored = |v: &Value| v["metadata"]["name"] == vol.as_str();
+    wait("the volume's Volume resource", T, |last| {
+        let vols = env.kubectl_json(&["get", "volumes.lamina.io", "-n", "lamina"])?;
+        let named: Vec<Value> = vols["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| mirrored(v))
+            .cloned()
+            .collect();
+        *last = format!("{named:?}");
+        ensure!(
+            named.iter().all(|v| v["spec"]["node"] == NODE_ID),
+            "a Volume resource of {vol} on another node: {named:?}"
+        );
+        Ok((named.len() == 1 && named[0]["status"]["state"] == "Ready").then_some(()))
+    })?;
 
     // Three replicas on two nodes: Pending, and the event says why.
     env.apply(&class("lamina-replicated-3", 3))?;
