@@ -37,6 +37,11 @@ pub use lamina_node_secrets::NODE_LABEL;
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Attached", type_ = "boolean", json_path = ".status.attached"),
     printcolumn(
+        name = "Replicas",
+        type_ = "string",
+        json_path = ".status.replication.state"
+    ),
+    printcolumn(
         name = "Clone",
         type_ = "string",
         json_path = ".status.clone.state",
@@ -121,8 +126,58 @@ pub struct VolumeStatus {
     pub attached: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<CloneStatus>,
+    /// A replicated volume's replicas, as its front end's daemon (this
+    /// resource's node) records them; absent for a volume of one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A replicated volume's state and replicas.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationStatus {
+    /// Healthy (every replica is), Degraded (some replica is faulted or
+    /// rebuilding, at least one is healthy) or Unavailable (none is).
+    pub state: String,
+    /// The node whose daemon serves the volume's I/O (its front end).
+    pub front_end: String,
+    /// The generation the front end last took (0: never served yet); every
+    /// replica refuses requests of a lower one.
+    pub generation: u64,
+    /// In order, the front end's node first.
+    #[serde(default)]
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// One replica.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    pub node: String,
+    /// Healthy (holds every acknowledged write), Faulted (may miss some;
+    /// neither written nor read) or Rebuilding (faulted, and being sent
+    /// what it lacks).
+    pub state: String,
+    /// Why it was faulted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Since when it is in this state (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// A rebuild's progress through its round under way, in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<u8>,
+    /// Bytes sent to it by its rebuild so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_bytes: Option<u64>,
+    /// Bytes per second its rebuild sends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    /// Seconds until its rebuild's round under way ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
 }
 
 /// Where a clone came from and how its copy goes.

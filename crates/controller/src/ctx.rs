@@ -215,7 +215,10 @@ impl Ctx {
     /// Make one write of the mirror or a reconciler.
     pub async fn write(&self, w: &Write) -> Result<(), Error> {
         let (kind, verb) = w.what();
-        self.metrics.api_write(kind, verb);
+        // An event counts itself (`Ctx::event`).
+        if !matches!(w, Write::VolumeEvent { .. }) {
+            self.metrics.api_write(kind, verb);
+        }
         let pp = PatchParams::apply(MANAGER).force();
         match w {
             Write::CreateVolume { name, spec } => {
@@ -254,6 +257,22 @@ impl Ctx {
                     .patch_status(name, &pp, &Patch::Apply(body))
                     .await
                     .map_err(Error::kube(format!("status of Snapshot {name}")))?;
+            }
+            Write::VolumeEvent {
+                name,
+                warning,
+                reason,
+                note,
+            } => {
+                let obj = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("lamina.io/v1alpha1".into()),
+                    kind: Some("Volume".into()),
+                    name: Some(name.clone()),
+                    namespace: Some(self.namespace.clone()),
+                    ..Default::default()
+                };
+                self.event(&obj, *warning, reason, "Mirror", note.clone())
+                    .await;
             }
             Write::DeleteSnapshot { name } => {
                 match self

@@ -4,8 +4,8 @@
 //! written).
 
 use crate::crd::{
-    CloneStatus, Snapshot, SnapshotSpec, SnapshotStatus, Volume, VolumeSpec, VolumeStatus,
-    VOLUME_LABEL,
+    CloneStatus, ReplicaStatus, ReplicationStatus, Snapshot, SnapshotSpec, SnapshotStatus, Volume,
+    VolumeSpec, VolumeStatus, VOLUME_LABEL,
 };
 use crate::names;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -50,6 +50,14 @@ pub enum Write {
     DeleteSnapshot {
         name: String,
     },
+    /// An event on a Volume: a replicated volume's or replica's state
+    /// changed (Degraded, Unavailable, Rebuilding, Rebuilt).
+    VolumeEvent {
+        name: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
 }
 
 impl Write {
@@ -61,6 +69,7 @@ impl Write {
             Write::CreateSnapshot { .. } => ("Snapshot", "create"),
             Write::SnapshotStatus { .. } => ("Snapshot", "status"),
             Write::DeleteSnapshot { .. } => ("Snapshot", "delete"),
+            Write::VolumeEvent { .. } => ("Event", "create"),
         }
     }
 }
@@ -169,10 +178,12 @@ fn plan_volumes(view: &EngineView, existing: &[Arc<Volume>], now: &Time, out: &m
             Some(r) => {
                 let status = volume_status(node, v, op, r.status.as_ref(), now);
                 if r.status.as_ref() != Some(&status) && !deleting(r.as_ref()) {
-                    out.push(Write::VolumeStatus {
-                        name: name_of(r.as_ref()),
-                        status,
-                    });
+                    let name = name_of(r.as_ref());
+                    let old = r.status.as_ref().and_then(|s| s.replication.as_ref());
+                    if let Some(new) = &status.replication {
+                        replication_events(&name, &v.name, old, new, out);
+                    }
+                    out.push(Write::VolumeStatus { name, status });
                 }
             }
         }
@@ -255,6 +266,7 @@ fn volume_status(
         size_bytes: Some(v.size),
         attached: v.export.is_some(),
         clone: clone_status(v, op, old.and_then(|o| o.clone.as_ref()), now),
+        replication: v.replication.as_ref().map(|r| replication_status(node, r)),
         conditions: old.map(|o| o.conditions.clone()).unwrap_or_default(),
     };
     if copying {
@@ -269,6 +281,128 @@ fn volume_status(
         set_ready(&mut status, true, "Ready", "the daemon has the volume", now);
     }
     status
+}
+
+/// A replicated volume's replicas as the daemon of `node` (its front end)
+/// shows them.
+fn replication_status(node: &str, r: &api::Replication) -> ReplicationStatus {
+    let word = |s: &str| {
+        let mut c = s.chars();
+        c.next()
+            .map(|f| f.to_uppercase().chain(c).collect())
+            .unwrap_or_default()
+    };
+    let state = match r.state {
+        api::ReplicationState::Healthy => "healthy",
+        api::ReplicationState::Degraded => "degraded",
+        api::ReplicationState::Unavailable => "unavailable",
+    };
+    ReplicationStatus {
+        state: word(state),
+        front_end: node.to_string(),
+        generation: r.generation,
+        replicas: r
+            .replicas
+            .iter()
+            .map(|x| {
+                let state = match x.state {
+                    api::ReplicaState::Healthy => "healthy",
+                    api::ReplicaState::Faulted => "faulted",
+                    api::ReplicaState::Rebuilding => "rebuilding",
+                };
+                let b = x.rebuild.as_ref();
+                ReplicaStatus {
+                    node: x.node.clone(),
+                    state: word(state),
+                    reason: x.reason.clone(),
+                    since: Some(x.since.clone()).filter(|s| !s.is_empty()),
+                    progress: b.and_then(|b| {
+                        (b.round_sent_bytes.saturating_mul(100))
+                            .checked_div(b.round_bytes)
+                            .map(|p| p.min(100) as u8)
+                    }),
+                    sent_bytes: b.map(|b| b.sent_bytes),
+                    rate: b.map(|b| b.rate_bytes_per_second),
+                    eta_seconds: b.and_then(|b| b.eta_seconds),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// The events for a replicated volume's change from `old` to `new`: the
+/// volume Degraded or Unavailable (a warning), a replica Rebuilding, a
+/// replica Rebuilt (healthy again).
+fn replication_events(
+    name: &str,
+    volume: &str,
+    old: Option<&ReplicationStatus>,
+    new: &ReplicationStatus,
+    out: &mut Vec<Write>,
+) {
+    let mut event = |warning: bool, reason: &str, note: String| {
+        out.push(Write::VolumeEvent {
+            name: name.to_string(),
+            warning,
+            reason: reason.to_string(),
+            note,
+        })
+    };
+    let faulted: Vec<String> = new
+        .replicas
+        .iter()
+        .filter(|x| x.state != "Healthy")
+        .map(|x| match &x.reason {
+            Some(why) => format!("{} ({}: {why})", x.node, x.state.to_lowercase()),
+            None => format!("{} ({})", x.node, x.state.to_lowercase()),
+        })
+        .collect();
+    if old.map(|o| o.state.as_str()) != Some(new.state.as_str()) {
+        match new.state.as_str() {
+            "Degraded" => event(
+                true,
+                "Degraded",
+                format!(
+                    "volume {volume} is degraded: I/O goes on from its healthy replicas; out of the healthy set: {}",
+                    faulted.join(", ")
+                ),
+            ),
+            "Unavailable" => event(
+                true,
+                "Unavailable",
+                format!(
+                    "volume {volume} has no healthy replica: its I/O fails; out of the healthy set: {}",
+                    faulted.join(", ")
+                ),
+            ),
+            _ => {}
+        }
+    }
+    let before = |node: &str| {
+        old.and_then(|o| o.replicas.iter().find(|x| x.node == node))
+            .map(|x| x.state.as_str())
+    };
+    for x in &new.replicas {
+        match (before(&x.node), x.state.as_str()) {
+            (Some("Faulted") | None, "Rebuilding") if old.is_some() => event(
+                false,
+                "Rebuilding",
+                format!(
+                    "volume {volume}'s replica on node {} is being sent what it lacks",
+                    x.node
+                ),
+            ),
+            (Some("Faulted" | "Rebuilding"), "Healthy") => event(
+                false,
+                "Rebuilt",
+                format!(
+                    "volume {volume}'s replica on node {} is healthy again",
+                    x.node
+                ),
+            ),
+            _ => {}
+        }
+    }
 }
 
 fn clone_status(

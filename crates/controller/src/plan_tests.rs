@@ -79,6 +79,7 @@ fn realise(writes: &[Write]) -> (Vec<Arc<Volume>>, Vec<Arc<Snapshot>>) {
             Write::DeleteSnapshot { name } => {
                 snaps.remove(name);
             }
+            Write::VolumeEvent { .. } => {}
         }
     }
     (
@@ -350,4 +351,136 @@ proptest! {
         prop_assert_eq!(rs.len(), snaps.len());
         prop_assert_eq!(plan(&v, &rv, &rs, &now()), vec![]);
     }
+}
+
+fn replica(node: &str, state: api::ReplicaState) -> api::ReplicaInfo {
+    api::ReplicaInfo {
+        node: node.into(),
+        address: None,
+        state,
+        reason: (state != api::ReplicaState::Healthy).then(|| "connection lost".into()),
+        since: "2026-12-07T10:00:00Z".into(),
+        rebuild: None,
+        last_rebuild: None,
+    }
+}
+
+fn replicated(states: &[api::ReplicaState]) -> api::Volume {
+    use api::ReplicaState::*;
+    let mut v = vol("r");
+    let state = if states.iter().all(|s| *s == Healthy) {
+        api::ReplicationState::Healthy
+    } else {
+        api::ReplicationState::Degraded
+    };
+    v.replication = Some(api::Replication {
+        generation: 3,
+        state,
+        replicas: ["n1", "n2"]
+            .iter()
+            .zip(states)
+            .map(|(n, s)| replica(n, *s))
+            .collect(),
+    });
+    v
+}
+
+fn events(w: &[Write]) -> Vec<(bool, &str)> {
+    w.iter()
+        .filter_map(|w| match w {
+            Write::VolumeEvent {
+                warning, reason, ..
+            } => Some((*warning, reason.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_replicated_volume_shows_its_replicas_and_each_change_of_state_is_an_event() {
+    use api::ReplicaState::*;
+    let v = view(vec![replicated(&[Healthy, Healthy])], vec![]);
+    let first = plan(&v, &[], &[], &now());
+    assert_eq!(events(&first), [], "a new resource has no event");
+    let (mut vols, _) = realise(&first);
+    let shown = vols[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .replication
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (
+            shown.state.as_str(),
+            shown.front_end.as_str(),
+            shown.generation
+        ),
+        ("Healthy", "n1", 3)
+    );
+    let nodes: Vec<(&str, &str)> = shown
+        .replicas
+        .iter()
+        .map(|x| (x.node.as_str(), x.state.as_str()))
+        .collect();
+    assert_eq!(nodes, [("n1", "Healthy"), ("n2", "Healthy")]);
+
+    // Each step: its writes, then the resources as they hold them after.
+    let step = |vols: &mut Vec<Arc<Volume>>, v: &EngineView| {
+        let w = plan(v, vols, &[], &now());
+        for x in &w {
+            if let Write::VolumeStatus { status, .. } = x {
+                let mut r = (*vols[0]).clone();
+                r.status = Some(status.clone());
+                *vols = vec![Arc::new(r)];
+            }
+        }
+        w
+    };
+    let w = step(
+        &mut vols,
+        &view(vec![replicated(&[Healthy, Faulted])], vec![]),
+    );
+    assert_eq!(events(&w), [(true, "Degraded")], "{w:?}");
+    let note = w.iter().find_map(|x| match x {
+        Write::VolumeEvent { note, .. } => Some(note.clone()),
+        _ => None,
+    });
+    assert!(
+        note.as_deref()
+            .is_some_and(|n| n.contains("n2 (faulted: connection lost)")),
+        "{note:?}"
+    );
+
+    let mut rebuilding = replicated(&[Healthy, Rebuilding]);
+    rebuilding.replication.as_mut().unwrap().replicas[1].rebuild = Some(api::RebuildProgress {
+        sent_bytes: 1 << 20,
+        round_bytes: 4 << 20,
+        round_sent_bytes: 1 << 20,
+        started: "2026-12-07T10:01:00Z".into(),
+        rate_bytes_per_second: 1 << 20,
+        eta_seconds: Some(3),
+    });
+    let w = step(&mut vols, &view(vec![rebuilding], vec![]));
+    assert_eq!(events(&w), [(false, "Rebuilding")], "{w:?}");
+    let r = vols[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .replication
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (r.replicas[1].progress, r.replicas[1].eta_seconds),
+        (Some(25), Some(3))
+    );
+
+    let healthy = view(vec![replicated(&[Healthy, Healthy])], vec![]);
+    let w = step(&mut vols, &healthy);
+    assert_eq!(events(&w), [(false, "Rebuilt")], "{w:?}");
+    assert_eq!(
+        step(&mut vols, &healthy),
+        vec![],
+        "steady state writes nothing"
+    );
 }

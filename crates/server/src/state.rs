@@ -50,7 +50,7 @@ pub struct State {
     /// Background jobs (full clones, flatten watchers), joined at shutdown.
     pub jobs: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The change feed: bumped by every operation record and export change.
-    pub changes: crate::changes::Changes,
+    pub changes: Arc<crate::changes::Changes>,
     /// This node's transfer identity (to pull from peers and serve them).
     pub identity: Option<Arc<lamina_transfer::Identity>>,
     /// Serves this node's snapshots to peers, when asked to listen.
@@ -94,6 +94,11 @@ impl State {
         .await
         .expect("pool open task")?;
         let store = Arc::new(Store::open(&layout.store)?);
+        // A replica set's record that changes what `volume get` shows moves
+        // the change feed, so the Kubernetes controllers mirror it.
+        let changes = Arc::new(crate::changes::Changes::new());
+        let feed = changes.clone();
+        store.on_replica_set_change(Box::new(move || feed.bump()));
         let token = match (config.listen, &config.token_file) {
             (Some(_), Some(file)) => Some(crate::paths::read_token_file(file)?),
             (Some(_), None) => Some(layout.token()?),
@@ -161,7 +166,7 @@ impl State {
             stopping: std::sync::atomic::AtomicBool::new(false),
             jobs: Mutex::new(Vec::new()),
             running: Mutex::new(HashMap::new()),
-            changes: crate::changes::Changes::new(),
+            changes,
             identity,
             transfer_source,
             pace,

@@ -329,6 +329,13 @@ impl Env {
     /// stops the new one. Returns once the daemon answers again, or the
     /// plugin's socket is back.
     pub fn restart(&self, component: &str, signal: i32) -> Result<()> {
+        self.stop(component, signal)?.start()
+    }
+
+    /// The first half of [`Env::restart`]: `component` stopped with
+    /// `signal`, every thread of it gone; [`Stopped::start`] starts it
+    /// again.
+    pub fn stop(&self, component: &str, signal: i32) -> Result<Stopped<'_>> {
         let pid_file = self.pid_file(component);
         let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
         let nul_split = |b: Vec<u8>| -> Vec<String> {
@@ -358,10 +365,39 @@ impl Env {
                 Ok(exited.then_some(()))
             },
         )?;
+        Ok(Stopped {
+            env: self,
+            component: component.to_string(),
+            argv,
+            environ,
+        })
+    }
+}
+
+/// A component [`Env::stop`] stopped.
+pub struct Stopped<'a> {
+    env: &'a Env,
+    component: String,
+    argv: Vec<String>,
+    environ: Vec<String>,
+}
+
+impl Stopped<'_> {
+    /// Start it again with the same command line and environment (see
+    /// [`Env::restart`]); returns once it answers.
+    pub fn start(self) -> Result<()> {
+        let Stopped {
+            env: this,
+            component,
+            argv,
+            environ,
+        } = self;
+        let component = component.as_str();
+        let pid_file = this.pid_file(component);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_file(component))?;
+            .open(this.log_file(component))?;
         let child = Command::new("setsid")
             .args(&argv)
             .env_clear()
@@ -377,7 +413,7 @@ impl Env {
         let t = Duration::from_secs(60);
         match argv.get(1).map(String::as_str) {
             Some("serve") => wait("the restarted daemon to answer", t, |_| {
-                Ok(self.lamina(&["status"]).ok().map(drop))
+                Ok(this.lamina(&["status"]).ok().map(drop))
             })?,
             _ => {
                 let socket = argv

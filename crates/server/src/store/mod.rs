@@ -54,6 +54,9 @@ pub const RECORD_VERSION: u64 = 7;
 pub struct Store {
     pub(crate) db: Db,
     path: PathBuf,
+    /// Called after a replica set's record changed in what it shows
+    /// (`Store::on_replica_set_change`).
+    replica_set_changed: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// Whether a record was written, or kept to be written when the store
@@ -70,6 +73,7 @@ impl Store {
         let store = Store {
             db: Db::open(path)?,
             path: path.to_path_buf(),
+            replica_set_changed: std::sync::OnceLock::new(),
         };
         let w = store.db.begin_write()?;
         let version = {

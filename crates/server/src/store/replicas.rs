@@ -147,7 +147,30 @@ fn parse(volume: &str, json: &str) -> Result<ReplicaSetRec, Fail> {
     })
 }
 
+/// What a replica set's record shows (`volume get`): all of it but the
+/// regions of rules 14 and 16, which change with the writes.
+fn shown(rec: &ReplicaSetRec) -> ReplicaSetRec {
+    let mut r = rec.clone();
+    r.dirty.clear();
+    for x in &mut r.replicas {
+        x.missed_regions = None;
+    }
+    r
+}
+
 impl Store {
+    /// Call `f` after each change of a replica set's record that shows
+    /// (made, removed, or changed other than in its regions); once only.
+    pub fn on_replica_set_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.replica_set_changed.set(f);
+    }
+
+    fn replica_set_changed(&self) {
+        if let Some(f) = self.replica_set_changed.get() {
+            f();
+        }
+    }
+
     /// Volume `volume`'s replica set, if it is replicated.
     pub fn replica_set(&self, volume: &str) -> Result<Option<ReplicaSetRec>, ServerError> {
         self.db.read(|r| {
@@ -184,7 +207,9 @@ impl Store {
         self.db.commit(|w| {
             w.open_table(SETS)?.insert(volume, json.as_str())?;
             Ok(())
-        })
+        })?;
+        self.replica_set_changed();
+        Ok(())
     }
 
     /// Forget volume `volume`'s replica set; whether there was one.
@@ -194,6 +219,9 @@ impl Store {
             existed = w.open_table(SETS)?.remove(volume)?.is_some();
             Ok(())
         })?;
+        if existed {
+            self.replica_set_changed();
+        }
         Ok(existed)
     }
 
@@ -206,6 +234,7 @@ impl Store {
     ) -> Result<ReplicaSetRec, ServerError> {
         let mut out = None;
         let mut f = Some(f);
+        let mut moved = false;
         self.db.commit(|w| {
             let mut t = w.open_table(SETS)?;
             let found = t
@@ -217,14 +246,19 @@ impl Store {
                     "volume {volume} has no replica set"
                 ))));
             };
+            let before = shown(&rec);
             if let Some(f) = f.take() {
                 f(&mut rec);
             }
+            moved = shown(&rec) != before;
             let json = serde_json::to_string(&rec).map_err(|e| Fail::other(e.into()))?;
             t.insert(volume, json.as_str())?;
             out = Some(rec);
             Ok(())
         })?;
+        if moved {
+            self.replica_set_changed();
+        }
         Ok(out.expect("the transaction ran"))
     }
 
@@ -471,6 +505,36 @@ mod tests {
             replicas: vec![r("a", ""), r("b", "10.0.0.2:7481"), r("c", "10.0.0.3:7481")],
             dirty: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_change_that_shows_is_told_and_one_of_regions_only_is_not() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.redb")).unwrap();
+        let told = std::sync::Arc::new(AtomicUsize::new(0));
+        let t = told.clone();
+        store.on_replica_set_change(Box::new(move || {
+            t.fetch_add(1, SeqCst);
+        }));
+        store.put_replica_set("v", &set()).unwrap();
+        assert_eq!(told.load(SeqCst), 1, "made");
+        store.mark_regions("v", &[1, 2], true).unwrap();
+        store.mark_regions("v", &[1], false).unwrap();
+        store.fault_replica("v", "a", "disk full", 9, &[4]).unwrap();
+        assert_eq!(told.load(SeqCst), 2, "regions are not told; a fault is");
+        store.missed_regions("v", "a", &[5]).unwrap();
+        store.fault_replica("v", "a", "again", 10, &[6]).unwrap();
+        assert_eq!(
+            told.load(SeqCst),
+            2,
+            "a fault already recorded shows nothing new"
+        );
+        store.next_replica_generation("v").unwrap();
+        assert_eq!(told.load(SeqCst), 3);
+        assert!(store.remove_replica_set("v").unwrap());
+        assert!(!store.remove_replica_set("v").unwrap());
+        assert_eq!(told.load(SeqCst), 4);
     }
 
     #[test]
