@@ -16,7 +16,13 @@ pub struct StorageNode {
     pub client: Client,
     /// Its transfer listener (`HOST:PORT`), which other nodes pull from.
     pub transfer_address: Option<String>,
+    /// Its zone, when known here; otherwise its Node's label
+    /// `topology.kubernetes.io/zone` (watched with the node Secrets).
+    pub zone: Option<String>,
 }
+
+/// The label of a Node that names its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// A node picked for an RPC: its name and daemon.
 #[derive(Clone)]
@@ -24,6 +30,7 @@ pub(crate) struct Picked {
     pub name: String,
     pub client: Client,
     pub transfer_address: Option<String>,
+    pub zone: Option<String>,
 }
 
 /// Where the node set comes from.
@@ -53,6 +60,8 @@ pub struct NodeSet {
     /// Whether ids carry the node.
     qualified: bool,
     nodes: RwLock<BTreeMap<String, StorageNode>>,
+    /// The zones of the cluster's Nodes, by node name.
+    zones: RwLock<BTreeMap<String, String>>,
 }
 
 impl NodeSet {
@@ -60,11 +69,13 @@ impl NodeSet {
         let node = StorageNode {
             client,
             transfer_address: None,
+            zone: None,
         };
         NodeSet {
             default: name.to_string(),
             qualified: false,
             nodes: RwLock::new([(name.to_string(), node)].into()),
+            zones: RwLock::default(),
         }
     }
 
@@ -75,11 +86,27 @@ impl NodeSet {
             default: default.to_string(),
             qualified: true,
             nodes: RwLock::new(nodes),
+            zones: RwLock::default(),
         }
     }
 
     pub fn replace(&self, nodes: BTreeMap<String, StorageNode>) {
         *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = nodes;
+    }
+
+    /// The zones of the cluster's Nodes (their [`ZONE_LABEL`]), by name.
+    pub fn replace_zones(&self, zones: BTreeMap<String, String>) {
+        *self.zones.write().unwrap_or_else(|p| p.into_inner()) = zones;
+    }
+
+    fn zone_of(&self, name: &str, n: &StorageNode) -> Option<String> {
+        n.zone.clone().or_else(|| {
+            self.zones
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
+                .cloned()
+        })
     }
 
     pub(crate) fn qualified(&self) -> bool {
@@ -99,6 +126,7 @@ impl NodeSet {
             name: name.to_string(),
             client: n.client.clone(),
             transfer_address: n.transfer_address.clone(),
+            zone: self.zone_of(name, n),
         })
     }
 
@@ -110,6 +138,7 @@ impl NodeSet {
                 name: name.clone(),
                 client: n.client.clone(),
                 transfer_address: n.transfer_address.clone(),
+                zone: self.zone_of(name, n),
             })
             .collect()
     }
@@ -140,6 +169,7 @@ pub async fn watch_secrets(set: std::sync::Arc<NodeSet>, namespace: String) {
             }
         }
     };
+    tokio::spawn(watch_zones(set.clone(), client.clone()));
     let api = kube::Api::namespaced(client, &namespace);
     let mut sets = lamina_node_secrets::watch(api).boxed();
     while let Some(secrets) = sets.next().await {
@@ -159,6 +189,7 @@ pub async fn watch_secrets(set: std::sync::Arc<NodeSet>, namespace: String) {
                         StorageNode {
                             client,
                             transfer_address: spec.transfer_address,
+                            zone: None,
                         },
                     );
                 }
@@ -169,5 +200,50 @@ pub async fn watch_secrets(set: std::sync::Arc<NodeSet>, namespace: String) {
         }
         tracing::info!(nodes = ?nodes.keys().collect::<Vec<_>>(), "storage nodes");
         set.replace(nodes);
+    }
+}
+
+/// Keep `set`'s zones equal to the Nodes' [`ZONE_LABEL`]s until the process
+/// ends (the controller's ServiceAccount may watch Nodes: csi-provisioner
+/// does for topology). A watch that fails is logged and started again.
+async fn watch_zones(set: std::sync::Arc<NodeSet>, client: kube::Client) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::watcher;
+    use kube::ResourceExt;
+    let api: kube::Api<Node> = kube::Api::all(client);
+    let zone = |n: &Node| n.labels().get(ZONE_LABEL).cloned();
+    let mut zones = BTreeMap::new();
+    let mut init: Option<BTreeMap<String, String>> = None;
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(watcher::Event::Init) => init = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(n)) => {
+                if let (Some(i), Some(z)) = (init.as_mut(), zone(&n)) {
+                    i.insert(n.name_any(), z);
+                }
+            }
+            Ok(watcher::Event::InitDone) => zones = init.take().unwrap_or_default(),
+            Ok(watcher::Event::Apply(n)) => match zone(&n) {
+                Some(z) => {
+                    zones.insert(n.name_any(), z);
+                }
+                None => {
+                    zones.remove(&n.name_any());
+                }
+            },
+            Ok(watcher::Event::Delete(n)) => {
+                zones.remove(&n.name_any());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watching Nodes for their zones");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                continue;
+            }
+        }
+        if init.is_none() {
+            set.replace_zones(zones.clone());
+        }
     }
 }

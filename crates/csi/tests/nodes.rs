@@ -63,23 +63,35 @@ impl Cluster {
     fn start_with(
         b_transfer: Option<&str>,
         gone: bool,
+        transfers: [lamina_server::TransferConfig; 2],
+    ) -> Cluster {
+        Cluster::start_zoned(b_transfer, gone, transfers, [None, None])
+    }
+
+    /// [`Cluster::start_with`], nodes a and b in zones `zones`.
+    fn start_zoned(
+        b_transfer: Option<&str>,
+        gone: bool,
         [ta, tb]: [lamina_server::TransferConfig; 2],
+        [za, zb]: [Option<&str>; 2],
     ) -> Cluster {
         let (dir, rt) = node_env::temp_dir_and_runtime("lnodes");
         let (a, stop_a) = daemon(&rt, &dir.path().join("a"), None, ta);
         let (b, stop_b) = daemon(&rt, &dir.path().join("b"), Some(B_CAP), tb);
-        let node = |client: &lamina_client::Client, t: Option<&str>| StorageNode {
-            client: client.clone(),
-            transfer_address: t.map(str::to_string),
-        };
+        let node =
+            |client: &lamina_client::Client, t: Option<&str>, zone: Option<&str>| StorageNode {
+                client: client.clone(),
+                transfer_address: t.map(str::to_string),
+                zone: zone.map(str::to_string),
+            };
         let mut nodes: BTreeMap<String, StorageNode> = [
-            ("a".to_string(), node(&a, Some("127.0.0.1:1"))),
-            ("b".to_string(), node(&b, b_transfer)),
+            ("a".to_string(), node(&a, Some("127.0.0.1:1"), za)),
+            ("b".to_string(), node(&b, b_transfer, zb)),
         ]
         .into();
         if gone {
             let client = lamina_client::Client::unix(dir.path().join("gone/api.sock"));
-            nodes.insert("gone".to_string(), node(&client, None));
+            nodes.insert("gone".to_string(), node(&client, None, None));
         }
         let sock = dir.path().join("csi.sock");
         let opts = lamina_csi::Options {
@@ -563,4 +575,61 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
     }))
     .unwrap();
     assert!(!c.has(&c.b, "pvc-r"));
+}
+
+#[test]
+fn where_nodes_have_zones_a_replica_goes_to_another_zone_or_is_refused_unless_preferred() {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = |n: &str| certs.path().join(n);
+    lamina_transfer::certs::create_ca(&dir("ca")).unwrap();
+    for n in ["a", "b"] {
+        lamina_transfer::certs::issue(&dir("ca"), n, &dir(n)).unwrap();
+    }
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", lamina_test_support::free_port())
+        .parse()
+        .unwrap();
+    let transfer = |node: &str, listen| lamina_server::TransferConfig {
+        listen,
+        tls_dir: Some(dir(node)),
+        ..Default::default()
+    };
+    // Both nodes in zone z1.
+    let c = Cluster::start_zoned(
+        Some(&listen.to_string()),
+        false,
+        [transfer("a", None), transfer("b", Some(listen))],
+        [Some("z1"), Some("z1")],
+    );
+    let create = |name: &str, params: &[(&str, &str)]| {
+        let req = CreateVolumeRequest {
+            accessibility_requirements: req(&["a"], &[]),
+            parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..node_env::create_request(name, 16 * MIB)
+        };
+        c.call(c.ctl().create_volume(req))
+            .map(|r| r.volume.expect("a volume"))
+    };
+    let e = create("pvc-z", &[("replicas", "2")]).unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("zone z1") && e.message().contains("0 found"),
+        "{e:?}"
+    );
+    assert!(!c.has(&c.a, "pvc-z") && !c.has(&c.b, "pvc-z"));
+    // Allowed to share a zone: on b.
+    create("pvc-z", &[("replicas", "2"), ("replicaZones", "preferred")]).unwrap();
+    let v = c.rt.block_on(c.a.get_volume("pvc-z")).unwrap();
+    let nodes: Vec<String> = v
+        .replication
+        .unwrap()
+        .replicas
+        .into_iter()
+        .map(|x| x.node)
+        .collect();
+    assert_eq!(nodes, ["a", "b"]);
+    let e = create("pvc-y", &[("replicas", "2"), ("replicaZones", "any")]).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
 }

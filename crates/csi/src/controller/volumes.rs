@@ -4,8 +4,9 @@
 
 use super::{check_capabilities, check_capability, volume_id, ControllerService, DEFAULT_SIZE};
 use crate::ids::{fits_csi_limit, lamina_name, shown, SnapshotId, VolumeId};
+use crate::nodes::ZONE_LABEL;
 use crate::nodes::{topology_of, Picked};
-use crate::placement::{allowed, choose, choose_replicas, fits, Candidate};
+use crate::placement::{allowed, choose, choose_replicas, fits, Candidate, Spread};
 use crate::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
@@ -20,6 +21,10 @@ pub const PARAM_CLONE: &str = "clone";
 pub const PARAM_REPLICAS: &str = "replicas";
 /// The most replicas a volume has (the daemon's limit).
 pub const MAX_REPLICAS: usize = 3;
+/// StorageClass parameter: `required` (default: where nodes carry zones,
+/// each replica in a zone of its own, or none is made) or `preferred`
+/// (distinct zones first, then distinct nodes).
+pub const PARAM_REPLICA_ZONES: &str = "replicaZones";
 /// Parameters the CO adds on its own (`csi.storage.k8s.io/...`) are ignored.
 const CO_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
@@ -60,12 +65,15 @@ pub(crate) struct Params {
     pub full: bool,
     /// Replicas, each on a node of its own (`replicas`, 1 to 3).
     pub replicas: usize,
+    /// Whether they must be in distinct zones (`replicaZones`).
+    pub spread: Spread,
 }
 
 pub(crate) fn params(params: &std::collections::HashMap<String, String>) -> Result<Params, Status> {
     let mut p = Params {
         full: false,
         replicas: 1,
+        spread: Spread::Required,
     };
     for (k, v) in params {
         if k.starts_with(CO_PARAM_PREFIX) {
@@ -86,9 +94,17 @@ pub(crate) fn params(params: &std::collections::HashMap<String, String>) -> Resu
                     )
                 }
             },
+            (PARAM_REPLICA_ZONES, "required") => p.spread = Spread::Required,
+            (PARAM_REPLICA_ZONES, "preferred") => p.spread = Spread::Preferred,
+            (PARAM_REPLICA_ZONES, other) => {
+                return invalid!(
+                    "parameter {PARAM_REPLICA_ZONES}={}: expected required or preferred",
+                    shown(other)
+                )
+            }
             _ => {
                 return invalid!(
-                    "unknown parameter {} (Lamina takes: {PARAM_CLONE}, {PARAM_REPLICAS})",
+                    "unknown parameter {} (Lamina takes: {PARAM_CLONE}, {PARAM_REPLICAS}, {PARAM_REPLICA_ZONES})",
                     shown(k)
                 )
             }
@@ -145,14 +161,18 @@ impl ControllerService {
         }
         check_capabilities(&req.volume_capabilities)?;
         let (want_min, limit) = range(req.capacity_range.as_ref())?;
-        let Params { full, replicas } = params(&req.parameters)?;
+        let Params {
+            full,
+            replicas,
+            spread,
+        } = params(&req.parameters)?;
         let name = lamina_name(&req.name);
         let _g = self.lock(&name).await;
 
         // Retried, or asked again: the same volume if it is compatible.
         if let Some((node, v)) = self.find_volume(&name).await? {
             return self
-                .existing(&node, v, &req, want_min, limit, replicas)
+                .existing(&node, v, &req, want_min, limit, (replicas, spread))
                 .await;
         }
 
@@ -206,7 +226,9 @@ impl ControllerService {
         // An empty volume is made with its replicas; a clone or restore is
         // made here first, then given its other replicas (each a full copy).
         let others = match &source {
-            Resolved::None if replicas > 1 => self.replica_nodes(&node, &[], replicas - 1).await?,
+            Resolved::None if replicas > 1 => {
+                self.replica_nodes(&node, &[], replicas - 1, spread).await?
+            }
             _ => vec![],
         };
         let made = match &source {
@@ -254,7 +276,8 @@ impl ControllerService {
                     self.wait_copy(&node, &name, &op.id).await?;
                 }
                 self.grow_to(&node, &name, size).await?;
-                self.ensure_replicas(&node, &name, replicas).await?
+                self.ensure_replicas(&node, &name, (replicas, spread))
+                    .await?
             }
         };
         Ok(CreateVolumeResponse {
@@ -310,6 +333,7 @@ impl ControllerService {
                     cands.push(Candidate {
                         name: n.name.clone(),
                         free: h.capacity_bytes,
+                        zone: n.zone.clone(),
                     });
                 }
                 Err(e) => {
@@ -346,7 +370,7 @@ impl ControllerService {
         req: &CreateVolumeRequest,
         want_min: u64,
         limit: u64,
-        replicas: usize,
+        replicas: (usize, Spread),
     ) -> Result<CreateVolumeResponse, Status> {
         let asked = requested_source(req.volume_content_source.as_ref())?;
         let had = self.created_from(node, &v).await?;
@@ -393,7 +417,7 @@ impl ControllerService {
         &self,
         node: &Picked,
         name: &str,
-        want: usize,
+        (want, spread): (usize, Spread),
     ) -> Result<api::Volume, Status> {
         let v = node
             .client
@@ -409,7 +433,18 @@ impl ControllerService {
         if have >= want {
             return Ok(v);
         }
-        for other in self.replica_nodes(node, &held, want - have).await? {
+        let zones = self.nodes.all();
+        let held: Vec<(String, Option<String>)> = held
+            .into_iter()
+            .map(|n| {
+                let z = zones
+                    .iter()
+                    .find(|x| x.name == n)
+                    .and_then(|x| x.zone.clone());
+                (n, z)
+            })
+            .collect();
+        for other in self.replica_nodes(node, &held, want - have, spread).await? {
             node.client
                 .add_replica(name, &other)
                 .await
@@ -429,8 +464,9 @@ impl ControllerService {
     async fn replica_nodes(
         &self,
         front: &Picked,
-        taken: &[String],
+        taken: &[(String, Option<String>)],
         n: usize,
+        spread: Spread,
     ) -> Result<Vec<String>, Status> {
         let mut cands = vec![];
         let mut seen = vec![];
@@ -442,12 +478,20 @@ impl ControllerService {
                 seen.push(format!("{} (no transfer address)", x.name));
                 continue;
             }
+            let zone = match &x.zone {
+                Some(z) => format!(", zone {z}"),
+                None => String::new(),
+            };
             match x.client.health().await {
                 Ok(h) => {
-                    seen.push(format!("{} ({} bytes free)", x.name, h.capacity_bytes));
+                    seen.push(format!(
+                        "{} ({} bytes free{zone})",
+                        x.name, h.capacity_bytes
+                    ));
                     cands.push(Candidate {
                         name: x.name.clone(),
                         free: h.capacity_bytes,
+                        zone: x.zone.clone(),
                     });
                 }
                 Err(e) => {
@@ -456,21 +500,32 @@ impl ControllerService {
                 }
             }
         }
-        let chosen = choose_replicas(&front.name, taken, &cands, n).map_err(|found| {
-            Status::resource_exhausted(format!(
-                "{n} more replica(s) need as many storage nodes besides {:?}{} that answer and have a transfer address; {found} found (other nodes: {})",
-                front.name,
-                if taken.is_empty() {
-                    String::new()
-                } else {
-                    format!(" and {}", taken.join(", "))
-                },
-                if seen.is_empty() {
-                    "none known".to_string()
-                } else {
-                    seen.join(", ")
-                }
-            ))
+        let front_zone = (front.name.as_str(), front.zone.as_deref());
+        let chosen = choose_replicas(front_zone, taken, &cands, n, spread).map_err(|short| {
+            let besides = std::iter::once(front.name.clone())
+                .chain(taken.iter().map(|t| t.0.clone()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let other_nodes = if seen.is_empty() {
+                "none known".to_string()
+            } else {
+                seen.join(", ")
+            };
+            let msg = match short.new_zones {
+                None => format!(
+                    "{n} more replica(s) need as many storage nodes besides {besides} that answer and have a transfer address; {} found (other nodes: {other_nodes})",
+                    short.nodes
+                ),
+                Some(z) => format!(
+                    "{n} more replica(s) need as many storage nodes besides {besides}, each in a zone ({ZONE_LABEL}) no replica is in{}; {z} found, of {} nodes that answer and have a transfer address (other nodes: {other_nodes}); {PARAM_REPLICA_ZONES}: preferred allows replicas in zones already used",
+                    match front.zone.as_deref() {
+                        Some(fz) => format!(" (the front end's node is in zone {fz})"),
+                        None => String::new(),
+                    },
+                    short.nodes
+                ),
+            };
+            Status::resource_exhausted(msg)
         })?;
         for name in &chosen {
             let other = self.node(Some(name))?;

@@ -11,7 +11,9 @@
 //! shows the replicas; with node 2's daemon SIGKILLed, node 1's writes go
 //! on, the volume shows Degraded with a warning, and once node 2 is back
 //! its replica is sent no more than 1.5 times what was written meanwhile
-//! and the volume is Healthy again, with a Rebuilt event.
+//! and the volume is Healthy again, with a Rebuilt event. With both nodes
+//! labelled in one zone, a claim of 2 replicas waits (its event names the
+//! zone) until node 2 is labelled in another.
 
 use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_2, NODE_ID};
 use anyhow::{ensure, Context, Result};
@@ -196,6 +198,32 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     env.detach_volume(&vol)?;
     env.check_pattern(&vol, 0x5a, "16M")?;
 
+    // Zones: both nodes in z1, a second replica has no zone of its own,
+    // and the claim waits, the event saying so; node 2 moved to z2, the
+    // controller's watch of the Nodes sees it and the claim binds.
+    let zone = |node: &str, z: &str| {
+        let label = format!("topology.kubernetes.io/zone={z}");
+        env.kubectl(&["label", "node", node, &label, "--overwrite"])
+    };
+    zone(NODE_ID, "z1")?;
+    zone(NODE_2, "z1")?;
+    env.apply(&pvc(ns, "zoned", "lamina-replicated-2", "16Mi", None))?;
+    wait("the zoned claim's refusal", T, |last| {
+        let events = env.events(ns, "zoned");
+        *last = events.clone();
+        Ok((events.contains("ProvisioningFailed") && events.contains("zone z1")).then_some(()))
+    })?;
+    zone(NODE_2, "z2")?;
+    let zoned = env.wait_bound(ns, "zoned", T)?;
+    let r = replicas(env, &zoned)?;
+    ensure!(
+        r.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>() == [NODE_ID, NODE_2],
+        "the zoned volume's replicas: {r:?}"
+    );
+    for n in [NODE_ID, NODE_2] {
+        env.kubectl(&["label", "node", n, "topology.kubernetes.io/zone-"])?;
+    }
+
     // Three replicas on two nodes: Pending, and the event says why.
     env.apply(&class("lamina-replicated-3", 3))?;
     env.apply(&pvc(ns, "three", "lamina-replicated-3", "16Mi", None))?;
@@ -216,7 +244,16 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
 
     // Deleting the claims deletes both replicas.
     env.kubectl(&["delete", "-n", ns, "volumesnapshot", "snap", "--wait=true"])?;
-    env.kubectl(&["delete", "-n", ns, "pvc", "data", "three", "--wait=true"])?;
+    env.kubectl(&[
+        "delete",
+        "-n",
+        ns,
+        "pvc",
+        "data",
+        "three",
+        "zoned",
+        "--wait=true",
+    ])?;
     wait("the replica on node 2 deleted", T, |last| {
         let r = node2.lamina(&["volume", "get", &vol]);
         *last = format!("{r:?}");
