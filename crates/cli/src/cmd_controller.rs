@@ -29,6 +29,11 @@ pub struct ControllerCli {
     /// Serve Prometheus metrics at ADDR/metrics (e.g. 0.0.0.0:9090).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Replace a replicated volume's replica faulted this long on a node
+    /// silent this long (its daemon unreachable, or its node Secret gone)
+    /// with a new replica on another node (e.g. 10min).
+    #[arg(long, default_value = "10min")]
+    replace_replicas_after: humantime::Duration,
 }
 
 /// `lamina controller ARGS...`; `args` starts with the program name.
@@ -43,6 +48,7 @@ pub fn main(mut args: Vec<std::ffi::OsString>) -> Result<()> {
             .as_secs()
             .max(1),
         metrics_listen: cli.metrics_listen,
+        replace_replicas_after: cli.replace_replicas_after.into(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

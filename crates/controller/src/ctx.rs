@@ -36,6 +36,8 @@ pub struct Ctx {
     /// Set once the node Secrets have been read: until then no node is
     /// known, which must not read as "the volume is on no node".
     pub nodes_known: std::sync::atomic::AtomicBool,
+    /// The nodes whose daemon the mirror cannot reach, since when.
+    pub silent: RwLock<HashMap<String, std::time::Instant>>,
 }
 
 /// Where a volume is, as far as the daemons' last listings tell.
@@ -61,6 +63,38 @@ impl PartialEq for Engine {
 }
 
 impl Ctx {
+    /// Each known node: whether its daemon answers (listed, and not silent
+    /// since), how long it has not, and whether it has a transfer address.
+    pub fn node_states(&self) -> BTreeMap<String, crate::replicas::NodeState> {
+        let engines = self.engines.read().unwrap();
+        let views = self.views.read().unwrap();
+        let silent = self.silent.read().unwrap();
+        engines
+            .iter()
+            .map(|(n, e)| {
+                let since = silent.get(n);
+                let state = crate::replicas::NodeState {
+                    answers: since.is_none() && views.contains_key(n),
+                    silent_for: since.map(|t| t.elapsed()),
+                    transfer: e.transfer_address.is_some(),
+                };
+                (n.clone(), state)
+            })
+            .collect()
+    }
+
+    /// An event on the Volume resource of engine volume `volume`.
+    pub async fn volume_event(&self, volume: &str, warning: bool, reason: &str, note: String) {
+        let obj = ObjectReference {
+            api_version: Some("lamina.io/v1alpha1".into()),
+            kind: Some("Volume".into()),
+            name: Some(crate::names::volume_resource(volume)),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        };
+        self.event(&obj, warning, reason, "Replicas", note).await;
+    }
+
     pub fn engine(&self, node: &str) -> Option<Engine> {
         self.engines.read().unwrap().get(node).cloned()
     }

@@ -11,6 +11,8 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Engine {
     pub node: String,
+    /// Its transfer listener (`HOST:PORT`), from its node Secret.
+    pub transfer_address: Option<String>,
     client: Client,
     metrics: Arc<Metrics>,
 }
@@ -18,9 +20,15 @@ pub struct Engine {
 type R<T> = Result<T, Error>;
 
 impl Engine {
-    pub fn new(node: &str, client: Client, metrics: Arc<Metrics>) -> Engine {
+    pub fn new(
+        node: &str,
+        transfer_address: Option<String>,
+        client: Client,
+        metrics: Arc<Metrics>,
+    ) -> Engine {
         Engine {
             node: node.into(),
+            transfer_address,
             client,
             metrics,
         }
@@ -138,5 +146,55 @@ impl Engine {
             .await
             .map_err(self.err("delete volume"))?
             .existed)
+    }
+
+    /// The bytes its pool can still take (`GET /v1/health`).
+    pub async fn free_bytes(&self) -> R<u64> {
+        self.count("health");
+        Ok(self
+            .client
+            .health()
+            .await
+            .map_err(self.err("health"))?
+            .capacity_bytes)
+    }
+
+    pub async fn add_node(&self, name: &str, address: &str) -> R<()> {
+        self.count("add_node");
+        let req = api::AddNode {
+            name: name.into(),
+            address: address.into(),
+        };
+        self.client
+            .add_node(&req)
+            .await
+            .map(drop)
+            .map_err(self.err("add node"))
+    }
+
+    pub async fn remove_node(&self, name: &str) -> R<()> {
+        self.count("remove_node");
+        self.client
+            .remove_node(name)
+            .await
+            .map(drop)
+            .map_err(self.err("remove node"))
+    }
+
+    pub async fn add_replica(&self, volume: &str, node: &str) -> R<api::Volume> {
+        self.count("add_replica");
+        self.client
+            .add_replica(volume, node)
+            .await
+            .map_err(self.err("add replica"))
+    }
+
+    pub async fn remove_replica(&self, volume: &str, node: &str) -> R<()> {
+        self.count("remove_replica");
+        self.client
+            .remove_replica(volume, node)
+            .await
+            .map(drop)
+            .map_err(self.err("remove replica"))
     }
 }

@@ -22,6 +22,7 @@ mod mirror;
 pub mod names;
 mod nodes;
 pub mod plan;
+pub mod replicas;
 mod run;
 mod snapshot;
 mod volume;

@@ -33,6 +33,7 @@ pub async fn run(ctx: Arc<Ctx>, engine: Engine) {
         };
         match step {
             Ok(()) => {
+                ctx.silent.write().unwrap().remove(&engine.node);
                 if reported {
                     tracing::info!(node = %engine.node, "node's daemon answers again");
                 }
@@ -40,6 +41,11 @@ pub async fn run(ctx: Arc<Ctx>, engine: Engine) {
                 reported = false;
             }
             Err(e) => {
+                ctx.silent
+                    .write()
+                    .unwrap()
+                    .entry(engine.node.clone())
+                    .or_insert_with(std::time::Instant::now);
                 failures = failures.saturating_add(1);
                 tracing::warn!(node = %engine.node, error = %e, "mirroring failed; retrying");
                 if !reported {

@@ -39,6 +39,7 @@ pub async fn run(ctx: Arc<Ctx>) {
                 task.abort();
                 ctx.engines.write().unwrap().remove(n);
                 ctx.views.write().unwrap().remove(n);
+                ctx.silent.write().unwrap().remove(n);
             }
             keep
         });
@@ -61,7 +62,12 @@ pub async fn run(ctx: Arc<Ctx>) {
                     continue;
                 }
             };
-            let engine = Engine::new(&n, client, ctx.metrics.clone());
+            let engine = Engine::new(
+                &n,
+                spec.transfer_address.clone(),
+                client,
+                ctx.metrics.clone(),
+            );
             ctx.engines
                 .write()
                 .unwrap()

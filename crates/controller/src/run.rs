@@ -28,6 +28,9 @@ pub struct Options {
     /// after the active replica dies.
     pub lease_duration: u64,
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// A replica faulted this long, on a node silent this long, is replaced
+    /// by one on another node (`crate::replicas`).
+    pub replace_replicas_after: std::time::Duration,
 }
 
 /// Run until `shutdown` resolves (Ok) or the lease is lost (Err).
@@ -134,7 +137,12 @@ async fn controllers(client: kube::Client, opts: &Options, metrics: Arc<Metrics>
         failures: Mutex::new(HashMap::new()),
         kick_volumes: kick_tx,
         nodes_known: std::sync::atomic::AtomicBool::new(false),
+        silent: RwLock::new(HashMap::new()),
     });
+    tokio::spawn(crate::replicas::run(
+        ctx.clone(),
+        opts.replace_replicas_after,
+    ));
     let snap_run = snap_ctl
         .run(snapshot::reconcile, snapshot::error_policy, ctx.clone())
         .for_each(|r| async move {

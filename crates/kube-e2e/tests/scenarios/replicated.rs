@@ -11,7 +11,9 @@
 //! shows the replicas; with node 2's daemon SIGKILLed, node 1's writes go
 //! on, the volume shows Degraded with a warning, and once node 2 is back
 //! its replica is sent no more than 1.5 times what was written meanwhile
-//! and the volume is Healthy again, with a Rebuilt event. With both nodes
+//! and the volume is Healthy again, with a Rebuilt event; the same with
+//! the volume detached before node 2 returns, rebuilt because Lamina's
+//! controllers open its front end. With both nodes
 //! labelled in one zone, a claim of 2 replicas waits (its event names the
 //! zone) until node 2 is labelled in another.
 
@@ -197,6 +199,18 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     })?;
     env.detach_volume(&vol)?;
     env.check_pattern(&vol, 0x5a, "16M")?;
+
+    // Again, but the volume detached before node 2 comes back: no front
+    // end is open to rebuild it, so Lamina's controllers open one (the
+    // replica reconciler), and it is healthy again with no client.
+    let uri = env.attach_volume(&vol)?;
+    let stopped = node2.stop("lamina-2", libc::SIGKILL)?;
+    crate::env::qemu_io(&uri, "write -P 0x3c 0 4M")?;
+    env.detach_volume(&vol)?;
+    shown("Degraded", ["Healthy", "Faulted"])?;
+    stopped.start()?;
+    shown("Healthy", ["Healthy", "Healthy"])?;
+    env.check_pattern(&vol, 0x3c, "4M")?;
 
     // Zones: both nodes in z1, a second replica has no zone of its own,
     // and the claim waits, the event saying so; node 2 moved to z2, the

@@ -1,0 +1,378 @@
+//! The replica reconciler: keeps replicated volumes whole when nodes come
+//! and go. Every [`EVERY`], from the mirror's last listing of each front
+//! end's node (its volumes' `replication`) and what the mirror knows of
+//! each node (answering, or silent since when), it decides, purely
+//! ([`plan`]), at most one step per volume:
+//!
+//! * a faulted replica whose node answers, of a volume no client has
+//!   attached: its front end is opened for a rebuild (a volume in use
+//!   rebuilds its replicas on its own; a detached one waited for its next
+//!   attach), by asking the front end's daemon to add the replica it has
+//!   (`POST /v1/volumes/{name}/replicas`, which opens the front end of a
+//!   detached volume whose replicas are not all healthy);
+//! * a replica faulted for longer than the replacement delay, on a node
+//!   silent for as long (its daemon does not answer, or its node Secret is
+//!   gone): it is replaced, removed from the volume and a new one added on
+//!   another node that answers, holds no replica of the volume, has a
+//!   transfer address and has the most free space (a full sparse copy).
+//!
+//! This module owns those decisions and their calls to the front ends'
+//! daemons; it must not change the resources (the mirror shows what the
+//! daemons then record) nor decide how a replica is rebuilt (the daemon
+//! does).
+
+use crate::ctx::Ctx;
+use crate::engine::Engine;
+use lamina_api as api;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the reconciler looks.
+pub const EVERY: Duration = Duration::from_secs(5);
+
+/// A node as the controller knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    /// Its daemon answered the mirror's last call.
+    pub answers: bool,
+    /// How long it has not answered (None while it answers).
+    pub silent_for: Option<Duration>,
+    /// Its node Secret names a transfer address.
+    pub transfer: bool,
+}
+
+/// One step on a replicated volume, asked of its front end's daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Open the front end of detached volume `volume` so that its replica
+    /// on `node` is rebuilt.
+    Rebuild {
+        front: String,
+        volume: String,
+        node: String,
+    },
+    /// Replace the replica on `gone` with one on the roomiest of
+    /// `candidates` that answers.
+    Replace {
+        front: String,
+        volume: String,
+        gone: String,
+        candidates: Vec<String>,
+    },
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 time, if it parses.
+fn unix(t: &str) -> Option<i64> {
+    t.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_second())
+}
+
+/// The steps for the volumes each front end's node lists (`(node,
+/// volumes)`), at `now` (Unix seconds), with replicas replaced after
+/// `after`. A node not in `nodes` is unknown to the controller (its
+/// Secret gone): silent for as long as anyone can tell.
+pub fn plan(
+    fronts: &[(String, Vec<api::Volume>)],
+    nodes: &BTreeMap<String, NodeState>,
+    now: i64,
+    after: Duration,
+) -> Vec<Step> {
+    let mut out = Vec::new();
+    for (front, volumes) in fronts {
+        for v in volumes {
+            let Some(r) = &v.replication else { continue };
+            let holders: Vec<&str> = r.replicas.iter().map(|x| x.node.as_str()).collect();
+            for x in r.replicas.iter().filter(|x| &x.node != front) {
+                if x.state != api::ReplicaState::Faulted {
+                    continue;
+                }
+                let node = nodes.get(&x.node);
+                if node.is_some_and(|n| n.answers) {
+                    if v.export.is_none() {
+                        out.push(Step::Rebuild {
+                            front: front.clone(),
+                            volume: v.name.clone(),
+                            node: x.node.clone(),
+                        });
+                        break;
+                    }
+                    continue;
+                }
+                let faulted_for = unix(&x.since)
+                    .map(|s| now.saturating_sub(s).max(0) as u64)
+                    .unwrap_or(0);
+                let silent = node.map_or(Some(Duration::MAX), |n| n.silent_for);
+                let long =
+                    Duration::from_secs(faulted_for) >= after && silent.is_some_and(|s| s >= after);
+                if !long {
+                    continue;
+                }
+                let candidates: Vec<String> = nodes
+                    .iter()
+                    .filter(|(n, s)| {
+                        s.answers && s.transfer && n != &front && !holders.contains(&n.as_str())
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if candidates.is_empty() {
+                    continue;
+                }
+                out.push(Step::Replace {
+                    front: front.clone(),
+                    volume: v.name.clone(),
+                    gone: x.node.clone(),
+                    candidates,
+                });
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Run the reconciler until the process ends, replacing replicas after
+/// `after`.
+pub async fn run(ctx: Arc<Ctx>, after: Duration) {
+    loop {
+        tokio::time::sleep(EVERY).await;
+        let fronts: Vec<(String, Vec<api::Volume>)> = {
+            let views = ctx.views.read().unwrap();
+            views
+                .iter()
+                .map(|(n, v)| (n.clone(), v.volumes.clone()))
+                .collect()
+        };
+        let nodes = ctx.node_states();
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        for step in plan(&fronts, &nodes, now, after) {
+            if let Err(e) = take(&ctx, &step).await {
+                tracing::warn!(?step, error = %e, "replica step failed; trying again later");
+            }
+        }
+    }
+}
+
+async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
+    let engine = |n: &str| ctx.engine(n);
+    match step {
+        Step::Rebuild {
+            front,
+            volume,
+            node,
+        } => {
+            let Some(f) = engine(front) else {
+                return Ok(());
+            };
+            tracing::info!(volume, replica = %node, "rebuilding a detached volume's returned replica");
+            f.add_replica(volume, node).await.map(drop)
+        }
+        Step::Replace {
+            front,
+            volume,
+            gone,
+            candidates,
+        } => {
+            let Some(f) = engine(front) else {
+                return Ok(());
+            };
+            let Some((to, address)) = roomiest(ctx, candidates).await else {
+                return Ok(());
+            };
+            f.know_node(&to, &address).await?;
+            f.remove_replica(volume, gone).await?;
+            f.add_replica(volume, &to).await?;
+            let note = format!(
+                "volume {volume}'s replica on node {gone}, silent too long, was replaced by one on node {to}"
+            );
+            tracing::info!("{note}");
+            ctx.volume_event(volume, false, "Replaced", note).await;
+            Ok(())
+        }
+    }
+}
+
+/// The candidate that answers with the most free space, and its transfer
+/// address.
+async fn roomiest(ctx: &Ctx, candidates: &[String]) -> Option<(String, String)> {
+    let mut best: Option<(u64, String, String)> = None;
+    for c in candidates {
+        let Some(e) = ctx.engine(c) else { continue };
+        let Some(address) = e.transfer_address.clone() else {
+            continue;
+        };
+        let Ok(free) = e.free_bytes().await else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|b| free > b.0) {
+            best = Some((free, c.clone(), address));
+        }
+    }
+    best.map(|(_, n, a)| (n, a))
+}
+
+impl Engine {
+    /// Put node `name` at `address` in this daemon's node list, in place of
+    /// an entry of another address.
+    async fn know_node(&self, name: &str, address: &str) -> Result<(), crate::Error> {
+        match self.add_node(name, address).await {
+            Err(crate::Error::Engine { source, .. }) if source.is_conflict() => {
+                self.remove_node(name).await?;
+                self.add_node(name, address).await
+            }
+            r => r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(node: &str, state: api::ReplicaState, since: &str) -> api::ReplicaInfo {
+        api::ReplicaInfo {
+            node: node.into(),
+            address: None,
+            state,
+            reason: None,
+            since: since.into(),
+            rebuild: None,
+            last_rebuild: None,
+        }
+    }
+
+    fn volume(attached: bool, replicas: Vec<api::ReplicaInfo>) -> api::Volume {
+        api::Volume {
+            id: 1,
+            name: "v".into(),
+            size: 1 << 20,
+            created: "2026-12-07T10:00:00Z".into(),
+            allocated_bytes: 0,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
+            parent_snapshot: None,
+            origin: None,
+            clone_state: api::CloneState::None,
+            export: attached.then(|| api::Export {
+                uri: "nbd://x/v".into(),
+                name: "v".into(),
+                read_only: false,
+                connections: 1,
+                file: None,
+            }),
+            operation: None,
+            labels: Default::default(),
+            replication: Some(api::Replication {
+                generation: 2,
+                state: api::ReplicationState::Degraded,
+                replicas,
+            }),
+        }
+    }
+
+    fn up() -> NodeState {
+        NodeState {
+            answers: true,
+            silent_for: None,
+            transfer: true,
+        }
+    }
+
+    fn down(secs: u64) -> NodeState {
+        NodeState {
+            answers: false,
+            silent_for: Some(Duration::from_secs(secs)),
+            transfer: true,
+        }
+    }
+
+    const T0: &str = "2026-12-07T10:00:00Z";
+
+    #[test]
+    fn a_returned_replica_of_a_detached_volume_is_rebuilt_and_of_one_in_use_left_to_its_front_end()
+    {
+        use api::ReplicaState::*;
+        let now = unix(T0).unwrap() + 30;
+        let nodes: BTreeMap<String, NodeState> =
+            [("a".into(), up()), ("b".into(), up()), ("c".into(), up())].into();
+        let r = vec![replica("a", Healthy, T0), replica("b", Faulted, T0)];
+        let after = Duration::from_secs(600);
+        assert_eq!(
+            plan(
+                &[("a".into(), vec![volume(false, r.clone())])],
+                &nodes,
+                now,
+                after
+            ),
+            [Step::Rebuild {
+                front: "a".into(),
+                volume: "v".into(),
+                node: "b".into()
+            }]
+        );
+        assert_eq!(
+            plan(&[("a".into(), vec![volume(true, r)])], &nodes, now, after),
+            []
+        );
+        // Rebuilding already: nothing to do.
+        let r = vec![replica("a", Healthy, T0), replica("b", Rebuilding, T0)];
+        assert_eq!(
+            plan(&[("a".into(), vec![volume(false, r)])], &nodes, now, after),
+            []
+        );
+    }
+
+    #[test]
+    fn a_replica_is_replaced_only_once_both_it_and_its_node_have_been_gone_long_enough() {
+        use api::ReplicaState::*;
+        let after = Duration::from_secs(600);
+        let t0 = unix(T0).unwrap();
+        let r = vec![
+            replica("a", Healthy, T0),
+            replica("b", Faulted, T0),
+            replica("c", Healthy, T0),
+        ];
+        let fronts = [("a".to_string(), vec![volume(true, r)])];
+        let nodes = |b: NodeState| -> BTreeMap<String, NodeState> {
+            [
+                ("a".into(), up()),
+                ("b".into(), b),
+                ("c".into(), up()),
+                ("d".into(), up()),
+                (
+                    "e".into(),
+                    NodeState {
+                        transfer: false,
+                        ..up()
+                    },
+                ),
+            ]
+            .into()
+        };
+        // Faulted long ago, but its node silent only for a minute: wait.
+        assert_eq!(plan(&fronts, &nodes(down(60)), t0 + 3600, after), []);
+        // Its node silent long enough, but faulted only now: wait.
+        assert_eq!(plan(&fronts, &nodes(down(3600)), t0 + 60, after), []);
+        let replace = Step::Replace {
+            front: "a".into(),
+            volume: "v".into(),
+            gone: "b".into(),
+            // Not a (the front end), b or c (holding one), e (no transfer
+            // address).
+            candidates: vec!["d".into()],
+        };
+        assert_eq!(
+            plan(&fronts, &nodes(down(600)), t0 + 600, after),
+            std::slice::from_ref(&replace)
+        );
+        // A node whose Secret is gone is as silent as can be.
+        let mut gone = nodes(down(0));
+        gone.remove("b");
+        assert_eq!(plan(&fronts, &gone, t0 + 600, after), [replace]);
+        // Nowhere to go: nothing.
+        let mut full = nodes(down(600));
+        full.remove("d");
+        assert_eq!(plan(&fronts, &full, t0 + 600, after), []);
+    }
+}
