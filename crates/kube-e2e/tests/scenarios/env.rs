@@ -18,6 +18,8 @@ pub const NODE_ID: &str = "kube-env-node";
 pub const TOPOLOGY_KEY: &str = "topology.lamina.io/node";
 /// The second storage node (KUBE_ENV_NODES=2).
 pub const NODE_2: &str = "kube-env-node-2";
+/// The third storage node (KUBE_ENV_NODES=3).
+pub const NODE_3: &str = "kube-env-node-3";
 
 /// The environment; `endpoint`, `token` and `lamina_data` are node 1's
 /// daemon's (see [`Env::on_node_2`]).
@@ -32,6 +34,8 @@ pub struct Env {
     pub lamina_data: PathBuf,
     /// Node 2's daemon (endpoint, token, data directory), if it runs.
     pub node_2: Option<(String, String, PathBuf)>,
+    /// Node 3's, the same.
+    pub node_3: Option<(String, String, PathBuf)>,
     /// Node 1's daemon, node plugin and keeper run in the chart's pods
     /// (KUBE_ENV_NODE_POD=1); `endpoint` is then the first pod's address.
     pub node_pod: bool,
@@ -128,6 +132,14 @@ impl Env {
                 (Ok(e), Ok(t), Ok(d)) => Some((e, t, d.into())),
                 _ => None,
             },
+            node_3: match (
+                get("LAMINA_ENDPOINT_3"),
+                get("LAMINA_TOKEN_3"),
+                get("LAMINA_DATA_DIR_3"),
+            ) {
+                (Ok(e), Ok(t), Ok(d)) => Some((e, t, d.into())),
+                _ => None,
+            },
             node_pod,
         })
     }
@@ -144,6 +156,23 @@ impl Env {
             token,
             lamina_data: data,
             node_2: None,
+            node_3: None,
+            ..self.clone()
+        })
+    }
+
+    /// The same environment on node 3's daemon; an error unless three
+    /// nodes run.
+    pub fn on_node_3(&self) -> Result<Env> {
+        let (endpoint, token, data) = self.node_3.clone().context(
+            "fewer than three storage nodes run (kube-env/up with KUBE_ENV_NODES=3 starts three)",
+        )?;
+        Ok(Env {
+            endpoint,
+            token,
+            lamina_data: data,
+            node_2: None,
+            node_3: None,
             ..self.clone()
         })
     }

@@ -6,8 +6,9 @@
 //!     cargo test -p lamina-kube-e2e --test scenarios -- restore
 //!
 //! Scenarios of two storage nodes (TWO_NODES) start kube-env with
-//! KUBE_ENV_NODES=2 when they are chosen, unless KUBE_ENV_NODES says
-//! otherwise; the others run the same either way (kube-env's classes keep
+//! KUBE_ENV_NODES=2 when they are chosen, and those of three (THREE_NODES)
+//! with KUBE_ENV_NODES=3 (and Lamina's controllers replacing replicas after
+//! REPLACE_AFTER), unless KUBE_ENV_NODES says otherwise; the others run the same either way (kube-env's classes keep
 //! their volumes on node 1). Scenarios with real pods (KUBELET) start it
 //! with KUBE_ENV_KUBELET=1 the same way.
 //!
@@ -73,6 +74,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
     ("cross-node-restore", cross_node::cross_node_restore),
     ("replicated-pvc", replicated::replicated_pvc),
+    ("replica-replaced", replicated::replica_replaced),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     (
@@ -82,7 +84,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 ];
 
 /// The scenarios that need a second storage node.
-const TWO_NODES: &[&str] = &["cross-node-restore", "replicated-pvc"];
+const TWO_NODES: &[&str] = &["cross-node-restore"];
+/// The scenarios that need a third.
+const THREE_NODES: &[&str] = &["replicated-pvc", "replica-replaced"];
+/// How long a replica is faulted on a silent node before Lamina's
+/// controllers replace it, in an environment of three nodes: past the
+/// few seconds replicated-pvc keeps node 2 down, short enough to wait for
+/// in replica-replaced.
+const REPLACE_AFTER: &str = "45s";
 /// The scenarios that need a real node: a kubelet and a container runtime.
 const KUBELET: &[&str] = &[
     "pods-write-restore-read",
@@ -118,12 +127,16 @@ fn main() -> ExitCode {
         .partition(|(name, _)| NODE_POD.contains(name));
     let mut ok = true;
     if !on_host.is_empty() {
-        if on_host.iter().any(|(n, _)| TWO_NODES.contains(n))
-            && std::env::var_os("KUBE_ENV_NODES").is_none()
-        {
+        let three = on_host.iter().any(|(n, _)| THREE_NODES.contains(n));
+        let two = on_host.iter().any(|(n, _)| TWO_NODES.contains(n));
+        if (two || three) && std::env::var_os("KUBE_ENV_NODES").is_none() {
             // Read by kube-env/up, which inherits this process's environment;
             // set before any thread is started.
-            std::env::set_var("KUBE_ENV_NODES", "2");
+            std::env::set_var("KUBE_ENV_NODES", if three { "3" } else { "2" });
+        }
+        if three && std::env::var_os("KUBE_ENV_REPLACE_REPLICAS_AFTER").is_none() {
+            // As above.
+            std::env::set_var("KUBE_ENV_REPLACE_REPLICAS_AFTER", REPLACE_AFTER);
         }
         if on_host.iter().any(|(n, _)| KUBELET.contains(n))
             && std::env::var_os("KUBE_ENV_KUBELET").is_none()

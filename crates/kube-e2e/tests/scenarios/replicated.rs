@@ -1,12 +1,13 @@
-//! j. A replicated PVC (KUBE_ENV_NODES=2): a StorageClass with
+//! j. A replicated PVC (KUBE_ENV_NODES=3, or 2): a StorageClass with
 //! `replicas: "2"` whose topology names node 1. The volume is made on node
-//! 1 with its second replica on node 2 (node 1's daemon learns node 2's
-//! transfer address from the CSI controller, which reads it from node 2's
-//! Secret); both replicas are healthy; data written through node 1's
+//! 1 with its second replica on the roomiest other node, "node 2" below
+//! (node 1's daemon learns its transfer address from the CSI controller,
+//! which reads it from that node's Secret); both replicas are healthy; data written through node 1's
 //! export is on both, as a VolumeSnapshot taken on both shows byte for
 //! byte; node 2's replica is no volume of its own to Kubernetes (no Volume
 //! resource of node 2's); a class asking for 3 replicas on two nodes
-//! leaves its claim Pending with an event naming what is missing; and
+//! leaves its claim Pending with an event naming what is missing (with a
+//! third node, KUBE_ENV_NODES=3, it is made on all three, alike); and
 //! deleting the claim deletes the replica on node 2. The Volume resource
 //! shows the replicas; with node 2's daemon SIGKILLed, node 1's writes go
 //! on, the volume shows Degraded with a warning, and once node 2 is back
@@ -17,7 +18,7 @@
 //! labelled in one zone, a claim of 2 replicas waits (its event names the
 //! zone) until node 2 is labelled in another.
 
-use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_2, NODE_ID};
+use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_2, NODE_3, NODE_ID};
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 use std::process::Command;
@@ -58,8 +59,18 @@ fn uri_of(v: &Value) -> Result<String> {
         .context("no uri")
 }
 
+/// The other node holding `set`'s second replica: its name, the
+/// environment on its daemon, and its daemon's component in kube-env.
+fn peer(env: &Env, set: &[(String, String)]) -> Result<(String, Env, &'static str)> {
+    let other = set.get(1).map(|r| r.0.clone()).unwrap_or_default();
+    match other.as_str() {
+        NODE_2 => Ok((other, env.on_node_2()?, "lamina-2")),
+        NODE_3 => Ok((other, env.on_node_3()?, "lamina-3")),
+        n => anyhow::bail!("the second replica is on {n:?}, not on node 2 or 3: {set:?}"),
+    }
+}
+
 pub fn replicated_pvc(env: &Env) -> Result<()> {
-    let node2 = env.on_node_2()?;
     let ns = "replicated-pvc";
     env.namespace(ns)?;
     env.apply(&class("lamina-replicated-2", 2))?;
@@ -70,10 +81,12 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
         *last = format!("{r:?}");
         Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
     })?;
+    // Node 1 (the topology's) and the roomiest other node.
     ensure!(
-        set.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>() == [NODE_ID, NODE_2],
-        "replicas on {set:?}, not on {NODE_ID} and {NODE_2}"
+        set[0].0 == NODE_ID,
+        "replicas on {set:?}, the first not on {NODE_ID}"
     );
+    let (other, node2, component) = peer(env, &set)?;
     let there = node2.lamina_json(&["volume", "get", &vol])?;
     ensure!(
         there["labels"]["lamina.io/replica-of"] == NODE_ID,
@@ -118,7 +131,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     // The Volume resource shows the replicas, the front end and its
     // generation.
     let shown = |want_state: &str, want: [&str; 2]| {
-        let want = [(NODE_ID, want[0]), (NODE_2, want[1])];
+        let want = [(NODE_ID, want[0]), (other.as_str(), want[1])];
         wait(
             &format!("the Volume resource to show {want_state} {want:?}"),
             T,
@@ -158,7 +171,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     // front end stays open and rebuilds the replica once it can (a
     // detached volume's is rebuilt at its next attach: docs/replicas.md).
     let uri = env.attach_volume(&vol)?;
-    let stopped = node2.stop("lamina-2", libc::SIGKILL)?;
+    let stopped = node2.stop(component, libc::SIGKILL)?;
     const AWAY: u64 = 16 << 20;
     crate::env::qemu_io(&uri, "write -P 0x5a 0 16M")?;
     shown("Degraded", ["Healthy", "Faulted"])?;
@@ -204,7 +217,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     // end is open to rebuild it, so Lamina's controllers open one (the
     // replica reconciler), and it is healthy again with no client.
     let uri = env.attach_volume(&vol)?;
-    let stopped = node2.stop("lamina-2", libc::SIGKILL)?;
+    let stopped = node2.stop(component, libc::SIGKILL)?;
     crate::env::qemu_io(&uri, "write -P 0x3c 0 4M")?;
     env.detach_volume(&vol)?;
     shown("Degraded", ["Healthy", "Faulted"])?;
@@ -238,23 +251,57 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
         env.kubectl(&["label", "node", n, "topology.kubernetes.io/zone-"])?;
     }
 
-    // Three replicas on two nodes: Pending, and the event says why.
+    // Three replicas: one on each node, written through node 1 and alike
+    // on all three. (With two nodes only: Pending, the event saying why.)
     env.apply(&class("lamina-replicated-3", 3))?;
-    env.apply(&pvc(ns, "three", "lamina-replicated-3", "16Mi", None))?;
-    wait("the 3-replica claim's refusal", T, |last| {
-        let events = env.events(ns, "three");
-        *last = events.clone();
-        Ok(events
-            .contains("ProvisioningFailed")
-            .then_some(())
-            .filter(|_| events.contains("1 found")))
-    })?;
-    let p = env.get(ns, "pvc", "three")?.context("PVC three")?;
-    ensure!(
-        p["status"]["phase"] == "Pending",
-        "PVC three: {}",
-        p["status"]
-    );
+    env.apply(&pvc(ns, "three", "lamina-replicated-3", "64Mi", None))?;
+    match env.on_node_3() {
+        Ok(node3) => {
+            let three = env.wait_bound(ns, "three", T)?;
+            let r = wait("the 3 replicas healthy", T, |last| {
+                let r = replicas(env, &three)?;
+                *last = format!("{r:?}");
+                Ok((r.len() == 3 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
+            })?;
+            // Node 1 first, then the others, roomiest first.
+            let mut others: Vec<&str> = r[1..].iter().map(|(n, _)| n.as_str()).collect();
+            others.sort();
+            ensure!(
+                r[0].0 == NODE_ID && others == [NODE_2, NODE_3],
+                "the 3-replica volume's replicas: {r:?}"
+            );
+            let uri = env.attach_volume(&three)?;
+            crate::env::fill_pattern(&uri, "64M")?;
+            env.detach_volume(&three)?;
+            env.lamina(&["snapshot", "create", &three, "end"])?;
+            let a = uri_of(&env.lamina_json(&["snapshot", "attach", &three, "end"])?)?;
+            for n in [&env.on_node_2()?, &node3] {
+                let b = uri_of(&n.lamina_json(&["snapshot", "attach", &three, "end"])?)?;
+                let cmp =
+                    run(Command::new("qemu-img")
+                        .args(["compare", "-f", "raw", "-F", "raw", &a, &b]));
+                n.lamina(&["snapshot", "detach", &three, "end"])?;
+                cmp.with_context(|| format!("a replica of {three} differs from node 1's"))?;
+            }
+            env.lamina(&["snapshot", "detach", &three, "end"])?;
+        }
+        Err(_) => {
+            wait("the 3-replica claim's refusal", T, |last| {
+                let events = env.events(ns, "three");
+                *last = events.clone();
+                Ok(events
+                    .contains("ProvisioningFailed")
+                    .then_some(())
+                    .filter(|_| events.contains("1 found")))
+            })?;
+            let p = env.get(ns, "pvc", "three")?.context("PVC three")?;
+            ensure!(
+                p["status"]["phase"] == "Pending",
+                "PVC three: {}",
+                p["status"]
+            );
+        }
+    }
 
     // Deleting the claims deletes both replicas.
     env.kubectl(&["delete", "-n", ns, "volumesnapshot", "snap", "--wait=true"])?;
@@ -279,5 +326,72 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
         "lamina-replicated-2",
         "lamina-replicated-3",
     ])?;
+    Ok(())
+}
+
+/// k. A replica's node gone past the replacement delay (KUBE_ENV_NODES=3,
+/// Lamina's controllers replacing after REPLACE_AFTER): a PVC of 2
+/// replicas on node 1 and one other node; that node's daemon SIGKILLed
+/// and left down while the volume is in use; its replica is faulted, then
+/// replaced by one on the third node, built in full; the volume is healthy
+/// again on nodes 1 and 3 with the data written meanwhile, and the Volume
+/// has a `Replaced` event. The killed node is started again at the end.
+pub fn replica_replaced(env: &Env) -> Result<()> {
+    let ns = "replica-replaced";
+    env.namespace(ns)?;
+    env.apply(&class("lamina-replaced-2", 2))?;
+    env.apply(&pvc(ns, "data", "lamina-replaced-2", "64Mi", None))?;
+    let vol = env.wait_bound(ns, "data", T)?;
+    let set = wait("both replicas healthy", T, |last| {
+        let r = replicas(env, &vol)?;
+        *last = format!("{r:?}");
+        Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
+    })?;
+    let (other, gone, component) = peer(env, &set)?;
+    let stays = if other == NODE_2 {
+        env.on_node_3()?
+    } else {
+        env.on_node_2()?
+    };
+    let uri = env.attach_volume(&vol)?;
+    crate::env::fill_pattern(&uri, "32M")?;
+    let stopped = gone.stop(component, libc::SIGKILL)?;
+    crate::env::qemu_io(&uri, "write -P 0x77 0 8M")?;
+    let t0 = std::time::Instant::now();
+    let replaced = wait(
+        "the replica replaced and healthy",
+        Duration::from_secs(240),
+        |last| {
+            let r = replicas(env, &vol)?;
+            *last = format!("{r:?}");
+            Ok(
+                (r.len() == 2 && r[1].0 != other && r.iter().all(|(_, s)| s == "healthy"))
+                    .then_some(r),
+            )
+        },
+    )?;
+    println!(
+        "    {other}'s replica replaced by one on {} in {:.0} s",
+        replaced[1].0,
+        t0.elapsed().as_secs_f64()
+    );
+    env.detach_volume(&vol)?;
+    env.check_pattern(&vol, 0x77, "8M")?;
+    // The new replica holds what node 1 does.
+    env.lamina(&["snapshot", "create", &vol, "end"])?;
+    let a = uri_of(&env.lamina_json(&["snapshot", "attach", &vol, "end"])?)?;
+    let b = uri_of(&stays.lamina_json(&["snapshot", "attach", &vol, "end"])?)?;
+    let cmp = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &a, &b]));
+    env.lamina(&["snapshot", "detach", &vol, "end"])?;
+    stays.lamina(&["snapshot", "detach", &vol, "end"])?;
+    cmp.context("the replacement replica differs from node 1's")?;
+    wait("a Replaced event on the Volume", T, |last| {
+        let evs = env.events_json("lamina", &vol)?;
+        *last = env.events("lamina", &vol);
+        Ok(evs.iter().any(|e| e["reason"] == "Replaced").then_some(()))
+    })?;
+    stopped.start()?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
+    env.kubectl(&["delete", "storageclass", "lamina-replaced-2"])?;
     Ok(())
 }
