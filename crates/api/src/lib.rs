@@ -351,6 +351,10 @@ pub const SCHEDULE_LABEL: &str = "lamina.io/schedule";
 /// passes over it.
 pub const REPLICA_OF_LABEL: &str = "lamina.io/replica-of";
 
+/// Label the CSI driver gives a replicated volume: how many replicas its
+/// StorageClass asks for, which Lamina's controllers keep it at.
+pub const REPLICAS_WANTED_LABEL: &str = "csi.lamina.io/replicas";
+
 /// Snapshots of several volumes taken at one instant (one engine
 /// transaction): crash-consistent across the volumes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

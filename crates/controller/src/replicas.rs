@@ -60,6 +60,13 @@ pub enum Step {
         gone: String,
         candidates: Vec<String>,
     },
+    /// Add a replica on the roomiest of `candidates` that answers: the
+    /// volume has fewer than its StorageClass asked for.
+    Add {
+        front: String,
+        volume: String,
+        candidates: Vec<String>,
+    },
 }
 
 /// Seconds since the Unix epoch of an RFC 3339 time, if it parses.
@@ -84,6 +91,31 @@ pub fn plan(
         for v in volumes {
             let Some(r) = &v.replication else { continue };
             let holders: Vec<&str> = r.replicas.iter().map(|x| x.node.as_str()).collect();
+            let candidates = || -> Vec<String> {
+                nodes
+                    .iter()
+                    .filter(|(n, s)| {
+                        s.answers && s.transfer && n != &front && !holders.contains(&n.as_str())
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            };
+            let wanted = v
+                .labels
+                .get(api::REPLICAS_WANTED_LABEL)
+                .and_then(|w| w.parse::<usize>().ok())
+                .unwrap_or(0);
+            if r.replicas.len() < wanted {
+                let candidates = candidates();
+                if !candidates.is_empty() {
+                    out.push(Step::Add {
+                        front: front.clone(),
+                        volume: v.name.clone(),
+                        candidates,
+                    });
+                }
+                continue;
+            }
             for x in r.replicas.iter().filter(|x| &x.node != front) {
                 if x.state != api::ReplicaState::Faulted {
                     continue;
@@ -109,13 +141,7 @@ pub fn plan(
                 if !long {
                     continue;
                 }
-                let candidates: Vec<String> = nodes
-                    .iter()
-                    .filter(|(n, s)| {
-                        s.answers && s.transfer && n != &front && !holders.contains(&n.as_str())
-                    })
-                    .map(|(n, _)| n.clone())
-                    .collect();
+                let candidates = candidates();
                 if candidates.is_empty() {
                     continue;
                 }
@@ -188,6 +214,26 @@ async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
             );
             tracing::info!("{note}");
             ctx.volume_event(volume, false, "Replaced", note).await;
+            Ok(())
+        }
+        Step::Add {
+            front,
+            volume,
+            candidates,
+        } => {
+            let Some(f) = engine(front) else {
+                return Ok(());
+            };
+            let Some((to, address)) = roomiest(ctx, candidates).await else {
+                return Ok(());
+            };
+            f.know_node(&to, &address).await?;
+            f.add_replica(volume, &to).await?;
+            let note = format!(
+                "volume {volume} had fewer replicas than its StorageClass asks for: one was added on node {to}"
+            );
+            tracing::info!("{note}");
+            ctx.volume_event(volume, false, "ReplicaAdded", note).await;
             Ok(())
         }
     }
@@ -374,5 +420,36 @@ mod tests {
         let mut full = nodes(down(600));
         full.remove("d");
         assert_eq!(plan(&fronts, &full, t0 + 600, after), []);
+    }
+
+    #[test]
+    fn a_volume_short_of_the_replicas_its_class_asks_for_gets_one_added() {
+        use api::ReplicaState::*;
+        let t0 = unix(T0).unwrap();
+        let nodes: BTreeMap<String, NodeState> =
+            [("a".into(), up()), ("b".into(), up()), ("c".into(), up())].into();
+        let mut v = volume(
+            true,
+            vec![replica("a", Healthy, T0), replica("b", Healthy, T0)],
+        );
+        let after = Duration::from_secs(600);
+        // No count recorded (made without the CSI driver): as it is.
+        assert_eq!(
+            plan(&[("a".into(), vec![v.clone()])], &nodes, t0, after),
+            []
+        );
+        v.labels
+            .insert(api::REPLICAS_WANTED_LABEL.into(), "3".into());
+        assert_eq!(
+            plan(&[("a".into(), vec![v.clone()])], &nodes, t0, after),
+            [Step::Add {
+                front: "a".into(),
+                volume: "v".into(),
+                candidates: vec!["c".into()]
+            }]
+        );
+        v.labels
+            .insert(api::REPLICAS_WANTED_LABEL.into(), "2".into());
+        assert_eq!(plan(&[("a".into(), vec![v])], &nodes, t0, after), []);
     }
 }

@@ -557,6 +557,16 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
     }));
     create("pvc-restored", "2", src).unwrap();
     assert_eq!(replicas_of("pvc-restored"), ["a", "b"]);
+    // Each records the count its class asks for (Lamina's controllers keep
+    // it).
+    for v in ["pvc-r", "pvc-restored"] {
+        let labels = c.rt.block_on(c.a.get_volume(v)).unwrap().labels;
+        assert_eq!(
+            labels.get(lamina_api::REPLICAS_WANTED_LABEL).map(String::as_str),
+            Some("2"),
+            "{v}: {labels:?}"
+        );
+    }
 
     // Three replicas need a third node; no such number is taken.
     let e = create("pvc-3", "3", None).unwrap_err();

@@ -233,11 +233,16 @@ impl ControllerService {
         };
         let made = match &source {
             Resolved::None => {
+                let labels = if replicas > 1 {
+                    [(api::REPLICAS_WANTED_LABEL.to_string(), replicas.to_string())].into()
+                } else {
+                    Default::default()
+                };
                 let r = api::CreateVolume {
                     name: name.clone(),
                     size,
                     replicas: others,
-                    ..Default::default()
+                    labels,
                 };
                 node.client
                     .create_volume(&r)
@@ -430,8 +435,26 @@ impl ControllerService {
             .flat_map(|r| r.replicas.iter().map(|x| x.node.clone()))
             .collect();
         let have = held.len().max(1);
+        // The count asked for, recorded with the volume: Lamina's
+        // controllers add back a replica a replacement could not.
+        let wanted = want.to_string();
+        if want > 1
+            && v.labels.get(api::REPLICAS_WANTED_LABEL) != Some(&wanted)
+            && !v.labels.keys().any(|k| k.starts_with("lamina.io/"))
+        {
+            let mut labels = v.labels.clone();
+            labels.insert(api::REPLICAS_WANTED_LABEL.into(), wanted);
+            node.client
+                .set_volume_labels(name, &labels)
+                .await
+                .map_err(|e| from_client(&e))?;
+        }
         if have >= want {
-            return Ok(v);
+            return node
+                .client
+                .get_volume(name)
+                .await
+                .map_err(|e| from_client(&e));
         }
         let zones = self.nodes.all();
         let held: Vec<(String, Option<String>)> = held
