@@ -203,12 +203,10 @@ async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
             let Some(f) = engine(front) else {
                 return Ok(());
             };
-            let Some((to, address)) = roomiest(ctx, candidates).await else {
+            f.remove_replica(volume, gone).await?;
+            let Some(to) = add_somewhere(ctx, &f, volume, candidates).await? else {
                 return Ok(());
             };
-            f.know_node(&to, &address).await?;
-            f.remove_replica(volume, gone).await?;
-            f.add_replica(volume, &to).await?;
             let note = format!(
                 "volume {volume}'s replica on node {gone}, silent too long, was replaced by one on node {to}"
             );
@@ -224,11 +222,9 @@ async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
             let Some(f) = engine(front) else {
                 return Ok(());
             };
-            let Some((to, address)) = roomiest(ctx, candidates).await else {
+            let Some(to) = add_somewhere(ctx, &f, volume, candidates).await? else {
                 return Ok(());
             };
-            f.know_node(&to, &address).await?;
-            f.add_replica(volume, &to).await?;
             let note = format!(
                 "volume {volume} had fewer replicas than its StorageClass asks for: one was added on node {to}"
             );
@@ -239,23 +235,49 @@ async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
     }
 }
 
-/// The candidate that answers with the most free space, and its transfer
-/// address.
-async fn roomiest(ctx: &Ctx, candidates: &[String]) -> Option<(String, String)> {
-    let mut best: Option<(u64, String, String)> = None;
+/// Add a replica of `volume` through its front end's daemon `f` on one of
+/// `candidates`: the roomiest that answers first, then the next when the
+/// add fails there (a node holding a leftover volume of that name refuses
+/// it). The node it went to; None when no candidate answers (the last
+/// failure is the error when every one refused).
+async fn add_somewhere(
+    ctx: &Ctx,
+    f: &Engine,
+    volume: &str,
+    candidates: &[String],
+) -> Result<Option<String>, crate::Error> {
+    let mut last = None;
+    for (to, address) in by_room(ctx, candidates).await {
+        let added = async {
+            f.know_node(&to, &address).await?;
+            f.add_replica(volume, &to).await
+        };
+        match added.await {
+            Ok(_) => return Ok(Some(to)),
+            Err(e) => {
+                tracing::warn!(volume, node = %to, error = %e, "a replica could not be added there; trying the next node");
+                last = Some(e);
+            }
+        }
+    }
+    last.map_or(Ok(None), Err)
+}
+
+/// The candidates that answer, with their transfer addresses, the most
+/// free space first.
+async fn by_room(ctx: &Ctx, candidates: &[String]) -> Vec<(String, String)> {
+    let mut found = Vec::new();
     for c in candidates {
         let Some(e) = ctx.engine(c) else { continue };
         let Some(address) = e.transfer_address.clone() else {
             continue;
         };
-        let Ok(free) = e.free_bytes().await else {
-            continue;
-        };
-        if best.as_ref().is_none_or(|b| free > b.0) {
-            best = Some((free, c.clone(), address));
+        if let Ok(free) = e.free_bytes().await {
+            found.push((free, c.clone(), address));
         }
     }
-    best.map(|(_, n, a)| (n, a))
+    found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    found.into_iter().map(|(_, n, a)| (n, a)).collect()
 }
 
 impl Engine {

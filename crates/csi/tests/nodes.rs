@@ -562,7 +562,9 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
     for v in ["pvc-r", "pvc-restored"] {
         let labels = c.rt.block_on(c.a.get_volume(v)).unwrap().labels;
         assert_eq!(
-            labels.get(lamina_api::REPLICAS_WANTED_LABEL).map(String::as_str),
+            labels
+                .get(lamina_api::REPLICAS_WANTED_LABEL)
+                .map(String::as_str),
             Some("2"),
             "{v}: {labels:?}"
         );

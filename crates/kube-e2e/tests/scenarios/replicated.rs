@@ -335,7 +335,9 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
 /// and left down while the volume is in use; its replica is faulted, then
 /// replaced by one on the third node, built in full; the volume is healthy
 /// again on nodes 1 and 3 with the data written meanwhile, and the Volume
-/// has a `Replaced` event. The killed node is started again at the end.
+/// has a `Replaced` event. The killed node is started again; then the new
+/// replica is removed by hand, and the controllers add one back (the
+/// class's count), with a `ReplicaAdded` event.
 pub fn replica_replaced(env: &Env) -> Result<()> {
     let ns = "replica-replaced";
     env.namespace(ns)?;
@@ -391,6 +393,25 @@ pub fn replica_replaced(env: &Env) -> Result<()> {
         Ok(evs.iter().any(|e| e["reason"] == "Replaced").then_some(()))
     })?;
     stopped.start()?;
+
+    // A replica taken out by hand: the volume has fewer than its class
+    // asks for, and Lamina's controllers add one back.
+    let now = replaced[1].0.clone();
+    env.lamina(&["replica", "remove", &vol, &now])?;
+    let back = wait("a replica added back", Duration::from_secs(120), |last| {
+        let r = replicas(env, &vol)?;
+        *last = format!("{r:?}");
+        Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
+    })?;
+    println!("    removed from {now}, added back on {}", back[1].0);
+    wait("a ReplicaAdded event on the Volume", T, |last| {
+        let evs = env.events_json("lamina", &vol)?;
+        *last = env.events("lamina", &vol);
+        Ok(evs
+            .iter()
+            .any(|e| e["reason"] == "ReplicaAdded")
+            .then_some(()))
+    })?;
     env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
     env.kubectl(&["delete", "storageclass", "lamina-replaced-2"])?;
     Ok(())
