@@ -385,6 +385,12 @@ fn replicated(states: &[api::ReplicaState]) -> api::Volume {
     v
 }
 
+/// The replication status of the one Volume resource.
+fn replication_of(vols: &[Arc<Volume>]) -> crate::crd::ReplicationStatus {
+    let status = vols[0].status.as_ref().expect("a status");
+    status.replication.clone().expect("a replication status")
+}
+
 fn events(w: &[Write]) -> Vec<(bool, &str)> {
     w.iter()
         .filter_map(|w| match w {
@@ -403,13 +409,7 @@ fn a_replicated_volume_shows_its_replicas_and_each_change_of_state_is_an_event()
     let first = plan(&v, &[], &[], &now());
     assert_eq!(events(&first), [], "a new resource has no event");
     let (mut vols, _) = realise(&first);
-    let shown = vols[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .replication
-        .clone()
-        .unwrap();
+    let shown = replication_of(&vols);
     assert_eq!(
         (
             shown.state.as_str(),
@@ -463,13 +463,7 @@ fn a_replicated_volume_shows_its_replicas_and_each_change_of_state_is_an_event()
     });
     let w = step(&mut vols, &view(vec![rebuilding], vec![]));
     assert_eq!(events(&w), [(false, "Rebuilding")], "{w:?}");
-    let r = vols[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .replication
-        .clone()
-        .unwrap();
+    let r = replication_of(&vols);
     assert_eq!(
         (r.replicas[1].progress, r.replicas[1].eta_seconds),
         (Some(25), Some(3))

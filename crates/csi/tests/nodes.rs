@@ -464,8 +464,10 @@ fn a_restore_from_a_node_that_refuses_this_one_is_a_failed_precondition() {
     assert!(!c.has(&c.a, "pvc-there"));
 }
 
-#[test]
-fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third_lacks() {
+/// Nodes a and b (in `zones`) with certificates of one CA, b's transfer
+/// listener at the address returned: a's volumes can have replicas on b.
+/// The certificates' directory lives as long as the first value.
+fn one_ca(zones: [Option<&str>; 2]) -> (tempfile::TempDir, Cluster, std::net::SocketAddr) {
     let certs = tempfile::tempdir().unwrap();
     let dir = |n: &str| certs.path().join(n);
     lamina_transfer::certs::create_ca(&dir("ca")).unwrap();
@@ -480,11 +482,18 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
         tls_dir: Some(dir(node)),
         ..Default::default()
     };
-    let c = Cluster::start_with(
+    let c = Cluster::start_zoned(
         Some(&listen.to_string()),
         false,
         [transfer("a", None), transfer("b", Some(listen))],
+        zones,
     );
+    (certs, c, listen)
+}
+
+#[test]
+fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third_lacks() {
+    let (_certs, c, listen) = one_ca([None, None]);
     let create = |name: &str, replicas: &str, source: Option<Source>| {
         let req = CreateVolumeRequest {
             accessibility_requirements: req(&["a"], &[]),
@@ -591,27 +600,8 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
 
 #[test]
 fn where_nodes_have_zones_a_replica_goes_to_another_zone_or_is_refused_unless_preferred() {
-    let certs = tempfile::tempdir().unwrap();
-    let dir = |n: &str| certs.path().join(n);
-    lamina_transfer::certs::create_ca(&dir("ca")).unwrap();
-    for n in ["a", "b"] {
-        lamina_transfer::certs::issue(&dir("ca"), n, &dir(n)).unwrap();
-    }
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", lamina_test_support::free_port())
-        .parse()
-        .unwrap();
-    let transfer = |node: &str, listen| lamina_server::TransferConfig {
-        listen,
-        tls_dir: Some(dir(node)),
-        ..Default::default()
-    };
     // Both nodes in zone z1.
-    let c = Cluster::start_zoned(
-        Some(&listen.to_string()),
-        false,
-        [transfer("a", None), transfer("b", Some(listen))],
-        [Some("z1"), Some("z1")],
-    );
+    let (_certs, c, _) = one_ca([Some("z1"), Some("z1")]);
     let create = |name: &str, params: &[(&str, &str)]| {
         let req = CreateVolumeRequest {
             accessibility_requirements: req(&["a"], &[]),

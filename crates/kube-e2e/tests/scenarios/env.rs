@@ -147,26 +147,20 @@ impl Env {
     /// The same environment, with `lamina` (and so attach, patterns) on
     /// node 2's daemon; an error when only one node runs.
     pub fn on_node_2(&self) -> Result<Env> {
-        let (endpoint, token, data) = self
-            .node_2
-            .clone()
-            .context("only one storage node runs (kube-env/up with KUBE_ENV_NODES=2 starts two)")?;
-        Ok(Env {
-            endpoint,
-            token,
-            lamina_data: data,
-            node_2: None,
-            node_3: None,
-            ..self.clone()
-        })
+        self.on(self.node_2.clone(), "2")
     }
 
-    /// The same environment on node 3's daemon; an error unless three
-    /// nodes run.
+    /// The same on node 3's daemon; an error unless three nodes run.
     pub fn on_node_3(&self) -> Result<Env> {
-        let (endpoint, token, data) = self.node_3.clone().context(
-            "fewer than three storage nodes run (kube-env/up with KUBE_ENV_NODES=3 starts three)",
-        )?;
+        self.on(self.node_3.clone(), "3")
+    }
+
+    fn on(&self, node: Option<(String, String, PathBuf)>, n: &str) -> Result<Env> {
+        let (endpoint, token, data) = node.with_context(|| {
+            format!(
+                "no node {n} runs (kube-env/up with KUBE_ENV_NODES={n} starts {n} storage nodes)"
+            )
+        })?;
         Ok(Env {
             endpoint,
             token,

@@ -52,6 +52,15 @@ fn replicas(env: &Env, volume: &str) -> Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// Wait until `volume` has `n` replicas, all healthy; them.
+fn all_healthy(env: &Env, volume: &str, n: usize) -> Result<Vec<(String, String)>> {
+    wait(&format!("{n} healthy replicas of {volume}"), T, |last| {
+        let r = replicas(env, volume)?;
+        *last = format!("{r:?}");
+        Ok((r.len() == n && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
+    })
+}
+
 fn uri_of(v: &Value) -> Result<String> {
     v.get("uri")
         .and_then(|u| u.as_str())
@@ -76,11 +85,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     env.apply(&class("lamina-replicated-2", 2))?;
     env.apply(&pvc(ns, "data", "lamina-replicated-2", "256Mi", None))?;
     let vol = env.wait_bound(ns, "data", T)?;
-    let set = wait("both replicas healthy", T, |last| {
-        let r = replicas(env, &vol)?;
-        *last = format!("{r:?}");
-        Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
-    })?;
+    let set = all_healthy(env, &vol, 2)?;
     // Node 1 (the topology's) and the roomiest other node.
     ensure!(
         set[0].0 == NODE_ID,
@@ -258,11 +263,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     match env.on_node_3() {
         Ok(node3) => {
             let three = env.wait_bound(ns, "three", T)?;
-            let r = wait("the 3 replicas healthy", T, |last| {
-                let r = replicas(env, &three)?;
-                *last = format!("{r:?}");
-                Ok((r.len() == 3 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
-            })?;
+            let r = all_healthy(env, &three, 3)?;
             // Node 1 first, then the others, roomiest first.
             let mut others: Vec<&str> = r[1..].iter().map(|(n, _)| n.as_str()).collect();
             others.sort();
@@ -344,11 +345,7 @@ pub fn replica_replaced(env: &Env) -> Result<()> {
     env.apply(&class("lamina-replaced-2", 2))?;
     env.apply(&pvc(ns, "data", "lamina-replaced-2", "64Mi", None))?;
     let vol = env.wait_bound(ns, "data", T)?;
-    let set = wait("both replicas healthy", T, |last| {
-        let r = replicas(env, &vol)?;
-        *last = format!("{r:?}");
-        Ok((r.len() == 2 && r.iter().all(|(_, s)| s == "healthy")).then_some(r))
-    })?;
+    let set = all_healthy(env, &vol, 2)?;
     let (other, gone, component) = peer(env, &set)?;
     let stays = if other == NODE_2 {
         env.on_node_3()?
