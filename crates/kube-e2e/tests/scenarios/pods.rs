@@ -657,9 +657,13 @@ pub fn io_through_restarts_and_growth(env: &Env) -> Result<()> {
     let ns = "pods-restarts";
     env.namespace(ns)?;
     env.apply(
+        // Bound at once, so kept on node 1, the node with a kubelet, as
+        // kube-env's classes are: with other nodes placement would take the
+        // roomiest, where no pod can run.
         "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: lamina-xfs}\n\
          provisioner: lamina.csi.io\nreclaimPolicy: Delete\nallowVolumeExpansion: true\n\
-         parameters: {csi.storage.k8s.io/fstype: xfs}\n",
+         parameters: {csi.storage.k8s.io/fstype: xfs}\n\
+         allowedTopologies:\n- matchLabelExpressions:\n  - {key: topology.lamina.io/node, values: [kube-env-node]}\n",
     )?;
     env.apply(&pvc(ns, "busy", "lamina-xfs", "320Mi", None))?;
     env.wait_bound(ns, "busy", T)?;
