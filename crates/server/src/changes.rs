@@ -1,9 +1,9 @@
 //! The change feed (`GET /v1/changes`, served by `handlers.rs`): a
-//! sequence number that moves on
-//! every change visible in the volume and snapshot lists (a replicated
-//! volume's record included: the store tells, `Store::on_replica_set_change`),
-//! and an epoch new at every start. Watchers (the Kubernetes controller) long-poll it and list
-//! only when it moved, so an idle pool costs them no engine calls.
+//! sequence number that moves on every change visible in the volume and
+//! snapshot lists (a replicated volume's record included: the store tells,
+//! `Store::on_replica_set_change`), and an epoch new at every start.
+//! Watchers (the Kubernetes controller) long-poll it and list only when it
+//! moved, so an idle pool costs them no engine calls.
 
 use lamina_api as api;
 use std::time::Duration;
