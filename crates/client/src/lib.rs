@@ -413,6 +413,19 @@ impl Client {
         self.create(&path::api("/nodes", &[]), req).await
     }
 
+    /// Put node `req.name` at `req.address` in the list: added, or in
+    /// place of an entry of another address (a node that came back at a
+    /// new address).
+    pub async fn put_node(&self, req: &api::AddNode) -> Result<()> {
+        match self.add_node(req).await {
+            Err(e) if e.is_conflict() => {
+                self.remove_node(&req.name).await?;
+                self.add_node(req).await.map(drop)
+            }
+            r => r.map(drop),
+        }
+    }
+
     pub async fn get_node(&self, name: &str) -> Result<api::Node> {
         self.get(&path::api("/nodes/{}", &[name])).await
     }

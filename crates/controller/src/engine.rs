@@ -159,26 +159,18 @@ impl Engine {
             .capacity_bytes)
     }
 
-    pub async fn add_node(&self, name: &str, address: &str) -> R<()> {
-        self.count("add_node");
+    /// Put node `name` at `address` in this daemon's node list, in place
+    /// of an entry of another address.
+    pub async fn put_node(&self, name: &str, address: &str) -> R<()> {
+        self.count("put_node");
         let req = api::AddNode {
             name: name.into(),
             address: address.into(),
         };
         self.client
-            .add_node(&req)
+            .put_node(&req)
             .await
-            .map(drop)
-            .map_err(self.err("add node"))
-    }
-
-    pub async fn remove_node(&self, name: &str) -> R<()> {
-        self.count("remove_node");
-        self.client
-            .remove_node(name)
-            .await
-            .map(drop)
-            .map_err(self.err("remove node"))
+            .map_err(self.err("put node"))
     }
 
     pub async fn add_replica(&self, volume: &str, node: &str) -> R<api::Volume> {

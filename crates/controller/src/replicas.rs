@@ -249,7 +249,7 @@ async fn add_somewhere(
     let mut last = None;
     for (to, address) in by_room(ctx, candidates).await {
         let added = async {
-            f.know_node(&to, &address).await?;
+            f.put_node(&to, &address).await?;
             f.add_replica(volume, &to).await
         };
         match added.await {
@@ -278,20 +278,6 @@ async fn by_room(ctx: &Ctx, candidates: &[String]) -> Vec<(String, String)> {
     }
     found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     found.into_iter().map(|(_, n, a)| (n, a)).collect()
-}
-
-impl Engine {
-    /// Put node `name` at `address` in this daemon's node list, in place of
-    /// an entry of another address.
-    async fn know_node(&self, name: &str, address: &str) -> Result<(), crate::Error> {
-        match self.add_node(name, address).await {
-            Err(crate::Error::Engine { source, .. }) if source.is_conflict() => {
-                self.remove_node(name).await?;
-                self.add_node(name, address).await
-            }
-            r => r,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -511,6 +511,12 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
             .unwrap_or_default()
     };
 
+    // a's daemon lists b at an old address (b came back elsewhere).
+    let old = lamina_api::AddNode {
+        name: "b".into(),
+        address: "127.0.0.1:9".into(),
+    };
+    c.rt.block_on(c.a.add_node(&old)).unwrap();
     // Two replicas: the volume on a (where the topology puts it), its
     // second replica on b, which a's daemon learnt from the node set.
     let v = create("pvc-r", "2", None).unwrap();

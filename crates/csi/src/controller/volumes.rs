@@ -558,31 +558,18 @@ impl ControllerService {
         Ok(chosen)
     }
 
-    /// Put node `name` at `address` in `front`'s daemon's node list, in
-    /// place of an entry of another address (a node pod that came back
-    /// with a new IP registers that one).
+    /// Put node `name` at `address` in `front`'s daemon's node list (a
+    /// node pod that came back with a new IP registers that one).
     async fn know_node(&self, front: &Picked, name: &str, address: &str) -> Result<(), Status> {
         let req = api::AddNode {
             name: name.to_string(),
             address: address.to_string(),
         };
-        match front.client.add_node(&req).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_conflict() => {
-                front
-                    .client
-                    .remove_node(name)
-                    .await
-                    .map_err(|e| from_client(&e))?;
-                front
-                    .client
-                    .add_node(&req)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| from_client(&e))
-            }
-            Err(e) => Err(from_client(&e)),
-        }
+        front
+            .client
+            .put_node(&req)
+            .await
+            .map_err(|e| from_client(&e))
     }
 
     /// What a volume was made from, as the daemon names sources: `Some(None)`
