@@ -7,9 +7,11 @@
 //! feature: a build without it has no way to set them (see
 //! [`crate::cfg_testing`] for how the `lamina` binary follows it).
 
+use crate::store::SharedRecord;
 use crate::ServerError;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default of [`Config::operation_retention`]: 7 days.
@@ -32,6 +34,23 @@ pub const DEFAULT_FILES: bool = true;
 
 /// Default of [`TransferConfig::retry_window`]: one minute.
 pub const DEFAULT_TRANSFER_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// A [`SharedRecord`] in a [`Config`]: configs are equal when they hold the
+/// same one.
+#[derive(Clone)]
+pub struct SharedRecordHandle(pub Arc<dyn SharedRecord>);
+
+impl std::fmt::Debug for SharedRecordHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedRecord")
+    }
+}
+
+impl PartialEq for SharedRecordHandle {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// How to run the daemon: `Config::new(data_dir)` (or `Config::default()`,
 /// on [`crate::default_data_dir`]) and the setters for what differs from
@@ -72,6 +91,10 @@ pub struct Config {
     /// daemon instead of failing, and at a start the connections it holds
     /// are taken back. None: a stop fails the files' I/O.
     pub keeper: Option<PathBuf>,
+    /// Where replica sets are recorded first (under Kubernetes, the Volume
+    /// resources' status: docs/replicas.md, "The shared record"). None:
+    /// this daemon's store alone is their record.
+    pub shared_record: Option<SharedRecordHandle>,
     /// Knobs for tests only.
     #[cfg(feature = "testing")]
     pub testing: Testing,
@@ -92,6 +115,7 @@ impl Default for Config {
             nbd: NbdConfig::default(),
             files: DEFAULT_FILES,
             keeper: None,
+            shared_record: None,
             #[cfg(feature = "testing")]
             testing: Testing::default(),
         }
@@ -146,6 +170,12 @@ impl Config {
     /// See [`Config::files`].
     pub fn files(mut self, on: bool) -> Config {
         self.files = on;
+        self
+    }
+
+    /// See [`Config::shared_record`].
+    pub fn shared_record(mut self, shared: Arc<dyn SharedRecord>) -> Config {
+        self.shared_record = Some(SharedRecordHandle(shared));
         self
     }
 

@@ -52,6 +52,14 @@ pub enum ServerError {
     },
     #[error("{0}")]
     Config(String),
+    /// The replica set's shared record refused a change or could not take
+    /// it: nothing changed.
+    #[error("volume {volume}: {source}")]
+    Shared {
+        volume: String,
+        #[source]
+        source: crate::store::SharedRecordError,
+    },
 }
 
 impl ServerError {
@@ -186,6 +194,14 @@ impl From<ServerError> for Failure {
                 e.to_string(),
                 Some("the daemon's records cannot be written: free space on the file system of its data directory (or fix what the message names); the daemon reopens its store at the next call, no restart needed"),
             ),
+            ServerError::Shared { volume, source } => {
+                use crate::store::SharedRecordError as S;
+                let (code, hint) = match &source {
+                    S::Fenced(_) => (ErrorCode::Conflict, "another node's front end serves this volume now; use it there"),
+                    S::Unavailable(_) => (ErrorCode::Unavailable, "the Kubernetes API server must answer before this volume's replica set changes; nothing changed, ask again once it does"),
+                };
+                Failure::new(code, format!("volume {volume}: {source}"), Some(hint))
+            }
             other => Failure::internal(other.to_string()),
         }
     }

@@ -43,6 +43,7 @@ pub use config::{
 };
 pub use error::ServerError;
 pub use paths::{default_data_dir, Layout};
+pub use store::{ReplicaRec, ReplicaSetRec, SharedRecord, SharedRecordError};
 
 use std::sync::Arc;
 

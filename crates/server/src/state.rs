@@ -115,6 +115,14 @@ impl State {
             }
             None => None,
         };
+        if let Some(shared) = &config.shared_record {
+            let Some(id) = &identity else {
+                return Err(ServerError::Config(
+                    "a shared record of replica sets needs --transfer-tls DIR (the node's identity names the front end in it)".into(),
+                ));
+            };
+            store.share_replica_sets(shared.0.clone(), id.node().to_string());
+        }
         let activity = Arc::new(crate::pacing::Activity::default());
         let metrics = crate::metrics::Metrics::new();
         let pace = config.transfer.busy_rate.map(|rate| {

@@ -19,7 +19,10 @@ use db::Fail;
 pub(crate) use db::{Db, OnFailure, StrTable};
 pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec, PeerRec};
-pub use replicas::{LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec, MAX_REPLICAS};
+pub use replicas::{
+    LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec, SharedRecord, SharedRecordError,
+    MAX_REPLICAS,
+};
 
 use crate::error::ServerError;
 use lamina_api::OperationState;
@@ -57,6 +60,12 @@ pub struct Store {
     /// Called after a replica set's record changed in what it shows
     /// (`Store::on_replica_set_change`).
     replica_set_changed: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Where replica sets are recorded first, and this node's name
+    /// (`Store::share_replica_sets`).
+    shared: std::sync::OnceLock<(std::sync::Arc<dyn SharedRecord>, String)>,
+    /// One lock per replicated volume, ordering its record's changes.
+    replica_set_locks:
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<std::sync::Mutex<()>>>>,
 }
 
 /// Whether a record was written, or kept to be written when the store
@@ -74,6 +83,8 @@ impl Store {
             db: Db::open(path)?,
             path: path.to_path_buf(),
             replica_set_changed: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
+            replica_set_locks: Default::default(),
         };
         let w = store.db.begin_write()?;
         let version = {

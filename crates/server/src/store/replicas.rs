@@ -6,6 +6,12 @@
 //! a replica is recorded faulted before any write it missed is
 //! acknowledged, and a generation is taken before any replica is opened
 //! at it.
+//!
+//! Where a [`SharedRecord`] is given (under Kubernetes: the Volume
+//! resource's status in the API server), a change of what a record shows
+//! is made there first, and here only once it was: a change it refuses
+//! (another front end holds the volume) or cannot make (the API server out
+//! of reach) changes nothing here either.
 
 use super::db::Fail;
 use super::Store;
@@ -14,6 +20,36 @@ use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const SETS: TableDefinition<&str, &str> = TableDefinition::new("replica_sets");
+
+/// Where the whole cluster agrees on each replicated volume's replica set:
+/// which front end holds it, at which generation, and which replicas are
+/// healthy (docs/replicas.md, "The shared record"). Called with a
+/// volume's changes in order, one at a time.
+pub trait SharedRecord: Send + Sync {
+    /// Record that volume `volume`'s replica set, whose front end runs on
+    /// node `node`, is now `after` (its shown part; None: removed), having
+    /// been `before` here (None: new). Ok once it is recorded; an error
+    /// recorded nothing.
+    fn record(
+        &self,
+        node: &str,
+        volume: &str,
+        before: Option<&ReplicaSetRec>,
+        after: Option<&ReplicaSetRec>,
+    ) -> Result<(), SharedRecordError>;
+}
+
+/// Why the shared record did not take a change.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SharedRecordError {
+    /// Another front end holds the volume there: this one must not change
+    /// its record, nor serve it.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// It could not be reached or did not answer in time.
+    #[error("the shared record cannot be written: {0}")]
+    Unavailable(String),
+}
 
 /// A volume has at most this many replicas, this node's included.
 pub const MAX_REPLICAS: usize = 3;
@@ -201,8 +237,51 @@ impl Store {
         })
     }
 
+    /// Have changes of what replica sets show recorded in `shared` first,
+    /// as node `node`'s (this daemon's); once only.
+    pub fn share_replica_sets(&self, shared: std::sync::Arc<dyn SharedRecord>, node: String) {
+        let _ = self.shared.set((shared, node));
+    }
+
+    /// The lock that orders volume `volume`'s changes: each reads the
+    /// record, records it shared, then here.
+    fn replica_set_lock(&self, volume: &str) -> std::sync::Arc<std::sync::Mutex<()>> {
+        let mut locks = self
+            .replica_set_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        locks.entry(volume.to_string()).or_default().clone()
+    }
+
+    /// `before` → `after` recorded in the shared record, if there is one
+    /// and it shows a change.
+    fn share(
+        &self,
+        volume: &str,
+        before: Option<&ReplicaSetRec>,
+        after: Option<&ReplicaSetRec>,
+    ) -> Result<(), ServerError> {
+        let Some((shared, node)) = self.shared.get() else {
+            return Ok(());
+        };
+        let (b, a) = (before.map(shown), after.map(shown));
+        if b == a {
+            return Ok(());
+        }
+        shared
+            .record(node, volume, b.as_ref(), a.as_ref())
+            .map_err(|e| ServerError::Shared {
+                volume: volume.to_string(),
+                source: e,
+            })
+    }
+
     /// Record `rec` as volume `volume`'s replica set (replacing any).
     pub fn put_replica_set(&self, volume: &str, rec: &ReplicaSetRec) -> Result<(), ServerError> {
+        let lock = self.replica_set_lock(volume);
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let before = self.replica_set(volume)?;
+        self.share(volume, before.as_ref(), Some(rec))?;
         let json = serde_json::to_string(rec)?;
         self.db.commit(|w| {
             w.open_table(SETS)?.insert(volume, json.as_str())?;
@@ -214,6 +293,12 @@ impl Store {
 
     /// Forget volume `volume`'s replica set; whether there was one.
     pub fn remove_replica_set(&self, volume: &str) -> Result<bool, ServerError> {
+        let lock = self.replica_set_lock(volume);
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(before) = self.replica_set(volume)? else {
+            return Ok(false);
+        };
+        self.share(volume, Some(&before), None)?;
         let mut existed = false;
         self.db.commit(|w| {
             existed = w.open_table(SETS)?.remove(volume)?.is_some();
@@ -225,41 +310,37 @@ impl Store {
         Ok(existed)
     }
 
-    /// Change volume `volume`'s replica set with `f` in one write
-    /// transaction; the set as written. A volume with none is an error.
+    /// Change volume `volume`'s replica set with `f`: recorded shared
+    /// first if that shows, then here in one write transaction; the set as
+    /// written. A volume with none is an error, and so is a shared record
+    /// that refused it or could not be written: nothing changed then.
     fn change_replica_set(
         &self,
         volume: &str,
         f: impl FnOnce(&mut ReplicaSetRec),
     ) -> Result<ReplicaSetRec, ServerError> {
-        let mut out = None;
-        let mut f = Some(f);
-        let mut moved = false;
+        let lock = self.replica_set_lock(volume);
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(before) = self.replica_set(volume)? else {
+            return Err(ServerError::Config(format!(
+                "volume {volume} has no replica set"
+            )));
+        };
+        let mut rec = before.clone();
+        f(&mut rec);
+        let moved = shown(&rec) != shown(&before);
+        if moved {
+            self.share(volume, Some(&before), Some(&rec))?;
+        }
+        let json = serde_json::to_string(&rec)?;
         self.db.commit(|w| {
-            let mut t = w.open_table(SETS)?;
-            let found = t
-                .get(volume)?
-                .map(|v| parse(volume, v.value()))
-                .transpose()?;
-            let Some(mut rec) = found else {
-                return Err(Fail::other(ServerError::Config(format!(
-                    "volume {volume} has no replica set"
-                ))));
-            };
-            let before = shown(&rec);
-            if let Some(f) = f.take() {
-                f(&mut rec);
-            }
-            moved = shown(&rec) != before;
-            let json = serde_json::to_string(&rec).map_err(|e| Fail::other(e.into()))?;
-            t.insert(volume, json.as_str())?;
-            out = Some(rec);
+            w.open_table(SETS)?.insert(volume, json.as_str())?;
             Ok(())
         })?;
         if moved {
             self.replica_set_changed();
         }
-        Ok(out.expect("the transaction ran"))
+        Ok(rec)
     }
 
     /// Record regions `regions` of volume `volume` dirty (or clean):
@@ -505,6 +586,87 @@ mod tests {
             replicas: vec![r("a", ""), r("b", "10.0.0.2:7481"), r("c", "10.0.0.3:7481")],
             dirty: Vec::new(),
         }
+    }
+
+    /// A call the shared record took: the volume, and the generation
+    /// before and after.
+    type Seen = (String, Option<u64>, Option<u64>);
+
+    /// The shared record's calls as it saw them, and whether it takes the
+    /// next one.
+    #[derive(Default)]
+    struct Shared {
+        seen: std::sync::Mutex<Vec<Seen>>,
+        refuse: std::sync::Mutex<Option<SharedRecordError>>,
+    }
+
+    impl SharedRecord for Shared {
+        fn record(
+            &self,
+            node: &str,
+            volume: &str,
+            before: Option<&ReplicaSetRec>,
+            after: Option<&ReplicaSetRec>,
+        ) -> Result<(), SharedRecordError> {
+            assert_eq!(node, "a");
+            for r in before.iter().chain(after.iter()) {
+                assert!(r.dirty.is_empty(), "regions are not shared");
+            }
+            if let Some(e) = self.refuse.lock().unwrap().clone() {
+                return Err(e);
+            }
+            self.seen.lock().unwrap().push((
+                volume.to_string(),
+                before.map(|r| r.generation),
+                after.map(|r| r.generation),
+            ));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_change_the_shared_record_does_not_take_changes_nothing_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.redb")).unwrap();
+        let shared = std::sync::Arc::new(Shared::default());
+        store.share_replica_sets(shared.clone(), "a".into());
+        store.put_replica_set("v", &set()).unwrap();
+        store.mark_regions("v", &[1], true).unwrap();
+        store.next_replica_generation("v").unwrap();
+        assert_eq!(
+            *shared.seen.lock().unwrap(),
+            vec![
+                ("v".to_string(), None, Some(0)),
+                ("v".to_string(), Some(0), Some(1))
+            ],
+            "made, then a generation: the regions alone were not shared"
+        );
+        for e in [
+            SharedRecordError::Fenced("node b holds it at generation 4".into()),
+            SharedRecordError::Unavailable("connection refused".into()),
+        ] {
+            *shared.refuse.lock().unwrap() = Some(e.clone());
+            let before = store.replica_set("v").unwrap().unwrap();
+            let err = store.fault_replica("v", "b", "lost", 9, &[]).unwrap_err();
+            assert!(
+                matches!(&err, ServerError::Shared { source, .. } if *source == e),
+                "{err}"
+            );
+            assert!(store.next_replica_generation("v").is_err());
+            assert!(store.remove_replica_set("v").is_err());
+            assert_eq!(store.replica_set("v").unwrap().unwrap(), before, "{e}");
+            // Regions are this node's alone: they go on changing.
+            store.mark_regions("v", &[2], true).unwrap();
+            store.mark_regions("v", &[2], false).unwrap();
+        }
+        *shared.refuse.lock().unwrap() = None;
+        let rec = store.fault_replica("v", "b", "lost", 9, &[]).unwrap();
+        assert_eq!(rec.replicas[1].faulted.as_deref(), Some("lost"));
+        assert!(store.remove_replica_set("v").unwrap());
+        assert_eq!(
+            shared.seen.lock().unwrap().last().unwrap(),
+            &("v".to_string(), Some(1), None)
+        );
     }
 
     #[test]
