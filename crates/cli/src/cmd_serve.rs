@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// A peer that takes nothing from this node's transfer listener for this long is cut off and its connection closed; a source this node pulls from that sends nothing this long is taken for lost (seconds, or e.g. 1min).
     #[arg(long, value_name = "DURATION", help_heading = TRANSFER, value_parser = positive_duration, default_value_t = Secs(Limits::STALL_TIMEOUT))]
     transfer_stall_timeout: Secs,
+    /// Record each replicated volume's replica set (front end, generation, healthy replicas) in its Volume resource in this namespace of the Kubernetes API server, before acting on it (found as kubectl finds it: KUBECONFIG, or the pod's ServiceAccount); without it, this daemon's store is the only record.
+    #[cfg(feature = "kubernetes")]
+    #[arg(long, value_name = "NAMESPACE", help_heading = TRANSFER)]
+    kube_namespace: Option<String>,
     #[command(flatten)]
     testing: crate::test_flags::TestFlags,
     #[command(flatten)]
@@ -93,6 +97,24 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The replica sets' shared record these options ask for, started.
+    pub fn shared_record(
+        &self,
+    ) -> anyhow::Result<Option<std::sync::Arc<dyn lamina_server::SharedRecord>>> {
+        #[cfg(feature = "kubernetes")]
+        if let Some(ns) = &self.kube_namespace {
+            let r = lamina_kube_record::KubeRecord::start(
+                ns.clone(),
+                lamina_kube_record::DEFAULT_DEADLINE,
+            )
+            .map_err(|e| {
+                anyhow::anyhow!("starting the replica sets' record in the API server: {e}")
+            })?;
+            return Ok(Some(std::sync::Arc::new(r)));
+        }
+        Ok(None)
+    }
+
     /// The daemon's configuration: these options on `data_dir`.
     pub fn config(self, data_dir: &std::path::Path) -> Config {
         let config = Config::new(data_dir)

@@ -310,7 +310,14 @@ fn run(
             "`lamina controller` takes its own options after the word controller".to_string(),
             Some("run it as `lamina controller --namespace ...` (see `lamina controller --help`)".into()),
         )),
-        Cmd::Serve(args) => serve(args.config(data_dir)),
+        Cmd::Serve(args) => {
+            let shared = args.shared_record()?;
+            let mut config = args.config(data_dir);
+            if let Some(s) = shared {
+                config = config.shared_record(s);
+            }
+            serve(config)
+        }
         Cmd::Keeper { socket, hold } => {
             let socket = socket.unwrap_or_else(|| data_dir.join("keeper.sock"));
             let keeper = lamina_keeper::Keeper::bind(&socket, hold.into())?;

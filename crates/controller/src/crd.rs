@@ -130,8 +130,39 @@ pub struct VolumeStatus {
     /// resource's node) records them; absent for a volume of one replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationStatus>,
+    /// A replicated volume's replica set as the cluster agrees on it: written
+    /// only by the front end's daemon, each change with a resourceVersion
+    /// precondition, before the daemon acts on it (docs/replicas.md, "The
+    /// shared record"). The controllers never write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_set: Option<SharedReplicaSet>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// The replica set's shared record.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedReplicaSet {
+    /// The node whose daemon holds the volume's front end: only it changes
+    /// this record.
+    pub front_end: String,
+    /// The last generation a front end took; replicas refuse every request
+    /// of a lower one.
+    pub generation: u64,
+    /// Every replica, the front end's node's first.
+    pub replicas: Vec<SharedReplica>,
+}
+
+/// One replica in the shared record.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedReplica {
+    pub node: String,
+    /// Why it was faulted; absent while healthy (it holds every
+    /// acknowledged write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faulted: Option<String>,
 }
 
 /// A replicated volume's state and replicas.

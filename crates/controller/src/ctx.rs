@@ -2,6 +2,7 @@
 //! the last thing each listed, the resource stores, the event recorder and
 //! the metrics; and the one place resources are written.
 
+use crate::crd::VolumeStatus;
 use crate::crd::{Snapshot, Volume};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -267,6 +268,13 @@ impl Ctx {
                     .map_err(Error::kube(format!("create Volume {name}")))?;
             }
             Write::VolumeStatus { name, status } => {
+                // The replica set's record is the front end's daemon's, each
+                // change under a precondition: an apply of the one read
+                // could undo a newer one.
+                let status = VolumeStatus {
+                    replica_set: None,
+                    ..status.clone()
+                };
                 let body =
                     json!({"apiVersion": "lamina.io/v1alpha1", "kind": "Volume", "status": status});
                 self.volume_api()

@@ -267,6 +267,9 @@ fn volume_status(
         attached: v.export.is_some(),
         clone: clone_status(v, op, old.and_then(|o| o.clone.as_ref()), now),
         replication: v.replication.as_ref().map(|r| replication_status(node, r)),
+        // The daemon's to write (ctx.rs never sends it): kept as read, so
+        // that it alone never makes a status differ.
+        replica_set: old.and_then(|o| o.replica_set.clone()),
         conditions: old.map(|o| o.conditions.clone()).unwrap_or_default(),
     };
     if copying {

@@ -14,7 +14,11 @@
 //! its replica is sent no more than 1.5 times what was written meanwhile
 //! and the volume is Healthy again, with a Rebuilt event; the same with
 //! the volume detached before node 2 returns, rebuilt because Lamina's
-//! controllers open its front end. With both nodes
+//! controllers open its front end. The replica set's shared record
+//! (status.replicaSet) names node 1's front end and its generation, has node
+//! 2 faulted as soon as a write it missed was acknowledged, and, set to
+//! another node's front end at the next generation, makes node 1's next
+//! attach fail as fenced, changing nothing. With both nodes
 //! labelled in one zone, a claim of 2 replicas waits (its event names the
 //! zone) until node 2 is labelled in another.
 
@@ -168,6 +172,33 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
         r["generation"].as_u64().is_some_and(|g| g >= 1),
         "no generation: {r}"
     );
+    // The shared record (status.replicaSet), written by node 1's daemon
+    // before it acts: its front end, generation and replicas.
+    let record = || -> Result<Value> {
+        let v = env
+            .get("lamina", "volumes.lamina.io", &vol)?
+            .context("no Volume resource")?;
+        Ok(v["status"]["replicaSet"].clone())
+    };
+    let healthy_record = || {
+        wait("the shared record of two healthy replicas", T, |last| {
+            let r = record()?;
+            *last = r.to_string();
+            let nodes: Vec<&str> = r["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| x["faulted"].is_null())
+                .filter_map(|x| x["node"].as_str())
+                .collect();
+            Ok((r["frontEnd"] == NODE_ID && nodes == [NODE_ID, other.as_str()]).then_some(r))
+        })
+    };
+    let rec = healthy_record()?;
+    ensure!(
+        rec["generation"] == r["generation"],
+        "the shared record's generation is not the daemon's: {rec} and {r}"
+    );
 
     // Node 2's daemon killed: node 1's writes go on, the volume degraded,
     // and a warning says so; node 2 back, its replica is sent only what it
@@ -179,6 +210,13 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     let stopped = node2.stop(component, libc::SIGKILL)?;
     const AWAY: u64 = 16 << 20;
     crate::env::qemu_io(&uri, "write -P 0x5a 0 16M")?;
+    // Node 2 missed acknowledged writes, so its fault was recorded in the
+    // API server before they were acknowledged: read now, not waited for.
+    let rec = record()?;
+    ensure!(
+        rec["replicas"][1]["node"] == other.as_str() && rec["replicas"][1]["faulted"].is_string(),
+        "writes node 2 missed were acknowledged, and the shared record has it healthy: {rec}"
+    );
     shown("Degraded", ["Healthy", "Faulted"])?;
     let events = |reason: &str| -> Result<bool> {
         Ok(env
@@ -217,6 +255,50 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     })?;
     env.detach_volume(&vol)?;
     env.check_pattern(&vol, 0x5a, "16M")?;
+
+    // Fencing: the shared record names another node's front end, at the
+    // next generation (as a front end taking the volume over records it).
+    // Node 1's next front end must not open: its attach fails, saying so,
+    // and its own record is unchanged; the record given back, it opens.
+    let rec = healthy_record()?;
+    let g = rec["generation"].as_u64().context("no generation")?;
+    let set_record = |front_end: &str, generation: u64| {
+        let patch = serde_json::json!({"status": {"replicaSet": {
+            "frontEnd": front_end, "generation": generation}}});
+        env.kubectl(&[
+            "patch",
+            "volumes.lamina.io",
+            &vol,
+            "-n",
+            "lamina",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])
+    };
+    set_record(NODE_3, g + 1)?;
+    let refused = env.attach_volume(&vol);
+    ensure!(
+        refused.as_ref().is_err_and(
+            |e| format!("{e:#}").contains("fenced") && format!("{e:#}").contains(NODE_3)
+        ),
+        "node 1 opened a front end while the record names {NODE_3}'s: {refused:?}"
+    );
+    let mine = env.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        mine["replication"]["generation"] == g && mine["export"].is_null(),
+        "a refused attach changed node 1's record: {}",
+        mine["replication"]
+    );
+    set_record(NODE_ID, g + 1)?;
+    env.attach_volume(&vol)?;
+    env.detach_volume(&vol)?;
+    let rec = healthy_record()?;
+    ensure!(
+        rec["generation"].as_u64() == Some(g + 1),
+        "the record after the attach: {rec}"
+    );
 
     // Again, but the volume detached before node 2 comes back: no front
     // end is open to rebuild it, so Lamina's controllers open one (the

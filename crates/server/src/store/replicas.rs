@@ -27,14 +27,12 @@ const SETS: TableDefinition<&str, &str> = TableDefinition::new("replica_sets");
 /// volume's changes in order, one at a time.
 pub trait SharedRecord: Send + Sync {
     /// Record that volume `volume`'s replica set, whose front end runs on
-    /// node `node`, is now `after` (its shown part; None: removed), having
-    /// been `before` here (None: new). Ok once it is recorded; an error
-    /// recorded nothing.
+    /// node `node`, is now `after` (its shown part: no regions; None:
+    /// removed). Ok once it is recorded; an error recorded nothing.
     fn record(
         &self,
         node: &str,
         volume: &str,
-        before: Option<&ReplicaSetRec>,
         after: Option<&ReplicaSetRec>,
     ) -> Result<(), SharedRecordError>;
 }
@@ -269,7 +267,7 @@ impl Store {
             return Ok(());
         }
         shared
-            .record(node, volume, b.as_ref(), a.as_ref())
+            .record(node, volume, a.as_ref())
             .map_err(|e| ServerError::Shared {
                 volume: volume.to_string(),
                 source: e,
@@ -589,8 +587,8 @@ mod tests {
     }
 
     /// A call the shared record took: the volume, and the generation
-    /// before and after.
-    type Seen = (String, Option<u64>, Option<u64>);
+    /// recorded (None: removed).
+    type Seen = (String, Option<u64>);
 
     /// The shared record's calls as it saw them, and whether it takes the
     /// next one.
@@ -605,21 +603,19 @@ mod tests {
             &self,
             node: &str,
             volume: &str,
-            before: Option<&ReplicaSetRec>,
             after: Option<&ReplicaSetRec>,
         ) -> Result<(), SharedRecordError> {
             assert_eq!(node, "a");
-            for r in before.iter().chain(after.iter()) {
+            if let Some(r) = after {
                 assert!(r.dirty.is_empty(), "regions are not shared");
             }
             if let Some(e) = self.refuse.lock().unwrap().clone() {
                 return Err(e);
             }
-            self.seen.lock().unwrap().push((
-                volume.to_string(),
-                before.map(|r| r.generation),
-                after.map(|r| r.generation),
-            ));
+            self.seen
+                .lock()
+                .unwrap()
+                .push((volume.to_string(), after.map(|r| r.generation)));
             Ok(())
         }
     }
@@ -635,10 +631,7 @@ mod tests {
         store.next_replica_generation("v").unwrap();
         assert_eq!(
             *shared.seen.lock().unwrap(),
-            vec![
-                ("v".to_string(), None, Some(0)),
-                ("v".to_string(), Some(0), Some(1))
-            ],
+            vec![("v".to_string(), Some(0)), ("v".to_string(), Some(1))],
             "made, then a generation: the regions alone were not shared"
         );
         for e in [
@@ -665,7 +658,7 @@ mod tests {
         assert!(store.remove_replica_set("v").unwrap());
         assert_eq!(
             shared.seen.lock().unwrap().last().unwrap(),
-            &("v".to_string(), Some(1), None)
+            &("v".to_string(), None)
         );
     }
 

@@ -1,0 +1,314 @@
+//! The replica sets' shared record under Kubernetes (docs/replicas.md, "The
+//! shared record"): a replicated volume's front end, generation and healthy
+//! replicas kept in its Volume resource's `status.replicaSet`, where the
+//! whole cluster agrees on them through the API server (Lamina builds no
+//! consensus of its own). This crate owns how a daemon changes that field:
+//! a read, a check that this node still holds the volume, and a merge patch
+//! with the read's resourceVersion as precondition, tried again on a
+//! conflict. It implements the daemon's [`SharedRecord`] seam and must not
+//! touch anything else of the resource (the controllers' mirror writes the
+//! rest) nor make a Volume resource (the mirror does).
+
+use lamina_controller::crd::{SharedReplica, SharedReplicaSet, Volume};
+use lamina_server::{ReplicaSetRec, SharedRecord, SharedRecordError};
+use std::sync::mpsc as sync_mpsc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+/// How long a change is tried (the API server out of reach, the Volume
+/// resource not made yet, conflicts) before it fails as unavailable.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(20);
+/// Between tries.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What to do with the record found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// It already says so.
+    Unchanged,
+    /// Write this (None: remove it).
+    Write(Option<SharedReplicaSet>),
+}
+
+/// The record node `node` writes for a replica set `after` (None: removed)
+/// where `current` is recorded: refused when another node's front end holds
+/// the volume there. A generation never goes down: one this node recorded
+/// whose store then failed to keep it is kept.
+pub fn decide(
+    node: &str,
+    current: Option<&SharedReplicaSet>,
+    after: Option<&ReplicaSetRec>,
+) -> Result<Decision, SharedRecordError> {
+    if let Some(c) = current {
+        if c.front_end != node {
+            return Err(SharedRecordError::Fenced(format!(
+                "the API server records node {}'s front end at generation {} (this is node {node})",
+                c.front_end, c.generation
+            )));
+        }
+    }
+    let want = after.map(|a| SharedReplicaSet {
+        front_end: node.to_string(),
+        generation: a.generation.max(current.map(|c| c.generation).unwrap_or(0)),
+        replicas: a
+            .replicas
+            .iter()
+            .map(|r| SharedReplica {
+                node: r.node.clone(),
+                faulted: r.faulted.clone(),
+            })
+            .collect(),
+    });
+    Ok(if want.as_ref() == current {
+        Decision::Unchanged
+    } else {
+        Decision::Write(want)
+    })
+}
+
+struct Ask {
+    node: String,
+    volume: String,
+    after: Option<ReplicaSetRec>,
+    answer: sync_mpsc::Sender<Result<(), SharedRecordError>>,
+}
+
+/// The shared record in the Volume resources of one namespace. Its calls
+/// run on a thread of their own (the store calls it from any thread,
+/// async runtime or not), each waiting for its answer.
+pub struct KubeRecord {
+    asks: mpsc::UnboundedSender<Ask>,
+}
+
+impl KubeRecord {
+    /// Start it: Volume resources in `namespace`, the API server found as
+    /// kubectl finds it (KUBECONFIG, ~/.kube/config, or in a pod its
+    /// ServiceAccount), looked up at each try until found; a change tried
+    /// for `deadline`.
+    pub fn start(namespace: String, deadline: Duration) -> std::io::Result<KubeRecord> {
+        let (asks, mut rx) = mpsc::unbounded_channel::<Ask>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("kube-record".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let mut client: Option<kube::Client> = None;
+                    while let Some(ask) = rx.recv().await {
+                        let r = change(&mut client, &namespace, &ask, deadline).await;
+                        let _ = ask.answer.send(r);
+                    }
+                })
+            })?;
+        Ok(KubeRecord { asks })
+    }
+}
+
+impl SharedRecord for KubeRecord {
+    fn record(
+        &self,
+        node: &str,
+        volume: &str,
+        after: Option<&ReplicaSetRec>,
+    ) -> Result<(), SharedRecordError> {
+        let (answer, rx) = sync_mpsc::channel();
+        let ask = Ask {
+            node: node.to_string(),
+            volume: volume.to_string(),
+            after: after.cloned(),
+            answer,
+        };
+        self.asks
+            .send(ask)
+            .map_err(|_| SharedRecordError::Unavailable("its thread ended".into()))?;
+        rx.recv()
+            .map_err(|_| SharedRecordError::Unavailable("its thread ended".into()))?
+    }
+}
+
+/// One change, tried until `deadline`.
+async fn change(
+    client: &mut Option<kube::Client>,
+    namespace: &str,
+    ask: &Ask,
+    deadline: Duration,
+) -> Result<(), SharedRecordError> {
+    let name = lamina_controller::names::volume_resource(&ask.volume);
+    let until = Instant::now() + deadline;
+    let span = tracing::info_span!("shared_record", volume = %ask.volume, resource = %name);
+    async move {
+    let mut last;
+    loop {
+        match try_change(client, namespace, &name, ask).await {
+            Ok(()) => return Ok(()),
+            Err(Try::Fenced(e)) => return Err(e),
+            Err(Try::Again(why)) => last = why,
+        }
+        if Instant::now() + RETRY > until {
+            tracing::warn!(reason = %last, "the replica set's record in the API server could not be changed");
+            return Err(SharedRecordError::Unavailable(format!(
+                "Volume {namespace}/{name} in the Kubernetes API server, tried for {} s: {last}",
+                deadline.as_secs()
+            )));
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+    }
+    .instrument(span)
+    .await
+}
+
+enum Try {
+    Fenced(SharedRecordError),
+    Again(String),
+}
+
+async fn try_change(
+    client: &mut Option<kube::Client>,
+    namespace: &str,
+    name: &str,
+    ask: &Ask,
+) -> Result<(), Try> {
+    let c = match client {
+        Some(c) => c.clone(),
+        None => {
+            let c = kube::Client::try_default()
+                .await
+                .map_err(|e| Try::Again(format!("no API server configured: {e}")))?;
+            *client = Some(c.clone());
+            c
+        }
+    };
+    let api: kube::Api<Volume> = kube::Api::namespaced(c, namespace);
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Try::Again(format!("reading it: {e}")))?;
+    let Some(v) = found else {
+        if ask.after.is_none() {
+            return Ok(());
+        }
+        return Err(Try::Again(
+            "it does not exist yet (lamina controller makes it for the volume)".into(),
+        ));
+    };
+    let current = v.status.as_ref().and_then(|s| s.replica_set.as_ref());
+    let want = match decide(&ask.node, current, ask.after.as_ref()).map_err(Try::Fenced)? {
+        Decision::Unchanged => return Ok(()),
+        Decision::Write(w) => w,
+    };
+    let Some(version) = v.metadata.resource_version.clone() else {
+        return Err(Try::Again("it has no resourceVersion".into()));
+    };
+    // A merge patch with the resourceVersion read: the API server refuses
+    // it (409) if anything changed the resource since.
+    let body = serde_json::json!({
+        "metadata": {"resourceVersion": version},
+        "status": {"replicaSet": want},
+    });
+    match api
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(body),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(generation = want.as_ref().map(|w| w.generation), "recorded");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Try::Again(
+            "it changed while this change was made (resourceVersion conflict)".into(),
+        )),
+        Err(e) => Err(Try::Again(format!("writing it: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_server::ReplicaRec;
+
+    fn rec(generation: u64, faulted: Option<&str>) -> ReplicaSetRec {
+        ReplicaSetRec {
+            volume_id: 1,
+            generation,
+            replicas: vec![
+                ReplicaRec {
+                    node: "a".into(),
+                    ..Default::default()
+                },
+                ReplicaRec {
+                    node: "b".into(),
+                    address: "10.0.0.2:7481".into(),
+                    faulted: faulted.map(str::to_string),
+                    ..Default::default()
+                },
+            ],
+            dirty: Vec::new(),
+        }
+    }
+
+    fn shared(front_end: &str, generation: u64, faulted: Option<&str>) -> SharedReplicaSet {
+        SharedReplicaSet {
+            front_end: front_end.into(),
+            generation,
+            replicas: vec![
+                SharedReplica {
+                    node: "a".into(),
+                    faulted: None,
+                },
+                SharedReplica {
+                    node: "b".into(),
+                    faulted: faulted.map(str::to_string),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_is_written_by_its_front_end_only_and_its_generation_never_goes_down() {
+        assert_eq!(
+            decide("a", None, Some(&rec(0, None))).unwrap(),
+            Decision::Write(Some(shared("a", 0, None)))
+        );
+        let cur = shared("a", 3, None);
+        assert_eq!(
+            decide("a", Some(&cur), Some(&rec(3, None))).unwrap(),
+            Decision::Unchanged
+        );
+        assert_eq!(
+            decide("a", Some(&cur), Some(&rec(3, Some("lost")))).unwrap(),
+            Decision::Write(Some(shared("a", 3, Some("lost"))))
+        );
+        // This node took 4 there and its store failed to keep it: asked
+        // again for 4 it is the same; a record of 3 keeps 4.
+        let cur = shared("a", 4, None);
+        assert_eq!(
+            decide("a", Some(&cur), Some(&rec(4, None))).unwrap(),
+            Decision::Unchanged
+        );
+        assert_eq!(
+            decide("a", Some(&cur), Some(&rec(3, Some("x")))).unwrap(),
+            Decision::Write(Some(shared("a", 4, Some("x"))))
+        );
+        assert_eq!(
+            decide("a", Some(&cur), None).unwrap(),
+            Decision::Write(None)
+        );
+        assert_eq!(decide("a", None, None).unwrap(), Decision::Unchanged);
+        // Another node's front end holds it: nothing is written, whatever
+        // this node asks.
+        let other = shared("c", 5, None);
+        for after in [None, Some(rec(9, None)), Some(rec(5, Some("lost")))] {
+            let e = decide("a", Some(&other), after.as_ref()).unwrap_err();
+            assert!(
+                matches!(&e, SharedRecordError::Fenced(m) if m.contains("node c") && m.contains("generation 5")),
+                "{e}"
+            );
+        }
+    }
+}
