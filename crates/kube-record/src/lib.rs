@@ -95,10 +95,17 @@ impl KubeRecord {
             .name("kube-record".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let mut client: Option<kube::Client> = None;
+                    // Each ask its own task: one volume's record waiting for
+                    // an API server out of reach does not hold another's
+                    // (a volume's asks come one at a time: the store's lock).
+                    let client = std::sync::Arc::new(tokio::sync::Mutex::new(None));
+                    let namespace = std::sync::Arc::new(namespace);
                     while let Some(ask) = rx.recv().await {
-                        let r = change(&mut client, &namespace, &ask, deadline).await;
-                        let _ = ask.answer.send(r);
+                        let (client, namespace) = (client.clone(), namespace.clone());
+                        tokio::spawn(async move {
+                            let r = change(&client, &namespace, &ask, deadline).await;
+                            let _ = ask.answer.send(r);
+                        });
                     }
                 })
             })?;
@@ -130,7 +137,7 @@ impl SharedRecord for KubeRecord {
 
 /// One change, tried until `deadline`.
 async fn change(
-    client: &mut Option<kube::Client>,
+    client: &tokio::sync::Mutex<Option<kube::Client>>,
     namespace: &str,
     ask: &Ask,
     deadline: Duration,
@@ -141,10 +148,13 @@ async fn change(
     async move {
     let mut last;
     loop {
-        match try_change(client, namespace, &name, ask).await {
-            Ok(()) => return Ok(()),
-            Err(Try::Fenced(e)) => return Err(e),
-            Err(Try::Again(why)) => last = why,
+        // A cut link answers nothing: each try ends by the deadline.
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, try_change(client, namespace, &name, ask)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(Try::Fenced(e))) => return Err(e),
+            Ok(Err(Try::Again(why))) => last = why,
+            Err(_) => last = "no answer".into(),
         }
         if Instant::now() + RETRY > until {
             tracing::warn!(reason = %last, "the replica set's record in the API server could not be changed");
@@ -166,19 +176,22 @@ enum Try {
 }
 
 async fn try_change(
-    client: &mut Option<kube::Client>,
+    client: &tokio::sync::Mutex<Option<kube::Client>>,
     namespace: &str,
     name: &str,
     ask: &Ask,
 ) -> Result<(), Try> {
-    let c = match client {
-        Some(c) => c.clone(),
-        None => {
-            let c = kube::Client::try_default()
-                .await
-                .map_err(|e| Try::Again(format!("no API server configured: {e}")))?;
-            *client = Some(c.clone());
-            c
+    let c = {
+        let mut held = client.lock().await;
+        match &*held {
+            Some(c) => c.clone(),
+            None => {
+                let c = kube::Client::try_default()
+                    .await
+                    .map_err(|e| Try::Again(format!("no API server configured: {e}")))?;
+                *held = Some(c.clone());
+                c
+            }
         }
     };
     let api: kube::Api<Volume> = kube::Api::namespaced(c, namespace);
