@@ -397,6 +397,49 @@ impl Env {
     }
 }
 
+impl Env {
+    /// `component`'s whole process group stopped (SIGSTOP): to whoever
+    /// talks to it, a link that answers nothing. [`Paused::resume`]
+    /// continues it, and so does dropping it.
+    pub fn pause(&self, component: &str) -> Result<Paused> {
+        let pid: i32 = std::fs::read_to_string(self.pid_file(component))?
+            .trim()
+            .parse()?;
+        // SAFETY: kill(2) of the process group kube-env started for this
+        // component (setsid: it leads its group).
+        if unsafe { libc::kill(-pid, libc::SIGSTOP) } != 0 {
+            bail!("kill -STOP -{pid}: {}", std::io::Error::last_os_error());
+        }
+        Ok(Paused { group: pid })
+    }
+}
+
+/// A component [`Env::pause`] stopped.
+pub struct Paused {
+    group: i32,
+}
+
+impl Paused {
+    pub fn resume(self) -> Result<()> {
+        // SAFETY: as in Env::pause.
+        if unsafe { libc::kill(-self.group, libc::SIGCONT) } != 0 {
+            bail!(
+                "kill -CONT -{}: {}",
+                self.group,
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as in Env::pause; resuming twice is harmless.
+        unsafe { libc::kill(-self.group, libc::SIGCONT) };
+    }
+}
+
 /// A component [`Env::stop`] stopped.
 pub struct Stopped<'a> {
     env: &'a Env,

@@ -75,6 +75,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("cross-node-restore", cross_node::cross_node_restore),
     ("replicated-pvc", replicated::replicated_pvc),
     ("replica-replaced", replicated::replica_replaced),
+    ("api-server-cut", replicated::api_server_cut),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     (
@@ -86,7 +87,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 /// The scenarios that need a second storage node.
 const TWO_NODES: &[&str] = &["cross-node-restore"];
 /// The scenarios that need a third.
-const THREE_NODES: &[&str] = &["replicated-pvc", "replica-replaced"];
+const THREE_NODES: &[&str] = &["replicated-pvc", "replica-replaced", "api-server-cut"];
 /// How long a replica is faulted on a silent node before Lamina's
 /// controllers replace it, in an environment of three nodes: past the
 /// few seconds replicated-pvc keeps node 2 down, short enough to wait for

@@ -495,3 +495,108 @@ pub fn replica_replaced(env: &Env) -> Result<()> {
     env.kubectl(&["delete", "storageclass", "lamina-replaced-2"])?;
     Ok(())
 }
+
+/// The volume's shared record (its Volume resource's status.replicaSet),
+/// read through the admin's own link to the API server.
+fn shared_record(env: &Env, vol: &str) -> Result<Value> {
+    let v = env
+        .get("lamina", "volumes.lamina.io", vol)?
+        .context("no Volume resource")?;
+    Ok(v["status"]["replicaSet"].clone())
+}
+
+/// Each replica's (node, faulted) in a shared record.
+fn faults(rec: &Value) -> Vec<(String, bool)> {
+    rec["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| {
+            (
+                x["node"].as_str().unwrap_or("").to_string(),
+                x["faulted"].is_string(),
+            )
+        })
+        .collect()
+}
+
+/// l. Node 1's link to the API server cut for 30 s (kube-env's api-link-1
+/// stopped: every connection through it silent), a 2-replica volume
+/// attached there. Writes that both replicas answer go on. Node 2's
+/// daemon then SIGKILLed: its fault cannot be recorded, so the next write
+/// fails (never acknowledged on node 1 alone without the API server
+/// knowing), and node 1 changes no record, in its store or the API server.
+/// The link back, the next write records the fault first and succeeds;
+/// node 2 back, its replica is rebuilt, and the data is what was
+/// acknowledged.
+pub fn api_server_cut(env: &Env) -> Result<()> {
+    let ns = "api-server-cut";
+    env.namespace(ns)?;
+    env.apply(&class("lamina-cut-2", 2))?;
+    env.apply(&pvc(ns, "data", "lamina-cut-2", "64Mi", None))?;
+    let vol = env.wait_bound(ns, "data", T)?;
+    let set = all_healthy(env, &vol, 2)?;
+    let (other, node2, component) = peer(env, &set)?;
+    let uri = env.attach_volume(&vol)?;
+    crate::env::qemu_io(&uri, "write -P 0x11 0 4M")?;
+    let before = wait("the shared record of the attached volume", T, |last| {
+        let r = shared_record(env, &vol)?;
+        *last = r.to_string();
+        let healthy = faults(&r) == [(NODE_ID.to_string(), false), (other.clone(), false)];
+        Ok((healthy && r["generation"].as_u64().is_some_and(|g| g >= 1)).then_some(r))
+    })?;
+    let mine = env.lamina_json(&["volume", "get", &vol])?["replication"].clone();
+
+    let cut = env.pause("api-link-1")?;
+    let t0 = std::time::Instant::now();
+    crate::env::qemu_io(&uri, "write -P 0x22 0 4M")
+        .context("a write both replicas answer, node 1 cut from the API server")?;
+    let stopped = node2.stop(component, libc::SIGKILL)?;
+    let failed = crate::env::qemu_io(&uri, "write -P 0x33 0 1M");
+    ensure!(
+        failed.is_err(),
+        "a write node 2 missed was acknowledged while node 1 could not record its fault"
+    );
+    println!(
+        "    the write node 2 missed failed after {:.1} s of the cut",
+        t0.elapsed().as_secs_f64()
+    );
+    let now = env.lamina_json(&["volume", "get", &vol])?["replication"].clone();
+    ensure!(
+        now["generation"] == mine["generation"]
+            && now["replicas"]
+                .as_array()
+                .is_some_and(|r| r.iter().all(|x| x["state"] == "healthy")),
+        "node 1 changed its record while cut from the API server: {now}"
+    );
+    ensure!(
+        shared_record(env, &vol)? == before,
+        "the shared record changed while node 1 was cut from it"
+    );
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(t0.elapsed()));
+    cut.resume()?;
+
+    // The link back: the fault is recorded before the next write is
+    // acknowledged.
+    wait("a write once the link is back", T, |last| {
+        let r = crate::env::qemu_io(&uri, "write -P 0x33 0 1M");
+        *last = format!("{r:?}");
+        Ok(r.ok().map(drop))
+    })?;
+    let rec = shared_record(env, &vol)?;
+    ensure!(
+        faults(&rec) == [(NODE_ID.to_string(), false), (other.clone(), true)],
+        "a write node 2 missed was acknowledged, and the shared record has it healthy: {rec}"
+    );
+    stopped.start()?;
+    all_healthy(env, &vol, 2)?;
+    env.detach_volume(&vol)?;
+    let uri = env.attach_volume(&vol)?;
+    let checked = crate::env::qemu_io(&uri, "read -P 0x33 0 1M")
+        .and_then(|_| crate::env::qemu_io(&uri, "read -P 0x22 1M 3M"));
+    env.detach_volume(&vol)?;
+    checked.context("the volume after the cut")?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
+    env.kubectl(&["delete", "storageclass", "lamina-cut-2"])?;
+    Ok(())
+}
