@@ -11,6 +11,7 @@
 
 use lamina_controller::crd::{SharedReplica, SharedReplicaSet, Volume};
 use lamina_server::{ReplicaSetRec, SharedRecord, SharedRecordError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as sync_mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -21,6 +22,10 @@ use tracing::Instrument;
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(20);
 /// Between tries.
 const RETRY: Duration = Duration::from_millis(500);
+/// How long a change is tried once one failed as unavailable, until one
+/// succeeds: the first rides out a blip of the API server; once it is out
+/// of reach, every change fails fast instead of stalling its volume again.
+pub const OUT_OF_REACH_DEADLINE: Duration = Duration::from_secs(2);
 
 /// What to do with the record found.
 #[derive(Debug, PartialEq, Eq)]
@@ -85,7 +90,8 @@ impl KubeRecord {
     /// Start it: Volume resources in `namespace`, the API server found as
     /// kubectl finds it (KUBECONFIG, ~/.kube/config, or in a pod its
     /// ServiceAccount), looked up at each try until found; a change tried
-    /// for `deadline`.
+    /// for `deadline`, or [`OUT_OF_REACH_DEADLINE`] while the last one
+    /// failed as unavailable.
     pub fn start(namespace: String, deadline: Duration) -> std::io::Result<KubeRecord> {
         let (asks, mut rx) = mpsc::unbounded_channel::<Ask>();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -100,10 +106,19 @@ impl KubeRecord {
                     // (a volume's asks come one at a time: the store's lock).
                     let client = std::sync::Arc::new(tokio::sync::Mutex::new(None));
                     let namespace = std::sync::Arc::new(namespace);
+                    let out_of_reach = std::sync::Arc::new(AtomicBool::new(false));
                     while let Some(ask) = rx.recv().await {
-                        let (client, namespace) = (client.clone(), namespace.clone());
+                        let (client, namespace, out_of_reach) =
+                            (client.clone(), namespace.clone(), out_of_reach.clone());
                         tokio::spawn(async move {
-                            let r = change(&client, &namespace, &ask, deadline).await;
+                            let d = if out_of_reach.load(Ordering::SeqCst) {
+                                OUT_OF_REACH_DEADLINE.min(deadline)
+                            } else {
+                                deadline
+                            };
+                            let r = change(&client, &namespace, &ask, d).await;
+                            let lost = matches!(r, Err(SharedRecordError::Unavailable(_)));
+                            out_of_reach.store(lost, Ordering::SeqCst);
                             let _ = ask.answer.send(r);
                         });
                     }
@@ -159,8 +174,8 @@ async fn change(
         if Instant::now() + RETRY > until {
             tracing::warn!(reason = %last, "the replica set's record in the API server could not be changed");
             return Err(SharedRecordError::Unavailable(format!(
-                "Volume {namespace}/{name} in the Kubernetes API server, tried for {} s: {last}",
-                deadline.as_secs()
+                "Volume {namespace}/{name} in the Kubernetes API server, tried for {:.0} s: {last}",
+                deadline.as_secs_f64()
             )));
         }
         tokio::time::sleep(RETRY).await;

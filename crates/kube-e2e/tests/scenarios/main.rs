@@ -78,6 +78,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("api-server-cut", replicated::api_server_cut),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
+    ("scale-100-replicated-pvcs", scale::hundred_replicated_pvcs),
     (
         "chart-pods-io-through-restarts-and-growth",
         pods::io_through_restarts_and_growth,
@@ -87,7 +88,12 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 /// The scenarios that need a second storage node.
 const TWO_NODES: &[&str] = &["cross-node-restore"];
 /// The scenarios that need a third.
-const THREE_NODES: &[&str] = &["replicated-pvc", "replica-replaced", "api-server-cut"];
+const THREE_NODES: &[&str] = &[
+    "replicated-pvc",
+    "replica-replaced",
+    "api-server-cut",
+    "scale-100-replicated-pvcs",
+];
 /// How long a replica is faulted on a silent node before Lamina's
 /// controllers replace it, in an environment of three nodes: past the
 /// few seconds replicated-pvc keeps node 2 down, short enough to wait for

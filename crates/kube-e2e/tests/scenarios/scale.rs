@@ -242,3 +242,160 @@ pub fn thousand_snapshots(env: &Env) -> Result<()> {
     }
     Ok(())
 }
+
+/// A component's resident memory now and at its peak (VmRSS, VmHWM), in
+/// MiB, from /proc.
+fn memory(env: &Env, component: &str) -> Result<(f64, f64)> {
+    let pid = std::fs::read_to_string(env.pid_file(component))?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim()))?;
+    let kib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0))
+}
+
+/// m. Many replicated PVCs created at once (100 of 2 replicas by default,
+/// KUBE_E2E_REPLICATED_PVCS): the time until all are Bound with every
+/// replica healthy and each Volume resource's shared record written, and
+/// the controllers' memory (Lamina's controllers and the CSI controller),
+/// printed as figures; then all deleted, every replica with them.
+pub fn hundred_replicated_pvcs(env: &Env) -> Result<()> {
+    let ns = "scale-replicated";
+    let n = knob("KUBE_E2E_REPLICATED_PVCS", 100)?;
+    let limit = Duration::from_secs(knob("KUBE_E2E_SCALE_LIMIT_SECS", 900)? as u64);
+    env.namespace(ns)?;
+    env.apply(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: lamina-scale-2}\n\
+         provisioner: lamina.csi.io\nvolumeBindingMode: Immediate\nreclaimPolicy: Delete\n\
+         parameters: {replicas: \"2\"}\n\
+         allowedTopologies:\n- matchLabelExpressions:\n  - {key: topology.lamina.io/node, values: [kube-env-node]}\n",
+    )?;
+    let claims: String = (0..n)
+        .map(|i| {
+            format!(
+                "---\n{}",
+                pvc(ns, &format!("r-{i}"), "lamina-scale-2", "16Mi", None)
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    env.create(&claims)?;
+    wait_every(
+        &format!("{n} replicated PVCs Bound"),
+        limit,
+        Duration::from_secs(1),
+        |last| {
+            let out = env.kubectl(&[
+                "get",
+                "pvc",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
+            ])?;
+            let bound = out.lines().filter(|l| *l == "Bound").count();
+            *last = format!(
+                "{bound} of {n} Bound after {:.0} s",
+                start.elapsed().as_secs_f64()
+            );
+            Ok((bound == n).then_some(()))
+        },
+    )?;
+    let bound = start.elapsed().as_secs_f64();
+    let volumes: Vec<String> = env
+        .kubectl(&[
+            "get",
+            "pvc",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={range .items[*]}{.spec.volumeName}{\"\\n\"}{end}",
+        ])?
+        .lines()
+        .map(str::to_string)
+        .collect();
+    ensure!(
+        volumes.len() == n,
+        "{} volume names for {n} claims",
+        volumes.len()
+    );
+    // Every replica set recorded in its Volume resource (status.replicaSet)
+    // with two healthy replicas.
+    wait_every(
+        &format!("{n} shared records of two healthy replicas"),
+        limit,
+        Duration::from_secs(1),
+        |last| {
+            let out = env.kubectl(&[
+                "get",
+                "volumes.lamina.io",
+                "-n",
+                "lamina",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.replicaSet.replicas[*].node} {.status.replicaSet.replicas[*].faulted}{\"\\n\"}{end}",
+            ])?;
+            let ready = out
+                .lines()
+                .filter(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    // name, two nodes, no fault
+                    volumes.iter().any(|v| v == f[0]) && f.len() == 4 && f[3].is_empty()
+                })
+                .count();
+            *last = format!(
+                "{ready} of {n} after {:.0} s",
+                start.elapsed().as_secs_f64()
+            );
+            Ok((ready == n).then_some(()))
+        },
+    )?;
+    let recorded = start.elapsed().as_secs_f64();
+    println!("    figure: {n} replicated PVCs (2 replicas) Bound in {bound:.1} s, every replica set recorded in the API server in {recorded:.1} s");
+    let mut components = vec!["lamina-csi-controller".to_string()];
+    for i in 1..=2 {
+        let c = format!("lamina-operator-{i}");
+        if env.pid_file(&c).exists() {
+            components.push(c);
+        }
+    }
+    for c in &components {
+        let (rss, peak) = memory(env, c)?;
+        println!("    figure: {c}: {rss:.0} MiB resident, {peak:.0} MiB at its peak");
+    }
+    let start = Instant::now();
+    env.kubectl(&["delete", "namespace", ns, "--wait=true", "--timeout=600s"])?;
+    wait_every(
+        "every replica deleted",
+        limit,
+        Duration::from_secs(1),
+        |last| {
+            let mut left = 0;
+            for node in [env.on_node_2()?, env.on_node_3()?] {
+                let listed = node.lamina_json(&["volume", "list"])?;
+                left += listed
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|v| {
+                        v["name"]
+                            .as_str()
+                            .is_some_and(|name| volumes.iter().any(|x| x == name))
+                    })
+                    .count();
+            }
+            *last = format!("{left} replicas left");
+            Ok((left == 0).then_some(()))
+        },
+    )?;
+    println!(
+        "    figure: {n} replicated PVCs and their replicas deleted in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    env.kubectl(&["delete", "storageclass", "lamina-scale-2"])?;
+    Ok(())
+}
