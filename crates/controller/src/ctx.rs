@@ -93,7 +93,39 @@ impl Ctx {
             namespace: Some(self.namespace.clone()),
             ..Default::default()
         };
-        self.event(&obj, warning, reason, "Replicas", note).await;
+        self.event(&obj, warning, reason, "Replicas", note.clone())
+            .await;
+        self.claim_event(volume, warning, reason, "Replicas", note)
+            .await;
+    }
+
+    /// The claim bound to engine volume `volume` (the CSI driver names a
+    /// volume after its PersistentVolume), if a PersistentVolume of that
+    /// name has one.
+    async fn claim_of(&self, volume: &str) -> Option<ObjectReference> {
+        let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(self.client.clone());
+        match pvs.get_opt(volume).await {
+            Ok(pv) => pv.and_then(|pv| pv.spec?.claim_ref),
+            Err(e) => {
+                tracing::warn!(volume, error = %e, "could not read the volume's PersistentVolume for its claim");
+                None
+            }
+        }
+    }
+
+    /// The same event on the claim of engine volume `volume`, if it has
+    /// one: a user watching their PVC sees its replicas' state change.
+    pub async fn claim_event(
+        &self,
+        volume: &str,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if let Some(claim) = self.claim_of(volume).await {
+            self.event(&claim, warning, reason, action, note).await;
+        }
     }
 
     pub fn engine(&self, node: &str) -> Option<Engine> {
@@ -314,6 +346,8 @@ impl Ctx {
                     ..Default::default()
                 };
                 self.event(&obj, *warning, reason, "Mirror", note.clone())
+                    .await;
+                self.claim_event(name, *warning, reason, "Mirror", note.clone())
                     .await;
             }
             Write::DeleteSnapshot { name } => {

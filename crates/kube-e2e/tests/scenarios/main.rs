@@ -76,6 +76,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("replicated-pvc", replicated::replicated_pvc),
     ("replica-replaced", replicated::replica_replaced),
     ("api-server-cut", replicated::api_server_cut),
+    (
+        "degraded-snapshot-restore",
+        replicated::degraded_snapshot_restore,
+    ),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     ("scale-100-replicated-pvcs", scale::hundred_replicated_pvcs),
@@ -92,6 +96,7 @@ const THREE_NODES: &[&str] = &[
     "replicated-pvc",
     "replica-replaced",
     "api-server-cut",
+    "degraded-snapshot-restore",
     "scale-100-replicated-pvcs",
 ];
 /// How long a replica is faulted on a silent node before Lamina's

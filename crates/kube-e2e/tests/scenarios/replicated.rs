@@ -10,7 +10,8 @@
 //! third node, KUBE_ENV_NODES=3, it is made on all three, alike); and
 //! deleting the claim deletes the replica on node 2. The Volume resource
 //! shows the replicas; with node 2's daemon SIGKILLed, node 1's writes go
-//! on, the volume shows Degraded with a warning, and once node 2 is back
+//! on, the volume shows Degraded with a warning (on the Volume and on the
+//! claim), and once node 2 is back
 //! its replica is sent no more than 1.5 times what was written meanwhile
 //! and the volume is Healthy again, with a Rebuilt event; the same with
 //! the volume detached before node 2 returns, rebuilt because Lamina's
@@ -228,6 +229,17 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
         *last = env.events("lamina", &vol);
         Ok(events("Degraded")?.then_some(()))
     })?;
+    // And on the claim, in its namespace.
+    let claim_events = |reason: &str| -> Result<bool> {
+        Ok(env
+            .events_json(ns, "data")?
+            .iter()
+            .any(|e| e["reason"] == reason))
+    };
+    wait("a Degraded warning on the claim", T, |last| {
+        *last = env.events(ns, "data");
+        Ok(claim_events("Degraded")?.then_some(()))
+    })?;
     stopped.start()?;
     let sent = wait(
         "node 2's replica rebuilt",
@@ -252,6 +264,10 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     wait("a Rebuilt event on the Volume", T, |last| {
         *last = env.events("lamina", &vol);
         Ok(events("Rebuilt")?.then_some(()))
+    })?;
+    wait("a Rebuilt event on the claim", T, |last| {
+        *last = env.events(ns, "data");
+        Ok(claim_events("Rebuilt")?.then_some(()))
     })?;
     env.detach_volume(&vol)?;
     env.check_pattern(&vol, 0x5a, "16M")?;
@@ -598,5 +614,74 @@ pub fn api_server_cut(env: &Env) -> Result<()> {
     checked.context("the volume after the cut")?;
     env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
     env.kubectl(&["delete", "storageclass", "lamina-cut-2"])?;
+    Ok(())
+}
+
+/// n. A VolumeSnapshot of a degraded volume, restored onto the node that
+/// holds no replica of it: a 2-replica PVC on node 1, its other replica's
+/// daemon SIGKILLed and a write made without it; the snapshot is taken on
+/// node 1's replica alone and restored by a claim whose class names the
+/// third node, which copies it from node 1; the restore holds what the
+/// volume held at the snapshot, and nothing written after.
+pub fn degraded_snapshot_restore(env: &Env) -> Result<()> {
+    let ns = "degraded-restore";
+    env.namespace(ns)?;
+    env.apply(&class("lamina-degraded-2", 2))?;
+    env.apply(&pvc(ns, "source", "lamina-degraded-2", "64Mi", None))?;
+    let vol = env.wait_bound(ns, "source", T)?;
+    let set = all_healthy(env, &vol, 2)?;
+    let (other, node_x, component) = peer(env, &set)?;
+    let (third, on_third) = if other == NODE_2 {
+        (NODE_3, env.on_node_3()?)
+    } else {
+        (NODE_2, env.on_node_2()?)
+    };
+    let uri = env.attach_volume(&vol)?;
+    crate::env::qemu_io(&uri, "write -P 0x44 0 8M")?;
+    let stopped = node_x.stop(component, libc::SIGKILL)?;
+    crate::env::qemu_io(&uri, "write -P 0x55 0 4M")?;
+    wait("the volume degraded", T, |last| {
+        let r = replicas(env, &vol)?;
+        *last = format!("{r:?}");
+        Ok((r.len() == 2 && r[0].1 == "healthy" && r[1].1 != "healthy").then_some(()))
+    })?;
+    env.apply(&volume_snapshot(ns, "snap", "source", "lamina"))?;
+    env.wait_snapshot_ready(ns, "snap", T)?;
+    crate::env::qemu_io(&uri, "write -P 0x66 0 1M")?;
+    env.apply(&format!(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: lamina-on-{third}}}\n\
+         provisioner: lamina.csi.io\nvolumeBindingMode: Immediate\nreclaimPolicy: Delete\n\
+         allowedTopologies:\n- matchLabelExpressions:\n  - {{key: topology.lamina.io/node, values: [{third}]}}\n"
+    ))?;
+    env.apply(&pvc(
+        ns,
+        "restored",
+        &format!("lamina-on-{third}"),
+        "64Mi",
+        Some(("VolumeSnapshot", "snap")),
+    ))?;
+    let restored = env.wait_bound(ns, "restored", Duration::from_secs(180))?;
+    let there = on_third.lamina_json(&["volume", "get", &restored])?;
+    ensure!(
+        there["name"] == restored.as_str(),
+        "the restore is not on {third}: {there}"
+    );
+    let ruri = on_third.attach_volume(&restored)?;
+    let checked = crate::env::qemu_io(&ruri, "read -P 0x55 0 4M")
+        .and_then(|_| crate::env::qemu_io(&ruri, "read -P 0x44 4M 4M"));
+    on_third.detach_volume(&restored)?;
+    checked.with_context(|| format!("the restore on {third} of the degraded volume's snapshot"))?;
+    stopped.start()?;
+    all_healthy(env, &vol, 2)?;
+    env.detach_volume(&vol)?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "restored", "--wait=true"])?;
+    env.kubectl(&["delete", "-n", ns, "volumesnapshot", "snap", "--wait=true"])?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "source", "--wait=true"])?;
+    env.kubectl(&[
+        "delete",
+        "storageclass",
+        "lamina-degraded-2",
+        &format!("lamina-on-{third}"),
+    ])?;
     Ok(())
 }
