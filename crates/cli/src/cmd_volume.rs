@@ -72,6 +72,9 @@ pub enum VolumeCmd {
         /// Also serve it as a file on the daemon's host (for a loop device), and print the file's path.
         #[arg(long)]
         file: bool,
+        /// This node holds a healthy replica of a replicated volume whose front end's node is lost: take the volume over (its front end here, at the next generation; the old one refused by every replica), then attach it.
+        #[arg(long, conflicts_with = "file")]
+        take_over: bool,
     },
     /// Stop exporting a volume (refused while NBD clients are connected, unless --force).
     Detach {
@@ -232,11 +235,23 @@ pub async fn run(ctx: &Ctx, cmd: VolumeCmd) -> Result<()> {
                 (false, _) => format!("volume {name} does not exist: nothing to delete"),
             })
         }
-        VolumeCmd::Attach { name, file: false } => {
+        VolumeCmd::Attach {
+            name,
+            file: false,
+            take_over: true,
+        } => {
+            let e = c.take_over_volume(&name).await?;
+            output::show(ctx.fmt, &e, |e| e.uri.clone())
+        }
+        VolumeCmd::Attach {
+            name, file: false, ..
+        } => {
             let e = c.attach_volume(&name).await?;
             output::show(ctx.fmt, &e, |e| e.uri.clone())
         }
-        VolumeCmd::Attach { name, file: true } => {
+        VolumeCmd::Attach {
+            name, file: true, ..
+        } => {
             let e = c.attach_volume_file(&name).await?;
             output::show(ctx.fmt, &e, |e| e.file.clone().unwrap_or_default())
         }

@@ -194,6 +194,17 @@ impl Client {
         self.post_empty(&p).await
     }
 
+    /// Take over a replicated volume whose replica this node holds (its
+    /// front end's node lost), then export it over NBD: the daemon's
+    /// `attach?take_over=true` (docs/replicas.md, "Taking a volume over").
+    pub async fn take_over_volume(&self, name: &str) -> Result<api::Export> {
+        let p = path::with_query(
+            path::api("/volumes/{}/attach", &[name]),
+            &[("take_over", Some("true".into()))],
+        );
+        self.post_empty(&p).await
+    }
+
     /// Stop exporting a volume. Without `force` the daemon refuses (409)
     /// while NBD clients are connected or its file is in use; with it, they
     /// are cut off.

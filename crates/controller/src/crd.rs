@@ -32,6 +32,7 @@ pub use lamina_node_secrets::NODE_LABEL;
     status = "VolumeStatus",
     shortname = "lvol",
     category = "lamina",
+    validation = Rule::new("self.spec.node == oldSelf.spec.node || (has(self.status) && has(self.status.replicaSet) && self.status.replicaSet.frontEnd == self.spec.node)").message("spec.node is immutable, but for a replicated volume taken over by the node its status.replicaSet names as front end"),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.node"),
     printcolumn(name = "Size", type_ = "string", json_path = ".spec.size"),
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
@@ -65,9 +66,10 @@ pub struct VolumeSpec {
     /// It may grow, never shrink.
     #[schemars(regex(pattern = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"))]
     pub size: String,
-    /// The node whose daemon holds the volume. Immutable.
+    /// The node whose daemon holds the volume (a replicated volume's front
+    /// end). Immutable, but for a replicated volume taken over by another
+    /// node: it moves to the node its status.replicaSet names.
     #[schemars(regex(pattern = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"))]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("node is immutable"))]
     pub node: String,
     /// What the volume starts from. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,7 +436,7 @@ mod tests {
             "jsonPath: .status.parent",
             "rule: self == oldSelf",
             "message: volume is immutable",
-            "message: node is immutable",
+            "message: spec.node is immutable, but for a replicated volume taken over",
             "pattern: ^[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$",
             "scope: Namespaced",
             "subresources:",

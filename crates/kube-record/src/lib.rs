@@ -10,7 +10,7 @@
 //! rest) nor make a Volume resource (the mirror does).
 
 use lamina_controller::crd::{SharedReplica, SharedReplicaSet, Volume};
-use lamina_server::{ReplicaSetRec, SharedRecord, SharedRecordError};
+use lamina_server::{SharedRecord, SharedRecordError, SharedSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as sync_mpsc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ pub enum Decision {
 pub fn decide(
     node: &str,
     current: Option<&SharedReplicaSet>,
-    after: Option<&ReplicaSetRec>,
+    after: Option<&SharedSet>,
 ) -> Result<Decision, SharedRecordError> {
     if let Some(c) = current {
         if c.front_end != node {
@@ -53,17 +53,11 @@ pub fn decide(
             )));
         }
     }
-    let want = after.map(|a| SharedReplicaSet {
-        front_end: node.to_string(),
-        generation: a.generation.max(current.map(|c| c.generation).unwrap_or(0)),
-        replicas: a
-            .replicas
-            .iter()
-            .map(|r| SharedReplica {
-                node: r.node.clone(),
-                faulted: r.faulted.clone(),
-            })
-            .collect(),
+    let want = after.map(|a| {
+        let mut w = to_crd(a);
+        w.front_end = node.to_string();
+        w.generation = a.generation.max(current.map(|c| c.generation).unwrap_or(0));
+        w
     });
     Ok(if want.as_ref() == current {
         Decision::Unchanged
@@ -72,11 +66,27 @@ pub fn decide(
     })
 }
 
+/// What is asked of the record.
+enum Op {
+    /// [`SharedRecord::record`].
+    Record {
+        node: String,
+        after: Option<SharedSet>,
+    },
+    /// [`SharedRecord::read`].
+    Read,
+    /// [`SharedRecord::take`].
+    Take {
+        node: String,
+        from: SharedSet,
+        to: SharedSet,
+    },
+}
+
 struct Ask {
-    node: String,
     volume: String,
-    after: Option<ReplicaSetRec>,
-    answer: sync_mpsc::Sender<Result<(), SharedRecordError>>,
+    op: Op,
+    answer: sync_mpsc::Sender<Result<Option<SharedSet>, SharedRecordError>>,
 }
 
 /// The shared record in the Volume resources of one namespace. Its calls
@@ -128,18 +138,12 @@ impl KubeRecord {
     }
 }
 
-impl SharedRecord for KubeRecord {
-    fn record(
-        &self,
-        node: &str,
-        volume: &str,
-        after: Option<&ReplicaSetRec>,
-    ) -> Result<(), SharedRecordError> {
+impl KubeRecord {
+    fn ask(&self, volume: &str, op: Op) -> Result<Option<SharedSet>, SharedRecordError> {
         let (answer, rx) = sync_mpsc::channel();
         let ask = Ask {
-            node: node.to_string(),
             volume: volume.to_string(),
-            after: after.cloned(),
+            op,
             answer,
         };
         self.asks
@@ -150,13 +154,75 @@ impl SharedRecord for KubeRecord {
     }
 }
 
-/// One change, tried until `deadline`.
+impl SharedRecord for KubeRecord {
+    fn record(
+        &self,
+        node: &str,
+        volume: &str,
+        after: Option<&SharedSet>,
+    ) -> Result<(), SharedRecordError> {
+        let op = Op::Record {
+            node: node.to_string(),
+            after: after.cloned(),
+        };
+        self.ask(volume, op).map(drop)
+    }
+
+    fn read(&self, volume: &str) -> Result<Option<SharedSet>, SharedRecordError> {
+        self.ask(volume, Op::Read)
+    }
+
+    fn take(
+        &self,
+        node: &str,
+        volume: &str,
+        from: &SharedSet,
+        to: &SharedSet,
+    ) -> Result<(), SharedRecordError> {
+        let op = Op::Take {
+            node: node.to_string(),
+            from: from.clone(),
+            to: to.clone(),
+        };
+        self.ask(volume, op).map(drop)
+    }
+}
+
+/// The record's form of a replica set.
+fn to_crd(s: &SharedSet) -> SharedReplicaSet {
+    SharedReplicaSet {
+        front_end: s.front_end.clone(),
+        generation: s.generation,
+        replicas: s
+            .replicas
+            .iter()
+            .map(|(node, faulted)| SharedReplica {
+                node: node.clone(),
+                faulted: faulted.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn from_crd(s: &SharedReplicaSet) -> SharedSet {
+    SharedSet {
+        front_end: s.front_end.clone(),
+        generation: s.generation,
+        replicas: s
+            .replicas
+            .iter()
+            .map(|r| (r.node.clone(), r.faulted.clone()))
+            .collect(),
+    }
+}
+
+/// One ask, tried until `deadline`.
 async fn change(
     client: &tokio::sync::Mutex<Option<kube::Client>>,
     namespace: &str,
     ask: &Ask,
     deadline: Duration,
-) -> Result<(), SharedRecordError> {
+) -> Result<Option<SharedSet>, SharedRecordError> {
     let name = lamina_controller::names::volume_resource(&ask.volume);
     let until = Instant::now() + deadline;
     let span = tracing::info_span!("shared_record", volume = %ask.volume, resource = %name);
@@ -166,7 +232,7 @@ async fn change(
         // A cut link answers nothing: each try ends by the deadline.
         let left = until.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, try_change(client, namespace, &name, ask)).await {
-            Ok(Ok(())) => return Ok(()),
+            Ok(Ok(found)) => return Ok(found),
             Ok(Err(Try::Fenced(e))) => return Err(e),
             Ok(Err(Try::Again(why))) => last = why,
             Err(_) => last = "no answer".into(),
@@ -195,7 +261,7 @@ async fn try_change(
     namespace: &str,
     name: &str,
     ask: &Ask,
-) -> Result<(), Try> {
+) -> Result<Option<SharedSet>, Try> {
     let c = {
         let mut held = client.lock().await;
         match &*held {
@@ -214,18 +280,42 @@ async fn try_change(
         .get_opt(name)
         .await
         .map_err(|e| Try::Again(format!("reading it: {e}")))?;
-    let Some(v) = found else {
-        if ask.after.is_none() {
-            return Ok(());
+    let current = found
+        .as_ref()
+        .and_then(|v| v.status.as_ref())
+        .and_then(|s| s.replica_set.as_ref());
+    let want = match &ask.op {
+        Op::Read => return Ok(current.map(from_crd)),
+        Op::Record { node, after } => {
+            if found.is_none() && after.is_none() {
+                return Ok(None);
+            }
+            match decide(node, current, after.as_ref()).map_err(Try::Fenced)? {
+                Decision::Unchanged => return Ok(None),
+                Decision::Write(w) => w,
+            }
         }
+        Op::Take { node, from, to } => {
+            let now = current.map(from_crd);
+            if now.as_ref() == Some(to) {
+                return Ok(None);
+            }
+            if now.as_ref() != Some(from) {
+                return Err(Try::Fenced(SharedRecordError::Fenced(format!(
+                    "node {node} cannot take the volume over: its record changed since it was read ({})",
+                    match &now {
+                        Some(n) => format!("node {}'s front end at generation {}", n.front_end, n.generation),
+                        None => "none now".into(),
+                    }
+                ))));
+            }
+            Some(to_crd(to))
+        }
+    };
+    let Some(v) = found else {
         return Err(Try::Again(
             "it does not exist yet (lamina controller makes it for the volume)".into(),
         ));
-    };
-    let current = v.status.as_ref().and_then(|s| s.replica_set.as_ref());
-    let want = match decide(&ask.node, current, ask.after.as_ref()).map_err(Try::Fenced)? {
-        Decision::Unchanged => return Ok(()),
-        Decision::Write(w) => w,
     };
     let Some(version) = v.metadata.resource_version.clone() else {
         return Err(Try::Again("it has no resourceVersion".into()));
@@ -246,7 +336,7 @@ async fn try_change(
     {
         Ok(_) => {
             tracing::debug!(generation = want.as_ref().map(|w| w.generation), "recorded");
-            Ok(())
+            Ok(None)
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Try::Again(
             "it changed while this change was made (resourceVersion conflict)".into(),
@@ -258,25 +348,15 @@ async fn try_change(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lamina_server::ReplicaRec;
 
-    fn rec(generation: u64, faulted: Option<&str>) -> ReplicaSetRec {
-        ReplicaSetRec {
-            volume_id: 1,
+    fn rec(generation: u64, faulted: Option<&str>) -> SharedSet {
+        SharedSet {
+            front_end: "a".into(),
             generation,
             replicas: vec![
-                ReplicaRec {
-                    node: "a".into(),
-                    ..Default::default()
-                },
-                ReplicaRec {
-                    node: "b".into(),
-                    address: "10.0.0.2:7481".into(),
-                    faulted: faulted.map(str::to_string),
-                    ..Default::default()
-                },
+                ("a".into(), None),
+                ("b".into(), faulted.map(str::to_string)),
             ],
-            dirty: Vec::new(),
         }
     }
 

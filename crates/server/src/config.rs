@@ -7,7 +7,7 @@
 //! feature: a build without it has no way to set them (see
 //! [`crate::cfg_testing`] for how the `lamina` binary follows it).
 
-use crate::store::SharedRecord;
+use crate::shared::SharedRecord;
 use crate::ServerError;
 use std::net::SocketAddr;
 use std::path::PathBuf;

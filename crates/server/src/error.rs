@@ -58,7 +58,7 @@ pub enum ServerError {
     Shared {
         volume: String,
         #[source]
-        source: crate::store::SharedRecordError,
+        source: crate::shared::SharedRecordError,
     },
 }
 
@@ -195,7 +195,7 @@ impl From<ServerError> for Failure {
                 Some("the daemon's records cannot be written: free space on the file system of its data directory (or fix what the message names); the daemon reopens its store at the next call, no restart needed"),
             ),
             ServerError::Shared { volume, source } => {
-                use crate::store::SharedRecordError as S;
+                use crate::shared::SharedRecordError as S;
                 let (code, hint) = match &source {
                     S::Fenced(_) => (ErrorCode::Conflict, "another node's front end serves this volume now; use it there"),
                     S::Unavailable(_) => (ErrorCode::Unavailable, "the Kubernetes API server must answer before this volume's replica set changes; nothing changed, ask again once it does"),

@@ -15,6 +15,7 @@ mod rebuild;
 use crate::device::Registry;
 use crate::error::Failure;
 use crate::store::{ReplicaSetRec, Store};
+use crate::ServerError;
 use lamina_api::ErrorCode;
 use lamina_blockio::{BlockIo, IoError, IoErrorKind};
 use lamina_replica::{Membership, Replica, Replicated, Start};
@@ -284,10 +285,71 @@ pub fn open_device(p: &Parts<'_>, volume: &str, snapshot: Option<&str>) -> Resul
         let front = open(p, volume)?;
         return Ok((front.replicated.clone(), Some(front)));
     }
+    if snapshot.is_none() {
+        // Another node's replica: written here, it would differ from the
+        // others without its front end knowing.
+        let info = p.pool.volume_info_by_name(volume)?;
+        if let Some((_, front)) = info
+            .labels
+            .iter()
+            .find(|(k, _)| k == crate::replicas::REPLICA_OF)
+        {
+            return Err(Failure::conflict(
+                format!("volume {volume:?} here is a replica of node {front}'s volume: its front end there serves it"),
+                "attach it on that node, or, if that node is lost, take it over here: lamina volume attach --take-over",
+            ));
+        }
+    }
     Ok((
         Arc::new(p.exports.open_engine(p.pool, volume, snapshot)?),
         None,
     ))
+}
+
+/// This node's front end of `volume` was taken over: if the shared record
+/// names another node's front end and this node among its replicas, this
+/// node's volume becomes that front end's replica (labelled so, its replica
+/// set and export forgotten here), which the new front end rebuilds. Errors
+/// are logged: the next open tries again.
+fn demote(p: &Parts<'_>, volume: &str) {
+    let Some((shared, me)) = p.store.shared() else {
+        return;
+    };
+    let rec = match shared.read(volume) {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(volume, error = %e, "the shared record of a volume taken over cannot be read");
+            return;
+        }
+    };
+    if rec.front_end == me || !rec.replicas.iter().any(|(n, _)| *n == me) {
+        return;
+    }
+    let done = (|| -> Result<(), ServerError> {
+        let info = p.pool.volume_info_by_name(volume)?;
+        let mut labels: Vec<(String, String)> = info
+            .labels
+            .into_iter()
+            .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
+            .collect();
+        labels.push((
+            crate::replicas::REPLICA_OF.to_string(),
+            rec.front_end.clone(),
+        ));
+        p.pool.set_volume_labels(volume, &labels)?;
+        p.store.remove_export(volume)?;
+        p.store.forget_replica_set(volume)?;
+        Ok(())
+    })();
+    match done {
+        Ok(()) => {
+            tracing::warn!(volume, front_end = %rec.front_end, generation = rec.generation, "this node's front end was taken over: its volume is now that front end's replica")
+        }
+        Err(e) => {
+            tracing::warn!(volume, error = %e, "a volume taken over could not be made the new front end's replica")
+        }
+    }
 }
 
 /// Open replicated volume `volume`'s front end: take the next generation
@@ -302,10 +364,21 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
             Some("see `lamina volume get` for its replicas"),
         )
     };
-    let (set, held_all) = p
-        .store
-        .next_replica_generation(volume)
-        .map_err(Failure::from)?;
+    let (set, held_all) = match p.store.next_replica_generation(volume) {
+        Ok(x) => x,
+        Err(e) => {
+            if matches!(
+                &e,
+                ServerError::Shared {
+                    source: crate::store::SharedRecordError::Fenced(_),
+                    ..
+                }
+            ) {
+                demote(p, volume);
+            }
+            return Err(Failure::from(e));
+        }
+    };
     let g = set.generation;
     let mut replicas = Vec::new();
     let mut remotes = Vec::new();

@@ -228,6 +228,12 @@ pub struct AttachParams {
     /// answers 503, and the call leaves nothing attached.
     #[serde(default)]
     file: bool,
+    /// This node holds a replica of another node's volume, whose node is
+    /// lost: take the volume over (its replica must be healthy in the
+    /// shared record of replica sets), then attach it here. The old front
+    /// end is refused by every replica from then on.
+    #[serde(default)]
+    take_over: bool,
 }
 
 #[utoipa::path(post, path = "/v1/volumes/{name}/attach", params(("name" = String, Path, description = "volume name"), AttachParams),
@@ -241,7 +247,7 @@ pub async fn attach_volume(
     Query(q): Query<AttachParams>,
 ) -> R<Json<api::Export>> {
     Ok(Json(
-        operations::exports::attach(&st, name, None, q.file).await?,
+        operations::exports::attach_or_take(&st, name, None, q.file, q.take_over).await?,
     ))
 }
 

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
             "pacing",
             "paths",
+            "shared",
         ],
     ),
     (

@@ -30,6 +30,7 @@ mod prune;
 mod replicas;
 mod router;
 mod schedules;
+mod shared;
 mod space;
 mod state;
 mod store;
@@ -43,7 +44,8 @@ pub use config::{
 };
 pub use error::ServerError;
 pub use paths::{default_data_dir, Layout};
-pub use store::{ReplicaRec, ReplicaSetRec, SharedRecord, SharedRecordError};
+pub use shared::{SharedRecord, SharedRecordError, SharedSet};
+pub use store::{ReplicaRec, ReplicaSetRec};
 
 use std::sync::Arc;
 

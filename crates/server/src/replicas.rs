@@ -21,6 +21,10 @@ pub struct Served {
     /// Drawn once, with the pool open for the daemon's life: what its
     /// volumes' instances are made from (none if it could not be drawn).
     drawn: Option<u64>,
+    /// The replica sets' shared record, and this node's name: a front end
+    /// that took a volume over is recognised there (docs/replicas.md,
+    /// "Taking a volume over").
+    shared: Option<(Arc<dyn crate::store::SharedRecord>, String)>,
 }
 
 impl Served {
@@ -45,7 +49,61 @@ impl Served {
             exports,
             runtime,
             drawn,
+            shared: None,
         }
+    }
+
+    /// With the replica sets' shared record (see [`Served::shared`]).
+    pub fn sharing(
+        mut self,
+        shared: Option<(Arc<dyn crate::store::SharedRecord>, String)>,
+    ) -> Served {
+        self.shared = shared;
+        self
+    }
+
+    /// A replica of node `front`'s asked for by node `peer`: served to it
+    /// if the shared record names `peer`'s front end and this node among
+    /// the replicas (`peer` took the volume over: docs/replicas.md), and
+    /// relabelled `peer`'s from then on.
+    fn adopt(&self, volume: &str, front: &str, peer: &str) -> Result<bool, IoError> {
+        let Some((shared, me)) = &self.shared else {
+            return Ok(false);
+        };
+        let rec = match shared.read(volume) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(false),
+            Err(e) => {
+                return Err(IoError::new(
+                    IoErrorKind::Io,
+                    format!("volume {volume} here is node {front}'s replica, and whether node {peer} took it over cannot be read: {e}"),
+                ))
+            }
+        };
+        if rec.front_end != peer || !rec.replicas.iter().any(|(n, _)| n == me) {
+            return Ok(false);
+        }
+        let v = self
+            .pool
+            .volume_info_by_name(volume)
+            .map_err(engine_error)?;
+        let mut labels: Vec<(String, String)> = v
+            .labels
+            .into_iter()
+            .filter(|(k, _)| k != REPLICA_OF)
+            .collect();
+        labels.push((REPLICA_OF.to_string(), peer.to_string()));
+        self.pool
+            .set_volume_labels(volume, &labels)
+            .map_err(engine_error)?;
+        tracing::warn!(
+            volume,
+            from = front,
+            to = peer,
+            generation = rec.generation,
+            "replica taken over by another front end, as the shared record says"
+        );
+        Ok(true)
     }
 }
 
@@ -168,6 +226,7 @@ impl Served {
         })?;
         match v.labels.iter().find(|(k, _)| k == REPLICA_OF) {
             Some((_, front)) if front == peer => Ok(()),
+            Some((_, front)) if self.adopt(volume, front, peer)? => Ok(()),
             Some((_, front)) => Err(IoError::new(
                 IoErrorKind::Invalid,
                 format!(
@@ -271,7 +330,9 @@ impl lamina_transfer::replica::Volumes for Served {
             .map_err(|e| IoError::new(IoErrorKind::Invalid, e.to_string()))?;
         match self.pool.snapshot_info_by_name(volume, name) {
             Err(_) => return Ok(()),
-            Ok(s) if !s.labels.iter().any(|(k, v)| k == REPLICA_OF && v == peer) => {
+            // Made for a front end of this volume: `peer`'s, or one it took
+            // the volume over from (the volume is `peer`'s replica: checked).
+            Ok(s) if !s.labels.iter().any(|(k, _)| k == REPLICA_OF) => {
                 return Err(IoError::new(
                     IoErrorKind::Invalid,
                     format!(
@@ -334,8 +395,10 @@ impl lamina_transfer::replica::Volumes for Served {
         if check {
             return Ok(true);
         }
+        // Made for a front end of this volume (`peer`'s, or one it took
+        // the volume over from).
         let mine = |s: &lamina_engine::SnapshotInfo| {
-            !s.system && s.labels.iter().any(|(k, v)| k == REPLICA_OF && v == peer)
+            !s.system && s.labels.iter().any(|(k, _)| k == REPLICA_OF)
         };
         for s in snapshots.iter().filter(|s| mine(s)) {
             match self.pool.delete_snapshot(volume, &s.name) {

@@ -145,11 +145,14 @@ impl State {
         if let Some(source) = &transfer_source {
             // Front ends of other nodes reach this node's volumes on the
             // same listener.
-            source.serve_volumes(Arc::new(crate::replicas::Served::new(
-                pool.clone(),
-                exports.clone(),
-                tokio::runtime::Handle::current(),
-            )));
+            source.serve_volumes(Arc::new(
+                crate::replicas::Served::new(
+                    pool.clone(),
+                    exports.clone(),
+                    tokio::runtime::Handle::current(),
+                )
+                .sharing(store.shared()),
+            ));
             // A pull's Answer names the other replicas holding a snapshot.
             source.serve_holders(Arc::new(crate::holders::Known::new(
                 pool.clone(),

@@ -80,6 +80,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "degraded-snapshot-restore",
         replicated::degraded_snapshot_restore,
     ),
+    ("front-end-moved", replicated::front_end_moved),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     ("scale-100-replicated-pvcs", scale::hundred_replicated_pvcs),
@@ -97,6 +98,7 @@ const THREE_NODES: &[&str] = &[
     "replica-replaced",
     "api-server-cut",
     "degraded-snapshot-restore",
+    "front-end-moved",
     "scale-100-replicated-pvcs",
 ];
 /// How long a replica is faulted on a silent node before Lamina's

@@ -685,3 +685,150 @@ pub fn degraded_snapshot_restore(env: &Env) -> Result<()> {
     ])?;
     Ok(())
 }
+
+/// Node `node`'s transfer address, from its node Secret.
+fn transfer_address(env: &Env, node: &str) -> Result<String> {
+    let b64 = env.kubectl(&[
+        "get",
+        "secret",
+        "-n",
+        "lamina",
+        &format!("lamina-node-{node}"),
+        "-o",
+        "jsonpath={.data.transfer-address}",
+    ])?;
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
+            c.wait_with_output()
+        })?;
+    let a = String::from_utf8(out.stdout)?.trim().to_string();
+    ensure!(
+        !a.is_empty(),
+        "node {node}'s Secret has no transfer-address"
+    );
+    Ok(a)
+}
+
+/// o. The front end's node lost: a 2-replica PVC attached and written on
+/// node 1, node 1's daemon SIGKILLed. Playing kubelet's part once the pod
+/// moved, the volume is attached on the other replica's node with
+/// `--take-over`: its front end opens there at the next generation (the
+/// shared record names it, node 1's replica faulted), the data is intact,
+/// writes go on, and the Volume resource moves to that node. Node 1 back,
+/// its daemon's front end is refused (fenced by the shared record), its
+/// volume becomes the new front end's replica and is rebuilt from it, the
+/// two replicas alike; attaching it on node 1 is refused.
+pub fn front_end_moved(env: &Env) -> Result<()> {
+    let ns = "front-end-moved";
+    env.namespace(ns)?;
+    env.apply(&class("lamina-moved-2", 2))?;
+    env.apply(&pvc(ns, "data", "lamina-moved-2", "64Mi", None))?;
+    let vol = env.wait_bound(ns, "data", T)?;
+    let set = all_healthy(env, &vol, 2)?;
+    let (other, node_x, _) = peer(env, &set)?;
+    // The new front end reaches node 1's replica at node 1's address (an
+    // operator's step: its node list).
+    node_x.lamina(&["node", "add", NODE_ID, &transfer_address(env, NODE_ID)?])?;
+    let uri = env.attach_volume(&vol)?;
+    crate::env::qemu_io(&uri, "write -P 0x71 0 8M")?;
+    let g = wait("the attached volume's shared record", T, |last| {
+        let r = shared_record(env, &vol)?;
+        *last = r.to_string();
+        Ok((r["frontEnd"] == NODE_ID)
+            .then(|| r["generation"].as_u64())
+            .flatten()
+            .filter(|g| *g >= 1))
+    })?;
+
+    let node1 = env.stop("lamina", libc::SIGKILL)?;
+    let taken = node_x.lamina_json(&["volume", "attach", &vol, "--take-over"])?;
+    let uri2 = uri_of(&taken)?;
+    let rec = shared_record(env, &vol)?;
+    ensure!(
+        rec["frontEnd"] == other.as_str()
+            && rec["generation"].as_u64() == Some(g + 1)
+            && faults(&rec) == [(other.clone(), false), (NODE_ID.to_string(), true)],
+        "the shared record after the takeover: {rec}"
+    );
+    crate::env::qemu_io(&uri2, "read -P 0x71 0 8M").context("the data after the takeover")?;
+    crate::env::qemu_io(&uri2, "write -P 0x72 0 4M")?;
+    wait(
+        "the Volume resource on the new front end's node",
+        T,
+        |last| {
+            let v = env
+                .get("lamina", "volumes.lamina.io", &vol)?
+                .context("no Volume resource")?;
+            *last = format!("{} {}", v["spec"], v["status"]["replication"]);
+            Ok((v["spec"]["node"] == other.as_str()
+                && v["status"]["replication"]["frontEnd"] == other.as_str())
+            .then_some(()))
+        },
+    )?;
+
+    // Node 1 back: refused, made the new front end's replica, rebuilt.
+    node1.start()?;
+    let rebuilt = wait(
+        "node 1's replica rebuilt by the new front end",
+        Duration::from_secs(120),
+        |last| {
+            let v = node_x.lamina_json(&["volume", "get", &vol])?;
+            let r = v["replication"]["replicas"].clone();
+            *last = r.to_string();
+            let all: Vec<(String, String)> = r
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    (
+                        x["node"].as_str().unwrap_or("").to_string(),
+                        x["state"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
+        },
+    )?;
+    ensure!(
+        rebuilt[1].0 == NODE_ID,
+        "the replicas after node 1 returned: {rebuilt:?}"
+    );
+    let mine = env.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        mine["labels"]["lamina.io/replica-of"] == other.as_str() && mine["replication"].is_null(),
+        "node 1's volume is not the new front end's replica: {mine}"
+    );
+    let refused = env.attach_volume(&vol);
+    ensure!(
+        refused.is_err(),
+        "node 1 attached the volume it lost: {refused:?}"
+    );
+    // Alike: a snapshot taken through the new front end, on both.
+    node_x.lamina(&["snapshot", "create", &vol, "moved"])?;
+    let a = uri_of(&node_x.lamina_json(&["snapshot", "attach", &vol, "moved"])?)?;
+    let b = uri_of(&env.lamina_json(&["snapshot", "attach", &vol, "moved"])?)?;
+    let cmp = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &a, &b]));
+    let pattern = crate::env::qemu_io(&b, "read -P 0x72 0 4M")
+        .and_then(|_| crate::env::qemu_io(&b, "read -P 0x71 4M 4M"));
+    node_x.lamina(&["snapshot", "detach", &vol, "moved"])?;
+    env.lamina(&["snapshot", "detach", &vol, "moved"])?;
+    cmp.context("node 1's rebuilt replica differs from the new front end's")?;
+    pattern.context("node 1's rebuilt replica")?;
+    node_x.detach_volume(&vol)?;
+    env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
+    for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
+        wait(&format!("the volume deleted on {n}"), T, |last| {
+            let r = on.lamina(&["volume", "get", &vol]);
+            *last = format!("{r:?}");
+            Ok(r.is_err().then_some(()))
+        })?;
+    }
+    env.kubectl(&["delete", "storageclass", "lamina-moved-2"])?;
+    Ok(())
+}

@@ -19,6 +19,18 @@ pub async fn attach(
     snapshot: Option<String>,
     file: bool,
 ) -> Result<api::Export, Failure> {
+    attach_or_take(st, volume, snapshot, file, false).await
+}
+
+/// [`attach`], and with `take_over` this node's replica of another node's
+/// volume takes it over first (`super::replicas::take_over`).
+pub async fn attach_or_take(
+    st: &Arc<State>,
+    volume: String,
+    snapshot: Option<String>,
+    file: bool,
+    take_over: bool,
+) -> Result<api::Export, Failure> {
     let s = st.clone();
     st.to_end(async move {
         let lock = s.lock(&volume);
@@ -33,6 +45,9 @@ pub async fn attach(
                         &format!("wait for the clone to finish: lamina operation wait {id}"),
                     ));
                 }
+            }
+            if take_over && snapshot.is_none() {
+                super::replicas::take_over(&s2, &volume)?;
             }
             s2.attach(&volume, snapshot.as_deref(), file)
         })

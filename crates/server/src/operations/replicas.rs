@@ -387,3 +387,150 @@ pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Re
     }
     Ok(())
 }
+
+/// Why the other replicas are out once a node took a volume over, until
+/// its rebuilds copy them again.
+pub const MOVED: &str = "the front end moved to another node: its data is copied again";
+
+/// Make this node the front end of volume `volume`, whose replica it holds
+/// (docs/replicas.md, "Taking a volume over"), before an attach opens it:
+/// the shared record must name this node's replica healthy; it is changed
+/// there first (this node's front end at the next generation, every other
+/// replica faulted, to be copied again), then here (the volume no longer
+/// labelled a replica, its replica set recorded). A volume of this node's
+/// own, or one it took over already, changes nothing. Blocking; the caller
+/// holds the volume's lock.
+pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
+    let info = st.pool.volume_info_by_name(volume)?;
+    let Some(old) = info
+        .labels
+        .iter()
+        .find(|(k, _)| k == crate::replicas::REPLICA_OF)
+        .map(|(_, v)| v.clone())
+    else {
+        return Ok(());
+    };
+    let identity = st.identity.clone().ok_or_else(|| {
+        Failure::invalid(
+            "taking a replicated volume over needs this daemon's transfer identity: start it with --transfer-tls DIR",
+        )
+    })?;
+    let me = identity.node().to_string();
+    let Some((shared, _)) = st.store.shared() else {
+        return Err(Failure::invalid(format!(
+            "volume {volume:?} here is node {old}'s replica, and this daemon keeps no shared record of replica sets (lamina serve --kube-namespace): without one, no node can know that this replica holds every acknowledged write"
+        )));
+    };
+    let shared_failure = |e: crate::store::SharedRecordError| {
+        Failure::from(crate::ServerError::Shared {
+            volume: volume.to_string(),
+            source: e,
+        })
+    };
+    let rec = shared
+        .read(volume)
+        .map_err(shared_failure)?
+        .ok_or_else(|| {
+            Failure::conflict(
+                format!("volume {volume:?} has no replica set in the shared record"),
+                "its front end records one when the volume is made or attached",
+            )
+        })?;
+    let taken = if rec.front_end == me {
+        // Taken already (a call cut off after the shared record's change).
+        rec
+    } else {
+        match rec.replicas.iter().find(|(n, _)| *n == me) {
+            Some((_, None)) => {}
+            Some((_, Some(reason))) => {
+                let healthy: Vec<&str> = rec
+                    .replicas
+                    .iter()
+                    .filter(|(_, f)| f.is_none())
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                return Err(Failure::conflict(
+                    format!("volume {volume:?}: this node's replica is faulted in the shared record ({reason}): it may lack acknowledged writes"),
+                    &format!("take it over on a node whose replica is healthy: {}", healthy.join(", ")),
+                ));
+            }
+            None => {
+                return Err(Failure::conflict(
+                    format!(
+                        "volume {volume:?}: the shared record has no replica of it on this node"
+                    ),
+                    "take it over on one of its replicas' nodes",
+                ))
+            }
+        }
+        let mut replicas = vec![(me.clone(), None)];
+        for (n, faulted) in rec.replicas.iter().filter(|(n, _)| *n != me) {
+            replicas.push((
+                n.clone(),
+                Some(faulted.clone().unwrap_or_else(|| MOVED.to_string())),
+            ));
+        }
+        let to = crate::store::SharedSet {
+            front_end: me.clone(),
+            generation: rec.generation + 1,
+            replicas,
+        };
+        shared
+            .take(&me, volume, &rec, &to)
+            .map_err(shared_failure)?;
+        tracing::warn!(volume, from = %rec.front_end, generation = to.generation, "volume taken over: this node's front end serves it");
+        to
+    };
+    let snapshots: Vec<String> = st
+        .pool
+        .list_snapshots(&format!("{volume}@{}", info.id))?
+        .into_iter()
+        .filter(|s| !s.system)
+        .map(|s| s.name)
+        .collect();
+    let mut replicas = vec![ReplicaRec {
+        node: me.clone(),
+        address: String::new(),
+        since: now(),
+        ..Default::default()
+    }];
+    for (n, faulted) in taken.replicas.iter().filter(|(n, _)| *n != me) {
+        // Reached at its node-list address; the one recorded stands for a
+        // node not listed here yet (`lamina node add`).
+        let address = st
+            .store
+            .node(n)
+            .ok()
+            .flatten()
+            .map(|r| r.address)
+            .unwrap_or_else(|| "unlisted:0".to_string());
+        replicas.push(ReplicaRec {
+            node: n.clone(),
+            address,
+            faulted: Some(faulted.clone().unwrap_or_else(|| MOVED.to_string())),
+            since: now(),
+            missed_snapshots: snapshots.clone(),
+            ..Default::default()
+        });
+    }
+    let labels: Vec<(String, String)> = info
+        .labels
+        .iter()
+        .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
+        .cloned()
+        .collect();
+    st.pool.set_volume_labels(volume, &labels)?;
+    // One generation below the one taken: the attach's open takes that one.
+    st.store
+        .put_replica_set(
+            volume,
+            &ReplicaSetRec {
+                volume_id: info.id,
+                generation: taken.generation.saturating_sub(1),
+                replicas,
+                dirty: Vec::new(),
+            },
+        )
+        .map_err(Failure::from)?;
+    Ok(())
+}

@@ -21,7 +21,7 @@ pub use nodes::{Added, NodeRec};
 pub use records::{CloneSource, CopyRec, ExportRec, Op, OpRec, PeerRec};
 pub use replicas::{
     LastRebuild, RebuildRec, ReplicaRec, ReplicaSetRec, RoundRec, SharedRecord, SharedRecordError,
-    MAX_REPLICAS,
+    SharedSet, MAX_REPLICAS,
 };
 
 use crate::error::ServerError;

@@ -16,38 +16,11 @@
 use super::db::Fail;
 use super::Store;
 use crate::error::ServerError;
+pub use crate::shared::{SharedRecord, SharedRecordError, SharedSet};
 use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const SETS: TableDefinition<&str, &str> = TableDefinition::new("replica_sets");
-
-/// Where the whole cluster agrees on each replicated volume's replica set:
-/// which front end holds it, at which generation, and which replicas are
-/// healthy (docs/replicas.md, "The shared record"). Called with a
-/// volume's changes in order, one at a time.
-pub trait SharedRecord: Send + Sync {
-    /// Record that volume `volume`'s replica set, whose front end runs on
-    /// node `node`, is now `after` (its shown part: no regions; None:
-    /// removed). Ok once it is recorded; an error recorded nothing.
-    fn record(
-        &self,
-        node: &str,
-        volume: &str,
-        after: Option<&ReplicaSetRec>,
-    ) -> Result<(), SharedRecordError>;
-}
-
-/// Why the shared record did not take a change.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum SharedRecordError {
-    /// Another front end holds the volume there: this one must not change
-    /// its record, nor serve it.
-    #[error("fenced: {0}")]
-    Fenced(String),
-    /// It could not be reached or did not answer in time.
-    #[error("the shared record cannot be written: {0}")]
-    Unavailable(String),
-}
 
 /// A volume has at most this many replicas, this node's included.
 pub const MAX_REPLICAS: usize = 3;
@@ -241,6 +214,11 @@ impl Store {
         let _ = self.shared.set((shared, node));
     }
 
+    /// The shared record and this node's name, if replica sets are shared.
+    pub fn shared(&self) -> Option<(std::sync::Arc<dyn SharedRecord>, String)> {
+        self.shared.get().cloned()
+    }
+
     /// The lock that orders volume `volume`'s changes: each reads the
     /// record, records it shared, then here.
     fn replica_set_lock(&self, volume: &str) -> std::sync::Arc<std::sync::Mutex<()>> {
@@ -262,7 +240,16 @@ impl Store {
         let Some((shared, node)) = self.shared.get() else {
             return Ok(());
         };
-        let (b, a) = (before.map(shown), after.map(shown));
+        let set = |r: &ReplicaSetRec| SharedSet {
+            front_end: node.clone(),
+            generation: r.generation,
+            replicas: r
+                .replicas
+                .iter()
+                .map(|x| (x.node.clone(), x.faulted.clone()))
+                .collect(),
+        };
+        let (b, a) = (before.map(set), after.map(set));
         if b == a {
             return Ok(());
         }
@@ -297,6 +284,23 @@ impl Store {
             return Ok(false);
         };
         self.share(volume, Some(&before), None)?;
+        let mut existed = false;
+        self.db.commit(|w| {
+            existed = w.open_table(SETS)?.remove(volume)?.is_some();
+            Ok(())
+        })?;
+        if existed {
+            self.replica_set_changed();
+        }
+        Ok(existed)
+    }
+
+    /// Forget volume `volume`'s replica set here only, not in the shared
+    /// record: this node's front end was taken over, and the record there
+    /// is the new front end's (docs/replicas.md, "Taking a volume over").
+    pub fn forget_replica_set(&self, volume: &str) -> Result<bool, ServerError> {
+        let lock = self.replica_set_lock(volume);
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut existed = false;
         self.db.commit(|w| {
             existed = w.open_table(SETS)?.remove(volume)?.is_some();
@@ -603,11 +607,11 @@ mod tests {
             &self,
             node: &str,
             volume: &str,
-            after: Option<&ReplicaSetRec>,
+            after: Option<&SharedSet>,
         ) -> Result<(), SharedRecordError> {
             assert_eq!(node, "a");
             if let Some(r) = after {
-                assert!(r.dirty.is_empty(), "regions are not shared");
+                assert_eq!(r.front_end, "a");
             }
             if let Some(e) = self.refuse.lock().unwrap().clone() {
                 return Err(e);
@@ -616,6 +620,20 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((volume.to_string(), after.map(|r| r.generation)));
+            Ok(())
+        }
+
+        fn read(&self, _: &str) -> Result<Option<SharedSet>, SharedRecordError> {
+            Ok(None)
+        }
+
+        fn take(
+            &self,
+            _: &str,
+            _: &str,
+            _: &SharedSet,
+            _: &SharedSet,
+        ) -> Result<(), SharedRecordError> {
             Ok(())
         }
     }
