@@ -161,6 +161,18 @@ fn plan_volumes(view: &EngineView, existing: &[Arc<Volume>], now: &Time, out: &m
     for v in &view.volumes {
         let op = view.operations.get(&v.name);
         match mine.get(v.name.as_str()) {
+            // Another node's front end took the volume over (its shared
+            // record says so): this node's copy is a stale front end's,
+            // about to become that one's replica, and the resource is not
+            // this node's to take back.
+            None if existing.iter().any(|r| {
+                r.engine_name() == v.name
+                    && r.spec.node != node
+                    && r.status
+                        .as_ref()
+                        .and_then(|s| s.replica_set.as_ref())
+                        .is_some_and(|rs| rs.front_end != node)
+            }) => {}
             None => {
                 let name = names::volume_resource(&v.name);
                 out.push(Write::CreateVolume {

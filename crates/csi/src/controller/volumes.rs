@@ -732,6 +732,25 @@ impl ControllerService {
         let Some(v) = self.volume_by_id(&id).await? else {
             return Ok(DeleteVolumeResponse {});
         };
+        // The volume was taken over by another node (docs/replicas.md):
+        // the one the id names is that front end's replica now, and the
+        // front end deletes it with every other replica.
+        let (node, v) = match v.labels.get(api::REPLICA_OF_LABEL) {
+            Some(front) if is_replica(&v) => {
+                let f = self.node(Some(front))?;
+                match f.client.get_volume(&v.name).await {
+                    Ok(fv) if !is_replica(&fv) => (f, fv),
+                    Ok(_) | Err(_) => {
+                        return Err(Status::unavailable(format!(
+                            "volume {} on node {} is a replica of node {front}'s, which does not answer for it: delete it there",
+                            shown(&req.volume_id),
+                            node.name
+                        )))
+                    }
+                }
+            }
+            _ => (node, v),
+        };
         if let Some(x) = &v.export {
             if x.connections > 0 {
                 return Err(Status::failed_precondition(format!(
