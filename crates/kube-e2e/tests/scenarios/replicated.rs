@@ -40,11 +40,10 @@ fn class(name: &str, replicas: u8) -> String {
     )
 }
 
-/// Node 1's replicas of `volume` as `lamina volume get` shows them:
-/// (node, state).
-fn replicas(env: &Env, volume: &str) -> Result<Vec<(String, String)>> {
-    let v = env.lamina_json(&["volume", "get", volume])?;
-    Ok(v["replication"]["replicas"]
+/// Each replica's (node, state) in a `replicas` array (of `lamina volume
+/// get`'s replication, or a Volume resource's status.replication).
+fn node_states(replicas: &Value) -> Vec<(String, String)> {
+    replicas
         .as_array()
         .into_iter()
         .flatten()
@@ -54,7 +53,14 @@ fn replicas(env: &Env, volume: &str) -> Result<Vec<(String, String)>> {
                 r["state"].as_str().unwrap_or("").to_string(),
             )
         })
-        .collect())
+        .collect()
+}
+
+/// The replicas of `volume` as `lamina volume get` on `env`'s node shows
+/// them: (node, state).
+fn replicas(env: &Env, volume: &str) -> Result<Vec<(String, String)>> {
+    let v = env.lamina_json(&["volume", "get", volume])?;
+    Ok(node_states(&v["replication"]["replicas"]))
 }
 
 /// Wait until `volume` has `n` replicas, all healthy; them.
@@ -82,6 +88,24 @@ fn peer(env: &Env, set: &[(String, String)]) -> Result<(String, Env, &'static st
         NODE_3 => Ok((other, env.on_node_3()?, "lamina-3")),
         n => anyhow::bail!("the second replica is on {n:?}, not on node 2 or 3: {set:?}"),
     }
+}
+
+/// A claim `claim` of a new 2-replica class `class_name` in new namespace
+/// `ns`, bound, both replicas healthy: its volume, and the other replica's
+/// node as [`peer`] gives it.
+fn two_replica_claim(
+    env: &Env,
+    ns: &str,
+    class_name: &str,
+    claim: &str,
+) -> Result<(String, String, Env, &'static str)> {
+    env.namespace(ns)?;
+    env.apply(&class(class_name, 2))?;
+    env.apply(&pvc(ns, claim, class_name, "64Mi", None))?;
+    let vol = env.wait_bound(ns, claim, T)?;
+    let set = all_healthy(env, &vol, 2)?;
+    let (other, node_x, component) = peer(env, &set)?;
+    Ok((vol, other, node_x, component))
 }
 
 pub fn replicated_pvc(env: &Env) -> Result<()> {
@@ -151,17 +175,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
                     .context("no Volume resource")?;
                 let r = v["status"]["replication"].clone();
                 *last = r.to_string();
-                let got: Vec<(String, String)> = r["replicas"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|x| {
-                        (
-                            x["node"].as_str().unwrap_or("").to_string(),
-                            x["state"].as_str().unwrap_or("").to_string(),
-                        )
-                    })
-                    .collect();
+                let got = node_states(&r["replicas"]);
                 let same =
                     got.len() == 2 && got.iter().zip(want).all(|(a, b)| a.0 == b.0 && a.1 == b.1);
                 Ok((r["state"] == want_state && r["frontEnd"] == NODE_ID && same).then_some(r))
@@ -439,12 +453,7 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
 /// class's count), with a `ReplicaAdded` event.
 pub fn replica_replaced(env: &Env) -> Result<()> {
     let ns = "replica-replaced";
-    env.namespace(ns)?;
-    env.apply(&class("lamina-replaced-2", 2))?;
-    env.apply(&pvc(ns, "data", "lamina-replaced-2", "64Mi", None))?;
-    let vol = env.wait_bound(ns, "data", T)?;
-    let set = all_healthy(env, &vol, 2)?;
-    let (other, gone, component) = peer(env, &set)?;
+    let (vol, other, gone, component) = two_replica_claim(env, ns, "lamina-replaced-2", "data")?;
     let stays = if other == NODE_2 {
         env.on_node_3()?
     } else {
@@ -547,12 +556,7 @@ fn faults(rec: &Value) -> Vec<(String, bool)> {
 /// acknowledged.
 pub fn api_server_cut(env: &Env) -> Result<()> {
     let ns = "api-server-cut";
-    env.namespace(ns)?;
-    env.apply(&class("lamina-cut-2", 2))?;
-    env.apply(&pvc(ns, "data", "lamina-cut-2", "64Mi", None))?;
-    let vol = env.wait_bound(ns, "data", T)?;
-    let set = all_healthy(env, &vol, 2)?;
-    let (other, node2, component) = peer(env, &set)?;
+    let (vol, other, node2, component) = two_replica_claim(env, ns, "lamina-cut-2", "data")?;
     let uri = env.attach_volume(&vol)?;
     crate::env::qemu_io(&uri, "write -P 0x11 0 4M")?;
     let before = wait("the shared record of the attached volume", T, |last| {
@@ -625,12 +629,8 @@ pub fn api_server_cut(env: &Env) -> Result<()> {
 /// volume held at the snapshot, and nothing written after.
 pub fn degraded_snapshot_restore(env: &Env) -> Result<()> {
     let ns = "degraded-restore";
-    env.namespace(ns)?;
-    env.apply(&class("lamina-degraded-2", 2))?;
-    env.apply(&pvc(ns, "source", "lamina-degraded-2", "64Mi", None))?;
-    let vol = env.wait_bound(ns, "source", T)?;
-    let set = all_healthy(env, &vol, 2)?;
-    let (other, node_x, component) = peer(env, &set)?;
+    let (vol, other, node_x, component) =
+        two_replica_claim(env, ns, "lamina-degraded-2", "source")?;
     let (third, on_third) = if other == NODE_2 {
         (NODE_3, env.on_node_3()?)
     } else {
@@ -726,12 +726,7 @@ fn transfer_address(env: &Env, node: &str) -> Result<String> {
 /// two replicas alike; attaching it on node 1 is refused.
 pub fn front_end_moved(env: &Env) -> Result<()> {
     let ns = "front-end-moved";
-    env.namespace(ns)?;
-    env.apply(&class("lamina-moved-2", 2))?;
-    env.apply(&pvc(ns, "data", "lamina-moved-2", "64Mi", None))?;
-    let vol = env.wait_bound(ns, "data", T)?;
-    let set = all_healthy(env, &vol, 2)?;
-    let (other, node_x, _) = peer(env, &set)?;
+    let (vol, other, node_x, _) = two_replica_claim(env, ns, "lamina-moved-2", "data")?;
     // The new front end reaches node 1's replica at node 1's address (an
     // operator's step: its node list).
     node_x.lamina(&["node", "add", NODE_ID, &transfer_address(env, NODE_ID)?])?;
@@ -778,20 +773,8 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
         "node 1's replica rebuilt by the new front end",
         Duration::from_secs(120),
         |last| {
-            let v = node_x.lamina_json(&["volume", "get", &vol])?;
-            let r = v["replication"]["replicas"].clone();
-            *last = r.to_string();
-            let all: Vec<(String, String)> = r
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|x| {
-                    (
-                        x["node"].as_str().unwrap_or("").to_string(),
-                        x["state"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect();
+            let all = replicas(&node_x, &vol)?;
+            *last = format!("{all:?}");
             Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
         },
     )?;

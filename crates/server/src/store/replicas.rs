@@ -284,15 +284,7 @@ impl Store {
             return Ok(false);
         };
         self.share(volume, Some(&before), None)?;
-        let mut existed = false;
-        self.db.commit(|w| {
-            existed = w.open_table(SETS)?.remove(volume)?.is_some();
-            Ok(())
-        })?;
-        if existed {
-            self.replica_set_changed();
-        }
-        Ok(existed)
+        self.remove_here(volume)
     }
 
     /// Forget volume `volume`'s replica set here only, not in the shared
@@ -301,6 +293,12 @@ impl Store {
     pub fn forget_replica_set(&self, volume: &str) -> Result<bool, ServerError> {
         let lock = self.replica_set_lock(volume);
         let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.remove_here(volume)
+    }
+
+    /// Volume `volume`'s record removed from the store (its lock held);
+    /// whether there was one.
+    fn remove_here(&self, volume: &str) -> Result<bool, ServerError> {
         let mut existed = false;
         self.db.commit(|w| {
             existed = w.open_table(SETS)?.remove(volume)?.is_some();
