@@ -513,14 +513,11 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
             ..Default::default()
         });
     }
-    let labels: Vec<(String, String)> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
-        .cloned()
-        .collect();
-    st.pool.set_volume_labels(volume, &labels)?;
-    // One generation below the one taken: the attach's open takes that one.
+    // The record first, then the label: a call cut off between the two
+    // finds the label and does both again, where the other order would
+    // leave a volume of this node's own with no replica set, served
+    // unreplicated. One generation below the one taken: the attach's open
+    // takes that one.
     st.store
         .put_replica_set(
             volume,
@@ -532,5 +529,12 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
             },
         )
         .map_err(Failure::from)?;
+    let labels: Vec<(String, String)> = info
+        .labels
+        .iter()
+        .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
+        .cloned()
+        .collect();
+    st.pool.set_volume_labels(volume, &labels)?;
     Ok(())
 }
