@@ -307,7 +307,8 @@ pub fn open_device(p: &Parts<'_>, volume: &str, snapshot: Option<&str>) -> Resul
 }
 
 /// This node's front end of `volume` was taken over: if the shared record
-/// names another node's front end and this node among its replicas, this
+/// names another node's front end, as its first replica, and this node
+/// among its replicas, this
 /// node's volume becomes that front end's replica (labelled so, its replica
 /// set and export forgotten here), which the new front end rebuilds. Errors
 /// are logged: the next open tries again.
@@ -323,7 +324,13 @@ fn demote(p: &Parts<'_>, volume: &str) {
             return;
         }
     };
-    if rec.front_end == me || !rec.replicas.iter().any(|(n, _)| *n == me) {
+    // A front end that took the volume over is its first replica: a record
+    // that says otherwise is no takeover this node yields its volume to.
+    let took_over = rec
+        .replicas
+        .first()
+        .is_some_and(|(n, _)| *n == rec.front_end);
+    if rec.front_end == me || !took_over || !rec.replicas.iter().any(|(n, _)| *n == me) {
         return;
     }
     let done = (|| -> Result<(), ServerError> {

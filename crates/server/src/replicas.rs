@@ -63,8 +63,8 @@ impl Served {
     }
 
     /// A replica of node `front`'s asked for by node `peer`: served to it
-    /// if the shared record names `peer`'s front end and this node among
-    /// the replicas (`peer` took the volume over: docs/replicas.md), and
+    /// if the shared record names `peer`'s front end (its first replica)
+    /// and this node among the replicas (`peer` took the volume over: docs/replicas.md), and
     /// relabelled `peer`'s from then on.
     fn adopt(&self, volume: &str, front: &str, peer: &str) -> Result<bool, IoError> {
         let Some((shared, me)) = &self.shared else {
@@ -80,7 +80,11 @@ impl Served {
                 ))
             }
         };
-        if rec.front_end != peer || !rec.replicas.iter().any(|(n, _)| n == me) {
+        let took_over = rec
+            .replicas
+            .first()
+            .is_some_and(|(n, _)| *n == rec.front_end);
+        if rec.front_end != peer || !took_over || !rec.replicas.iter().any(|(n, _)| n == me) {
             return Ok(false);
         }
         let v = self

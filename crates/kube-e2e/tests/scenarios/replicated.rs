@@ -287,9 +287,10 @@ pub fn replicated_pvc(env: &Env) -> Result<()> {
     env.check_pattern(&vol, 0x5a, "16M")?;
 
     // Fencing: the shared record names another node's front end, at the
-    // next generation (as a front end taking the volume over records it).
-    // Node 1's next front end must not open: its attach fails, saying so,
-    // and its own record is unchanged; the record given back, it opens.
+    // next generation. Node 1's next front end must not open: its attach
+    // fails, saying so, and its own record is unchanged (node 3 is not the
+    // record's first replica, so this is no takeover node 1 yields its
+    // volume to: front-end-moved has one); the record given back, it opens.
     let rec = healthy_record()?;
     let g = rec["generation"].as_u64().context("no generation")?;
     let set_record = |front_end: &str, generation: u64| {
