@@ -216,7 +216,7 @@ fn from_crd(s: &SharedReplicaSet) -> SharedSet {
     }
 }
 
-/// One ask, tried until `deadline`.
+/// One ask, tried until `deadline`, in a span naming it.
 async fn change(
     client: &tokio::sync::Mutex<Option<kube::Client>>,
     namespace: &str,
@@ -224,19 +224,30 @@ async fn change(
     deadline: Duration,
 ) -> Result<Option<SharedSet>, SharedRecordError> {
     let name = lamina_controller::names::volume_resource(&ask.volume);
-    let until = Instant::now() + deadline;
     let span = tracing::info_span!("shared_record", volume = %ask.volume, resource = %name);
-    async move {
-    let mut last;
+    tries(client, namespace, &name, ask, deadline)
+        .instrument(span)
+        .await
+}
+
+async fn tries(
+    client: &tokio::sync::Mutex<Option<kube::Client>>,
+    namespace: &str,
+    name: &str,
+    ask: &Ask,
+    deadline: Duration,
+) -> Result<Option<SharedSet>, SharedRecordError> {
+    let until = Instant::now() + deadline;
     loop {
         // A cut link answers nothing: each try ends by the deadline.
         let left = until.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, try_change(client, namespace, &name, ask)).await {
+        let last = match tokio::time::timeout(left, try_change(client, namespace, name, ask)).await
+        {
             Ok(Ok(found)) => return Ok(found),
             Ok(Err(Try::Fenced(e))) => return Err(e),
-            Ok(Err(Try::Again(why))) => last = why,
-            Err(_) => last = "no answer".into(),
-        }
+            Ok(Err(Try::Again(why))) => why,
+            Err(_) => "no answer".into(),
+        };
         if Instant::now() + RETRY > until {
             tracing::warn!(reason = %last, "the replica set's record in the API server could not be changed");
             return Err(SharedRecordError::Unavailable(format!(
@@ -246,9 +257,6 @@ async fn change(
         }
         tokio::time::sleep(RETRY).await;
     }
-    }
-    .instrument(span)
-    .await
 }
 
 enum Try {

@@ -289,11 +289,7 @@ pub fn open_device(p: &Parts<'_>, volume: &str, snapshot: Option<&str>) -> Resul
         // Another node's replica: written here, it would differ from the
         // others without its front end knowing.
         let info = p.pool.volume_info_by_name(volume)?;
-        if let Some((_, front)) = info
-            .labels
-            .iter()
-            .find(|(k, _)| k == crate::replicas::REPLICA_OF)
-        {
+        if let Some(front) = crate::replicas::replica_of(&info) {
             return Err(Failure::conflict(
                 format!("volume {volume:?} here is a replica of node {front}'s volume: its front end there serves it"),
                 "attach it on that node, or, if that node is lost, take it over here: lamina volume attach --take-over",
@@ -324,27 +320,11 @@ fn demote(p: &Parts<'_>, volume: &str) {
             return;
         }
     };
-    // A front end that took the volume over is its first replica: a record
-    // that says otherwise is no takeover this node yields its volume to.
-    let took_over = rec
-        .replicas
-        .first()
-        .is_some_and(|(n, _)| *n == rec.front_end);
-    if rec.front_end == me || !took_over || !rec.replicas.iter().any(|(n, _)| *n == me) {
+    if !rec.took_over_from(&me) {
         return;
     }
     let done = (|| -> Result<(), ServerError> {
-        let info = p.pool.volume_info_by_name(volume)?;
-        let mut labels: Vec<(String, String)> = info
-            .labels
-            .into_iter()
-            .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
-            .collect();
-        labels.push((
-            crate::replicas::REPLICA_OF.to_string(),
-            rec.front_end.clone(),
-        ));
-        p.pool.set_volume_labels(volume, &labels)?;
+        crate::replicas::relabel(p.pool, volume, Some(&rec.front_end))?;
         p.store.remove_export(volume)?;
         p.store.forget_replica_set(volume)?;
         Ok(())

@@ -80,26 +80,10 @@ impl Served {
                 ))
             }
         };
-        let took_over = rec
-            .replicas
-            .first()
-            .is_some_and(|(n, _)| *n == rec.front_end);
-        if rec.front_end != peer || !took_over || !rec.replicas.iter().any(|(n, _)| n == me) {
+        if rec.front_end != peer || !rec.took_over_from(me) {
             return Ok(false);
         }
-        let v = self
-            .pool
-            .volume_info_by_name(volume)
-            .map_err(engine_error)?;
-        let mut labels: Vec<(String, String)> = v
-            .labels
-            .into_iter()
-            .filter(|(k, _)| k != REPLICA_OF)
-            .collect();
-        labels.push((REPLICA_OF.to_string(), peer.to_string()));
-        self.pool
-            .set_volume_labels(volume, &labels)
-            .map_err(engine_error)?;
+        relabel(&self.pool, volume, Some(peer)).map_err(engine_error)?;
         tracing::warn!(
             volume,
             from = front,
@@ -113,6 +97,33 @@ impl Served {
 
 /// The label a volume made for a front end carries: that front end's node.
 pub const REPLICA_OF: &str = lamina_api::REPLICA_OF_LABEL;
+
+/// The front end's node whose replica `v` is, if it is one.
+pub fn replica_of(v: &lamina_engine::VolumeInfo) -> Option<&str> {
+    v.labels
+        .iter()
+        .find(|(k, _)| k == REPLICA_OF)
+        .map(|(_, front)| front.as_str())
+}
+
+/// Volume `volume` made node `front`'s replica (labelled so), or with
+/// None, one of this node's own: its other labels kept.
+pub fn relabel(
+    pool: &lamina_engine::Pool,
+    volume: &str,
+    front: Option<&str>,
+) -> Result<(), lamina_engine::Error> {
+    let v = pool.volume_info_by_name(volume)?;
+    let mut labels: Vec<(String, String)> = v
+        .labels
+        .into_iter()
+        .filter(|(k, _)| k != REPLICA_OF)
+        .collect();
+    if let Some(f) = front {
+        labels.push((REPLICA_OF.to_string(), f.to_string()));
+    }
+    pool.set_volume_labels(volume, &labels).map(drop)
+}
 
 impl Served {
     /// Make `volume` (`size` bytes, labelled with the front end's node) if
@@ -228,10 +239,10 @@ impl Served {
                 format!("this node holds no volume {volume}: {e}"),
             )
         })?;
-        match v.labels.iter().find(|(k, _)| k == REPLICA_OF) {
-            Some((_, front)) if front == peer => Ok(()),
-            Some((_, front)) if self.adopt(volume, front, peer)? => Ok(()),
-            Some((_, front)) => Err(IoError::new(
+        match replica_of(&v) {
+            Some(front) if front == peer => Ok(()),
+            Some(front) if self.adopt(volume, front, peer)? => Ok(()),
+            Some(front) => Err(IoError::new(
                 IoErrorKind::Invalid,
                 format!(
                     "volume {volume} here is a replica of node {front}'s, not of node {peer}'s"

@@ -45,6 +45,21 @@ pub struct SharedSet {
     pub replicas: Vec<(String, Option<String>)>,
 }
 
+impl SharedSet {
+    /// Whether this is the record of a front end that took the volume over
+    /// from `node`'s: another node's, listed first (as every takeover lists
+    /// it), with `node` among the replicas. `node`'s volume is then that
+    /// front end's replica.
+    pub fn took_over_from(&self, node: &str) -> bool {
+        self.front_end != node
+            && self
+                .replicas
+                .first()
+                .is_some_and(|(n, _)| *n == self.front_end)
+            && self.replicas.iter().any(|(n, _)| n == node)
+    }
+}
+
 /// Why the shared record did not take a change.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SharedRecordError {
@@ -55,4 +70,29 @@ pub enum SharedRecordError {
     /// It could not be reached or did not answer in time.
     #[error("the shared record cannot be written: {0}")]
     Unavailable(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volume_is_yielded_only_to_a_front_end_listed_first_that_lists_this_node() {
+        let set = |front: &str, nodes: &[&str]| SharedSet {
+            front_end: front.into(),
+            generation: 4,
+            replicas: nodes.iter().map(|n| (n.to_string(), None)).collect(),
+        };
+        assert!(set("b", &["b", "a"]).took_over_from("a"));
+        assert!(!set("a", &["a", "b"]).took_over_from("a"), "its own");
+        assert!(
+            !set("c", &["a", "b"]).took_over_from("a"),
+            "a front end holding no replica"
+        );
+        assert!(
+            !set("b", &["a", "b"]).took_over_from("a"),
+            "a front end not listed first"
+        );
+        assert!(!set("b", &["b", "c"]).took_over_from("a"), "not listed");
+    }
 }

@@ -736,7 +736,7 @@ impl ControllerService {
         // the one the id names is that front end's replica now, and the
         // front end deletes it with every other replica.
         let (node, v) = match v.labels.get(api::REPLICA_OF_LABEL) {
-            Some(front) if is_replica(&v) => {
+            Some(front) => {
                 let f = self.node(Some(front))?;
                 match f.client.get_volume(&v.name).await {
                     Ok(fv) if !is_replica(&fv) => (f, fv),

@@ -402,12 +402,7 @@ pub const MOVED: &str = "the front end moved to another node: its data is copied
 /// holds the volume's lock.
 pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
     let info = st.pool.volume_info_by_name(volume)?;
-    let Some(old) = info
-        .labels
-        .iter()
-        .find(|(k, _)| k == crate::replicas::REPLICA_OF)
-        .map(|(_, v)| v.clone())
-    else {
+    let Some(old) = crate::replicas::replica_of(&info).map(str::to_string) else {
         return Ok(());
     };
     let identity = st.identity.clone().ok_or_else(|| {
@@ -529,12 +524,6 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
             },
         )
         .map_err(Failure::from)?;
-    let labels: Vec<(String, String)> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| k != crate::replicas::REPLICA_OF)
-        .cloned()
-        .collect();
-    st.pool.set_volume_labels(volume, &labels)?;
+    crate::replicas::relabel(&st.pool, volume, None)?;
     Ok(())
 }
