@@ -281,3 +281,41 @@ async fn a_copy_in_progress_holds_its_volume_and_its_source() {
     assert!(st.pool.list_snapshots("x").unwrap().is_empty());
     st.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn setting_labels_keeps_the_systems_and_refuses_them_asked() {
+    let (_d, st) = state().await;
+    st.pool.create_volume("r", 1 << 20).unwrap();
+    let system = [(crate::replicas::REPLICA_OF.to_string(), "n1".to_string())];
+    st.pool.set_volume_labels("r", &system).unwrap();
+    let mut asked = BTreeMap::from([("tier".to_string(), "gold".to_string())]);
+    let out = run(
+        &st,
+        Op::SetVolumeLabels {
+            name: "r".into(),
+            labels: asked.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let Outcome::Volume { info, .. } = out else {
+        panic!("setting labels answered no volume")
+    };
+    // A replica stays a replica: its front end's label is the system's.
+    let want = vec![
+        (crate::replicas::REPLICA_OF.to_string(), "n1".to_string()),
+        ("tier".to_string(), "gold".to_string()),
+    ];
+    assert_eq!(info.labels, want);
+    asked.insert(crate::replicas::REPLICA_OF.to_string(), "n2".to_string());
+    let refused = run(
+        &st,
+        Op::SetVolumeLabels {
+            name: "r".into(),
+            labels: asked,
+        },
+    )
+    .await;
+    assert!(refused.is_err(), "a system label was set");
+    assert_eq!(st.pool.volume_info_by_name("r").unwrap().labels, want);
+}

@@ -223,10 +223,19 @@ pub(super) async fn set_labels(
     labels: BTreeMap<String, String>,
 ) -> Result<Outcome, Failure> {
     let p = st.pool.clone();
-    let labels = labels_vec(&labels);
     blocking(move || {
+        // The system's labels stay (a replica's `lamina.io/replica-of`
+        // among them: without it, it would pass for a volume of its own
+        // and take writes its front end never sent). The volume's lock,
+        // held by the operation, keeps them as read.
+        let mut all = labels;
+        for (k, v) in p.volume_info_by_name(&name)?.labels {
+            if k.starts_with("lamina.io/") {
+                all.insert(k, v);
+            }
+        }
         Ok(Outcome::Volume {
-            info: p.set_volume_labels(&name, &labels)?,
+            info: p.set_volume_labels(&name, &labels_vec(&all))?,
             created: false,
         })
     })
