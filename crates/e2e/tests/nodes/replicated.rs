@@ -1173,30 +1173,50 @@ fn a_group_snapshot_of_replicated_volumes_holds_one_instant_on_every_replica() {
     // Round k writes k into the first block of r, then of q, then of u,
     // each once the one before was acknowledged: at any one instant r >=
     // q >= u >= r - 1.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let done = std::sync::Arc::new(AtomicU64::new(0));
     let writer = {
-        let (uris, stop) = (uris.clone(), stop.clone());
+        let (uris, stop, done) = (uris.clone(), stop.clone(), done.clone());
         std::thread::spawn(move || {
             let mut c: Vec<NbdClient> = uris.iter().map(|u| NbdClient::connect(u)).collect();
             let mut k = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            while !stop.load(SeqCst) {
                 k += 1;
                 let block: Vec<u8> = k.to_le_bytes().repeat(512);
                 for x in c.iter_mut() {
                     x.write(0, &block);
                 }
+                done.store(k, SeqCst);
             }
             k
         })
     };
+    // Each group snapshot once the writer has completed a few more rounds
+    // since the last (so snapshots and writes interleave however busy the
+    // machine), with writes in flight as it is taken.
+    const ROUNDS_BETWEEN: u64 = 5;
     let groups: Vec<String> = (1..=6).map(|i| format!("g{i}")).collect();
+    let mut last = 0;
     for g in &groups {
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        let t0 = std::time::Instant::now();
+        while done.load(SeqCst) < last + ROUNDS_BETWEEN {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(120),
+                "the writer is stuck at round {}",
+                done.load(SeqCst)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        last = done.load(SeqCst);
         a.d.ok(&["snapshot", "create-group", g, "r", "q", "u", "d"]);
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stop.store(true, SeqCst);
     let rounds = writer.join().unwrap();
-    assert!(rounds > 50, "the writer ran {rounds} rounds only");
+    assert!(
+        rounds >= 6 * ROUNDS_BETWEEN,
+        "the writer ran {rounds} rounds"
+    );
     for (v, list) in [("r", vec!["healthy", "healthy"]), ("q", vec!["healthy"; 3])] {
         let (r, states) = replicas(a, v);
         assert!(states.iter().map(|(_, s)| s.as_str()).eq(list), "{v}: {r}");
