@@ -219,7 +219,10 @@ pub enum ReplicationState {
 pub struct ReplicaInfo {
     /// The node that holds it.
     pub node: String,
-    /// Its transfer listener (`HOST:PORT`); absent for this node's.
+    /// Its transfer listener (`HOST:PORT`) as the front end reaches it:
+    /// its node's address in the node list, else the one recorded with it
+    /// (`unlisted:0` for a replica whose node was not listed when the
+    /// volume was taken over); absent for this node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     pub state: ReplicaState,
@@ -354,6 +357,13 @@ pub const REPLICA_OF_LABEL: &str = "lamina.io/replica-of";
 /// Label the CSI driver gives a replicated volume: how many replicas its
 /// StorageClass asks for, which Lamina's controllers keep it at.
 pub const REPLICAS_WANTED_LABEL: &str = "csi.lamina.io/replicas";
+
+/// Label the CSI node plugin gives a replicated volume it takes over (its
+/// pod moved to a node holding a replica: docs/csi.md): the CSI volume id
+/// the volume was made with, which names another node's volume (the
+/// front end's then, and its pool id). The CSI driver finds the volume by
+/// it wherever its front end has moved since.
+pub const CSI_VOLUME_ID_LABEL: &str = "csi.lamina.io/volume-id";
 
 /// Snapshots of several volumes taken at one instant (one engine
 /// transaction): crash-consistent across the volumes.

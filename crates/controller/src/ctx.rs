@@ -77,7 +77,7 @@ impl Ctx {
                 let state = crate::replicas::NodeState {
                     answers: since.is_none() && views.contains_key(n),
                     silent_for: since.map(|t| t.elapsed()),
-                    transfer: e.transfer_address.is_some(),
+                    transfer: e.transfer_address.clone(),
                 };
                 (n.clone(), state)
             })

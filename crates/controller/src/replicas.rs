@@ -10,6 +10,11 @@
 //!   attach), by asking the front end's daemon to add the replica it has
 //!   (`POST /v1/volumes/{name}/replicas`, which opens the front end of a
 //!   detached volume whose replicas are not all healthy);
+//! * a replica whose front end reaches it at another address than its
+//!   node Secret's transfer address (a volume taken over by a node whose
+//!   node list lacked it, or a node pod back with a new IP): the front
+//!   end's node list is given the Secret's (`PUT /v1/nodes/{name}`), which
+//!   its front end uses from its next connection;
 //! * a replica faulted for longer than the replacement delay, on a node
 //!   silent for as long (its daemon does not answer, or its node Secret is
 //!   gone): it is replaced, removed from the volume and a new one added on
@@ -38,8 +43,8 @@ pub struct NodeState {
     pub answers: bool,
     /// How long it has not answered (None while it answers).
     pub silent_for: Option<Duration>,
-    /// Its node Secret names a transfer address.
-    pub transfer: bool,
+    /// The transfer address its node Secret names.
+    pub transfer: Option<String>,
 }
 
 /// One step on a replicated volume, asked of its front end's daemon.
@@ -59,6 +64,14 @@ pub enum Step {
         volume: String,
         gone: String,
         candidates: Vec<String>,
+    },
+    /// Put node `node` in front end `front`'s node list at `address`
+    /// (its Secret's), where a replica of `volume` is.
+    Introduce {
+        front: String,
+        volume: String,
+        node: String,
+        address: String,
     },
     /// Add a replica on the roomiest of `candidates` that answers: the
     /// volume has fewer than its StorageClass asked for.
@@ -95,11 +108,30 @@ pub fn plan(
                 nodes
                     .iter()
                     .filter(|(n, s)| {
-                        s.answers && s.transfer && n != &front && !holders.contains(&n.as_str())
+                        s.answers
+                            && s.transfer.is_some()
+                            && n != &front
+                            && !holders.contains(&n.as_str())
                     })
                     .map(|(n, _)| n.clone())
                     .collect()
             };
+            // Reached where its Secret says: checked first, as a rebuild
+            // or a replacement needs the front end to reach its replicas.
+            let misaddressed = r.replicas.iter().find_map(|x| {
+                let secret = nodes.get(&x.node)?.transfer.as_ref()?;
+                (&x.node != front && x.address.as_ref() != Some(secret))
+                    .then(|| (x.node.clone(), secret.clone()))
+            });
+            if let Some((node, address)) = misaddressed {
+                out.push(Step::Introduce {
+                    front: front.clone(),
+                    volume: v.name.clone(),
+                    node,
+                    address,
+                });
+                continue;
+            }
             let wanted = v
                 .labels
                 .get(api::REPLICAS_WANTED_LABEL)
@@ -214,6 +246,18 @@ async fn take(ctx: &Ctx, step: &Step) -> Result<(), crate::Error> {
             ctx.volume_event(volume, false, "Replaced", note).await;
             Ok(())
         }
+        Step::Introduce {
+            front,
+            volume,
+            node,
+            address,
+        } => {
+            let Some(f) = engine(front) else {
+                return Ok(());
+            };
+            tracing::info!(volume, front = %front, node = %node, address = %address, "giving a front end its replica's node address");
+            f.put_node(node, address).await
+        }
         Step::Add {
             front,
             volume,
@@ -287,7 +331,9 @@ mod tests {
     fn replica(node: &str, state: api::ReplicaState, since: &str) -> api::ReplicaInfo {
         api::ReplicaInfo {
             node: node.into(),
-            address: None,
+            // The front end's ("a") has none; the others are reached where
+            // their Secrets say.
+            address: (node != "a").then(|| "addr".into()),
             state,
             reason: None,
             since: since.into(),
@@ -329,7 +375,7 @@ mod tests {
         NodeState {
             answers: true,
             silent_for: None,
-            transfer: true,
+            transfer: Some("addr".into()),
         }
     }
 
@@ -337,7 +383,7 @@ mod tests {
         NodeState {
             answers: false,
             silent_for: Some(Duration::from_secs(secs)),
-            transfer: true,
+            transfer: Some("addr".into()),
         }
     }
 
@@ -397,7 +443,7 @@ mod tests {
                 (
                     "e".into(),
                     NodeState {
-                        transfer: false,
+                        transfer: None,
                         ..up()
                     },
                 ),
@@ -459,5 +505,47 @@ mod tests {
         v.labels
             .insert(api::REPLICAS_WANTED_LABEL.into(), "2".into());
         assert_eq!(plan(&[("a".into(), vec![v])], &nodes, t0, after), []);
+    }
+
+    #[test]
+    fn a_replica_reached_elsewhere_than_its_secret_says_gets_its_address_first() {
+        use api::ReplicaState::*;
+        let t0 = unix(T0).unwrap();
+        let nodes: BTreeMap<String, NodeState> =
+            [("a".into(), up()), ("b".into(), up()), ("c".into(), up())].into();
+        let after = Duration::from_secs(600);
+        // Taken over by a, whose node list lacked b: b's recorded address
+        // stands in, and the rebuild would fail there.
+        let mut b = replica("b", Faulted, T0);
+        b.address = Some("unlisted:0".into());
+        let v = volume(false, vec![replica("a", Healthy, T0), b.clone()]);
+        let introduce = Step::Introduce {
+            front: "a".into(),
+            volume: "v".into(),
+            node: "b".into(),
+            address: "addr".into(),
+        };
+        assert_eq!(
+            plan(&[("a".into(), vec![v])], &nodes, t0, after),
+            std::slice::from_ref(&introduce)
+        );
+        // A node without a Secret's address is left as it is.
+        let mut no_secret = nodes.clone();
+        no_secret.insert(
+            "b".into(),
+            NodeState {
+                transfer: None,
+                ..up()
+            },
+        );
+        let v = volume(false, vec![replica("a", Healthy, T0), b]);
+        assert_eq!(
+            plan(&[("a".into(), vec![v])], &no_secret, t0, after),
+            [Step::Rebuild {
+                front: "a".into(),
+                volume: "v".into(),
+                node: "b".into()
+            }]
+        );
     }
 }

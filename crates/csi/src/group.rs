@@ -160,7 +160,15 @@ impl GroupController for GroupService {
         for (id, vid) in req.source_volume_ids.iter().zip(&vids) {
             let not_found =
                 || Status::not_found(format!("source volume {} does not exist", shown(id)));
-            let v = self.c.volume_by_id(vid).await?.ok_or_else(not_found)?;
+            let (on, v) = self.c.volume_by_id(vid).await?.ok_or_else(not_found)?;
+            if on.name != node.name {
+                return Err(Status::failed_precondition(format!(
+                    "source volume {} is served by node {} now (taken over), not by node {}: a group snapshot's volumes are served by one node",
+                    shown(id),
+                    on.name,
+                    node.name
+                )));
+            }
             volumes.push(v.name);
         }
         let mut labels = std::collections::BTreeMap::new();

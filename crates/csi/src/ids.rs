@@ -113,6 +113,27 @@ impl std::fmt::Display for VolumeId {
     }
 }
 
+/// Whether daemon volume `v` is another node's volume's replica (part of
+/// that volume, not one of its own: label [`lamina_api::REPLICA_OF_LABEL`]).
+pub fn is_replica(v: &lamina_api::Volume) -> bool {
+    v.labels.contains_key(lamina_api::REPLICA_OF_LABEL)
+}
+
+/// Whether daemon volume `v` (of the name `id` names) is the volume `id`
+/// names, found on the node the id names (`on_named`) or on another: a
+/// volume of its own (not a replica), with the id's pool id on the named
+/// node, or on any node labelled with the id
+/// ([`lamina_api::CSI_VOLUME_ID_LABEL`]: a replicated volume taken over
+/// by that node since). Pool ids are each pool's own: one equal to the
+/// id's on another node says nothing.
+pub fn names(id: &VolumeId, v: &lamina_api::Volume, on_named: bool) -> bool {
+    !is_replica(v)
+        && ((on_named && v.id == id.id)
+            || v.labels
+                .get(lamina_api::CSI_VOLUME_ID_LABEL)
+                .is_some_and(|l| *l == id.to_string()))
+}
+
 /// A parsed CSI snapshot id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotId {
@@ -222,6 +243,48 @@ fn parse_id(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_names_its_nodes_volume_of_its_own_or_one_taken_over_with_its_label() {
+        let id = VolumeId::parse("n1:pvc-a@7").unwrap();
+        let vol = |id: u64, labels: &[(&str, &str)]| lamina_api::Volume {
+            id,
+            name: "pvc-a".into(),
+            size: 1 << 20,
+            created: "2026-12-07T10:00:00Z".into(),
+            allocated_bytes: 0,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
+            parent_snapshot: None,
+            origin: None,
+            clone_state: lamina_api::CloneState::None,
+            export: None,
+            operation: None,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            replication: None,
+        };
+        // On the named node: its pool id; elsewhere an equal id says nothing.
+        assert!(names(&id, &vol(7, &[]), true));
+        assert!(!names(&id, &vol(7, &[]), false));
+        assert!(!names(&id, &vol(8, &[]), true));
+        // Taken over: the label, on any node.
+        let taken = vol(3, &[(lamina_api::CSI_VOLUME_ID_LABEL, "n1:pvc-a@7")]);
+        assert!(names(&id, &taken, false) && names(&id, &taken, true));
+        let other = vol(3, &[(lamina_api::CSI_VOLUME_ID_LABEL, "n1:pvc-a@8")]);
+        assert!(!names(&id, &other, false));
+        // A replica is never the volume, whatever its id or labels.
+        let replica = vol(
+            7,
+            &[
+                (lamina_api::REPLICA_OF_LABEL, "n2"),
+                (lamina_api::CSI_VOLUME_ID_LABEL, "n1:pvc-a@7"),
+            ],
+        );
+        assert!(is_replica(&replica) && !names(&id, &replica, true));
+    }
 
     #[test]
     fn names_that_follow_the_rule_are_kept_and_others_hashed_stably() {

@@ -520,8 +520,19 @@ fn a_class_of_two_replicas_puts_the_second_on_another_node_and_says_what_a_third
     // Two replicas: the volume on a (where the topology puts it), its
     // second replica on b, which a's daemon learnt from the node set.
     let v = create("pvc-r", "2", None).unwrap();
-    assert_eq!(node_of(&v), "a");
+    assert!(v.volume_id.starts_with("a:"), "{v:?}");
     assert_eq!(replicas_of("pvc-r"), ["a", "b"]);
+    // Usable on both replicas' nodes (a NodeStage on b takes it over),
+    // with the count the node plugin then records there.
+    assert_eq!(v.accessible_topology, [topo("a"), topo("b")]);
+    assert_eq!(
+        v.volume_context,
+        [(
+            lamina_api::REPLICAS_WANTED_LABEL.to_string(),
+            "2".to_string()
+        )]
+        .into()
+    );
     let there = c.rt.block_on(c.b.get_volume("pvc-r")).unwrap();
     assert_eq!(
         there

@@ -8,7 +8,7 @@ mod volumes;
 
 pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};
 
-use crate::ids::{shown, SnapshotId, VolumeId};
+use crate::ids::{names, shown, SnapshotId, VolumeId};
 use crate::nodes::{NodeSet, Picked};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc, Rpc, Type};
@@ -84,14 +84,55 @@ impl ControllerService {
         page(items, token, max_entries, self.nodes.qualified())
     }
 
-    /// The volume a CSI id names, if it still exists (same name and id).
-    pub(crate) async fn volume_by_id(&self, vid: &VolumeId) -> Result<Option<api::Volume>, Status> {
-        let n = self.node(vid.node.as_deref())?;
-        match n.client.get_volume(&vid.name).await {
-            Ok(v) if v.id == vid.id => Ok(Some(v)),
-            Ok(_) => Ok(None),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(from_client(&e)),
+    /// The volume a CSI id names, if it still exists, and the node whose
+    /// daemon serves it now: the node the id names, holding a volume of its
+    /// own of that name and pool id; or, for a replicated volume taken over
+    /// since (docs/csi.md, "Replicated volumes"), the node whose volume of
+    /// that name carries the id in its label. The named node's volume, a
+    /// replica now, names that node; when it does not (the named node does
+    /// not answer, or lost its volume), every other node is asked. A taken
+    /// over volume whose front end cannot be found is UNAVAILABLE, as is a
+    /// named node that does not answer, when no other node has the volume.
+    pub(crate) async fn volume_by_id(
+        &self,
+        vid: &VolumeId,
+    ) -> Result<Option<(Picked, api::Volume)>, Status> {
+        let named = self.node(vid.node.as_deref())?;
+        let (replica_of, failed) = match named.client.get_volume(&vid.name).await {
+            Ok(v) if names(vid, &v, true) => return Ok(Some((named, v))),
+            Ok(v) if v.id == vid.id => (v.labels.get(api::REPLICA_OF_LABEL).cloned(), None),
+            Ok(_) => (None, None),
+            Err(e) if e.is_not_found() => (None, None),
+            Err(e) => (None, Some(e)),
+        };
+        if let Some(front) = &replica_of {
+            if let Ok(f) = self.node(Some(front)) {
+                if let Ok(v) = f.client.get_volume(&vid.name).await {
+                    if names(vid, &v, false) {
+                        return Ok(Some((f, v)));
+                    }
+                }
+            }
+        }
+        if self.nodes.all().len() > 1 {
+            for n in self.nodes.all() {
+                if n.name == named.name || Some(&n.name) == replica_of.as_ref() {
+                    continue;
+                }
+                if let Ok(v) = n.client.get_volume(&vid.name).await {
+                    if names(vid, &v, false) {
+                        return Ok(Some((n, v)));
+                    }
+                }
+            }
+        }
+        match (replica_of, failed) {
+            (Some(front), _) => Err(Status::unavailable(format!(
+                "volume {vid} on node {} was taken over by node {front}, which does not answer for it",
+                named.name
+            ))),
+            (None, Some(e)) => Err(from_client(&e)),
+            (None, None) => Ok(None),
         }
     }
 

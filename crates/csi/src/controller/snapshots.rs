@@ -39,6 +39,16 @@ pub(crate) fn csi_snapshot(node: Option<String>, s: &api::Snapshot) -> Snapshot 
     }
 }
 
+/// A snapshot of volume `v` as CSI sees it: its source the id the volume
+/// was made with, when it was taken over since (a replicated volume's,
+/// label [`api::CSI_VOLUME_ID_LABEL`]), not this node's.
+fn of_volume(mut s: Snapshot, v: &api::Volume) -> Snapshot {
+    if let Some(id) = v.labels.get(api::CSI_VOLUME_ID_LABEL) {
+        s.source_volume_id = id.clone();
+    }
+    s
+}
+
 /// The snapshot class's parameters (`what`: "snapshot" or "group
 /// snapshot"): `freeze` (`"true"` or `"false"`, default false) is the only
 /// one; those the CO adds itself (`csi.storage.k8s.io/…`) are ignored, any
@@ -103,7 +113,14 @@ impl ControllerService {
             ))
         };
         let vid = VolumeId::parse(&req.source_volume_id).ok_or_else(not_found)?;
-        let node = self.node(vid.node.as_deref())?;
+        // Where the volume is served now (a replicated one may have been
+        // taken over); a snapshot asked again after its volume was deleted
+        // is looked for on the node the id names.
+        let found = self.volume_by_id(&vid).await?;
+        let node = match &found {
+            Some((n, _)) => n.clone(),
+            None => self.node(vid.node.as_deref())?,
+        };
         let q = self.nodes.qualifier(&node.name);
         let filter = api::SnapshotFilter {
             name: Some(name.clone()),
@@ -115,10 +132,17 @@ impl ControllerService {
             .await
             .map_err(|e| from_client(&e))?;
         if let Some(s) = same.iter().find(|s| !s.system) {
-            let from_here = vid.name == s.volume && vid.id == s.volume_id;
+            let from_here = match &found {
+                Some((_, v)) => v.name == s.volume && v.id == s.volume_id,
+                None => vid.name == s.volume && vid.id == s.volume_id,
+            };
             if from_here && !s.labels.contains_key(api::GROUP_LABEL) {
+                let snapshot = csi_snapshot(q, s);
                 return Ok(CreateSnapshotResponse {
-                    snapshot: Some(csi_snapshot(q, s)),
+                    snapshot: Some(match &found {
+                        Some((_, v)) => of_volume(snapshot, v),
+                        None => snapshot,
+                    }),
                 });
             }
             return Err(Status::already_exists(format!(
@@ -131,7 +155,7 @@ impl ControllerService {
                 }
             )));
         }
-        let v = self.volume_by_id(&vid).await?.ok_or_else(not_found)?;
+        let (_, v) = found.ok_or_else(not_found)?;
         if !fits_csi_limit(q.as_deref(), &format!("{}/{name}", v.name)) {
             return invalid!(
                 "the id of snapshot {name:?} of volume {:?} on node {:?} could exceed CSI's {} bytes",
@@ -157,7 +181,7 @@ impl ControllerService {
             .await
             .map_err(|e| from_client(&e))?;
         Ok(CreateSnapshotResponse {
-            snapshot: Some(csi_snapshot(q, &made.value)),
+            snapshot: Some(of_volume(csi_snapshot(q, &made.value), &v)),
         })
     }
 
@@ -211,6 +235,14 @@ impl ControllerService {
         }
         // (node, its snapshots) for the nodes the filters can match.
         let mut found: Vec<(String, Vec<api::Snapshot>)> = vec![];
+        // The source volume asked for, where it is served now: (node, its
+        // volume there).
+        let mut source: Option<(String, api::Volume)> = None;
+        if !req.source_volume_id.is_empty() {
+            if let Some(id) = VolumeId::parse(&req.source_volume_id) {
+                source = self.volume_by_id(&id).await?.map(|(n, v)| (n.name, v));
+            }
+        }
         if !req.snapshot_id.is_empty() {
             if let Some(id) = SnapshotId::parse(&req.snapshot_id) {
                 let node = self.node(id.node.as_deref())?;
@@ -218,16 +250,13 @@ impl ControllerService {
                 found.push((node.name, s.into_iter().collect()));
             }
         } else if !req.source_volume_id.is_empty() {
-            if let Some(id) = VolumeId::parse(&req.source_volume_id) {
-                let node = self.node(id.node.as_deref())?;
-                if self.volume_by_id(&id).await?.is_some() {
-                    let snaps = match node.client.list_snapshots(&id.name).await {
-                        Ok(v) => v,
-                        Err(e) if e.is_not_found() => vec![],
-                        Err(e) => return Err(from_client(&e)),
-                    };
-                    found.push((node.name, snaps));
-                }
+            if let Some((node, v)) = &source {
+                let snaps = match self.node(Some(node))?.client.list_snapshots(&v.name).await {
+                    Ok(v) => v,
+                    Err(e) if e.is_not_found() => vec![],
+                    Err(e) => return Err(from_client(&e)),
+                };
+                found.push((node.clone(), snaps));
             }
         } else {
             for n in self.nodes.all() {
@@ -244,7 +273,7 @@ impl ControllerService {
                     .await
                     .map_err(|e| from_client(&e))?
                     .iter()
-                    .filter(|v| super::volumes::is_replica(v))
+                    .filter(|v| crate::ids::is_replica(v))
                     .map(|v| v.id)
                     .collect();
                 snaps.retain(|s| !replicas.contains(&s.volume_id));
@@ -254,11 +283,9 @@ impl ControllerService {
         // Both ids given: the snapshot only if it is of that volume.
         let of_source = |node: &str, s: &api::Snapshot| {
             req.source_volume_id.is_empty()
-                || VolumeId::parse(&req.source_volume_id).is_some_and(|v| {
-                    v.name == s.volume
-                        && v.id == s.volume_id
-                        && self.node(v.node.as_deref()).is_ok_and(|n| n.name == node)
-                })
+                || source
+                    .as_ref()
+                    .is_some_and(|(n, v)| n == node && v.name == s.volume && v.id == s.volume_id)
         };
         let mut all = vec![];
         for (node, snaps) in found {
@@ -268,8 +295,12 @@ impl ControllerService {
                 if s.system || !of_source(&node, &s) {
                     continue;
                 }
+                let snapshot = csi_snapshot(q.clone(), &s);
                 let entry = list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(q.clone(), &s)),
+                    snapshot: Some(match &source {
+                        Some((_, v)) => of_volume(snapshot, v),
+                        None => snapshot,
+                    }),
                 };
                 all.push((node.clone(), s.id, entry));
             }

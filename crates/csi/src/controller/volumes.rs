@@ -297,7 +297,7 @@ impl ControllerService {
     async fn find_volume(&self, name: &str) -> Result<Option<(Picked, api::Volume)>, Status> {
         for n in self.nodes.all() {
             match n.client.get_volume(name).await {
-                Ok(v) if is_replica(&v) => {}
+                Ok(v) if crate::ids::is_replica(&v) => {}
                 Ok(v) => return Ok(Some((n, v))),
                 Err(e) if e.is_not_found() => {}
                 Err(lamina_client::Error::Unreachable { .. }) if self.nodes.qualified() => {
@@ -634,8 +634,7 @@ impl ControllerService {
                     Status::not_found(format!("source volume {} does not exist", shown(volume_id)))
                 };
                 let id = VolumeId::parse(volume_id).ok_or_else(not_found)?;
-                let node = self.node(id.node.as_deref())?;
-                let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
+                let (node, v) = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
                 if v.clone_state == api::CloneState::Copying {
                     return Err(Status::unavailable(format!(
                         "source volume {} is still being copied into; try again when it is done",
@@ -707,12 +706,30 @@ impl ControllerService {
         v: &api::Volume,
         source: Option<VolumeContentSource>,
     ) -> Volume {
+        // A replicated volume: usable on each of its replicas' nodes (a
+        // NodeStage there takes it over, docs/csi.md), and known by the id
+        // it was made with wherever its front end moved.
+        let mut at: Vec<&str> = vec![node];
+        if let Some(r) = &v.replication {
+            at.extend(r.replicas.iter().map(|x| x.node.as_str()));
+            at.sort_unstable();
+            at.dedup();
+        }
+        let volume_context = v
+            .labels
+            .get_key_value(api::REPLICAS_WANTED_LABEL)
+            .map(|(k, n)| [(k.clone(), n.clone())].into())
+            .unwrap_or_default();
         Volume {
             capacity_bytes: v.size as i64,
-            volume_id: volume_id(self.nodes.qualifier(node), v),
-            volume_context: Default::default(),
+            volume_id: v
+                .labels
+                .get(api::CSI_VOLUME_ID_LABEL)
+                .cloned()
+                .unwrap_or_else(|| volume_id(self.nodes.qualifier(node), v)),
+            volume_context,
             content_source: source,
-            accessible_topology: vec![topology_of(node)],
+            accessible_topology: at.into_iter().map(topology_of).collect(),
         }
     }
 
@@ -728,28 +745,10 @@ impl ControllerService {
             return Ok(DeleteVolumeResponse {});
         };
         let _g = self.lock(&id.name).await;
-        let node = self.node(id.node.as_deref())?;
-        let Some(v) = self.volume_by_id(&id).await? else {
+        // A volume taken over by another node (docs/replicas.md) is found
+        // there: its front end deletes it with every other replica.
+        let Some((node, v)) = self.volume_by_id(&id).await? else {
             return Ok(DeleteVolumeResponse {});
-        };
-        // The volume was taken over by another node (docs/replicas.md):
-        // the one the id names is that front end's replica now, and the
-        // front end deletes it with every other replica.
-        let (node, v) = match v.labels.get(api::REPLICA_OF_LABEL) {
-            Some(front) => {
-                let f = self.node(Some(front))?;
-                match f.client.get_volume(&v.name).await {
-                    Ok(fv) if !is_replica(&fv) => (f, fv),
-                    Ok(_) | Err(_) => {
-                        return Err(Status::unavailable(format!(
-                            "volume {} on node {} is a replica of node {front}'s, which does not answer for it: delete it there",
-                            shown(&req.volume_id),
-                            node.name
-                        )))
-                    }
-                }
-            }
-            _ => (node, v),
         };
         if let Some(x) = &v.export {
             if x.connections > 0 {
@@ -784,7 +783,7 @@ impl ControllerService {
             let vols = n.client.list_volumes().await.map_err(|e| from_client(&e))?;
             for v in vols
                 .into_iter()
-                .filter(|v| !v.name.starts_with('.') && !is_replica(v))
+                .filter(|v| !v.name.starts_with('.') && !crate::ids::is_replica(v))
             {
                 let entry = list_volumes_response::Entry {
                     volume: Some(self.csi_volume(&n.name, &v, None)),
@@ -813,8 +812,7 @@ impl ControllerService {
         let not_found =
             || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
-        let node = self.node(id.node.as_deref())?;
-        let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
+        let (node, v) = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(self.csi_volume(&node.name, &v, None)),
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -911,8 +909,7 @@ impl ControllerService {
             || Status::not_found(format!("volume {} does not exist", shown(&req.volume_id)));
         let id = VolumeId::parse(&req.volume_id).ok_or_else(not_found)?;
         let _g = self.lock(&id.name).await;
-        let node = self.node(id.node.as_deref())?;
-        let v = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
+        let (node, v) = self.volume_by_id(&id).await?.ok_or_else(not_found)?;
         // Always: a node whose loop device is over the daemon's file grows
         // it (`LOOP_SET_CAPACITY`) in NodeExpandVolume, block or filesystem.
         let node_expansion_required = true;
@@ -977,12 +974,6 @@ fn requested_source(src: Option<&VolumeContentSource>) -> Result<Option<String>,
 }
 
 /// The source node as the daemon's clone from another node names it.
-/// Whether `v` is another node's volume's replica (part of that volume,
-/// not one of its own).
-pub(crate) fn is_replica(v: &api::Volume) -> bool {
-    v.labels.contains_key(api::REPLICA_OF_LABEL)
-}
-
 fn peer(src: &Picked) -> Result<api::PeerNode, Status> {
     let address = src.transfer_address.clone().ok_or_else(|| {
         Status::failed_precondition(format!(

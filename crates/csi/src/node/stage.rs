@@ -13,7 +13,7 @@
 use super::state::{same_path, Access, Record};
 use super::{access_of, fs, not_found, sys, NodeService};
 use crate::controller::check_capability;
-use crate::ids::VolumeId;
+use crate::ids::{is_replica, names, VolumeId};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
 use std::path::{Path, PathBuf};
@@ -134,8 +134,10 @@ impl NodeService {
             None => self.new_record(&vid, &req.volume_id, staging.clone(), access, mode),
         };
 
+        let here = vid.node.as_deref().is_none_or(|n| n == self.cfg.node_id);
         match self.client.get_volume(&vid.name).await {
-            Ok(v) if v.id == vid.id => {}
+            Ok(v) if names(&vid, &v, here) => {}
+            Ok(v) if is_replica(&v) => self.take_over(&req, &v).await?,
             Ok(_) => return Err(not_found(&req.volume_id)),
             Err(e) if e.is_not_found() => return Err(not_found(&req.volume_id)),
             Err(e) => return Err(from_client(&e)),
@@ -154,6 +156,49 @@ impl NodeService {
         self.store.save(&rec)?;
         tracing::info!(volume_id = %req.volume_id, dev = %dev.display(), staging = %staging.display(), "staged");
         Ok(NodeStageVolumeResponse {})
+    }
+
+    /// The volume's pod moved to this node, which holds one of its
+    /// replicas: this node's daemon takes the volume over (docs/csi.md,
+    /// "Replicated volumes"; it checks in the shared record that this
+    /// replica holds every acknowledged write, and fences the old front
+    /// end). The replica is first labelled with the CSI id (and the
+    /// replica count the StorageClass asks for, from the volume context),
+    /// so that every later call finds the volume by that id here, and the
+    /// count is kept from here on. The name is the volume's identity on a
+    /// replica (a CSI name names one PVC): the shared record refuses a
+    /// replica left from an earlier volume of that name.
+    async fn take_over(
+        &self,
+        req: &NodeStageVolumeRequest,
+        v: &lamina_api::Volume,
+    ) -> Result<(), Status> {
+        let mut labels: std::collections::BTreeMap<String, String> = v
+            .labels
+            .iter()
+            .filter(|(k, _)| !k.starts_with("lamina.io/"))
+            .map(|(k, x)| (k.clone(), x.clone()))
+            .collect();
+        labels.insert(
+            lamina_api::CSI_VOLUME_ID_LABEL.to_string(),
+            req.volume_id.clone(),
+        );
+        if let Some(n) = req.volume_context.get(lamina_api::REPLICAS_WANTED_LABEL) {
+            labels.insert(lamina_api::REPLICAS_WANTED_LABEL.to_string(), n.clone());
+        }
+        if labels.iter().any(|(k, x)| v.labels.get(k) != Some(x)) {
+            self.client
+                .set_volume_labels(&v.name, &labels)
+                .await
+                .map_err(|e| from_client(&e))?;
+        }
+        let front = v.labels.get(lamina_api::REPLICA_OF_LABEL);
+        self.client
+            .take_over_volume(&v.name)
+            .await
+            .map_err(|e| from_client(&e))?;
+        tracing::warn!(volume_id = %req.volume_id, from = ?front, "volume taken over: its front end serves it from this node");
+        Ok(())
     }
 
     fn new_record(
@@ -333,8 +378,14 @@ impl NodeService {
             }
         }
         self.release_device(rec).await?;
+        let ours = |v: &lamina_api::Volume| {
+            VolumeId::parse(&rec.volume_id).is_some_and(|id| {
+                let here = id.node.as_deref().is_none_or(|n| n == self.cfg.node_id);
+                names(&id, v, here)
+            })
+        };
         match self.client.get_volume(&rec.name).await {
-            Ok(v) if Some(v.id) == VolumeId::parse(&rec.volume_id).map(|i| i.id) => {
+            Ok(v) if ours(&v) => {
                 if v.export.is_some() {
                     self.client
                         .detach_volume(&rec.name, false)

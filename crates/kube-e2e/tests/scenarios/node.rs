@@ -19,20 +19,78 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 const T: Duration = Duration::from_secs(60);
 
-/// The node plugin, stopped (SIGTERM, then SIGKILL) when dropped.
-struct NodePlugin(Child);
+/// A `lamina csi --mode node` of one storage node (its daemon's data
+/// directory, its node id), on a unix socket in a directory of its own,
+/// with a client; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct NodePlugin {
+    child: Child,
+    pub rt: tokio::runtime::Runtime,
+    pub client: NodeClient<Channel>,
+    /// Its socket and state, and room for staging paths and targets.
+    pub work: tempfile::TempDir,
+}
+
+impl NodePlugin {
+    /// Started for node `node_id` of `env` (whose daemon it uses), its log
+    /// `logs/NAME-plugin.log`.
+    pub fn start(env: &Env, node_id: &str, name: &str) -> Result<NodePlugin> {
+        let work = tempfile::Builder::new()
+            .prefix("kube-env-node-")
+            .tempdir()?;
+        let sock = work.path().join("csi.sock");
+        let log = std::fs::File::create(env.dir.join(format!("logs/{name}-plugin.log")))?;
+        let child = Command::new(&env.lamina)
+            .args(["csi", "--mode", "node", "--node-id", node_id, "--endpoint"])
+            .arg(format!("unix://{}", sock.display()))
+            .arg("--data-dir")
+            .arg(&env.lamina_data)
+            .arg("--state-dir")
+            .arg(work.path().join("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("start lamina csi --mode node")?;
+        let mut child = Some(child);
+        let connected = (|| {
+            wait("the node plugin's socket", T, |_| {
+                Ok(sock.exists().then_some(()))
+            })?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let channel = rt.block_on(connect(&sock))?;
+            anyhow::Ok((rt, channel))
+        })();
+        match connected {
+            Ok((rt, channel)) => Ok(NodePlugin {
+                child: child.take().expect("the plugin's process"),
+                client: NodeClient::new(channel),
+                rt,
+                work,
+            }),
+            Err(e) => {
+                if let Some(mut c) = child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                Err(e)
+            }
+        }
+    }
+}
 
 impl Drop for NodePlugin {
     fn drop(&mut self) {
         // SAFETY: kill(2) of our own child, not reaped yet.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         if crate::env::wait("the node plugin to stop", Duration::from_secs(20), |_| {
-            Ok(self.0.try_wait()?)
+            Ok(self.child.try_wait()?)
         })
         .is_err()
         {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
@@ -58,32 +116,8 @@ pub fn stage_and_publish(env: &Env) -> Result<()> {
         })
         .unwrap_or_default();
 
-    let work = tempfile::Builder::new()
-        .prefix("kube-env-node-")
-        .tempdir()?;
-    let sock = work.path().join("csi.sock");
-    let log = std::fs::File::create(env.dir.join("logs/node-stage-publish-plugin.log"))?;
-    let child = Command::new(&env.lamina)
-        .args(["csi", "--mode", "node", "--node-id", NODE_ID, "--endpoint"])
-        .arg(format!("unix://{}", sock.display()))
-        .arg("--data-dir")
-        .arg(&env.lamina_data)
-        .arg("--state-dir")
-        .arg(work.path().join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("start lamina csi --mode node")?;
-    let _plugin = NodePlugin(child);
-    wait("the node plugin's socket", T, |_| {
-        Ok(sock.exists().then_some(()))
-    })?;
-
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let mut node = NodeClient::new(rt.block_on(connect(&sock))?);
+    let plugin = NodePlugin::start(env, NODE_ID, "node-stage-publish")?;
+    let (rt, mut node, work) = (&plugin.rt, plugin.client.clone(), &plugin.work);
     let staging = work.path().join("staging");
     let target = work.path().join("target");
     let cap = VolumeCapability {
@@ -152,11 +186,11 @@ pub fn stage_and_publish(env: &Env) -> Result<()> {
     Ok(())
 }
 
-fn path(p: &Path) -> String {
+pub fn path(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn mounted(p: &Path) -> bool {
+pub fn mounted(p: &Path) -> bool {
     let p = path(p);
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(p.as_str())))

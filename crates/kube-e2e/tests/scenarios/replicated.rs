@@ -25,6 +25,10 @@
 
 use crate::env::{pvc, run, volume_snapshot, wait, Env, NODE_2, NODE_3, NODE_ID};
 use anyhow::{ensure, Context, Result};
+use lamina_csi::proto::volume_capability::{
+    access_mode::Mode, AccessMode, AccessType, BlockVolume,
+};
+use lamina_csi::proto::*;
 use serde_json::Value;
 use std::process::Command;
 use std::time::Duration;
@@ -716,21 +720,64 @@ fn transfer_address(env: &Env, node: &str) -> Result<String> {
     Ok(a)
 }
 
-/// o. The front end's node lost: a 2-replica PVC attached and written on
-/// node 1, node 1's daemon SIGKILLed. Playing kubelet's part once the pod
-/// moved, the volume is attached on the other replica's node with
-/// `--take-over`: its front end opens there at the next generation (the
-/// shared record names it, node 1's replica faulted), the data is intact,
+/// o. The front end's node lost: a 2-replica PVC, its PV usable on both
+/// replicas' nodes (its node affinity), attached and written on node 1,
+/// node 1's daemon SIGKILLed. Playing kubelet's part once the pod moved,
+/// NodeStageVolume and NodePublishVolume with the PV's handle on the other
+/// replica's node (its node plugin): the volume is taken over there, its
+/// front end at the next generation (the shared record names it, node 1's
+/// replica faulted), the data intact through the published device,
 /// writes go on, and the Volume resource moves to that node. Node 1 back,
 /// its daemon's front end is refused (fenced by the shared record), its
 /// volume becomes the new front end's replica and is rebuilt from it, the
-/// two replicas alike; attaching it on node 1 is refused.
+/// two replicas alike; attaching it on node 1 is refused. Unstaged and
+/// staged again there, the volume is found by the PV's handle; the PVC
+/// deleted, the CSI controller deletes it from its new front end.
 pub fn front_end_moved(env: &Env) -> Result<()> {
     let ns = "front-end-moved";
     let (vol, other, node_x, _) = two_replica_claim(env, ns, "lamina-moved-2", "data")?;
-    // The new front end reaches node 1's replica at node 1's address (an
-    // operator's step: its node list).
-    node_x.lamina(&["node", "add", NODE_ID, &transfer_address(env, NODE_ID)?])?;
+    let pv = env.get("", "pv", &vol)?.context("no PV")?;
+    let mut usable: Vec<String> = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| {
+            t["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|e| e["key"] == crate::env::TOPOLOGY_KEY)
+        .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    usable.sort();
+    let mut want = vec![NODE_ID.to_string(), other.clone()];
+    want.sort();
+    ensure!(
+        usable == want,
+        "the PV's node affinity: {}",
+        pv["spec"]["nodeAffinity"]
+    );
+    let csi = &pv["spec"]["csi"];
+    let handle = csi["volumeHandle"]
+        .as_str()
+        .context("the PV has no volumeHandle")?
+        .to_string();
+    let context: std::collections::HashMap<String, String> = csi["volumeAttributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        .collect();
+    ensure!(
+        context.get("csi.lamina.io/replicas").map(String::as_str) == Some("2"),
+        "the PV's volume attributes: {context:?}"
+    );
+    // Node X's node list lacks node 1 (the CSI controller put there only
+    // the nodes it placed replicas on): Lamina's controllers give it node
+    // 1's address once node X's front end holds the volume.
+    let _ = node_x.lamina(&["node", "remove", NODE_ID]);
     let uri = env.attach_volume(&vol)?;
     crate::env::qemu_io(&uri, "write -P 0x71 0 8M")?;
     let g = wait("the attached volume's shared record", T, |last| {
@@ -743,8 +790,49 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     })?;
 
     let node1 = env.stop("lamina", libc::SIGKILL)?;
-    let taken = node_x.lamina_json(&["volume", "attach", &vol, "--take-over"])?;
-    let uri2 = uri_of(&taken)?;
+    // Kubelet's part on the other node, block access.
+    let plugin = crate::node::NodePlugin::start(&node_x, &other, "front-end-moved")?;
+    let mut csi_node = plugin.client.clone();
+    let staging = plugin.work.path().join("staging");
+    let target = plugin.work.path().join("target");
+    let cap = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    };
+    let stage = NodeStageVolumeRequest {
+        volume_id: handle.clone(),
+        staging_target_path: crate::node::path(&staging),
+        volume_capability: Some(cap.clone()),
+        volume_context: context.clone(),
+        ..Default::default()
+    };
+    let publish = NodePublishVolumeRequest {
+        volume_id: handle.clone(),
+        staging_target_path: crate::node::path(&staging),
+        target_path: crate::node::path(&target),
+        volume_capability: Some(cap),
+        volume_context: context,
+        ..Default::default()
+    };
+    let unpublish = NodeUnpublishVolumeRequest {
+        volume_id: handle.clone(),
+        target_path: crate::node::path(&target),
+    };
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: handle.clone(),
+        staging_target_path: crate::node::path(&staging),
+    };
+    plugin
+        .rt
+        .block_on(csi_node.node_stage_volume(stage.clone()))
+        .context("NodeStageVolume on the other replica's node")?;
+    plugin
+        .rt
+        .block_on(csi_node.node_publish_volume(publish.clone()))
+        .context("NodePublishVolume")?;
+    let device = crate::node::path(&target);
     let rec = shared_record(env, &vol)?;
     ensure!(
         rec["frontEnd"] == other.as_str()
@@ -752,8 +840,30 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             && faults(&rec) == [(other.clone(), false), (NODE_ID.to_string(), true)],
         "the shared record after the takeover: {rec}"
     );
-    crate::env::qemu_io(&uri2, "read -P 0x71 0 8M").context("the data after the takeover")?;
-    crate::env::qemu_io(&uri2, "write -P 0x72 0 4M")?;
+    let taken = node_x.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        taken["labels"]["csi.lamina.io/volume-id"] == handle.as_str()
+            && taken["labels"]["csi.lamina.io/replicas"] == "2"
+            && taken["labels"]["lamina.io/replica-of"].is_null(),
+        "the volume taken over on {other}: {taken}"
+    );
+    crate::env::qemu_io(&device, "read -P 0x71 0 8M").context("the data after the takeover")?;
+    crate::env::qemu_io(&device, "write -P 0x72 0 4M")?;
+    let address = transfer_address(env, NODE_ID)?;
+    wait(
+        "node 1 in the new front end's node list, at its Secret's address",
+        T,
+        |last| {
+            let listed = node_x.lamina_json(&["node", "list"])?;
+            *last = listed.to_string();
+            Ok(listed
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|n| n["name"] == NODE_ID && n["address"] == address.as_str())
+                .then_some(()))
+        },
+    )?;
     wait(
         "the Volume resource on the new front end's node",
         T,
@@ -812,7 +922,34 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     env.lamina(&["snapshot", "detach", &vol, "moved"])?;
     cmp.context("node 1's rebuilt replica differs from the new front end's")?;
     pattern.context("node 1's rebuilt replica")?;
-    node_x.detach_volume(&vol)?;
+    // The pod gone and back on the same node: its handle still names the
+    // volume there, whose pool id is that node's own.
+    for round in ["", ", again"] {
+        plugin
+            .rt
+            .block_on(csi_node.node_unpublish_volume(unpublish.clone()))
+            .with_context(|| format!("NodeUnpublishVolume{round}"))?;
+        plugin
+            .rt
+            .block_on(csi_node.node_unstage_volume(unstage.clone()))
+            .with_context(|| format!("NodeUnstageVolume{round}"))?;
+        ensure!(
+            node_x.lamina_json(&["volume", "get", &vol])?["export"].is_null(),
+            "the volume is still exported after NodeUnstageVolume{round}"
+        );
+        if round.is_empty() {
+            plugin
+                .rt
+                .block_on(csi_node.node_stage_volume(stage.clone()))
+                .context("NodeStageVolume, again")?;
+            plugin
+                .rt
+                .block_on(csi_node.node_publish_volume(publish.clone()))
+                .context("NodePublishVolume, again")?;
+            crate::env::qemu_io(&device, "read -P 0x72 0 4M").context("the data staged again")?;
+        }
+    }
+    drop(plugin);
     env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
     for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
         wait(&format!("the volume deleted on {n}"), T, |last| {

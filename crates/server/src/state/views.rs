@@ -66,7 +66,7 @@ impl State {
         let replication = crate::front::replica_set(&self.store, &self.pool, &v.name)
             .ok()
             .flatten()
-            .map(replication);
+            .map(|r| replication(&self.store, r));
         api::Volume {
             id: v.id,
             export: self.export_of(&v.name),
@@ -140,8 +140,10 @@ impl State {
     }
 }
 
-/// A replica set as the API shows it.
-fn replication(rec: crate::store::ReplicaSetRec) -> api::Replication {
+/// A replica set as the API shows it: each other node's replica at the
+/// address the front end reaches it at (its node list's, else the one
+/// recorded with it).
+fn replication(store: &crate::store::Store, rec: crate::store::ReplicaSetRec) -> api::Replication {
     let replicas: Vec<api::ReplicaInfo> = rec
         .replicas
         .into_iter()
@@ -170,8 +172,9 @@ fn replication(rec: crate::store::ReplicaSetRec) -> api::Replication {
                     (Some(_), Some(_)) => api::ReplicaState::Rebuilding,
                     (Some(_), None) => api::ReplicaState::Faulted,
                 },
+                address: (!r.address.is_empty())
+                    .then(|| crate::front::remote_of(store, &r).address),
                 node: r.node,
-                address: (!r.address.is_empty()).then_some(r.address),
                 reason: r.faulted,
                 since: secs(r.since),
                 rebuild,
