@@ -175,6 +175,23 @@ fn plan_volumes(view: &EngineView, existing: &[Arc<Volume>], now: &Time, out: &m
             }) => {}
             None => {
                 let name = names::volume_resource(&v.name);
+                // This node's front end took the volume over from the
+                // node the resource names: the apply below moves it here.
+                let from = existing
+                    .iter()
+                    .find(|r| r.engine_name() == v.name && r.spec.node != node)
+                    .map(|r| r.spec.node.clone());
+                if let (Some(from), Some(r)) = (from, &v.replication) {
+                    out.push(Write::VolumeEvent {
+                        name: name.clone(),
+                        warning: true,
+                        reason: "Fenced".into(),
+                        note: format!(
+                            "volume {} was taken over by node {node} at generation {}: node {from}'s front end is refused by its replicas and by the shared record from now on, and its replica is copied again",
+                            v.name, r.generation
+                        ),
+                    });
+                }
                 out.push(Write::CreateVolume {
                     spec: VolumeSpec {
                         volume_name: (name != v.name).then(|| v.name.clone()),
@@ -347,7 +364,8 @@ fn replication_status(node: &str, r: &api::Replication) -> ReplicationStatus {
 
 /// The events for a replicated volume's change from `old` to `new`: the
 /// volume Degraded or Unavailable (a warning), a replica Rebuilding, a
-/// replica Rebuilt (healthy again).
+/// replica Rebuilt (healthy again). (Fenced, the volume taken over by
+/// another node, is [`plan_volumes`]'s, as the resource moves.)
 fn replication_events(
     name: &str,
     volume: &str,

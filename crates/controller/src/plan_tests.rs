@@ -478,3 +478,53 @@ fn a_replicated_volume_shows_its_replicas_and_each_change_of_state_is_an_event()
         "steady state writes nothing"
     );
 }
+
+#[test]
+fn a_volume_taken_over_by_this_node_moves_its_resource_here_with_a_fenced_event() {
+    use api::ReplicaState::*;
+    // n1's resource; n2 took the volume over (its shared record says so)
+    // and lists it as its front end's.
+    let first = plan(
+        &view(vec![replicated(&[Healthy, Healthy])], vec![]),
+        &[],
+        &[],
+        &now(),
+    );
+    let (mut vols, _) = realise(&first);
+    let mut r = (*vols[0]).clone();
+    r.status.as_mut().unwrap().replica_set = Some(crate::crd::SharedReplicaSet {
+        front_end: "n2".into(),
+        generation: 4,
+        replicas: vec![],
+    });
+    vols = vec![Arc::new(r)];
+    let mut taken = replicated(&[Healthy, Faulted]);
+    taken.replication.as_mut().unwrap().generation = 4;
+    let there = EngineView {
+        node: "n2".into(),
+        ..view(vec![taken], vec![])
+    };
+    let w = plan(&there, &vols, &[], &now());
+    assert_eq!(events(&w), [(true, "Fenced")], "{w:?}");
+    let moved = w.iter().find_map(|x| match x {
+        Write::CreateVolume { spec, .. } => Some(spec.node.as_str()),
+        _ => None,
+    });
+    assert_eq!(moved, Some("n2"), "{w:?}");
+    let note = w.iter().find_map(|x| match x {
+        Write::VolumeEvent { note, .. } => Some(note.as_str()),
+        _ => None,
+    });
+    assert!(
+        note.is_some_and(|n| n.contains("taken over by node n2 at generation 4")
+            && n.contains("node n1's front end is refused")),
+        "{note:?}"
+    );
+    // Moved; n1 back, its volume not yet made n2's replica: n1's plan
+    // neither takes the resource back nor tells of a move.
+    let mut r = (*vols[0]).clone();
+    r.spec.node = "n2".into();
+    let vols = vec![Arc::new(r)];
+    let back = view(vec![replicated(&[Healthy, Healthy])], vec![]);
+    assert_eq!(plan(&back, &vols, &[], &now()), vec![]);
+}

@@ -17,7 +17,8 @@
 //!   its front end uses from its next connection;
 //! * a replica faulted for longer than the replacement delay, on a node
 //!   silent for as long (its daemon does not answer, or its node Secret is
-//!   gone): it is replaced, removed from the volume and a new one added on
+//!   gone), or a replica still healthy on a node silent for as long (its
+//!   front end sent it nothing since: a detached volume): it is replaced, removed from the volume and a new one added on
 //!   another node that answers, holds no replica of the volume, has a
 //!   transfer address and has the most free space (a full sparse copy).
 //!
@@ -149,10 +150,28 @@ pub fn plan(
                 continue;
             }
             for x in r.replicas.iter().filter(|x| &x.node != front) {
-                if x.state != api::ReplicaState::Faulted {
-                    continue;
-                }
                 let node = nodes.get(&x.node);
+                let silent = node.map_or(Some(Duration::MAX), |n| n.silent_for);
+                match x.state {
+                    api::ReplicaState::Faulted => {}
+                    // Healthy as far as its front end knows, which has sent
+                    // it nothing since its node went (a detached volume):
+                    // replaced once its node has been silent long enough.
+                    api::ReplicaState::Healthy if silent.is_some_and(|s| s >= after) => {
+                        let candidates = candidates();
+                        if candidates.is_empty() {
+                            continue;
+                        }
+                        out.push(Step::Replace {
+                            front: front.clone(),
+                            volume: v.name.clone(),
+                            gone: x.node.clone(),
+                            candidates,
+                        });
+                        break;
+                    }
+                    _ => continue,
+                }
                 if node.is_some_and(|n| n.answers) {
                     if v.export.is_none() {
                         out.push(Step::Rebuild {
@@ -167,7 +186,6 @@ pub fn plan(
                 let faulted_for = unix(&x.since)
                     .map(|s| now.saturating_sub(s).max(0) as u64)
                     .unwrap_or(0);
-                let silent = node.map_or(Some(Duration::MAX), |n| n.silent_for);
                 let long =
                     Duration::from_secs(faulted_for) >= after && silent.is_some_and(|s| s >= after);
                 if !long {
@@ -474,6 +492,25 @@ mod tests {
         let mut full = nodes(down(600));
         full.remove("d");
         assert_eq!(plan(&fronts, &full, t0 + 600, after), []);
+        // Still healthy (its front end, detached, sent it nothing since
+        // its node went): replaced once the node has been silent long
+        // enough, whenever it became healthy.
+        let r = vec![
+            replica("a", Healthy, T0),
+            replica("b", Healthy, T0),
+            replica("c", Healthy, T0),
+        ];
+        let detached = [("a".to_string(), vec![volume(false, r)])];
+        assert_eq!(plan(&detached, &nodes(down(60)), t0 + 3600, after), []);
+        assert_eq!(
+            plan(&detached, &nodes(down(600)), t0 + 600, after),
+            [Step::Replace {
+                front: "a".into(),
+                volume: "v".into(),
+                gone: "b".into(),
+                candidates: vec!["d".into()],
+            }]
+        );
     }
 
     #[test]

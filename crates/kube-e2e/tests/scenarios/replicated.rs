@@ -877,6 +877,16 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             .then_some(()))
         },
     )?;
+    for (where_, name) in [("lamina", vol.as_str()), (ns, "data")] {
+        wait(&format!("a Fenced warning on {where_}/{name}"), T, |last| {
+            *last = env.events(where_, name);
+            Ok(env
+                .events_json(where_, name)?
+                .iter()
+                .any(|e| e["reason"] == "Fenced" && e["type"] == "Warning")
+                .then_some(()))
+        })?;
+    }
 
     // Node 1 back: refused, made the new front end's replica, rebuilt.
     node1.start()?;
