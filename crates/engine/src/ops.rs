@@ -373,6 +373,30 @@ impl Pool {
         Ok(info)
     }
 
+    /// Replace a snapshot's labels (checked as at its creation); durable
+    /// when it returns. `volume` names a live or retired volume as
+    /// [`Pool::list_snapshots`] takes it. Nothing else of the snapshot
+    /// changes: its data, its id, its place in the tree.
+    pub fn set_snapshot_labels(
+        &self,
+        volume: &str,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<SnapshotInfo> {
+        check_labels(labels)?;
+        let mut labels = labels.to_vec();
+        labels.sort();
+        self.with_meta(|m| {
+            let vid = m.catalog.owner_id(volume)?;
+            let sid = m.catalog.snapshot_id(vid, name)?;
+            m.catalog.snapshot_mut(sid).labels = labels;
+            Ok(())
+        })?;
+        self.commit()?;
+        tracing::info!(volume, snapshot = name, "snapshot labels set");
+        self.snapshot_info_by_name(volume, name)
+    }
+
     /// Delete a volume. Its live data goes at once, and so does its name (a
     /// new volume may take it). Its snapshots stay unless `with_snapshots`
     /// (a linked clone's system snapshot stays either way while a clone

@@ -448,6 +448,52 @@ fn volume_labels_are_kept_replaced_and_survive_a_crash() {
 }
 
 #[test]
+fn snapshot_labels_are_replaced_alone_and_survive_a_crash() {
+    let (d, p) = pool();
+    let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    p.create_volume("v", 1 << 20).unwrap();
+    fill(&p, "v", 0..2, 1);
+    let s = p.create_snapshot("v", "s", &l(&[("a", "1")])).unwrap();
+    // Bad labels, or an unknown snapshot or volume, change nothing.
+    assert!(p
+        .set_snapshot_labels("v", "s", &l(&[("k", &"x".repeat(3000))]))
+        .is_err());
+    assert!(p.set_snapshot_labels("v", "nope", &[]).is_err());
+    assert!(p.set_snapshot_labels("nope", "s", &[]).is_err());
+    assert_eq!(p.snapshot_info_by_name("v", "s").unwrap().labels, s.labels);
+    let set = p
+        .set_snapshot_labels("v", "s", &l(&[("z", "2"), ("b", "3")]))
+        .unwrap();
+    assert_eq!(set.labels, l(&[("b", "3"), ("z", "2")]), "sorted");
+    // Not closed: the reopened pool replays what was committed. The rest
+    // of the snapshot is as it was.
+    drop(p);
+    let p = Pool::open_dir(d.path(), PoolOptions::default()).unwrap();
+    let again = p.snapshot_info_by_name("v", "s").unwrap();
+    assert_eq!(again.labels, l(&[("b", "3"), ("z", "2")]));
+    assert_eq!(
+        (again.id, again.created, again.exclusive_bytes),
+        (s.id, s.created, s.exclusive_bytes)
+    );
+    // A retired volume's snapshot, by `NAME@ID`.
+    let vid = p.volume_info_by_name("v").unwrap().id;
+    p.delete_volume("v", false).unwrap();
+    let retired = format!("v@{vid}");
+    p.set_snapshot_labels(&retired, "s", &[]).unwrap();
+    assert!(p
+        .snapshot_info_by_name(&retired, "s")
+        .unwrap()
+        .labels
+        .is_empty());
+    assert!(p.check().unwrap().is_ok());
+}
+
+#[test]
 fn a_write_after_a_revert_and_the_delete_of_its_snapshot_updates_a_later_snapshots_size() {
     // v's tree is s1's after the revert; s2 shares blocks 2..8 with it.
     // Once s1 is gone, v's rewrite of block 5 leaves that block to s2

@@ -302,43 +302,6 @@ pub fn open_device(p: &Parts<'_>, volume: &str, snapshot: Option<&str>) -> Resul
     ))
 }
 
-/// This node's front end of `volume` was taken over: if the shared record
-/// names another node's front end, as its first replica, and this node
-/// among its replicas, this
-/// node's volume becomes that front end's replica (labelled so, its replica
-/// set and export forgotten here), which the new front end rebuilds. Errors
-/// are logged: the next open tries again.
-fn demote(p: &Parts<'_>, volume: &str) {
-    let Some((shared, me)) = p.store.shared() else {
-        return;
-    };
-    let rec = match shared.read(volume) {
-        Ok(Some(r)) => r,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(volume, error = %e, "the shared record of a volume taken over cannot be read");
-            return;
-        }
-    };
-    if !rec.took_over_from(&me) {
-        return;
-    }
-    let done = (|| -> Result<(), ServerError> {
-        crate::replicas::relabel(p.pool, volume, Some(&rec.front_end))?;
-        p.store.remove_export(volume)?;
-        p.store.forget_replica_set(volume)?;
-        Ok(())
-    })();
-    match done {
-        Ok(()) => {
-            tracing::warn!(volume, front_end = %rec.front_end, generation = rec.generation, "this node's front end was taken over: its volume is now that front end's replica")
-        }
-        Err(e) => {
-            tracing::warn!(volume, error = %e, "a volume taken over could not be made the new front end's replica")
-        }
-    }
-}
-
 /// Open replicated volume `volume`'s front end: take the next generation
 /// (recorded first), open every healthy replica (this node's in process,
 /// the others over replica sessions), record faulted any that cannot be
@@ -361,7 +324,7 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                     ..
                 }
             ) {
-                demote(p, volume);
+                crate::replicas::demote(p.pool, p.store, volume);
             }
             return Err(Failure::from(e));
         }

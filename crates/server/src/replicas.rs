@@ -25,6 +25,9 @@ pub struct Served {
     /// that took a volume over is recognised there (docs/replicas.md,
     /// "Taking a volume over").
     shared: Option<(Arc<dyn crate::store::SharedRecord>, String)>,
+    /// The daemon's store, with the shared record: this node's own volume
+    /// taken over by another node is made its replica (see [`demote`]).
+    store: Option<Arc<crate::store::Store>>,
 }
 
 impl Served {
@@ -50,15 +53,15 @@ impl Served {
             runtime,
             drawn,
             shared: None,
+            store: None,
         }
     }
 
-    /// With the replica sets' shared record (see [`Served::shared`]).
-    pub fn sharing(
-        mut self,
-        shared: Option<(Arc<dyn crate::store::SharedRecord>, String)>,
-    ) -> Served {
-        self.shared = shared;
+    /// With the daemon's store and its replica sets' shared record, if it
+    /// keeps one (see [`Served::shared`]).
+    pub fn sharing(mut self, store: &Arc<crate::store::Store>) -> Served {
+        self.shared = store.shared();
+        self.store = Some(store.clone());
         self
     }
 
@@ -248,10 +251,80 @@ impl Served {
                     "volume {volume} here is a replica of node {front}'s, not of node {peer}'s"
                 ),
             )),
+            // This node's front end, taken over by `peer` while its daemon
+            // lived (a pod moved with both nodes up): made `peer`'s replica
+            // now, rather than at its next open, unless a client still has
+            // it attached (its writes are refused: the generation).
+            None if !self.exports.contains(volume)
+                && self
+                    .store
+                    .as_ref()
+                    .and_then(|st| demote(&self.pool, st, volume))
+                    .is_some_and(|front| front == peer) =>
+            {
+                Ok(())
+            }
             None => Err(IoError::new(
                 IoErrorKind::Invalid,
                 format!("volume {volume} is this node's own, not a replica of node {peer}'s"),
             )),
+        }
+    }
+}
+
+/// This node's front end of `volume` was taken over: if the shared record
+/// names another node's front end, as its first replica, and this node
+/// among its replicas ([`crate::store::SharedSet::took_over_from`]), this
+/// node's volume becomes that front end's replica (labelled so, as are the
+/// snapshots it made as the front end; its replica set and export
+/// forgotten here), which the new front end rebuilds. The
+/// new front end's node when done; None when the record says otherwise, or
+/// cannot be read or acted on (logged: the next open, or the new front
+/// end's next session, tries again).
+pub fn demote(
+    pool: &lamina_engine::Pool,
+    store: &crate::store::Store,
+    volume: &str,
+) -> Option<String> {
+    let (shared, me) = store.shared()?;
+    let rec = match shared.read(volume) {
+        Ok(Some(r)) => r,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(volume, error = %e, "the shared record of a volume taken over cannot be read");
+            return None;
+        }
+    };
+    if !rec.took_over_from(&me) {
+        return None;
+    }
+    let done = (|| -> Result<(), crate::ServerError> {
+        // Its snapshots, made while it was the front end, are the volume's:
+        // the new front end's to delete from now on (as those made for it
+        // are), labelled first, the volume last, so a demotion cut off is
+        // done again whole.
+        let live = format!("{volume}@{}", pool.volume_info_by_name(volume)?.id);
+        for s in pool.list_snapshots(&live)? {
+            if s.system || s.labels.iter().any(|(k, _)| k == REPLICA_OF) {
+                continue;
+            }
+            let mut labels = s.labels.clone();
+            labels.push((REPLICA_OF.to_string(), rec.front_end.clone()));
+            pool.set_snapshot_labels(&live, &s.name, &labels)?;
+        }
+        relabel(pool, volume, Some(&rec.front_end))?;
+        store.remove_export(volume)?;
+        store.forget_replica_set(volume)?;
+        Ok(())
+    })();
+    match done {
+        Ok(()) => {
+            tracing::warn!(volume, front_end = %rec.front_end, generation = rec.generation, "this node's front end was taken over: its volume is now that front end's replica");
+            Some(rec.front_end)
+        }
+        Err(e) => {
+            tracing::warn!(volume, error = %e, "a volume taken over could not be made the new front end's replica");
+            None
         }
     }
 }

@@ -151,7 +151,7 @@ impl State {
                     exports.clone(),
                     tokio::runtime::Handle::current(),
                 )
-                .sharing(store.shared()),
+                .sharing(&store),
             ));
             // A pull's Answer names the other replicas holding a snapshot.
             source.serve_holders(Arc::new(crate::holders::Known::new(

@@ -19,6 +19,30 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
 
+/// A snapshot a CSI id names, where it is held now.
+pub(crate) struct FoundSnapshot {
+    pub node: Picked,
+    pub snapshot: api::Snapshot,
+    /// For a snapshot of a volume taken over since: the ids CSI knows it
+    /// and its volume by (the snapshot's as asked; the volume's as made),
+    /// which the answers keep.
+    pub asked: Option<(String, Option<String>)>,
+}
+
+impl FoundSnapshot {
+    /// The snapshot as CSI sees it.
+    pub(crate) fn csi(&self, nodes: &NodeSet) -> Snapshot {
+        let mut out = csi_snapshot(nodes.qualifier(&self.node.name), &self.snapshot);
+        if let Some((id, volume)) = &self.asked {
+            out.snapshot_id = id.clone();
+            if let Some(v) = volume {
+                out.source_volume_id = v.clone();
+            }
+        }
+        out
+    }
+}
+
 /// The size of a volume asked for without a capacity: 1 GiB.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
@@ -136,25 +160,70 @@ impl ControllerService {
         }
     }
 
-    /// The snapshot a CSI id names, if it still exists.
+    /// The snapshot a CSI id names, if it still exists, and the node whose
+    /// daemon holds it as a snapshot of its own volume: the named node's,
+    /// unless that volume was taken over by another node since (it is a
+    /// replica now, label `lamina.io/replica-of`): then the new front end's
+    /// snapshot of that name, which every replica took at the same point
+    /// (absent there: deleted through it). UNAVAILABLE when the named node,
+    /// or that front end, does not answer.
     pub(crate) async fn snapshot_by_id(
         &self,
         sid: &SnapshotId,
-    ) -> Result<Option<api::Snapshot>, Status> {
+    ) -> Result<Option<FoundSnapshot>, Status> {
         let filter = api::SnapshotFilter {
             name: Some(sid.name.clone()),
             id: Some(sid.id),
             ..Default::default()
         };
-        let found = self
-            .node(sid.node.as_deref())?
+        let named = self.node(sid.node.as_deref())?;
+        let found = named
             .client
             .find_snapshots(&filter)
             .await
-            .map_err(|e| from_client(&e))?;
-        Ok(found
+            .map_err(|e| from_client(&e))?
             .into_iter()
-            .find(|s| s.volume == sid.volume && !s.system))
+            .find(|s| s.volume == sid.volume && !s.system);
+        let Some(s) = found else { return Ok(None) };
+        let front = match named.client.get_volume(&s.volume).await {
+            Ok(v) if v.id == s.volume_id && !s.volume_deleted => {
+                v.labels.get(api::REPLICA_OF_LABEL).cloned()
+            }
+            _ => None,
+        };
+        let Some(front) = front else {
+            return Ok(Some(FoundSnapshot {
+                node: named,
+                snapshot: s,
+                asked: None,
+            }));
+        };
+        let f = self.node(Some(&front))?;
+        let v = f.client.get_volume(&s.volume).await.map_err(|e| {
+            Status::unavailable(format!(
+                "snapshot {sid}'s volume was taken over by node {front}, which does not answer for it: {e}"
+            ))
+        })?;
+        if crate::ids::is_replica(&v) {
+            return Err(Status::unavailable(format!(
+                "snapshot {sid}'s volume was taken over by node {front}, whose volume of that name is another node's replica"
+            )));
+        }
+        let there = f
+            .client
+            .list_snapshots(&v.name)
+            .await
+            .map_err(|e| from_client(&e))?
+            .into_iter()
+            .find(|x| x.name == s.name && x.volume_id == v.id && !x.system);
+        Ok(there.map(|snapshot| FoundSnapshot {
+            node: f,
+            snapshot,
+            asked: Some((
+                sid.to_string(),
+                v.labels.get(api::CSI_VOLUME_ID_LABEL).cloned(),
+            )),
+        }))
     }
 }
 

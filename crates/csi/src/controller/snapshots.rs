@@ -196,10 +196,10 @@ impl ControllerService {
             return Ok(DeleteSnapshotResponse {});
         };
         let _g = self.lock(&format!("snapshot/{}", id.name)).await;
-        let node = self.node(id.node.as_deref())?;
-        let Some(s) = self.snapshot_by_id(&id).await? else {
+        let Some(found) = self.snapshot_by_id(&id).await? else {
             return Ok(DeleteSnapshotResponse {});
         };
+        let (node, s) = (found.node, found.snapshot);
         if let Some(x) = &s.export {
             if x.connections > 0 {
                 return Err(Status::failed_precondition(format!(
@@ -238,6 +238,9 @@ impl ControllerService {
         // The source volume asked for, where it is served now: (node, its
         // volume there).
         let mut source: Option<(String, api::Volume)> = None;
+        // The snapshot asked for by id, of a volume taken over since: the
+        // ids it is known by.
+        let mut asked: Option<(String, Option<String>)> = None;
         if !req.source_volume_id.is_empty() {
             if let Some(id) = VolumeId::parse(&req.source_volume_id) {
                 source = self.volume_by_id(&id).await?.map(|(n, v)| (n.name, v));
@@ -245,9 +248,10 @@ impl ControllerService {
         }
         if !req.snapshot_id.is_empty() {
             if let Some(id) = SnapshotId::parse(&req.snapshot_id) {
-                let node = self.node(id.node.as_deref())?;
-                let s = self.snapshot_by_id(&id).await?;
-                found.push((node.name, s.into_iter().collect()));
+                if let Some(f) = self.snapshot_by_id(&id).await? {
+                    asked = f.asked.clone();
+                    found.push((f.node.name, vec![f.snapshot]));
+                }
             }
         } else if !req.source_volume_id.is_empty() {
             if let Some((node, v)) = &source {
@@ -295,7 +299,13 @@ impl ControllerService {
                 if s.system || !of_source(&node, &s) {
                     continue;
                 }
-                let snapshot = csi_snapshot(q.clone(), &s);
+                let mut snapshot = csi_snapshot(q.clone(), &s);
+                if let Some((id, volume)) = &asked {
+                    snapshot.snapshot_id = id.clone();
+                    if let Some(v) = volume {
+                        snapshot.source_volume_id = v.clone();
+                    }
+                }
                 let entry = list_snapshots_response::Entry {
                     snapshot: Some(match &source {
                         Some((_, v)) => of_volume(snapshot, v),
@@ -326,10 +336,9 @@ impl ControllerService {
             ))
         };
         let id = SnapshotId::parse(&req.snapshot_id).ok_or_else(not_found)?;
-        let node = self.node(id.node.as_deref())?;
-        let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
+        let found = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
         Ok(GetSnapshotResponse {
-            snapshot: Some(csi_snapshot(self.nodes.qualifier(&node.name), &s)),
+            snapshot: Some(found.csi(&self.nodes)),
         })
     }
 }

@@ -625,9 +625,8 @@ impl ControllerService {
                     ))
                 };
                 let id = SnapshotId::parse(snapshot_id).ok_or_else(not_found)?;
-                let node = self.node(id.node.as_deref())?;
-                let s = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
-                Ok(Resolved::Snapshot(s, node))
+                let found = self.snapshot_by_id(&id).await?.ok_or_else(not_found)?;
+                Ok(Resolved::Snapshot(found.snapshot, found.node))
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
                 let not_found = || {

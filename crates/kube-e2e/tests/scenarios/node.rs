@@ -80,6 +80,63 @@ impl NodePlugin {
     }
 }
 
+impl NodePlugin {
+    /// A guard that, unless [`Staged::done`] is called, unpublishes and
+    /// unstages `volume_id` (at `target`, if published, and `staging`) when
+    /// dropped: a scenario that fails midway leaves no mount or device
+    /// behind it to hold kube-env's teardown.
+    pub fn staged(&self, volume_id: &str, staging: &Path, target: Option<&Path>) -> Staged<'_> {
+        Staged {
+            plugin: self,
+            volume_id: volume_id.to_string(),
+            staging: path(staging),
+            target: target.map(path),
+            armed: true,
+        }
+    }
+}
+
+/// See [`NodePlugin::staged`].
+pub struct Staged<'a> {
+    plugin: &'a NodePlugin,
+    volume_id: String,
+    staging: String,
+    target: Option<String>,
+    armed: bool,
+}
+
+impl Staged<'_> {
+    /// Unstaged by the scenario itself: nothing left to undo.
+    pub fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut c = self.plugin.client.clone();
+        if let Some(t) = &self.target {
+            let _ = self
+                .plugin
+                .rt
+                .block_on(c.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                    volume_id: self.volume_id.clone(),
+                    target_path: t.clone(),
+                }));
+        }
+        let _ = self
+            .plugin
+            .rt
+            .block_on(c.node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: self.volume_id.clone(),
+                staging_target_path: self.staging.clone(),
+            }));
+    }
+}
+
 impl Drop for NodePlugin {
     fn drop(&mut self) {
         // SAFETY: kill(2) of our own child, not reaped yet.

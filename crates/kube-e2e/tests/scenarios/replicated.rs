@@ -789,6 +789,11 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             .filter(|g| *g >= 1))
     })?;
 
+    // A VolumeSnapshot through node 1's front end: its id names node 1.
+    env.apply(&volume_snapshot(ns, "before", "data", "lamina"))?;
+    env.wait_snapshot_ready(ns, "before", T)?;
+    let (_, before, _) = env.engine_snapshot(ns, "before")?;
+
     let node1 = env.stop("lamina", libc::SIGKILL)?;
     // Kubelet's part on the other node, block access.
     let plugin = crate::node::NodePlugin::start(&node_x, &other, "front-end-moved")?;
@@ -824,6 +829,7 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
         volume_id: handle.clone(),
         staging_target_path: crate::node::path(&staging),
     };
+    let guard = plugin.staged(&handle, &staging, Some(&target));
     plugin
         .rt
         .block_on(csi_node.node_stage_volume(stage.clone()))
@@ -932,6 +938,24 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     env.lamina(&["snapshot", "detach", &vol, "moved"])?;
     cmp.context("node 1's rebuilt replica differs from the new front end's")?;
     pattern.context("node 1's rebuilt replica")?;
+    // The snapshot taken before the takeover, deleted through its id
+    // (node 1's, where it is a replica's now): the front end deletes it,
+    // on every replica.
+    env.kubectl(&[
+        "delete",
+        "-n",
+        ns,
+        "volumesnapshot",
+        "before",
+        "--wait=true",
+    ])?;
+    for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
+        wait(&format!("snapshot {before} deleted on {n}"), T, |last| {
+            let list = on.lamina(&["snapshot", "list", &vol])?;
+            *last = list.clone();
+            Ok((!list.contains(&before)).then_some(()))
+        })?;
+    }
     // The pod gone and back on the same node: its handle still names the
     // volume there, whose pool id is that node's own.
     for round in ["", ", again"] {
@@ -959,7 +983,51 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             crate::env::qemu_io(&device, "read -P 0x72 0 4M").context("the data staged again")?;
         }
     }
+    guard.done();
     drop(plugin);
+    // The pod moved back to node 1, both nodes up: node 1 takes the volume
+    // over again, and node X, whose daemon lives on with the volume
+    // detached, is made node 1's replica as soon as node 1's front end
+    // reaches it, and rebuilt.
+    let back = crate::node::NodePlugin::start(env, NODE_ID, "front-end-moved-back")?;
+    let mut csi_back = back.client.clone();
+    let staging = back.work.path().join("staging");
+    let stage_back = NodeStageVolumeRequest {
+        staging_target_path: crate::node::path(&staging),
+        ..stage
+    };
+    let guard = back.staged(&handle, &staging, None);
+    back.rt
+        .block_on(csi_back.node_stage_volume(stage_back.clone()))
+        .context("NodeStageVolume back on node 1")?;
+    let rec = shared_record(env, &vol)?;
+    ensure!(
+        // Each open of a front end takes a generation: node X's took
+        // g + 1 and one more when staged again.
+        rec["frontEnd"] == NODE_ID && rec["generation"].as_u64() > Some(g + 2),
+        "the shared record after the move back: {rec}"
+    );
+    wait(
+        "node X's volume made node 1's replica and rebuilt, with no restart",
+        Duration::from_secs(120),
+        |last| {
+            let all = replicas(env, &vol)?;
+            let there = node_x.lamina_json(&["volume", "get", &vol])?;
+            *last = format!("{all:?} {}", there["labels"]);
+            Ok((all.len() == 2
+                && all.iter().all(|(_, s)| s == "healthy")
+                && there["labels"]["lamina.io/replica-of"] == NODE_ID)
+                .then_some(()))
+        },
+    )?;
+    back.rt
+        .block_on(csi_back.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: handle.clone(),
+            staging_target_path: crate::node::path(&staging),
+        }))
+        .context("NodeUnstageVolume on node 1")?;
+    guard.done();
+    drop(back);
     env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
     for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
         wait(&format!("the volume deleted on {n}"), T, |last| {
