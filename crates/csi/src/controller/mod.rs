@@ -111,7 +111,7 @@ impl ControllerService {
     /// The volume a CSI id names, if it still exists, and the node whose
     /// daemon serves it now: the node the id names, holding a volume of its
     /// own of that name and pool id; or, for a replicated volume taken over
-    /// since (docs/csi.md, "Replicated volumes"), the node whose volume of
+    /// since (docs/csi.md, "Replicas"), the node whose volume of
     /// that name carries the id in its label. The named node's volume, a
     /// replica now, names that node; when it does not (the named node does
     /// not answer, or lost its volume), every other node is asked. A taken

@@ -160,7 +160,7 @@ impl NodeService {
 
     /// The volume's pod moved to this node, which holds one of its
     /// replicas: this node's daemon takes the volume over (docs/csi.md,
-    /// "Replicated volumes"; it checks in the shared record that this
+    /// "Replicas"; it checks in the shared record that this
     /// replica holds every acknowledged write, and fences the old front
     /// end). The replica is first labelled with the CSI id (and the
     /// replica count the StorageClass asks for, from the volume context),
