@@ -17,8 +17,8 @@
 //!   its front end uses from its next connection;
 //! * a replica faulted for longer than the replacement delay, on a node
 //!   silent for as long (its daemon does not answer, or its node Secret is
-//!   gone), or a replica still healthy on a node silent for as long (its
-//!   front end sent it nothing since: a detached volume): it is replaced, removed from the volume and a new one added on
+//!   gone), or a detached volume's replica still healthy on a node silent
+//!   for as long (its front end sent it nothing since): it is replaced, removed from the volume and a new one added on
 //!   another node that answers, holds no replica of the volume, has a
 //!   transfer address and has the most free space (a full sparse copy).
 //!
@@ -155,9 +155,12 @@ pub fn plan(
                 match x.state {
                     api::ReplicaState::Faulted => {}
                     // Healthy as far as its front end knows, which has sent
-                    // it nothing since its node went (a detached volume):
-                    // replaced once its node has been silent long enough.
-                    api::ReplicaState::Healthy if silent.is_some_and(|s| s >= after) => {
+                    // it nothing since its node went (a detached volume:
+                    // one in use faults it at its next write): replaced once
+                    // its node has been silent long enough.
+                    api::ReplicaState::Healthy
+                        if v.export.is_none() && silent.is_some_and(|s| s >= after) =>
+                    {
                         let candidates = candidates();
                         if candidates.is_empty() {
                             continue;
@@ -500,8 +503,11 @@ mod tests {
             replica("b", Healthy, T0),
             replica("c", Healthy, T0),
         ];
-        let detached = [("a".to_string(), vec![volume(false, r)])];
+        let detached = [("a".to_string(), vec![volume(false, r.clone())])];
         assert_eq!(plan(&detached, &nodes(down(60)), t0 + 3600, after), []);
+        // In use: left to its front end, which faults it at its next write.
+        let attached = [("a".to_string(), vec![volume(true, r)])];
+        assert_eq!(plan(&attached, &nodes(down(600)), t0 + 600, after), []);
         assert_eq!(
             plan(&detached, &nodes(down(600)), t0 + 600, after),
             [Step::Replace {
