@@ -152,46 +152,32 @@ pub fn plan(
             for x in r.replicas.iter().filter(|x| &x.node != front) {
                 let node = nodes.get(&x.node);
                 let silent = node.map_or(Some(Duration::MAX), |n| n.silent_for);
-                match x.state {
-                    api::ReplicaState::Faulted => {}
+                let gone_long = silent.is_some_and(|s| s >= after);
+                let replace = match x.state {
+                    api::ReplicaState::Faulted if node.is_some_and(|n| n.answers) => {
+                        if v.export.is_none() {
+                            out.push(Step::Rebuild {
+                                front: front.clone(),
+                                volume: v.name.clone(),
+                                node: x.node.clone(),
+                            });
+                            break;
+                        }
+                        continue;
+                    }
+                    api::ReplicaState::Faulted => {
+                        let faulted_for = unix(&x.since)
+                            .map(|s| now.saturating_sub(s).max(0) as u64)
+                            .unwrap_or(0);
+                        Duration::from_secs(faulted_for) >= after && gone_long
+                    }
                     // Healthy as far as its front end knows, which has sent
                     // it nothing since its node went (a detached volume:
-                    // one in use faults it at its next write): replaced once
-                    // its node has been silent long enough.
-                    api::ReplicaState::Healthy
-                        if v.export.is_none() && silent.is_some_and(|s| s >= after) =>
-                    {
-                        let candidates = candidates();
-                        if candidates.is_empty() {
-                            continue;
-                        }
-                        out.push(Step::Replace {
-                            front: front.clone(),
-                            volume: v.name.clone(),
-                            gone: x.node.clone(),
-                            candidates,
-                        });
-                        break;
-                    }
-                    _ => continue,
-                }
-                if node.is_some_and(|n| n.answers) {
-                    if v.export.is_none() {
-                        out.push(Step::Rebuild {
-                            front: front.clone(),
-                            volume: v.name.clone(),
-                            node: x.node.clone(),
-                        });
-                        break;
-                    }
-                    continue;
-                }
-                let faulted_for = unix(&x.since)
-                    .map(|s| now.saturating_sub(s).max(0) as u64)
-                    .unwrap_or(0);
-                let long =
-                    Duration::from_secs(faulted_for) >= after && silent.is_some_and(|s| s >= after);
-                if !long {
+                    // one in use faults it at its next write).
+                    api::ReplicaState::Healthy => v.export.is_none() && gone_long,
+                    api::ReplicaState::Rebuilding => false,
+                };
+                if !replace {
                     continue;
                 }
                 let candidates = candidates();

@@ -407,15 +407,17 @@ fn a_pool_is_opened_by_one_owner_at_a_time() {
     Pool::open_dir(dir.path(), opts).unwrap().close().unwrap();
 }
 
+/// Labels from pairs.
+fn l(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[test]
 fn volume_labels_are_kept_replaced_and_survive_a_crash() {
     let (d, p) = pool();
-    let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    };
     let v = p
         .create_volume_labelled("db", 1 << 20, &l(&[("tier", "gold"), ("app", "shop")]))
         .unwrap();
@@ -450,12 +452,6 @@ fn volume_labels_are_kept_replaced_and_survive_a_crash() {
 #[test]
 fn snapshot_labels_are_replaced_alone_and_survive_a_crash() {
     let (d, p) = pool();
-    let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    };
     p.create_volume("v", 1 << 20).unwrap();
     fill(&p, "v", 0..2, 1);
     let s = p.create_snapshot("v", "s", &l(&[("a", "1")])).unwrap();
