@@ -1,8 +1,10 @@
 //! `lamina node register`: a storage node announces its daemon to Lamina's
 //! controllers by writing its node Secret (crates/node-secrets owns the
-//! format). It talks to the Kubernetes API, not to a daemon, so it has its
-//! own flags, parsed apart from the API commands' (whose global --endpoint
-//! would clash with the endpoint it registers).
+//! format); and `lamina node ensure-ca`: it gets the cluster's transfer CA
+//! from its Secret, made there by the first node to find none. Both talk
+//! to the Kubernetes API, not to a daemon, so they have their own flags,
+//! parsed apart from the API commands' (whose global --endpoint would
+//! clash with the endpoint it registers).
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -45,6 +47,39 @@ enum NodeCmd {
         #[arg(long, value_name = "UID", requires = "owner_pod")]
         owner_uid: Option<String>,
     },
+    /// Write the cluster's transfer CA (ca.crt, ca.key) from Secret NAME into
+    /// DIR, making it first if there is none: nodes starting at once end with
+    /// one CA (the first Secret made). DIR is what `lamina certs issue --ca` takes.
+    EnsureCa {
+        /// The CA's Secret.
+        #[arg(long, value_name = "NAME")]
+        secret: String,
+        /// Lamina's namespace [default: POD_NAMESPACE, else the kubeconfig's namespace].
+        #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+        namespace: Option<String>,
+        /// Where ca.crt and ca.key go (created if absent; files there replaced).
+        dir: PathBuf,
+    },
+}
+
+/// Write `bytes` to `path` through a file beside it, renamed over it: a
+/// reader sees the old file or the new one. `secret`: readable by the owner
+/// alone.
+fn replace_file(path: &std::path::Path, bytes: &[u8], secret: bool) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))
 }
 
 /// `lamina node ARGS...`; `args` starts with the program name.
@@ -104,6 +139,44 @@ async fn run(cmd: NodeCmd) -> Result<()> {
             );
             Ok(())
         }
+        NodeCmd::EnsureCa {
+            secret,
+            namespace,
+            dir,
+        } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
+            let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+            let api = kube::Api::namespaced(client, &ns);
+            // Made only if the Secret has none: in a scratch directory of
+            // DIR, as `lamina certs create-ca` makes one, then read back.
+            let make = || -> std::result::Result<(Vec<u8>, Vec<u8>), String> {
+                let scratch = dir.join(".made");
+                let _ = std::fs::remove_dir_all(&scratch);
+                let read = |f: &str| std::fs::read(scratch.join(f)).map_err(|e| e.to_string());
+                let made = lamina_transfer::certs::create_ca(&scratch)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        Ok((
+                            read(lamina_node_secrets::KEY_CA_CERT)?,
+                            read(lamina_node_secrets::KEY_CA_KEY)?,
+                        ))
+                    });
+                let _ = std::fs::remove_dir_all(&scratch);
+                made
+            };
+            let ca = lamina_node_secrets::ensure_ca(&api, &ns, &secret, make).await?;
+            replace_file(&dir.join(lamina_node_secrets::KEY_CA_CERT), &ca.cert, false)?;
+            replace_file(&dir.join(lamina_node_secrets::KEY_CA_KEY), &ca.key, true)?;
+            crate::output::outln!(
+                "the cluster CA from Secret {ns}/{secret} ({}) in {}",
+                if ca.made { "made now" } else { "found" },
+                dir.display()
+            );
+            Ok(())
+        }
     }
 }
 
@@ -128,7 +201,10 @@ mod tests {
         let c = NodeCli::try_parse_from(base).unwrap();
         let NodeCmd::Register {
             node, owner_pod, ..
-        } = c.cmd;
+        } = c.cmd
+        else {
+            panic!("not register: {:?}", c.cmd)
+        };
         assert_eq!((node.as_str(), owner_pod), ("n1", None));
         // an owner needs both its name and its uid
         let mut half = base.to_vec();

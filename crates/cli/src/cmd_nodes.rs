@@ -32,6 +32,12 @@ pub enum NodeCmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The cluster's transfer CA from its Secret in Kubernetes, made there first if there is none (its own flags: `lamina node ensure-ca --help`).
+    EnsureCa {
+        /// Its flags, e.g. --secret NAME DIR.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 pub async fn run(ctx: &Ctx, cmd: NodeCmd) -> Result<()> {
@@ -67,11 +73,14 @@ pub async fn run(ctx: &Ctx, cmd: NodeCmd) -> Result<()> {
                 }
             })
         }
-        // main parses `node register` apart, before the client is made.
-        NodeCmd::Register { .. } => anyhow::bail!(crate::failure::Failure::new(
-            "`lamina node register` takes its own options after the words node register"
-                .to_string(),
-            Some("see `lamina node register --help`".into()),
-        )),
+        // main parses `node register` and `node ensure-ca` apart, before
+        // the client is made.
+        NodeCmd::Register { .. } | NodeCmd::EnsureCa { .. } => {
+            anyhow::bail!(crate::failure::Failure::new(
+                "`lamina node register` and `lamina node ensure-ca` take their own options after their words"
+                    .to_string(),
+                Some("see `lamina node register --help`, `lamina node ensure-ca --help`".into()),
+            ))
+        }
     }
 }

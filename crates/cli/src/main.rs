@@ -153,7 +153,7 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Other Lamina nodes this daemon reaches by name; and `register`, this storage node's registration with Lamina's controllers.
+    /// Other Lamina nodes this daemon reaches by name; and `register`, this storage node's registration with Lamina's controllers, and `ensure-ca`, the cluster's transfer CA from its Secret.
     Node {
         #[command(subcommand)]
         cmd: cmd_nodes::NodeCmd,
@@ -214,7 +214,11 @@ fn main() {
         }
         return;
     }
-    if args.get(1).is_some_and(|a| a == "node") && args.get(2).is_some_and(|a| a == "register") {
+    if args.get(1).is_some_and(|a| a == "node")
+        && args
+            .get(2)
+            .is_some_and(|a| a == "register" || a == "ensure-ca")
+    {
         init_tracing("warn");
         if let Err(e) = cmd_node::main(args) {
             eprintln!("error: {e:#}");
@@ -297,10 +301,10 @@ fn run(
         )),
         Cmd::Crds => cmd_controller::crds(),
         Cmd::Node {
-            cmd: cmd_nodes::NodeCmd::Register { .. },
+            cmd: cmd_nodes::NodeCmd::Register { .. } | cmd_nodes::NodeCmd::EnsureCa { .. },
         } => anyhow::bail!(Failure::new(
-            "`lamina node register` takes its own options after the words node register".to_string(),
-            Some("run it as `lamina node register --node NAME ...` (see `lamina node register --help`)".into()),
+            "`lamina node register` and `lamina node ensure-ca` take their own options after their words".to_string(),
+            Some("run them as `lamina node register --node NAME ...` or `lamina node ensure-ca --secret NAME DIR` (see their --help)".into()),
         )),
         Cmd::ScheduleController { .. } => anyhow::bail!(Failure::new(
             "`lamina schedule-controller` takes its own options after its name".to_string(),

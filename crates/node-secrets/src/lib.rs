@@ -5,10 +5,14 @@
 //! owns the format: a node writing its own Secret (`register`, for `lamina
 //! node register` in the node pods), reading one, and watching the whole
 //! set (the Kubernetes controllers and the CSI controller), so it is written
-//! once. It must not make daemon clients or act on a node: what a node set
-//! means is its users' business.
+//! once. It also owns the other Secret the node pods share: the cluster's
+//! transfer CA, made once by the first node to find none ([`ensure_ca`]).
+//! It must not make daemon clients or act on a node, nor make certificates
+//! (its callers hand it a CA): what a node set means is its users' business.
 
+mod ca;
 mod register;
+pub use ca::{ca_of, ensure_ca, Ca, CaError, KEY_CA_CERT, KEY_CA_KEY};
 pub use register::{
     check, check_node_name, node_secret, register, secret_name, OwnerPod, RegisterError,
     FIELD_MANAGER, SECRET_PREFIX,

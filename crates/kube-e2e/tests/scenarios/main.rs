@@ -21,6 +21,7 @@ mod cross_node;
 mod env;
 mod full_clone;
 mod groups;
+mod install;
 mod namespaces;
 mod node;
 mod pods;
@@ -81,6 +82,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         replicated::degraded_snapshot_restore,
     ),
     ("front-end-moved", replicated::front_end_moved),
+    ("node-ca-made-once", install::ca_made_once),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     ("scale-100-replicated-pvcs", scale::hundred_replicated_pvcs),
@@ -99,6 +101,7 @@ const THREE_NODES: &[&str] = &[
     "api-server-cut",
     "degraded-snapshot-restore",
     "front-end-moved",
+    "node-ca-made-once",
     "scale-100-replicated-pvcs",
 ];
 /// How long a replica is faulted on a silent node before Lamina's
