@@ -45,7 +45,7 @@ pub enum CaError {
         namespace: String,
         secret: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -77,7 +77,7 @@ pub async fn ensure_ca(
             what,
             namespace: namespace.to_string(),
             secret: name.to_string(),
-            source,
+            source: Box::new(source),
         }
     };
     let found = |s: &Secret| {
