@@ -21,12 +21,10 @@ pub struct Served {
     /// Drawn once, with the pool open for the daemon's life: what its
     /// volumes' instances are made from (none if it could not be drawn).
     drawn: Option<u64>,
-    /// The replica sets' shared record, and this node's name: a front end
-    /// that took a volume over is recognised there (docs/replicas.md,
-    /// "Taking a volume over").
-    shared: Option<(Arc<dyn crate::store::SharedRecord>, String)>,
-    /// The daemon's store, with the shared record: this node's own volume
-    /// taken over by another node is made its replica (see [`demote`]).
+    /// The daemon's store, with the replica sets' shared record, if it keeps
+    /// one: a front end that took a volume over is recognised there
+    /// (docs/replicas.md, "Taking a volume over"), and this node's own
+    /// volume taken over by another node is made its replica ([`demote`]).
     store: Option<Arc<crate::store::Store>>,
 }
 
@@ -52,15 +50,12 @@ impl Served {
             exports,
             runtime,
             drawn,
-            shared: None,
             store: None,
         }
     }
 
-    /// With the daemon's store and its replica sets' shared record, if it
-    /// keeps one (see [`Served::shared`]).
+    /// With the daemon's store (and its shared record).
     pub fn sharing(mut self, store: &Arc<crate::store::Store>) -> Served {
-        self.shared = store.shared();
         self.store = Some(store.clone());
         self
     }
@@ -70,7 +65,7 @@ impl Served {
     /// and this node among the replicas (`peer` took the volume over: docs/replicas.md), and
     /// relabelled `peer`'s from then on.
     fn adopt(&self, volume: &str, front: &str, peer: &str) -> Result<bool, IoError> {
-        let Some((shared, me)) = &self.shared else {
+        let Some((shared, me)) = self.store.as_ref().and_then(|st| st.shared()) else {
             return Ok(false);
         };
         let rec = match shared.read(volume) {
@@ -83,7 +78,7 @@ impl Served {
                 ))
             }
         };
-        if rec.front_end != peer || !rec.took_over_from(me) {
+        if rec.front_end != peer || !rec.took_over_from(&me) {
             return Ok(false);
         }
         relabel(&self.pool, volume, Some(peer)).map_err(engine_error)?;
