@@ -150,9 +150,14 @@ pub async fn serve(opts: Options, shutdown: impl Future<Output = ()>) -> Result<
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     // The freeze service goes with the node service (its freezes' holds
-    // with it: a plugin started again thaws what they held).
+    // with it: a plugin started again thaws what they held). Awaited, so
+    // that its listener is closed and its socket unlinked before this
+    // returns: a plugin served next in the same process would otherwise
+    // find the old socket still answering, take it for another plugin's
+    // and serve no freezes.
     if let Some(f) = freezes {
         f.abort();
+        let _ = f.await;
     }
     let _ = std::fs::remove_file(&path);
     Ok(())
