@@ -1,7 +1,9 @@
 //! `lamina node register`: a storage node announces its daemon to Lamina's
 //! controllers by writing its node Secret (crates/node-secrets owns the
 //! format); and `lamina node ensure-ca`: it gets the cluster's transfer CA
-//! from its Secret, made there by the first node to find none. Both talk
+//! from its Secret, made there by the first node to find none; and `lamina
+//! node certificate`: it has cert-manager issue its transfer certificate
+//! instead, so that no node holds the CA's key. All three talk
 //! to the Kubernetes API, not to a daemon, so they have their own flags,
 //! parsed apart from the API commands' (whose global --endpoint would
 //! clash with the endpoint it registers).
@@ -58,6 +60,38 @@ enum NodeCmd {
         #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
         namespace: Option<String>,
         /// Where ca.crt and ca.key go (created if absent; files there replaced).
+        dir: PathBuf,
+    },
+    /// Have cert-manager issue this node's transfer certificate (Certificate
+    /// lamina-transfer-NODE, from the given issuer), wait until it is issued,
+    /// and write its Secret's ca.crt, tls.crt and tls.key into DIR: what
+    /// `lamina serve --transfer-tls DIR` reads. No node holds the CA's key.
+    Certificate {
+        /// The node's name: the certificate's DNS name, which peers know it by.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// The cert-manager issuer that signs it.
+        #[arg(long, value_name = "NAME")]
+        issuer: String,
+        /// Issuer (in Lamina's namespace) or ClusterIssuer.
+        #[arg(long, value_name = "KIND", default_value = "Issuer")]
+        issuer_kind: String,
+        /// The issuer's API group.
+        #[arg(long, value_name = "GROUP", default_value = "cert-manager.io")]
+        issuer_group: String,
+        /// How long the certificate is valid, as cert-manager reads it (e.g.
+        /// 8760h) [default: the issuer's, else cert-manager's 90 days]. The
+        /// daemon reads its certificate when it starts: restart it within
+        /// that time.
+        #[arg(long, value_name = "DURATION")]
+        duration: Option<String>,
+        /// How long to wait for cert-manager to issue it.
+        #[arg(long, value_name = "DURATION", default_value = "5m")]
+        wait: humantime::Duration,
+        /// Lamina's namespace [default: POD_NAMESPACE, else the kubeconfig's namespace].
+        #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+        namespace: Option<String>,
+        /// Where ca.crt, tls.crt and tls.key go (created if absent; files there replaced).
         dir: PathBuf,
     },
 }
@@ -173,6 +207,64 @@ async fn run(cmd: NodeCmd) -> Result<()> {
             crate::output::outln!(
                 "the cluster CA from Secret {ns}/{secret} ({}) in {}",
                 if ca.made { "made now" } else { "found" },
+                dir.display()
+            );
+            Ok(())
+        }
+        NodeCmd::Certificate {
+            node,
+            issuer,
+            issuer_kind,
+            issuer_group,
+            duration,
+            wait,
+            namespace,
+            dir,
+        } => {
+            // Checked before connecting: a bad name is refused whether or
+            // not the API server answers.
+            lamina_node_secrets::check_node_name(&node)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
+            let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+            let issuer = lamina_node_secrets::IssuerRef {
+                name: issuer,
+                kind: issuer_kind,
+                group: issuer_group,
+            };
+            let tls = lamina_node_secrets::ensure_certificate(
+                client,
+                &ns,
+                &node,
+                &issuer,
+                duration.as_deref(),
+                *wait,
+            )
+            .await?;
+            // Written beside DIR's files and renamed over them, the key
+            // first: a daemon reading DIR meanwhile sees old or new files.
+            use lamina_transfer::{CA_FILE, CERT_FILE, KEY_FILE};
+            replace_file(&dir.join(KEY_FILE), &tls.key, true)?;
+            replace_file(&dir.join(CERT_FILE), &tls.cert, false)?;
+            replace_file(&dir.join(CA_FILE), &tls.ca, false)?;
+            // What the daemon will read: it must load, and name this node
+            // (an issuer may put other names first).
+            let id = lamina_transfer::Identity::load(&dir)
+                .with_context(|| format!("the certificate cert-manager issued for node {node}"))?;
+            anyhow::ensure!(
+                id.node() == node,
+                "the certificate cert-manager issued (Secret {ns}/{}) names node {:?} first, not {node:?}: the issuer {} rewrote its DNS names",
+                lamina_node_secrets::certificate_name(&node),
+                id.node(),
+                issuer.name
+            );
+            crate::output::outln!(
+                "node {node}'s transfer certificate from {} {} (Secret {ns}/{}) in {}",
+                issuer.kind,
+                issuer.name,
+                lamina_node_secrets::certificate_name(&node),
                 dir.display()
             );
             Ok(())

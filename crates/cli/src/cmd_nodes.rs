@@ -38,6 +38,12 @@ pub enum NodeCmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// This node's transfer certificate issued by cert-manager (its own flags: `lamina node certificate --help`).
+    Certificate {
+        /// Its flags, e.g. --node NAME --issuer NAME DIR.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 pub async fn run(ctx: &Ctx, cmd: NodeCmd) -> Result<()> {
@@ -73,13 +79,13 @@ pub async fn run(ctx: &Ctx, cmd: NodeCmd) -> Result<()> {
                 }
             })
         }
-        // main parses `node register` and `node ensure-ca` apart, before
-        // the client is made.
-        NodeCmd::Register { .. } | NodeCmd::EnsureCa { .. } => {
+        // main parses `node register`, `node ensure-ca` and `node
+        // certificate` apart, before the client is made.
+        NodeCmd::Register { .. } | NodeCmd::EnsureCa { .. } | NodeCmd::Certificate { .. } => {
             anyhow::bail!(crate::failure::Failure::new(
-                "`lamina node register` and `lamina node ensure-ca` take their own options after their words"
+                "`lamina node register`, `lamina node ensure-ca` and `lamina node certificate` take their own options after their words"
                     .to_string(),
-                Some("see `lamina node register --help`, `lamina node ensure-ca --help`".into()),
+                Some("see `lamina node register --help`, `lamina node ensure-ca --help`, `lamina node certificate --help`".into()),
             ))
         }
     }

@@ -153,7 +153,7 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Other Lamina nodes this daemon reaches by name; and `register`, this storage node's registration with Lamina's controllers, and `ensure-ca`, the cluster's transfer CA from its Secret.
+    /// Other Lamina nodes this daemon reaches by name; and `register`, this storage node's registration with Lamina's controllers, `ensure-ca`, the cluster's transfer CA from its Secret, and `certificate`, its transfer certificate from cert-manager.
     Node {
         #[command(subcommand)]
         cmd: cmd_nodes::NodeCmd,
@@ -217,7 +217,7 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "node")
         && args
             .get(2)
-            .is_some_and(|a| a == "register" || a == "ensure-ca")
+            .is_some_and(|a| a == "register" || a == "ensure-ca" || a == "certificate")
     {
         init_tracing("warn");
         if let Err(e) = cmd_node::main(args) {
@@ -301,10 +301,13 @@ fn run(
         )),
         Cmd::Crds => cmd_controller::crds(),
         Cmd::Node {
-            cmd: cmd_nodes::NodeCmd::Register { .. } | cmd_nodes::NodeCmd::EnsureCa { .. },
+            cmd:
+                cmd_nodes::NodeCmd::Register { .. }
+                | cmd_nodes::NodeCmd::EnsureCa { .. }
+                | cmd_nodes::NodeCmd::Certificate { .. },
         } => anyhow::bail!(Failure::new(
-            "`lamina node register` and `lamina node ensure-ca` take their own options after their words".to_string(),
-            Some("run them as `lamina node register --node NAME ...` or `lamina node ensure-ca --secret NAME DIR` (see their --help)".into()),
+            "`lamina node register`, `lamina node ensure-ca` and `lamina node certificate` take their own options after their words".to_string(),
+            Some("run them as `lamina node register --node NAME ...`, `lamina node ensure-ca --secret NAME DIR` or `lamina node certificate --node NAME --issuer NAME DIR` (see their --help)".into()),
         )),
         Cmd::ScheduleController { .. } => anyhow::bail!(Failure::new(
             "`lamina schedule-controller` takes its own options after its name".to_string(),

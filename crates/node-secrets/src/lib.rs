@@ -7,12 +7,19 @@
 //! set (the Kubernetes controllers and the CSI controller), so it is written
 //! once. It also owns the other Secret the node pods share: the cluster's
 //! transfer CA, made once by the first node to find none ([`ensure_ca`]).
-//! It must not make daemon clients or act on a node, nor make certificates
+//! And a node's transfer certificate when cert-manager issues it
+//! ([`ensure_certificate`]: its Certificate and the Secret cert-manager
+//! writes). It must not make daemon clients or act on a node, nor make certificates
 //! (its callers hand it a CA): what a node set means is its users' business.
 
 mod ca;
+mod certificate;
 mod register;
 pub use ca::{ca_of, ensure_ca, Ca, CaError, KEY_CA_CERT, KEY_CA_KEY};
+pub use certificate::{
+    certificate, certificate_name, ensure_certificate, issued, tls_of, CertificateError, IssuerRef,
+    NodeTls, CERTIFICATE_FIELD_MANAGER, CERTIFICATE_PREFIX, KEY_TLS_CERT, KEY_TLS_KEY,
+};
 pub use register::{
     check, check_node_name, node_secret, register, secret_name, OwnerPod, RegisterError,
     FIELD_MANAGER, SECRET_PREFIX,

@@ -7,6 +7,10 @@
 //! certificate issued from one directory verifies against another's CA
 //! (openssl); asked again, the CA is found, not made; a Secret holding no
 //! key is refused, naming the key, and left as it is.
+//!
+//! And the chart's multiNode.certManager: each node's certificate issued by
+//! cert-manager (`lamina node certificate`), as kube-env's three nodes get
+//! theirs ([`certs_from_cert_manager`]).
 
 use crate::env::{run, Env};
 use anyhow::{ensure, Context, Result};
@@ -140,6 +144,265 @@ pub fn ca_made_once(env: &Env) -> Result<()> {
     );
     for s in [SECRET, BAD] {
         env.kubectl(&["delete", "-n", "lamina", "secret", s])?;
+    }
+    Ok(())
+}
+
+/// The nodes' transfer certificates issued by cert-manager (kube-env's
+/// default with three nodes, as the chart's multiNode.certManager): the
+/// three nodes' Certificates ready, each node's files its Secret's and
+/// signed by the ClusterIssuer's CA for its name; a 3-replica volume
+/// written through node 1 is healthy on all three (replica sessions over
+/// those certificates, mutual TLS); the node ServiceAccount cannot read the
+/// CA's key; asked again, a node gets the certificate it has at once; a new
+/// node gets one; an issuer that does not exist, a bad node name and a bad
+/// issuer kind are refused with errors that say so.
+pub fn certs_from_cert_manager(env: &Env) -> Result<()> {
+    const NODES: [&str; 3] = ["kube-env-node", "kube-env-node-2", "kube-env-node-3"];
+    let node_sa = env.dir.join("node.kubeconfig");
+    let certificate = |node: &str, issuer: &str, kind: &str, dir: &std::path::Path, wait: &str| {
+        let mut c = Command::new(&env.lamina);
+        c.args(["node", "certificate", "--node", node, "--issuer", issuer])
+            .args([
+                "--issuer-kind",
+                kind,
+                "--namespace",
+                "lamina",
+                "--wait",
+                wait,
+            ])
+            .arg(dir)
+            .env("KUBECONFIG", &node_sa)
+            .stdin(Stdio::null());
+        c
+    };
+    let secret_cert = |name: &str| -> Result<Vec<u8>> {
+        let b64 = env.kubectl(&[
+            "get",
+            "-n",
+            "lamina",
+            "secret",
+            name,
+            "-o",
+            "jsonpath={.data.tls\\.crt}",
+        ])?;
+        let out = Command::new("base64")
+            .arg("-d")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
+                c.wait_with_output()
+            })?;
+        Ok(out.stdout)
+    };
+    let verify = |dir: &std::path::Path, node: &str| -> Result<()> {
+        run(Command::new("openssl")
+            .args(["verify", "-CAfile"])
+            .arg(dir.join("ca.crt"))
+            .arg(dir.join("tls.crt")))
+        .with_context(|| format!("{}'s certificate against its CA", dir.display()))?;
+        let san = run(Command::new("openssl")
+            .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+            .arg(dir.join("tls.crt")))?;
+        ensure!(
+            san.contains(&format!("DNS:{node}")),
+            "{}: names {san}, not {node}",
+            dir.display()
+        );
+        Ok(())
+    };
+
+    let listed = env.kubectl(&["get", "-n", "lamina", "certificates", "-o", "name"]);
+    ensure!(
+        listed.as_deref().is_ok_and(|l| l.contains("lamina-transfer-kube-env-node-3")),
+        "the environment's node certificates are not cert-manager's (run with KUBE_ENV_CERTS=cert-manager and three nodes): {listed:?}"
+    );
+    let mut ca = None;
+    for node in NODES {
+        let name = format!("lamina-transfer-{node}");
+        let ready = env.kubectl(&[
+            "get",
+            "-n",
+            "lamina",
+            "certificate",
+            &name,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ])?;
+        ensure!(ready == "True", "Certificate {name}: Ready is {ready:?}");
+        let dir = env.dir.join("transfer").join(node);
+        verify(&dir, node)?;
+        ensure!(
+            std::fs::read(dir.join("tls.crt"))? == secret_cert(&name)?,
+            "node {node}'s tls.crt is not its Secret's"
+        );
+        let this_ca = std::fs::read(dir.join("ca.crt"))?;
+        ensure!(
+            ca.get_or_insert_with(|| this_ca.clone()) == &this_ca,
+            "node {node} has another CA than node 1"
+        );
+    }
+
+    // Replica sessions between the three daemons over these certificates.
+    for node in &NODES[1..] {
+        let address = env.kubectl(&[
+            "get",
+            "-n",
+            "lamina",
+            "secret",
+            &format!("lamina-node-{node}"),
+            "-o",
+            "jsonpath={.data.transfer-address}",
+        ])?;
+        let address = String::from_utf8(
+            run(Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s '{}' | base64 -d", address.trim())))?
+            .into_bytes(),
+        )?;
+        env.lamina(&["node", "add", node, &address])?;
+    }
+    env.lamina(&[
+        "volume",
+        "create",
+        "cm-e2e",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "3",
+        "--replica-node",
+        NODES[1],
+        "--replica-node",
+        NODES[2],
+    ])?;
+    env.write_pattern("cm-e2e", 0x5c, "4M")?;
+    let v = env.lamina_json(&["volume", "get", "cm-e2e"])?;
+    let state = &v["replication"]["state"];
+    ensure!(state == "healthy", "the 3-replica volume is {state}: {v}");
+    env.lamina(&["volume", "delete", "cm-e2e"])?;
+
+    // The CA's key is out of the node pods' reach.
+    let can = Command::new(&env.kubectl)
+        .args(["--kubeconfig"])
+        .arg(&env.kubeconfig)
+        .args([
+            "auth",
+            "can-i",
+            "get",
+            "secret/lamina-transfer-ca",
+            "-n",
+            "cert-manager",
+        ])
+        .args(["--as", "system:serviceaccount:lamina:lamina-node"])
+        .output()?;
+    let said = String::from_utf8_lossy(&can.stdout);
+    ensure!(
+        said.trim() == "no",
+        "the node ServiceAccount may read the CA's Secret: {said}"
+    );
+
+    let work = tempfile::Builder::new().prefix("kube-env-cm-").tempdir()?;
+    // Asked again: the certificate there, at once.
+    let again = work.path().join("again");
+    let t = std::time::Instant::now();
+    run(&mut certificate(
+        NODES[1],
+        "lamina-transfer-ca",
+        "ClusterIssuer",
+        &again,
+        "20s",
+    ))?;
+    ensure!(
+        std::fs::read(again.join("tls.crt"))? == secret_cert("lamina-transfer-kube-env-node-2")?,
+        "asked again, node 2 got another certificate than its Secret's"
+    );
+    ensure!(
+        std::fs::read(again.join("tls.crt"))?
+            == std::fs::read(env.dir.join("transfer").join(NODES[1]).join("tls.crt"))?,
+        "asked again, node 2's certificate changed"
+    );
+    println!("    asked again: {:.1} s", t.elapsed().as_secs_f64());
+    let mode = std::fs::metadata(again.join("tls.key"))?
+        .permissions()
+        .mode()
+        & 0o777;
+    ensure!(mode == 0o600, "tls.key has mode {mode:o}");
+
+    // A new node.
+    let new = work.path().join("new");
+    run(&mut certificate(
+        "cm-e2e-new",
+        "lamina-transfer-ca",
+        "ClusterIssuer",
+        &new,
+        "20s",
+    ))?;
+    verify(&new, "cm-e2e-new")?;
+    ensure!(
+        std::fs::read(new.join("ca.crt"))? == ca.clone().unwrap_or_default(),
+        "the new node's CA is not the others'"
+    );
+
+    // Refused: an issuer that is not there (cert-manager's reason in the
+    // error, after the wait), a bad node name and a bad kind (before any call).
+    let out = certificate(
+        "cm-e2e-bad",
+        "no-such-issuer",
+        "Issuer",
+        &work.path().join("bad"),
+        "3s",
+    )
+    .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success()
+            && err.contains("lamina-transfer-cm-e2e-bad was not issued within 3s"),
+        "an issuer that is not there: {err}"
+    );
+    ensure!(
+        !work.path().join("bad").join("tls.key").exists(),
+        "a certificate that was not issued left a key behind"
+    );
+    for (node, kind, says) in [
+        ("Bad_Name", "Issuer", "cannot name a node Secret"),
+        (
+            "cm-e2e-kind",
+            "Certificate",
+            "must be Issuer or ClusterIssuer",
+        ),
+    ] {
+        let out = certificate(
+            node,
+            "lamina-transfer-ca",
+            kind,
+            &work.path().join("refused"),
+            "20s",
+        )
+        .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains(says),
+            "{node} ({kind}): {err}"
+        );
+    }
+    ensure!(
+        env.get("lamina", "certificate", "lamina-transfer-cm-e2e-kind")?
+            .is_none(),
+        "a refused kind made a Certificate"
+    );
+    for name in ["lamina-transfer-cm-e2e-new", "lamina-transfer-cm-e2e-bad"] {
+        env.kubectl(&["delete", "-n", "lamina", "certificate", name])?;
+        env.kubectl(&[
+            "delete",
+            "-n",
+            "lamina",
+            "secret",
+            name,
+            "--ignore-not-found",
+        ])?;
     }
     Ok(())
 }

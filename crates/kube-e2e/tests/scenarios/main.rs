@@ -83,6 +83,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
     ("front-end-moved", replicated::front_end_moved),
     ("node-ca-made-once", install::ca_made_once),
+    (
+        "node-certs-from-cert-manager",
+        install::certs_from_cert_manager,
+    ),
     ("snapshot-schedule", schedules::snapshot_schedule),
     ("scale-1000-snapshots", scale::thousand_snapshots),
     ("scale-100-replicated-pvcs", scale::hundred_replicated_pvcs),
@@ -102,6 +106,7 @@ const THREE_NODES: &[&str] = &[
     "degraded-snapshot-restore",
     "front-end-moved",
     "node-ca-made-once",
+    "node-certs-from-cert-manager",
     "scale-100-replicated-pvcs",
 ];
 /// How long a replica is faulted on a silent node before Lamina's
