@@ -206,11 +206,48 @@ impl GroupController for GroupService {
         };
         let _g = self.c.lock(&format!("snapshot/{}", id.name)).await;
         let node = self.c.node(id.node.as_deref())?;
-        match node.client.delete_snapshot_group(&id.name).await {
-            Ok(_) => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
-            Err(e) if e.is_not_found() => Ok(Response::new(DeleteVolumeGroupSnapshotResponse {})),
-            Err(e) => Err(from_client(&e)),
+        let done = || Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
+        let g = match node.client.get_snapshot_group(&id.name).await {
+            Ok(g) => g,
+            Err(e) if e.is_not_found() => return done(),
+            Err(e) => return Err(from_client(&e)),
+        };
+        // A member whose volume was taken over by another node since (a
+        // replica here now, labelled with its front end's node) is deleted
+        // through that front end, which deletes every replica's copy; this
+        // node refuses to delete a replica's snapshot itself.
+        let mut fronts: Vec<(String, String)> = Vec::new();
+        for s in &g.snapshots {
+            if let Ok(v) = node.client.get_volume(&s.volume).await {
+                if let (true, Some(front)) =
+                    (v.id == s.volume_id, v.labels.get(api::REPLICA_OF_LABEL))
+                {
+                    fronts.push((s.volume.clone(), front.clone()));
+                }
+            }
         }
+        if fronts.is_empty() {
+            // One engine transaction, as the group was taken.
+            return match node.client.delete_snapshot_group(&id.name).await {
+                Ok(_) => done(),
+                Err(e) if e.is_not_found() => done(),
+                Err(e) => Err(from_client(&e)),
+            };
+        }
+        // Member by member, each on the node serving its volume; a retry
+        // finds the members left.
+        for s in &g.snapshots {
+            let at = match fronts.iter().find(|(v, _)| *v == s.volume) {
+                Some((_, front)) => self.c.node(Some(front))?,
+                None => node.clone(),
+            };
+            match at.client.delete_snapshot(&s.volume, &id.name).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(from_client(&e)),
+            }
+        }
+        done()
     }
 
     async fn get_volume_group_snapshot(

@@ -730,7 +730,9 @@ fn transfer_address(env: &Env, node: &str) -> Result<String> {
 /// writes go on, and the Volume resource moves to that node. Node 1 back,
 /// its daemon's front end is refused (fenced by the shared record), its
 /// volume becomes the new front end's replica and is rebuilt from it, the
-/// two replicas alike; attaching it on node 1 is refused. Unstaged and
+/// two replicas alike; attaching it on node 1 is refused. A VolumeSnapshot
+/// and a VolumeGroupSnapshot taken before the takeover, deleted after it
+/// by the ids that name node 1, are deleted on both nodes. Unstaged and
 /// staged again there, the volume is found by the PV's handle; the PVC
 /// deleted, the CSI controller deletes it from its new front end.
 pub fn front_end_moved(env: &Env) -> Result<()> {
@@ -793,6 +795,29 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     env.apply(&volume_snapshot(ns, "before", "data", "lamina"))?;
     env.wait_snapshot_ready(ns, "before", T)?;
     let (_, before, _) = env.engine_snapshot(ns, "before")?;
+    // And a VolumeGroupSnapshot of the claim: its id names node 1 too.
+    env.kubectl(&["label", "-n", ns, "pvc", "data", "group=moved"])?;
+    env.apply(&format!(
+        "apiVersion: groupsnapshot.storage.k8s.io/v1\nkind: VolumeGroupSnapshot\n\
+         metadata: {{name: grp, namespace: {ns}}}\nspec:\n  volumeGroupSnapshotClassName: lamina\n  \
+         source: {{selector: {{matchLabels: {{group: moved}}}}}}\n"
+    ))?;
+    wait("the VolumeGroupSnapshot to be readyToUse", T, |last| {
+        let Some(g) = env.get(ns, "volumegroupsnapshot", "grp")? else {
+            return Ok(None);
+        };
+        *last = format!("status {}", g["status"]);
+        Ok((g["status"]["readyToUse"] == true).then_some(()))
+    })
+    .with_context(|| env.events(ns, "grp"))?;
+    let member = env
+        .lamina_json(&["snapshot", "list", &vol])?
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| !s["labels"]["lamina.io/group"].is_null())
+        .and_then(|s| s["name"].as_str().map(str::to_string))
+        .context("no member of the group snapshot on node 1")?;
 
     let node1 = env.stop("lamina", libc::SIGKILL)?;
     // Kubelet's part on the other node, block access.
@@ -955,6 +980,28 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             *last = list.clone();
             Ok((!list.contains(&before)).then_some(()))
         })?;
+    }
+    // So is the group snapshot taken before it, member by member through
+    // the front end now serving each (node 1 refuses to delete its
+    // replica's copy itself).
+    env.kubectl(&[
+        "delete",
+        "-n",
+        ns,
+        "volumegroupsnapshot",
+        "grp",
+        "--wait=true",
+    ])?;
+    for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
+        wait(
+            &format!("group member {member} deleted on {n}"),
+            T,
+            |last| {
+                let list = on.lamina(&["snapshot", "list", &vol])?;
+                *last = list.clone();
+                Ok((!list.contains(&member)).then_some(()))
+            },
+        )?;
     }
     // The pod gone and back on the same node: its handle still names the
     // volume there, whose pool id is that node's own.

@@ -157,6 +157,7 @@ async fn run_locked(st: &Arc<State>, op: Op) -> Result<Outcome, Failure> {
         return Ok(gone);
     }
     refuse_while_copying(st, &op)?;
+    refuse_on_replicas(st, &op).await?;
     if let Some(there) = already_there(st, &op).await {
         return Ok(there);
     }
@@ -351,6 +352,49 @@ fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Another node's replica takes no change of its data or its snapshots
+/// but through its front end (the replica sessions, which do not come
+/// here): a snapshot made, deleted or reverted to here, or a size changed,
+/// would make it differ from the other replicas without the front end
+/// knowing. Its labels may change (the CSI node plugin marks a replica it
+/// takes over), it may be deleted (a leftover replica, docs/replicas.md)
+/// and its snapshots cloned from.
+async fn refuse_on_replicas(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
+    if !matches!(
+        op,
+        Op::CreateSnapshot { .. }
+            | Op::DeleteSnapshot { .. }
+            | Op::Revert { .. }
+            | Op::ExpandVolume { .. }
+            | Op::CreateSnapshotGroup { .. }
+            | Op::DeleteSnapshotGroup { .. }
+    ) {
+        return Ok(());
+    }
+    let (p, volumes): (_, Vec<String>) = (
+        st.pool.clone(),
+        op.volumes().into_iter().map(str::to_string).collect(),
+    );
+    let kind = op.kind();
+    blocking(move || {
+        for v in &volumes {
+            let Ok(info) = p.volume_info_by_name(v) else {
+                continue;
+            };
+            if let Some(front) = crate::replicas::replica_of(&info) {
+                return Err(Failure::conflict(
+                    format!(
+                        "volume {v:?} here is a replica of node {front}'s volume: a {kind} changes it only through its front end there"
+                    ),
+                    &format!("ask node {front}'s daemon (it changes every replica), or, if that node is lost, take the volume over here first: lamina volume attach --take-over"),
+                ));
+            }
+        }
+        Ok(())
+    })
+    .await
 }
 
 pub(crate) fn labels_vec(labels: &BTreeMap<String, String>) -> Vec<(String, String)> {

@@ -319,3 +319,108 @@ async fn setting_labels_keeps_the_systems_and_refuses_them_asked() {
     assert!(refused.is_err(), "a system label was set");
     assert_eq!(st.pool.volume_info_by_name("r").unwrap().labels, want);
 }
+
+/// Another node's replica: no snapshot made, deleted or reverted to, no
+/// group taken or deleted and no size changed here (conflict, naming its
+/// front end, nothing changed); its labels change, and it is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_changes_only_through_its_front_end() {
+    let (_d, st) = state().await;
+    st.pool.create_volume("r", 1 << 20).unwrap();
+    st.pool.create_snapshot("r", "s", &[]).unwrap();
+    crate::replicas::relabel(&st.pool, "r", Some("front")).unwrap();
+    let vols = vec!["r".to_string()];
+    for op in [
+        Op::CreateSnapshot {
+            volume: "r".into(),
+            name: "t".into(),
+            labels: Default::default(),
+        },
+        Op::DeleteSnapshot {
+            volume: "r".into(),
+            name: "s".into(),
+        },
+        Op::Revert {
+            volume: "r".into(),
+            snapshot: "s".into(),
+        },
+        Op::ExpandVolume {
+            name: "r".into(),
+            size: 2 << 20,
+        },
+        Op::CreateSnapshotGroup {
+            name: "g".into(),
+            volumes: vols.clone(),
+            labels: Default::default(),
+        },
+    ] {
+        let kind = op.kind();
+        let Err(e) = run(&st, op).await else {
+            panic!("{kind}: done on a replica")
+        };
+        assert_eq!(
+            e.1.code,
+            api::ErrorCode::Conflict,
+            "{kind}: {}",
+            e.1.message
+        );
+        assert!(
+            e.1.message.contains("replica of node front's volume"),
+            "{kind}: {}",
+            e.1.message
+        );
+        assert!(e.1.hint.as_deref().unwrap().contains("node front"));
+    }
+    // A group the replica's front end took (its label on the member).
+    st.pool
+        .create_snapshot("r", "g", &[(lamina_engine::GROUP_LABEL.into(), "g".into())])
+        .unwrap();
+    let Err(e) = run(
+        &st,
+        Op::DeleteSnapshotGroup {
+            name: "g".into(),
+            volumes: vols,
+        },
+    )
+    .await
+    else {
+        panic!("a group deleted on a replica")
+    };
+    assert_eq!(e.1.code, api::ErrorCode::Conflict, "{}", e.1.message);
+    let names: Vec<String> = st
+        .pool
+        .list_snapshots("r")
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["s", "g"], "nothing changed");
+    assert_eq!(st.pool.volume_info_by_name("r").unwrap().size, 1 << 20);
+    // Nothing was recorded for them.
+    assert!(st
+        .operations(&api::OperationFilter::default())
+        .unwrap()
+        .is_empty());
+
+    run(
+        &st,
+        Op::SetVolumeLabels {
+            name: "r".into(),
+            labels: [("k".to_string(), "v".to_string())].into(),
+        },
+    )
+    .await
+    .map_err(|e| e.1.message)
+    .unwrap();
+    run(
+        &st,
+        Op::DeleteVolume {
+            name: "r".into(),
+            with_snapshots: true,
+        },
+    )
+    .await
+    .map_err(|e| e.1.message)
+    .unwrap();
+    assert!(st.pool.volume_info_by_name("r").is_err());
+}
