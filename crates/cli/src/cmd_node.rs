@@ -243,23 +243,42 @@ async fn run(cmd: NodeCmd) -> Result<()> {
                 *wait,
             )
             .await?;
-            // Written beside DIR's files and renamed over them, the key
-            // first: a daemon reading DIR meanwhile sees old or new files.
+            // Checked first in a scratch directory of DIR, as the daemon
+            // will read it: it must load (a key that matches, a CA that
+            // signed it) and name this node first (an issuer may rewrite
+            // the DNS names). Only then are DIR's files replaced, each
+            // written beside it and renamed over it, the key first.
             use lamina_transfer::{CA_FILE, CERT_FILE, KEY_FILE};
-            replace_file(&dir.join(KEY_FILE), &tls.key, true)?;
-            replace_file(&dir.join(CERT_FILE), &tls.cert, false)?;
-            replace_file(&dir.join(CA_FILE), &tls.ca, false)?;
-            // What the daemon will read: it must load, and name this node
-            // (an issuer may put other names first).
-            let id = lamina_transfer::Identity::load(&dir)
-                .with_context(|| format!("the certificate cert-manager issued for node {node}"))?;
-            anyhow::ensure!(
-                id.node() == node,
-                "the certificate cert-manager issued (Secret {ns}/{}) names node {:?} first, not {node:?}: the issuer {} rewrote its DNS names",
-                lamina_node_secrets::certificate_name(&node),
-                id.node(),
-                issuer.name
-            );
+            let scratch = dir.join(".issued");
+            let _ = std::fs::remove_dir_all(&scratch);
+            std::fs::create_dir(&scratch)
+                .with_context(|| format!("creating {}", scratch.display()))?;
+            let files = [
+                (KEY_FILE, &tls.key, true),
+                (CERT_FILE, &tls.cert, false),
+                (CA_FILE, &tls.ca, false),
+            ];
+            let checked = (|| -> Result<()> {
+                for (f, bytes, secret) in files {
+                    replace_file(&scratch.join(f), bytes, secret)?;
+                }
+                let id = lamina_transfer::Identity::load(&scratch).with_context(|| {
+                    format!("the certificate cert-manager issued for node {node}")
+                })?;
+                anyhow::ensure!(
+                    id.node() == node,
+                    "the certificate cert-manager issued (Secret {ns}/{}) names node {:?} first, not {node:?}: the issuer {} rewrote its DNS names",
+                    lamina_node_secrets::certificate_name(&node),
+                    id.node(),
+                    issuer.name
+                );
+                Ok(())
+            })();
+            let _ = std::fs::remove_dir_all(&scratch);
+            checked?;
+            for (f, bytes, secret) in files {
+                replace_file(&dir.join(f), bytes, secret)?;
+            }
             crate::output::outln!(
                 "node {node}'s transfer certificate from {} {} (Secret {ns}/{}) in {}",
                 issuer.kind,

@@ -6,6 +6,8 @@
 //! Secret and drops the transfer address left out; with an owner pod the
 //! Secret carries its ownerReference and goes when the pod is deleted; a
 //! bad node name is refused with a clear error and writes nothing. Also:
+//! `lamina node certificate` with no cert-manager installed is refused,
+//! saying so. Also:
 //! `lamina certs issue` into an existing empty directory (the chart's
 //! emptyDir) works, and into one it filled before (the init container run
 //! again in the same pod) replaces the certificate.
@@ -206,6 +208,37 @@ fn nodes_register_themselves_against_a_real_api_server() {
         "{names:?}"
     );
     assert!(names.contains(&"lamina-node-reg-a"), "{names:?}");
+
+    // `lamina node certificate` where cert-manager is not installed (no
+    // Certificate resource): as the admin, an error that says so; as the
+    // node ServiceAccount without the chart's certManager Role, the API
+    // server's refusal, naming the Certificate. Nothing is written.
+    let dir = tempfile::tempdir().unwrap();
+    for (kubeconfig, says) in [
+        (
+            "kubeconfig",
+            "serves no cert-manager.io/v1 Certificate: install cert-manager",
+        ),
+        (
+            "node.kubeconfig",
+            "applying Certificate lamina/lamina-transfer-reg-a",
+        ),
+    ] {
+        let out = Command::new(LAMINA.bin())
+            .args(["node", "certificate", "--node", "reg-a", "--issuer", "ca"])
+            .args(["--namespace", NS, "--wait", "2s"])
+            .arg(dir.path().join("tls"))
+            .env("KUBECONFIG", env.dir.join(kubeconfig))
+            .env_remove("POD_NAMESPACE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{kubeconfig}: {err}"
+        );
+        assert!(!dir.path().join("tls").join("tls.key").exists());
+    }
 }
 
 fn lamina(args: &[&str], out_dir: &Path) -> Output {
