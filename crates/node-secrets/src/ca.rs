@@ -51,15 +51,7 @@ pub enum CaError {
 
 /// The CA a Secret holds: both keys, each not empty.
 pub fn ca_of(secret: &Secret) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
-    let get = |key: &'static str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|b| b.0.clone())
-            .filter(|b| !b.is_empty())
-            .ok_or(key)
-    };
+    let get = |key| crate::secret_key(secret, key);
     Ok((get(KEY_CA_CERT)?, get(KEY_CA_KEY)?))
 }
 
@@ -133,15 +125,7 @@ mod tests {
 
     #[test]
     fn a_secret_holds_a_ca_only_with_both_keys_not_empty() {
-        let secret = |pairs: &[(&str, &[u8])]| Secret {
-            data: Some(
-                pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
+        let secret = crate::secret_of;
         assert_eq!(
             ca_of(&secret(&[(KEY_CA_CERT, b"c"), (KEY_CA_KEY, b"k")])),
             Ok((b"c".to_vec(), b"k".to_vec()))

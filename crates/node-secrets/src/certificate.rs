@@ -118,15 +118,7 @@ pub fn certificate(node: &str, issuer: &IssuerRef, duration: Option<&str>) -> se
 /// What a Secret holds of a node's certificate: its three keys, each not
 /// empty (else the first missing one).
 pub fn tls_of(secret: &Secret) -> Result<NodeTls, &'static str> {
-    let get = |key: &'static str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|b| b.0.clone())
-            .filter(|b| !b.is_empty())
-            .ok_or(key)
-    };
+    let get = |key| crate::secret_key(secret, key);
     Ok(NodeTls {
         ca: get(crate::KEY_CA_CERT)?,
         cert: get(KEY_TLS_CERT)?,
@@ -247,7 +239,6 @@ pub async fn ensure_certificate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::ByteString;
 
     fn issuer() -> IssuerRef {
         IssuerRef {
@@ -300,15 +291,7 @@ mod tests {
 
     #[test]
     fn a_secret_holds_a_nodes_certificate_only_with_its_three_keys() {
-        let secret = |pairs: &[(&str, &[u8])]| Secret {
-            data: Some(
-                pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
+        let secret = crate::secret_of;
         let all = secret(&[("ca.crt", b"a"), ("tls.crt", b"c"), ("tls.key", b"k")]);
         assert_eq!(
             tls_of(&all),

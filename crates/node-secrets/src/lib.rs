@@ -130,6 +130,32 @@ struct Watch {
     init: Option<BTreeMap<String, Secret>>,
 }
 
+/// Key `key` of a Secret, if it is there and not empty (else the key's name,
+/// for the error that names what is missing).
+pub(crate) fn secret_key(secret: &Secret, key: &'static str) -> Result<Vec<u8>, &'static str> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .filter(|b| !b.is_empty())
+        .ok_or(key)
+}
+
+/// A Secret holding these keys and values (tests).
+#[cfg(test)]
+pub(crate) fn secret_of(pairs: &[(&str, &[u8])]) -> Secret {
+    Secret {
+        data: Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
