@@ -116,12 +116,28 @@ impl ControllerService {
     /// replica now, names that node; when it does not (the named node does
     /// not answer, or lost its volume), every other node is asked. A taken
     /// over volume whose front end cannot be found is UNAVAILABLE, as is a
-    /// named node that does not answer, when no other node has the volume.
+    /// named node that does not answer (or that no Secret names any more),
+    /// when no other node has the volume.
     pub(crate) async fn volume_by_id(
         &self,
         vid: &VolumeId,
     ) -> Result<Option<(Picked, api::Volume)>, Status> {
-        let named = self.node(vid.node.as_deref())?;
+        let named = match self.node(vid.node.as_deref()) {
+            Ok(n) => n,
+            // A node no Secret names any more (its pod gone, and its
+            // Secret with it): a volume taken over since is served by
+            // another node, which has it labelled with the id.
+            Err(unknown) => {
+                for n in self.nodes.all() {
+                    if let Ok(v) = n.client.get_volume(&vid.name).await {
+                        if names(vid, &v, false) {
+                            return Ok(Some((n, v)));
+                        }
+                    }
+                }
+                return Err(unknown);
+            }
+        };
         let (replica_of, failed) = match named.client.get_volume(&vid.name).await {
             Ok(v) if names(vid, &v, true) => return Ok(Some((named, v))),
             Ok(v) if v.id == vid.id => (v.labels.get(api::REPLICA_OF_LABEL).cloned(), None),
@@ -165,8 +181,11 @@ impl ControllerService {
     /// unless that volume was taken over by another node since (it is a
     /// replica now, label `lamina.io/replica-of`): then the new front end's
     /// snapshot of that name, which every replica took at the same point
-    /// (absent there: deleted through it). UNAVAILABLE when the named node,
-    /// or that front end, does not answer.
+    /// (absent there: deleted through it). When the named node does not
+    /// answer, or no Secret names it any more, the copy on a node that took
+    /// the volume over ([`Self::taken_over_copy`]); UNAVAILABLE when there
+    /// is none, or when the front end the named node's replica names does
+    /// not answer.
     pub(crate) async fn snapshot_by_id(
         &self,
         sid: &SnapshotId,
@@ -176,14 +195,28 @@ impl ControllerService {
             id: Some(sid.id),
             ..Default::default()
         };
-        let named = self.node(sid.node.as_deref())?;
-        let found = named
-            .client
-            .find_snapshots(&filter)
-            .await
-            .map_err(|e| from_client(&e))?
-            .into_iter()
-            .find(|s| s.volume == sid.volume && !s.system);
+        let named = match self.node(sid.node.as_deref()) {
+            Ok(n) => n,
+            Err(unknown) => {
+                return self
+                    .taken_over_copy(sid, None)
+                    .await?
+                    .ok_or(unknown)
+                    .map(Some)
+            }
+        };
+        let found = match named.client.find_snapshots(&filter).await {
+            Ok(all) => all
+                .into_iter()
+                .find(|s| s.volume == sid.volume && !s.system),
+            Err(e) => {
+                return self
+                    .taken_over_copy(sid, Some(&named.name))
+                    .await?
+                    .ok_or_else(|| from_client(&e))
+                    .map(Some)
+            }
+        };
         let Some(s) = found else { return Ok(None) };
         let front = match named.client.get_volume(&s.volume).await {
             Ok(v) if v.id == s.volume_id && !s.volume_deleted => {
@@ -224,6 +257,51 @@ impl ControllerService {
                 v.labels.get(api::CSI_VOLUME_ID_LABEL).cloned(),
             )),
         }))
+    }
+}
+
+impl ControllerService {
+    /// The snapshot a CSI id names, when the node it names does not answer
+    /// (or no Secret names it any more): its copy on the node that took
+    /// its volume over since, if one did. That node's volume of that name
+    /// is its own (not a replica) and carries the CSI volume id label a
+    /// takeover gives it (a volume never taken over is served by the
+    /// node its snapshots' ids name); the copy is its user snapshot of the
+    /// id's name (CSI snapshot names are unique in the cluster). None when
+    /// no other node has such a copy.
+    async fn taken_over_copy(
+        &self,
+        sid: &SnapshotId,
+        named: Option<&str>,
+    ) -> Result<Option<FoundSnapshot>, Status> {
+        for n in self.nodes.all() {
+            if Some(n.name.as_str()) == named {
+                continue;
+            }
+            let Ok(v) = n.client.get_volume(&sid.volume).await else {
+                continue;
+            };
+            let Some(volume_id) = v.labels.get(api::CSI_VOLUME_ID_LABEL).cloned() else {
+                continue;
+            };
+            if crate::ids::is_replica(&v) {
+                continue;
+            }
+            let Ok(all) = n.client.list_snapshots(&v.name).await else {
+                continue;
+            };
+            if let Some(snapshot) = all
+                .into_iter()
+                .find(|x| x.name == sid.name && x.volume_id == v.id && !x.system)
+            {
+                return Ok(Some(FoundSnapshot {
+                    node: n,
+                    snapshot,
+                    asked: Some((sid.to_string(), Some(volume_id))),
+                }));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -720,6 +720,45 @@ fn transfer_address(env: &Env, node: &str) -> Result<String> {
     Ok(a)
 }
 
+/// Node 1's node Secret written again (as its next pod registers it),
+/// when dropped: after a scenario step that deleted it.
+struct RegisterAgain<'a> {
+    env: &'a Env,
+    address: String,
+}
+
+impl Drop for RegisterAgain<'_> {
+    fn drop(&mut self) {
+        let env = self.env;
+        let token = env.dir.join("node-1.token");
+        let registered = std::fs::write(&token, &env.token)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                run(Command::new(&env.lamina)
+                    .args([
+                        "node",
+                        "register",
+                        "--node",
+                        NODE_ID,
+                        "--namespace",
+                        "lamina",
+                    ])
+                    .args([
+                        "--endpoint",
+                        &env.endpoint,
+                        "--transfer-address",
+                        &self.address,
+                    ])
+                    .arg("--token-file")
+                    .arg(&token)
+                    .env("KUBECONFIG", env.dir.join("node.kubeconfig")))
+            });
+        if let Err(e) = registered {
+            println!("    node 1's Secret could not be written again: {e:#}");
+        }
+    }
+}
+
 /// o. The front end's node lost: a 2-replica PVC, its PV usable on both
 /// replicas' nodes (its node affinity), attached and written on node 1,
 /// node 1's daemon SIGKILLed. Playing kubelet's part once the pod moved,
@@ -732,7 +771,9 @@ fn transfer_address(env: &Env, node: &str) -> Result<String> {
 /// volume becomes the new front end's replica and is rebuilt from it, the
 /// two replicas alike; attaching it on node 1 is refused. A VolumeSnapshot
 /// and a VolumeGroupSnapshot taken before the takeover, deleted after it
-/// by the ids that name node 1, are deleted on both nodes. Unstaged and
+/// by the ids that name node 1, are deleted on both nodes: the
+/// VolumeSnapshot while node 1 is down and its node Secret gone (then a
+/// new VolumeSnapshot of the claim is taken on the new front end too). Unstaged and
 /// staged again there, the volume is found by the PV's handle; the PVC
 /// deleted, the CSI controller deletes it from its new front end.
 pub fn front_end_moved(env: &Env) -> Result<()> {
@@ -919,6 +960,46 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
         })?;
     }
 
+    // Node 1 still down, and its node Secret gone (as when its pod is
+    // deleted): the ids that name node 1 are found on the node that took
+    // the volume over. A VolumeSnapshot of the claim is taken there; the
+    // one taken before the takeover is deleted there (and on node 1 once
+    // it is back, by the rebuild).
+    let secret = format!("lamina-node-{NODE_ID}");
+    env.kubectl(&["delete", "-n", "lamina", "secret", &secret])?;
+    let _register_again = RegisterAgain {
+        env,
+        address: address.clone(),
+    };
+    env.apply(&volume_snapshot(ns, "during", "data", "lamina"))?;
+    env.wait_snapshot_ready(ns, "during", T)
+        .context("a VolumeSnapshot of the claim while node 1 and its Secret are gone")?;
+    let (_, during, _) = env.engine_snapshot(ns, "during")?;
+    ensure!(
+        node_x
+            .lamina(&["snapshot", "list", &vol])?
+            .contains(&during),
+        "the VolumeSnapshot taken while node 1 was gone is not on {other}"
+    );
+    env.kubectl(&[
+        "delete",
+        "-n",
+        ns,
+        "volumesnapshot",
+        "before",
+        "--wait=true",
+    ])?;
+    wait(
+        &format!("snapshot {before} deleted on {other}"),
+        T,
+        |last| {
+            let list = node_x.lamina(&["snapshot", "list", &vol])?;
+            *last = list.clone();
+            Ok((!list.contains(&before)).then_some(()))
+        },
+    )?;
+    drop(_register_again);
+
     // Node 1 back: refused, made the new front end's replica, rebuilt.
     node1.start()?;
     let rebuilt = wait(
@@ -963,22 +1044,31 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     env.lamina(&["snapshot", "detach", &vol, "moved"])?;
     cmp.context("node 1's rebuilt replica differs from the new front end's")?;
     pattern.context("node 1's rebuilt replica")?;
-    // The snapshot taken before the takeover, deleted through its id
-    // (node 1's, where it is a replica's now): the front end deletes it,
-    // on every replica.
+    // The snapshot taken before the takeover, deleted while node 1 was
+    // away: gone from node 1's replica too. The one taken while node 1
+    // was away, deleted now through the front end, on every replica.
+    wait(
+        &format!("snapshot {before} deleted on {NODE_ID}"),
+        T,
+        |last| {
+            let list = env.lamina(&["snapshot", "list", &vol])?;
+            *last = list.clone();
+            Ok((!list.contains(&before)).then_some(()))
+        },
+    )?;
     env.kubectl(&[
         "delete",
         "-n",
         ns,
         "volumesnapshot",
-        "before",
+        "during",
         "--wait=true",
     ])?;
     for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
-        wait(&format!("snapshot {before} deleted on {n}"), T, |last| {
+        wait(&format!("snapshot {during} deleted on {n}"), T, |last| {
             let list = on.lamina(&["snapshot", "list", &vol])?;
             *last = list.clone();
-            Ok((!list.contains(&before)).then_some(()))
+            Ok((!list.contains(&during)).then_some(()))
         })?;
     }
     // So is the group snapshot taken before it, member by member through

@@ -555,11 +555,13 @@ impl Store {
     pub fn snapshot_deleted(&self, volume: &str, name: &str) -> Result<(), ServerError> {
         self.change_replica_set(volume, |r| {
             for x in r.replicas.iter_mut().filter(|x| x.faulted.is_some()) {
-                let before = x.missed_snapshots.len();
+                // A snapshot it missed it never gets. It is deleted there
+                // all the same when it returns: a replica may hold one its
+                // record calls missed (a takeover counts every snapshot as
+                // missed by the other replicas, which held them), and a
+                // replica deletes a snapshot it lacks as a no-op.
                 x.missed_snapshots.retain(|s| s != name);
-                if x.missed_snapshots.len() == before
-                    && !x.pending_deletes.iter().any(|s| s == name)
-                {
+                if !x.pending_deletes.iter().any(|s| s == name) {
                     x.pending_deletes.push(name.to_string());
                 }
             }
@@ -768,14 +770,19 @@ mod tests {
         store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
         store.snapshot_missed("v", "s1", &["c".into()]).unwrap();
         store.snapshot_missed("v", "s2", &["c".into()]).unwrap();
-        // s1 deleted: c never gets it; s0 (taken before c left) deleted:
-        // c deletes it when it returns; b (healthy) keeps no list.
+        // s1 deleted: c never gets it, and deletes it when it returns in
+        // case it held it (a takeover calls every snapshot missed); s0
+        // (taken before c left) deleted: c deletes it when it returns; b
+        // (healthy) keeps no list.
         store.snapshot_deleted("v", "s1").unwrap();
         store.snapshot_deleted("v", "s0").unwrap();
         store.snapshot_deleted("v", "s0").unwrap();
         let got = store.replica_set("v").unwrap().unwrap();
         assert_eq!(got.replicas[2].missed_snapshots, vec!["s2".to_string()]);
-        assert_eq!(got.replicas[2].pending_deletes, vec!["s0".to_string()]);
+        assert_eq!(
+            got.replicas[2].pending_deletes,
+            vec!["s1".to_string(), "s0".to_string()]
+        );
         assert!(got.replicas[1].pending_deletes.is_empty());
         // A change to one replica, in one transaction; an unknown one
         // changes nothing.
