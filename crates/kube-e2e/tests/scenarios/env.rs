@@ -3,7 +3,7 @@
 //! the daemon's TCP API, NBD reads and writes through qemu-io, and waiting
 //! on a condition with a deadline.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Write;
@@ -201,6 +201,35 @@ impl Env {
             return Ok(None);
         }
         Ok(Some(serde_json::from_str(&out)?))
+    }
+
+    /// Key `key` of Secret `ns/name`, decoded (by coreutils' base64).
+    pub fn secret_value(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>> {
+        let escaped = key.replace('.', "\\.");
+        let b64 = self.kubectl(&[
+            "get",
+            "secret",
+            "-n",
+            ns,
+            name,
+            "-o",
+            &format!("jsonpath={{.data.{escaped}}}"),
+        ])?;
+        let out = Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
+                c.wait_with_output()
+            })?;
+        ensure!(
+            out.status.success(),
+            "Secret {ns}/{name} key {key} is not base64"
+        );
+        Ok(out.stdout)
     }
 
     /// `kubectl apply -f -` of a YAML or JSON document (several with `---`).

@@ -176,28 +176,7 @@ pub fn certs_from_cert_manager(env: &Env) -> Result<()> {
             .stdin(Stdio::null());
         c
     };
-    let secret_cert = |name: &str| -> Result<Vec<u8>> {
-        let b64 = env.kubectl(&[
-            "get",
-            "-n",
-            "lamina",
-            "secret",
-            name,
-            "-o",
-            "jsonpath={.data.tls\\.crt}",
-        ])?;
-        let out = Command::new("base64")
-            .arg("-d")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
-                c.wait_with_output()
-            })?;
-        Ok(out.stdout)
-    };
+    let secret_cert = |name: &str| env.secret_value("lamina", name, "tls.crt");
     let verify = |dir: &std::path::Path, node: &str| -> Result<()> {
         run(Command::new("openssl")
             .args(["verify", "-CAfile"])
@@ -248,21 +227,7 @@ pub fn certs_from_cert_manager(env: &Env) -> Result<()> {
 
     // Replica sessions between the three daemons over these certificates.
     for node in &NODES[1..] {
-        let address = env.kubectl(&[
-            "get",
-            "-n",
-            "lamina",
-            "secret",
-            &format!("lamina-node-{node}"),
-            "-o",
-            "jsonpath={.data.transfer-address}",
-        ])?;
-        let address = String::from_utf8(
-            run(Command::new("sh")
-                .arg("-c")
-                .arg(format!("printf %s '{}' | base64 -d", address.trim())))?
-            .into_bytes(),
-        )?;
+        let address = crate::replicated::transfer_address(env, node)?;
         env.lamina(&["node", "add", node, &address])?;
     }
     env.lamina(&[

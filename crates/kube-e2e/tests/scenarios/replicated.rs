@@ -692,27 +692,9 @@ pub fn degraded_snapshot_restore(env: &Env) -> Result<()> {
 }
 
 /// Node `node`'s transfer address, from its node Secret.
-fn transfer_address(env: &Env, node: &str) -> Result<String> {
-    let b64 = env.kubectl(&[
-        "get",
-        "secret",
-        "-n",
-        "lamina",
-        &format!("lamina-node-{node}"),
-        "-o",
-        "jsonpath={.data.transfer-address}",
-    ])?;
-    let out = Command::new("base64")
-        .arg("-d")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
-            c.wait_with_output()
-        })?;
-    let a = String::from_utf8(out.stdout)?.trim().to_string();
+pub(crate) fn transfer_address(env: &Env, node: &str) -> Result<String> {
+    let a = env.secret_value("lamina", &format!("lamina-node-{node}"), "transfer-address")?;
+    let a = String::from_utf8(a)?.trim().to_string();
     ensure!(
         !a.is_empty(),
         "node {node}'s Secret has no transfer-address"
