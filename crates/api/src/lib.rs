@@ -198,8 +198,13 @@ pub struct Replication {
     /// never served yet); every replica refuses requests of a lower one.
     pub generation: u64,
     pub state: ReplicationState,
-    /// In order: this node's replica first.
+    /// In order: this node's replica first (unless it holds none).
     pub replicas: Vec<ReplicaInfo>,
+    /// This node's front end holds no replica of the volume: it reaches
+    /// every one over the network (docs/replicas.md, "A front end with no
+    /// replica").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub diskless: bool,
 }
 
 /// Whether a replicated volume has all its replicas.

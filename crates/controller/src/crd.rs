@@ -152,8 +152,13 @@ pub struct SharedReplicaSet {
     /// The last generation a front end took; replicas refuse every request
     /// of a lower one.
     pub generation: u64,
-    /// Every replica, the front end's node's first.
+    /// Every replica, the front end's node's first (unless it holds none).
     pub replicas: Vec<SharedReplica>,
+    /// The front end's node holds no replica: it reaches every one over
+    /// the network. Always written: the daemon's merge patch must clear it
+    /// when a front end holding a replica takes the volume back.
+    #[serde(default)]
+    pub diskless: bool,
 }
 
 /// One replica in the shared record.

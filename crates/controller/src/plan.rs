@@ -25,6 +25,9 @@ pub struct EngineView {
 }
 
 /// One write to the API server.
+// A status is most of what is written, and a tick plans a handful of
+// writes: boxing it would only add an allocation to each.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
     /// A resource for an engine volume that has none.

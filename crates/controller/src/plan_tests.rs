@@ -381,6 +381,7 @@ fn replicated(states: &[api::ReplicaState]) -> api::Volume {
             .zip(states)
             .map(|(n, s)| replica(n, *s))
             .collect(),
+        diskless: false,
     });
     v
 }
@@ -496,6 +497,7 @@ fn a_volume_taken_over_by_this_node_moves_its_resource_here_with_a_fenced_event(
         front_end: "n2".into(),
         generation: 4,
         replicas: vec![],
+        diskless: false,
     });
     vols = vec![Arc::new(r)];
     let mut taken = replicated(&[Healthy, Faulted]);

@@ -374,6 +374,7 @@ mod tests {
                 generation: 2,
                 state: api::ReplicationState::Degraded,
                 replicas,
+                diskless: false,
             }),
         }
     }

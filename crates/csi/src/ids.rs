@@ -134,6 +134,22 @@ pub fn names(id: &VolumeId, v: &lamina_api::Volume, on_named: bool) -> bool {
                 .is_some_and(|l| *l == id.to_string()))
 }
 
+/// Whether daemon volume `v` (of the name `id` names) is served by a front
+/// end that holds no replica of it, one of whose replicas is on the node
+/// the id names (docs/replicas.md, "A front end with no replica"): the
+/// volume the id names, taken over by a node that holds no replica. Such
+/// a front end knows no pool id nor label of the volume's: its replica
+/// list is what ties it to the id.
+pub fn diskless_front_of(id: &VolumeId, v: &lamina_api::Volume) -> bool {
+    v.replication.as_ref().is_some_and(|r| {
+        r.diskless
+            && id
+                .node
+                .as_ref()
+                .is_some_and(|n| r.replicas.iter().any(|x| x.node == *n))
+    })
+}
+
 /// A parsed CSI snapshot id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotId {

@@ -193,6 +193,7 @@ fn to_crd(s: &SharedSet) -> SharedReplicaSet {
     SharedReplicaSet {
         front_end: s.front_end.clone(),
         generation: s.generation,
+        diskless: s.diskless,
         replicas: s
             .replicas
             .iter()
@@ -208,6 +209,7 @@ fn from_crd(s: &SharedReplicaSet) -> SharedSet {
     SharedSet {
         front_end: s.front_end.clone(),
         generation: s.generation,
+        diskless: s.diskless,
         replicas: s
             .replicas
             .iter()
@@ -365,6 +367,7 @@ mod tests {
                 ("a".into(), None),
                 ("b".into(), faulted.map(str::to_string)),
             ],
+            diskless: false,
         }
     }
 
@@ -372,6 +375,7 @@ mod tests {
         SharedReplicaSet {
             front_end: front_end.into(),
             generation,
+            diskless: false,
             replicas: vec![
                 SharedReplica {
                     node: "a".into(),

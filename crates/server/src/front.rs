@@ -101,7 +101,9 @@ impl StoreMembership {
 }
 
 /// Volume `volume`'s replica set, if it is replicated (a record of an
-/// earlier volume of that name is not its).
+/// earlier volume of that name is not its). A front end holding no
+/// replica (`diskless`) has its record only while this node's pool has no
+/// volume of that name.
 pub fn replica_set(
     store: &Store,
     pool: &lamina_engine::Pool,
@@ -111,9 +113,30 @@ pub fn replica_set(
         return Ok(None);
     };
     Ok(match pool.volume_info_by_name(volume) {
-        Ok(v) if v.id == rec.volume_id => Some(rec),
+        Ok(v) if v.id == rec.volume_id && !rec.diskless => Some(rec),
+        Err(lamina_engine::Error::VolumeNotFound(_)) if rec.diskless => Some(rec),
         _ => None,
     })
+}
+
+/// The volumes this node fronts holding no replica of them, with their
+/// records (docs/replicas.md, "A front end with no replica").
+pub fn diskless_sets(
+    store: &Store,
+    pool: &lamina_engine::Pool,
+) -> Result<Vec<(String, ReplicaSetRec)>, Failure> {
+    Ok(store
+        .replica_sets()
+        .map_err(Failure::from)?
+        .into_iter()
+        .filter(|(name, rec)| {
+            rec.diskless
+                && matches!(
+                    pool.volume_info_by_name(name),
+                    Err(lamina_engine::Error::VolumeNotFound(_))
+                )
+        })
+        .collect())
 }
 
 /// What the other replicas' copies of this node's snapshot `name` of
@@ -332,6 +355,7 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
     let g = set.generation;
     let mut replicas = Vec::new();
     let mut remotes = Vec::new();
+    let mut unopened: Vec<(String, String)> = Vec::new();
     for r in &set.replicas {
         if let Some(reason) = &r.faulted {
             // Out until it is rebuilt; what it misses from now on is kept
@@ -373,6 +397,13 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                 },
                 Start::Healthy,
             )),
+            Err(e) if set.diskless => {
+                // Recorded once another one opened (below): a front end
+                // holding no replica that reaches none must not fault the
+                // replicas for its own isolation.
+                unopened.push((r.node.clone(), e));
+                replicas.push((Replica::absent(&r.node), Start::Vacant));
+            }
             Err(e) => {
                 let reason = format!("could not be opened at generation {g}: {e}");
                 tracing::warn!(volume, replica = %r.node, %reason, "replica faulted");
@@ -390,6 +421,28 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
                         keep_missed: true,
                     },
                 ));
+            }
+        }
+    }
+    if !unopened.is_empty() {
+        if !replicas.iter().any(|(_, s)| *s == Start::Healthy) {
+            let all: Vec<String> = unopened.iter().map(|(n, e)| format!("{n}: {e}")).collect();
+            return Err(unavailable(format!(
+                "volume {volume}: this node holds no replica of it and reaches none at generation {g} ({}); nothing was recorded faulted",
+                all.join("; ")
+            )));
+        }
+        for (node, e) in unopened {
+            let reason = format!("could not be opened at generation {g}: {e}");
+            tracing::warn!(volume, replica = %node, %reason, "replica faulted");
+            p.store
+                .fault_replica(volume, &node, &reason, now(), &set.dirty)
+                .map_err(Failure::from)?;
+            if let Some(x) = replicas.iter_mut().find(|(r, _)| r.name == node) {
+                x.1 = Start::Faulted {
+                    reason,
+                    keep_missed: true,
+                };
             }
         }
     }
@@ -443,6 +496,15 @@ pub fn open(p: &Parts<'_>, volume: &str) -> Result<Arc<Front>, Failure> {
     let front = Replicated::with_states(volume, replicas, membership)
         .map_err(|e| unavailable(e.to_string()))?;
     front.activate(g).map_err(fenced)?;
+    if set.diskless {
+        // No local volume says its size: its replicas do.
+        let size = front.size().map_err(fenced)?;
+        if size != set.size {
+            p.store
+                .set_replica_set_size(volume, size)
+                .map_err(Failure::from)?;
+        }
+    }
     // One faulted at this start held what the others did, but for the
     // regions an earlier front end left dirty.
     let dirty: Vec<(u64, u64)> = set

@@ -87,6 +87,12 @@ pub async fn list_volumes(st: St, Query(f): Query<api::VolumeFilter>) -> R<Json<
                 .into_iter()
                 .filter(|v| selector.matches(&v.labels.iter().cloned().collect()))
                 .map(|v| s.volume(v))
+                .chain(
+                    crate::front::diskless_sets(&s.store, &s.pool)?
+                        .into_iter()
+                        .filter(|_| selector.matches(&Default::default()))
+                        .map(|(name, rec)| s.diskless_volume(name, rec)),
+                )
                 .collect(),
         ))
     })
@@ -147,7 +153,14 @@ async fn describe(st: &Arc<State>, v: lamina_engine::VolumeInfo) -> R<api::Volum
     responses((status = 200, body = api::Volume), (status = 404, body = api::ApiError), (status = 500, body = api::ApiError), (status = 503, body = api::ApiError)))]
 pub async fn get_volume(st: St, Path(name): Path<String>) -> R<Json<api::Volume>> {
     let s = st.clone();
-    blocking(move || Ok(Json(s.volume(s.pool.volume_info_by_name(&name)?)))).await
+    blocking(move || match s.pool.volume_info_by_name(&name) {
+        Ok(v) => Ok(Json(s.volume(v))),
+        Err(e) => match crate::front::replica_set(&s.store, &s.pool, &name)? {
+            Some(rec) if rec.diskless => Ok(Json(s.diskless_volume(name, rec))),
+            _ => Err(e.into()),
+        },
+    })
+    .await
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -156,6 +156,22 @@ pub async fn run(
         });
     }
 
+    // Volumes fronted here holding no replica, detached, and taken over by
+    // another node since: forgotten here, checked every 5 s.
+    {
+        let (st, stop) = (state.clone(), stopped(&stop_rx));
+        tasks.spawn(async move {
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => operations::forget_taken_diskless(&st).await,
+                    _ = &mut stop => break,
+                }
+            }
+        });
+    }
+
     // Scheduled snapshots and their retention.
     tasks.spawn(schedules::runner::run(state.clone(), stopped(&stop_rx)));
 

@@ -267,7 +267,9 @@ impl Served {
     }
 }
 
-/// This node's front end of `volume` was taken over: if the shared record
+/// This node's front end of `volume` was taken over: one that held no
+/// replica forgets the volume once the shared record names another
+/// node's front end. Otherwise, if the shared record
 /// names another node's front end, as its first replica, and this node
 /// among its replicas ([`crate::store::SharedSet::took_over_from`]), this
 /// node's volume becomes that front end's replica (labelled so, as are the
@@ -282,14 +284,40 @@ pub fn demote(
     volume: &str,
 ) -> Option<String> {
     let (shared, me) = store.shared()?;
+    let diskless = store
+        .replica_set(volume)
+        .ok()
+        .flatten()
+        .is_some_and(|r| r.diskless);
     let rec = match shared.read(volume) {
         Ok(Some(r)) => r,
+        // A volume deleted: one fronted here with no replica is forgotten.
+        Ok(None) if diskless => crate::store::SharedSet::default(),
         Ok(None) => return None,
         Err(e) => {
             tracing::warn!(volume, error = %e, "the shared record of a volume taken over cannot be read");
             return None;
         }
     };
+    // A front end here that held no replica: another node's front end
+    // holds the volume now (or none: it was deleted), and nothing here is
+    // the volume's.
+    if diskless && rec.front_end != me {
+        let forgot = store
+            .remove_export(volume)
+            .and_then(|_| store.forget_replica_set(volume));
+        return match forgot {
+            Ok(_) => {
+                tracing::warn!(volume, front_end = %rec.front_end, generation = rec.generation,
+                    "this node's front end, holding no replica, was taken over: the volume is forgotten here");
+                Some(rec.front_end)
+            }
+            Err(e) => {
+                tracing::warn!(volume, error = %e, "a volume taken over from this node's front end could not be forgotten here");
+                None
+            }
+        };
+    }
     if !rec.took_over_from(&me) {
         return None;
     }

@@ -41,22 +41,31 @@ pub struct SharedSet {
     /// The node whose daemon holds the front end.
     pub front_end: String,
     pub generation: u64,
-    /// Each replica's node and, if faulted, why; the front end's first.
+    /// Each replica's node and, if faulted, why; the front end's first,
+    /// unless it holds none.
     pub replicas: Vec<(String, Option<String>)>,
+    /// The front end's node holds no replica of the volume: it reaches
+    /// every one over the network (docs/replicas.md, "A front end with no
+    /// replica"). Said, never guessed from the list: a record naming a
+    /// node the list leaves out is otherwise no front end any replica
+    /// yields to.
+    pub diskless: bool,
 }
 
 impl SharedSet {
     /// Whether this is the record of a front end that took the volume over
     /// from `node`'s: another node's, listed first (as every takeover lists
-    /// it), with `node` among the replicas. `node`'s volume is then that
-    /// front end's replica.
+    /// it) or said to hold no replica and not listed, with `node` among the
+    /// replicas. `node`'s volume is then that front end's replica.
     pub fn took_over_from(&self, node: &str) -> bool {
+        let listed = |x: &str| self.replicas.iter().any(|(n, _)| n == x);
+        let front_first = self
+            .replicas
+            .first()
+            .is_some_and(|(n, _)| *n == self.front_end);
         self.front_end != node
-            && self
-                .replicas
-                .first()
-                .is_some_and(|(n, _)| *n == self.front_end)
-            && self.replicas.iter().any(|(n, _)| n == node)
+            && (front_first || (self.diskless && !listed(&self.front_end)))
+            && listed(node)
     }
 }
 
@@ -77,11 +86,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_volume_is_yielded_only_to_a_front_end_listed_first_that_lists_this_node() {
+    fn a_volume_is_yielded_only_to_a_front_end_listed_first_or_holding_none_that_lists_this_node() {
         let set = |front: &str, nodes: &[&str]| SharedSet {
             front_end: front.into(),
             generation: 4,
             replicas: nodes.iter().map(|n| (n.to_string(), None)).collect(),
+            diskless: false,
+        };
+        let diskless = |front: &str, nodes: &[&str]| SharedSet {
+            diskless: true,
+            ..set(front, nodes)
         };
         assert!(set("b", &["b", "a"]).took_over_from("a"));
         assert!(!set("a", &["a", "b"]).took_over_from("a"), "its own");
@@ -94,5 +108,14 @@ mod tests {
             "a front end not listed first"
         );
         assert!(!set("b", &["b", "c"]).took_over_from("a"), "not listed");
+        assert!(
+            diskless("c", &["a", "b"]).took_over_from("a"),
+            "a front end said to hold no replica"
+        );
+        assert!(
+            !diskless("c", &["b", "c"]).took_over_from("b"),
+            "said to hold none, but listed"
+        );
+        assert!(!diskless("c", &["b"]).took_over_from("a"), "not listed");
     }
 }

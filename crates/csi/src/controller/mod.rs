@@ -8,7 +8,7 @@ mod volumes;
 
 pub(crate) use snapshots::{csi_snapshot, CSI_NAME_LABEL};
 
-use crate::ids::{names, shown, SnapshotId, VolumeId};
+use crate::ids::{diskless_front_of, names, shown, SnapshotId, VolumeId};
 use crate::nodes::{NodeSet, Picked};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc, Rpc, Type};
@@ -130,7 +130,7 @@ impl ControllerService {
             Err(unknown) => {
                 for n in self.nodes.all() {
                     if let Ok(v) = n.client.get_volume(&vid.name).await {
-                        if names(vid, &v, false) {
+                        if names(vid, &v, false) || diskless_front_of(vid, &v) {
                             return Ok(Some((n, v)));
                         }
                     }
@@ -148,7 +148,7 @@ impl ControllerService {
         if let Some(front) = &replica_of {
             if let Ok(f) = self.node(Some(front)) {
                 if let Ok(v) = f.client.get_volume(&vid.name).await {
-                    if names(vid, &v, false) {
+                    if names(vid, &v, false) || diskless_front_of(vid, &v) {
                         return Ok(Some((f, v)));
                     }
                 }
@@ -160,7 +160,7 @@ impl ControllerService {
                     continue;
                 }
                 if let Ok(v) = n.client.get_volume(&vid.name).await {
-                    if names(vid, &v, false) {
+                    if names(vid, &v, false) || diskless_front_of(vid, &v) {
                         return Ok(Some((n, v)));
                     }
                 }

@@ -705,15 +705,15 @@ impl ControllerService {
         v: &api::Volume,
         source: Option<VolumeContentSource>,
     ) -> Volume {
-        // A replicated volume: usable on each of its replicas' nodes (a
-        // NodeStage there takes it over, docs/csi.md), and known by the id
-        // it was made with wherever its front end moved.
-        let mut at: Vec<&str> = vec![node];
-        if let Some(r) = &v.replication {
-            at.extend(r.replicas.iter().map(|x| x.node.as_str()));
-            at.sort_unstable();
-            at.dedup();
-        }
+        // A replicated volume: usable from every node (a NodeStage on a
+        // replica's node takes it over there, and on any other starts a
+        // front end holding no replica: docs/csi.md), so it has no
+        // accessible topology, which CSI reads as every node; and known by
+        // the id it was made with wherever its front end moved.
+        let at: Vec<&str> = match &v.replication {
+            Some(_) => Vec::new(),
+            None => vec![node],
+        };
         let volume_context = v
             .labels
             .get_key_value(api::REPLICAS_WANTED_LABEL)
@@ -780,10 +780,13 @@ impl ControllerService {
         let mut all = vec![];
         for n in self.nodes.all() {
             let vols = n.client.list_volumes().await.map_err(|e| from_client(&e))?;
-            for v in vols
-                .into_iter()
-                .filter(|v| !v.name.starts_with('.') && !crate::ids::is_replica(v))
-            {
+            for v in vols.into_iter().filter(|v| {
+                // A replica, or a front end holding none: the volume's
+                // id is its replicas' (docs/csi.md, "Replicas").
+                !v.name.starts_with('.')
+                    && !crate::ids::is_replica(v)
+                    && !v.replication.as_ref().is_some_and(|r| r.diskless)
+            }) {
                 let entry = list_volumes_response::Entry {
                     volume: Some(self.csi_volume(&n.name, &v, None)),
                     status: Some(list_volumes_response::VolumeStatus {

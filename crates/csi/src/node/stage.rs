@@ -13,7 +13,7 @@
 use super::state::{same_path, Access, Record};
 use super::{access_of, fs, not_found, sys, NodeService};
 use crate::controller::check_capability;
-use crate::ids::{is_replica, names, VolumeId};
+use crate::ids::{diskless_front_of, is_replica, names, VolumeId};
 use crate::proto::*;
 use crate::status::{from_client, invalid};
 use std::path::{Path, PathBuf};
@@ -135,10 +135,19 @@ impl NodeService {
         };
 
         let here = vid.node.as_deref().is_none_or(|n| n == self.cfg.node_id);
+        // A replicated volume (its context says how many replicas its
+        // class asks for) is usable on a node that holds none of them.
+        let replicated = req
+            .volume_context
+            .get(lamina_api::REPLICAS_WANTED_LABEL)
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n > 1);
         match self.client.get_volume(&vid.name).await {
             Ok(v) if names(&vid, &v, here) => {}
             Ok(v) if is_replica(&v) => self.take_over(&req, &v).await?,
+            Ok(v) if diskless_front_of(&vid, &v) => self.front_without_replica(&req).await?,
             Ok(_) => return Err(not_found(&req.volume_id)),
+            Err(e) if e.is_not_found() && replicated => self.front_without_replica(&req).await?,
             Err(e) if e.is_not_found() => return Err(not_found(&req.volume_id)),
             Err(e) => return Err(from_client(&e)),
         }
@@ -198,6 +207,22 @@ impl NodeService {
             .await
             .map_err(|e| from_client(&e))?;
         tracing::warn!(volume_id = %req.volume_id, from = ?front, "volume taken over: its front end serves it from this node");
+        Ok(())
+    }
+
+    /// The volume's pod moved to this node, which holds none of its
+    /// replicas: this node's daemon takes the volume over with a front end
+    /// that reaches every replica over the network (docs/replicas.md, "A
+    /// front end with no replica"; it checks in the shared record that a
+    /// replica holds every acknowledged write, and fences the old front
+    /// end). Asked again once taken, it changes nothing.
+    async fn front_without_replica(&self, req: &NodeStageVolumeRequest) -> Result<(), Status> {
+        let vid = VolumeId::parse(&req.volume_id).ok_or_else(|| not_found(&req.volume_id))?;
+        self.client
+            .take_over_volume(&vid.name)
+            .await
+            .map_err(|e| from_client(&e))?;
+        tracing::warn!(volume_id = %req.volume_id, "volume taken over by a front end on this node, which holds no replica of it");
         Ok(())
     }
 

@@ -82,6 +82,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         replicated::degraded_snapshot_restore,
     ),
     ("front-end-moved", replicated::front_end_moved),
+    (
+        "front-end-without-replica",
+        replicated::front_end_without_replica,
+    ),
     ("node-ca-made-once", install::ca_made_once),
     (
         "node-certs-from-cert-manager",
@@ -105,6 +109,7 @@ const THREE_NODES: &[&str] = &[
     "api-server-cut",
     "degraded-snapshot-restore",
     "front-end-moved",
+    "front-end-without-replica",
     "node-ca-made-once",
     "node-certs-from-cert-manager",
     "scale-100-replicated-pvcs",

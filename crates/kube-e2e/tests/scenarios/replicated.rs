@@ -741,8 +741,8 @@ impl Drop for RegisterAgain<'_> {
     }
 }
 
-/// o. The front end's node lost: a 2-replica PVC, its PV usable on both
-/// replicas' nodes (its node affinity), attached and written on node 1,
+/// o. The front end's node lost: a 2-replica PVC, its PV usable on every
+/// node (no node affinity), attached and written on node 1,
 /// node 1's daemon SIGKILLed. Playing kubelet's part once the pod moved,
 /// NodeStageVolume and NodePublishVolume with the PV's handle on the other
 /// replica's node (its node plugin): the volume is taken over there, its
@@ -762,25 +762,10 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     let ns = "front-end-moved";
     let (vol, other, node_x, _) = two_replica_claim(env, ns, "lamina-moved-2", "data")?;
     let pv = env.get("", "pv", &vol)?.context("no PV")?;
-    let mut usable: Vec<String> = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|t| {
-            t["matchExpressions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter(|e| e["key"] == crate::env::TOPOLOGY_KEY)
-        .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    usable.sort();
-    let mut want = vec![NODE_ID.to_string(), other.clone()];
-    want.sort();
+    // Usable from every node: a replicated volume has no accessible
+    // topology, so its PV no node affinity.
     ensure!(
-        usable == want,
+        pv["spec"]["nodeAffinity"].is_null(),
         "the PV's node affinity: {}",
         pv["spec"]["nodeAffinity"]
     );
@@ -1156,5 +1141,250 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
         })?;
     }
     env.kubectl(&["delete", "storageclass", "lamina-moved-2"])?;
+    Ok(())
+}
+
+/// p. A front end on a node that holds no replica: a 2-replica PVC made on
+/// node 1 (its PV with no node affinity), written there, node 1's daemon
+/// SIGKILLed. Playing kubelet's part once the pod moved to the third node,
+/// which holds neither replica: NodeStageVolume there (tried again until
+/// its daemon reaches the replicas, as kubelet does) starts a front end
+/// holding no replica, at a higher generation (the shared record names
+/// it, `diskless`, the other replica healthy and node 1's faulted); the
+/// data reads back through the published device, writes go on, the
+/// Volume resource moves there, and a snapshot is refused there, saying
+/// where to take one. Node 1 back: its front end refused, its volume made
+/// the third node's replica and copied through the front end, its attach
+/// refused. The other replica's daemon SIGKILLed under a write: the write
+/// succeeds, every byte reads back from node 1's rebuilt replica alone;
+/// back, the other replica is sent no more than 1.5 times what was
+/// written while it was away. Unstaged, and the PVC deleted: the CSI
+/// controller finds the volume through node 1's replica and deletes it on
+/// every node.
+pub fn front_end_without_replica(env: &Env) -> Result<()> {
+    let ns = "front-end-no-replica";
+    let (vol, other, node_x, component_x) =
+        two_replica_claim(env, ns, "lamina-no-replica-2", "data")?;
+    let (third, node_z) = match other.as_str() {
+        NODE_2 => (NODE_3, env.on_node_3()?),
+        _ => (NODE_2, env.on_node_2()?),
+    };
+    let pv = env.get("", "pv", &vol)?.context("no PV")?;
+    ensure!(
+        pv["spec"]["nodeAffinity"].is_null(),
+        "the PV's node affinity: {}",
+        pv["spec"]["nodeAffinity"]
+    );
+    let csi = &pv["spec"]["csi"];
+    let handle = csi["volumeHandle"]
+        .as_str()
+        .context("the PV has no volumeHandle")?
+        .to_string();
+    let context: std::collections::HashMap<String, String> = csi["volumeAttributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        .collect();
+    // The third node's daemon lists neither replica's node: Lamina's
+    // controllers give it their addresses once it fronts the volume.
+    for n in [NODE_ID, other.as_str()] {
+        let _ = node_z.lamina(&["node", "remove", n]);
+    }
+    let uri = env.attach_volume(&vol)?;
+    crate::env::qemu_io(&uri, "write -P 0x61 0 8M")?;
+    let g = wait("the attached volume's shared record", T, |last| {
+        let r = shared_record(env, &vol)?;
+        *last = r.to_string();
+        Ok((r["frontEnd"] == NODE_ID)
+            .then(|| r["generation"].as_u64())
+            .flatten()
+            .filter(|g| *g >= 1))
+    })?;
+
+    let node1 = env.stop("lamina", libc::SIGKILL)?;
+    let plugin = crate::node::NodePlugin::start(&node_z, third, "front-end-without-replica")?;
+    let mut csi_node = plugin.client.clone();
+    let staging = plugin.work.path().join("staging");
+    let target = plugin.work.path().join("target");
+    let cap = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    };
+    let stage = NodeStageVolumeRequest {
+        volume_id: handle.clone(),
+        staging_target_path: crate::node::path(&staging),
+        volume_capability: Some(cap.clone()),
+        volume_context: context.clone(),
+        ..Default::default()
+    };
+    let publish = NodePublishVolumeRequest {
+        volume_id: handle.clone(),
+        staging_target_path: crate::node::path(&staging),
+        target_path: crate::node::path(&target),
+        volume_capability: Some(cap),
+        volume_context: context,
+        ..Default::default()
+    };
+    let guard = plugin.staged(&handle, &staging, Some(&target));
+    let t0 = std::time::Instant::now();
+    wait(
+        "NodeStageVolume on the node holding no replica",
+        Duration::from_secs(90),
+        |last| {
+            let mut c = csi_node.clone();
+            match plugin.rt.block_on(c.node_stage_volume(stage.clone())) {
+                Ok(_) => Ok(Some(())),
+                Err(e) => {
+                    *last = e.to_string();
+                    Ok(None)
+                }
+            }
+        },
+    )?;
+    eprintln!(
+        "front-end-without-replica: staged on {third} {:.1} s after node 1 was killed",
+        t0.elapsed().as_secs_f64()
+    );
+    plugin
+        .rt
+        .block_on(csi_node.node_publish_volume(publish.clone()))
+        .context("NodePublishVolume")?;
+    let device = crate::node::path(&target);
+    let rec = shared_record(env, &vol)?;
+    ensure!(
+        rec["frontEnd"] == third
+            && rec["diskless"] == true
+            && rec["generation"].as_u64() > Some(g)
+            && faults(&rec) == [(other.clone(), false), (NODE_ID.to_string(), true)],
+        "the shared record after the takeover: {rec}"
+    );
+    crate::env::qemu_io(&device, "read -P 0x61 0 8M").context("the data after the takeover")?;
+    crate::env::qemu_io(&device, "write -P 0x62 0 4M")?;
+    let here = node_z.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        here["replication"]["diskless"] == true
+            && here["size"].as_u64() == Some(64 << 20)
+            && !here["export"].is_null(),
+        "the volume on {third}: {here}"
+    );
+    wait(
+        "the Volume resource on the node holding no replica",
+        T,
+        |last| {
+            let v = env
+                .get("lamina", "volumes.lamina.io", &vol)?
+                .context("no Volume resource")?;
+            *last = format!("{} {}", v["spec"], v["status"]["replication"]);
+            Ok(
+                (v["spec"]["node"] == third && v["status"]["replication"]["frontEnd"] == third)
+                    .then_some(()),
+            )
+        },
+    )?;
+    let refused = node_z.lamina(&["snapshot", "create", &vol, "there"]);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("holds no replica")),
+        "a snapshot on the front end holding no replica: {refused:?}"
+    );
+
+    // Node 1 back: refused, made the third node's replica, copied whole.
+    node1.start()?;
+    let rebuilt = wait(
+        "node 1's replica rebuilt through the front end",
+        Duration::from_secs(120),
+        |last| {
+            let all = replicas(&node_z, &vol)?;
+            *last = format!("{all:?}");
+            Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
+        },
+    )?;
+    ensure!(
+        rebuilt[1].0 == NODE_ID,
+        "the replicas after node 1 returned: {rebuilt:?}"
+    );
+    let mine = env.lamina_json(&["volume", "get", &vol])?;
+    ensure!(
+        mine["labels"]["lamina.io/replica-of"] == third && mine["replication"].is_null(),
+        "node 1's volume is not the new front end's replica: {mine}"
+    );
+    let refused = env.attach_volume(&vol);
+    ensure!(
+        refused.is_err(),
+        "node 1 attached the volume it lost: {refused:?}"
+    );
+
+    // The other replica lost under a write: the write succeeds, and every
+    // byte reads back from node 1's rebuilt replica alone.
+    let away = node_x.stop(component_x, libc::SIGKILL)?;
+    crate::env::qemu_io(&device, "write -P 0x63 8M 4M")
+        .context("a write while the other replica's daemon is down")?;
+    for (pattern, at) in [(0x62, "0 4M"), (0x61, "4M 4M"), (0x63, "8M 4M")] {
+        crate::env::qemu_io(&device, &format!("read -P {pattern:#x} {at}"))
+            .with_context(|| format!("node 1's rebuilt replica at {at}"))?;
+    }
+    away.start()?;
+    let sent = wait(
+        "the other replica rebuilt through the front end",
+        Duration::from_secs(120),
+        |last| {
+            let v = node_z.lamina_json(&["volume", "get", &vol])?;
+            let all = node_states(&v["replication"]["replicas"]);
+            *last = format!("{all:?}");
+            let done = all.len() == 2 && all.iter().all(|(_, s)| s == "healthy");
+            Ok(done
+                .then(|| {
+                    v["replication"]["replicas"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|r| r["node"] == other.as_str())
+                        .and_then(|r| r["last_rebuild"]["sent_bytes"].as_u64())
+                })
+                .flatten())
+        },
+    )?;
+    eprintln!(
+        "front-end-without-replica: the returning replica was sent {sent} bytes for {} written while it was away",
+        4u64 << 20
+    );
+    ensure!(
+        sent <= 6 << 20,
+        "the returning replica was sent {sent} bytes for 4 MiB written while it was away"
+    );
+    for (pattern, at) in [(0x62, "0 4M"), (0x61, "4M 4M"), (0x63, "8M 4M")] {
+        crate::env::qemu_io(&device, &format!("read -P {pattern:#x} {at}"))
+            .with_context(|| format!("the volume at {at}"))?;
+    }
+
+    plugin
+        .rt
+        .block_on(csi_node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: handle.clone(),
+            target_path: crate::node::path(&target),
+        }))
+        .context("NodeUnpublishVolume")?;
+    plugin
+        .rt
+        .block_on(csi_node.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: handle.clone(),
+            staging_target_path: crate::node::path(&staging),
+        }))
+        .context("NodeUnstageVolume")?;
+    guard.done();
+    drop(plugin);
+    env.kubectl(&["delete", "-n", ns, "pvc", "data", "--wait=true"])?;
+    for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x), (third, &node_z)] {
+        wait(&format!("the volume deleted on {n}"), T, |last| {
+            let r = on.lamina(&["volume", "get", &vol]);
+            *last = format!("{r:?}");
+            Ok(r.is_err().then_some(()))
+        })?;
+    }
+    env.kubectl(&["delete", "storageclass", "lamina-no-replica-2"])?;
     Ok(())
 }

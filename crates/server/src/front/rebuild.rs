@@ -152,6 +152,18 @@ fn run(ctx: Ctx, front: Weak<Front>) {
                 }
             }
         }
+        // A front end holding no replica brings each back through itself.
+        if set.diskless {
+            for r in set.replicas.iter().filter(|r| r.faulted.is_some()) {
+                if f.is_closed() {
+                    break;
+                }
+                if let Err(e) = rebuild_remote(&ctx, &f, r, set.generation) {
+                    tracing::debug!(replica = %r.node, error = %e, "not rebuilt yet");
+                }
+            }
+            continue;
+        }
         // This node's replica is the source of every other's rebuild: it
         // is rebuilt first, and the others wait for it.
         let Some(here) = set.replicas.first().filter(|r| r.address.is_empty()) else {
@@ -802,7 +814,6 @@ fn last_round(
 /// 10 keeps, anything may differ, and every byte is copied. Snapshots of
 /// the volume are refused while it is faulted, so it missed none.
 fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
-    let node = &r.node;
     if let Some(f) = ctx.pool.failure() {
         return Err(format!("this node's pool: {f}"));
     }
@@ -820,10 +831,64 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     // What it answered unflushed before its fault, durable.
     io(wait(&dev, IoOp::Flush))?;
     let dev: Arc<dyn BlockIo> = Arc::new(dev);
+    let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
+    copy_through(ctx, front, r, generation, dev, size, false)
+}
+
+/// Bring faulted replica `r`, on another node, back for a front end that
+/// holds no replica (docs/replicas.md, "A front end with no replica"):
+/// there is no local snapshot to send rounds from, so it is brought back
+/// as this node's own replica is, through the front end
+/// ([`copy_through`]). Its session is opened and activated at the
+/// generation first, and the snapshots deleted while it was out are
+/// deleted there. What it answered that no flush covered counts as
+/// missed: its daemon may have restarted since. A snapshot of the volume
+/// is refused while a replica is out, so it missed none.
+fn rebuild_remote(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
+    let node = &r.node;
+    let identity = ctx
+        .identity
+        .as_ref()
+        .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
+    let remote = super::remote_of(&ctx.store, r);
+    let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
+        .map_err(|e| e.to_string())?;
+    io(v.activate(generation))?;
+    for name in &r.pending_deletes {
+        io(v.delete_snapshot(name))?;
+    }
+    if !r.pending_deletes.is_empty() {
+        let done = r.pending_deletes.clone();
+        stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+            x.pending_deletes.retain(|s| !done.contains(s))
+        }))?;
+    }
+    let size = io(v.size())?;
+    tracing::info!(replica = %node, "faulted replica answers: copying what it lacks through this front end");
+    let v = Arc::new(v);
+    front.set_remote(node, v.clone());
+    copy_through(ctx, front, r, generation, v, size, true)
+}
+
+/// Bring faulted replica `r` back through the front end, its volume
+/// reached by `dev` (activated at `generation`) of `size` bytes: it
+/// rejoins the write set, what it lacks is copied, flushed there, and it
+/// is recorded healthy and made so with no change in flight. With
+/// `unflushed_lost`, what it answered that no flush covered before its
+/// fault is copied too.
+fn copy_through(
+    ctx: &Ctx,
+    front: &Front,
+    r: &ReplicaRec,
+    generation: u64,
+    dev: Arc<dyn BlockIo>,
+    size: u64,
+    unflushed_lost: bool,
+) -> Result<(), Fail> {
+    let node = &r.node;
     // Snapshots are not held (they are refused while it is faulted, and
     // its promotion is quiesced): a replica removed meanwhile does not
     // wait for a copy of any length.
-    let size = engine(ctx.pool.volume_info_by_name(&ctx.volume))?.size;
     let kept = front.replicated.quiesced(|healthy| {
         if healthy.is_empty() {
             return Err("no healthy replica to copy from".to_string());
@@ -834,11 +899,20 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
         io(front.replicated.take_missed(node)).inspect_err(|_| front.replicated.drop_rebuild(node))
     })?;
     let old = r.rebuild.clone();
-    let ranges = match kept.missed {
+    // What it answered that no flush covered, when its node may have lost
+    // it (None: more than is kept, so anything).
+    let unflushed = match kept.unflushed {
+        _ if !unflushed_lost => Some(Vec::new()),
+        Missed::Ranges(v) => Some(v),
+        Missed::NotKept => Some(Vec::new()),
+        Missed::TooMany => None,
+    };
+    let ranges = match (kept.missed, unflushed) {
         // Faulted under this front end, or one whose missed regions this
         // front end's start put in what it keeps (`front::open`).
-        Missed::Ranges(v) if r.tracked == generation || r.missed_regions.is_some() => {
+        (Missed::Ranges(v), Some(u)) if r.tracked == generation || r.missed_regions.is_some() => {
             let mut all = v;
+            all.extend(u);
             all.extend(old.iter().flat_map(|b| b.uncertain.iter().copied()));
             // Regions end at a multiple of their size, maybe past the
             // volume's.
@@ -849,6 +923,11 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
                 .collect()
         }
         _ => vec![(0, size)],
+    };
+    let healthy_msg = if unflushed_lost {
+        "replica rebuilt through this front end: healthy"
+    } else {
+        "this node's replica rebuilt: healthy"
     };
     let bytes: u64 = ranges.iter().map(|(a, b)| b - a).sum();
     let (sent0, started) = old
@@ -920,7 +999,7 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
     });
     match healthy {
         Ok(()) => {
-            tracing::info!(replica = %node, sent = sent0 + sent, "this node's replica rebuilt: healthy");
+            tracing::info!(replica = %node, sent = sent0 + sent, "{healthy_msg}");
             Ok(())
         }
         Err(e) => {

@@ -23,7 +23,8 @@ pub async fn attach(
 }
 
 /// [`attach`], and with `take_over` this node's replica of another node's
-/// volume takes it over first (`super::replicas::take_over`).
+/// volume takes it over first (`super::replicas::take_over`), as does a
+/// node holding no replica of it (its front end then reaches them all).
 pub async fn attach_or_take(
     st: &Arc<State>,
     volume: String,
@@ -38,7 +39,16 @@ pub async fn attach_or_take(
         let s2 = s.clone();
         blocking(move || {
             if snapshot.is_none() {
-                s2.pool.volume_info_by_name(&volume)?;
+                // A volume this node fronts holding no replica of it, or
+                // takes over so, has no volume here.
+                let here = s2.pool.volume_info_by_name(&volume);
+                if let Err(e) = here {
+                    let diskless = crate::front::replica_set(&s2.store, &s2.pool, &volume)?
+                        .is_some_and(|r| r.diskless);
+                    if !(take_over || diskless) {
+                        return Err(e.into());
+                    }
+                }
                 if let Some(id) = s2.running_copy_into(&volume) {
                     return Err(Failure::conflict(
                         format!("volume {volume:?} is still being copied (operation {id})"),

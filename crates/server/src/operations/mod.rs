@@ -31,6 +31,7 @@ mod volumes;
 
 pub use recover::recover;
 pub use remote::request as clone_op;
+pub use replicas::forget_taken_diskless;
 
 use crate::error::Failure;
 use crate::state::{blocking, new_record, State, Step};
@@ -314,10 +315,13 @@ async fn already_there(st: &Arc<State>, op: &Op) -> Option<Outcome> {
 
 /// A delete of what is not there succeeds at once, with nothing recorded.
 async fn already_gone(st: &Arc<State>, op: &Op) -> Result<Option<Outcome>, Failure> {
-    let (p, op) = (st.pool.clone(), op.clone());
+    let (p, op, s) = (st.pool.clone(), op.clone(), st.clone());
     blocking(move || {
         Ok(match &op {
-            Op::DeleteVolume { name, .. } if p.volume_info_by_name(name).is_err() => {
+            Op::DeleteVolume { name, .. }
+                if p.volume_info_by_name(name).is_err()
+                    && crate::front::replica_set(&s.store, &p, name)?.is_none() =>
+            {
                 Some(Outcome::Removed(false))
             }
             Op::DeleteSnapshot { volume, name }
@@ -362,6 +366,7 @@ fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
 /// takes over), it may be deleted (a leftover replica, docs/replicas.md)
 /// and its snapshots cloned from.
 async fn refuse_on_replicas(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
+    refuse_on_diskless(st, op).await?;
     if !matches!(
         op,
         Op::CreateSnapshot { .. }
@@ -391,6 +396,43 @@ async fn refuse_on_replicas(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
                     &format!("ask node {front}'s daemon (it changes every replica), or, if that node is lost, take the volume over here first: lamina volume attach --take-over"),
                 ));
             }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// A volume this node fronts holding no replica of it (docs/replicas.md,
+/// "A front end with no replica") is served and deleted here, and nothing
+/// else: its snapshots, size, labels and replicas are changed through a
+/// front end on one of its replicas' nodes, and a volume made here under
+/// its name would hide it.
+async fn refuse_on_diskless(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
+    // Deleting it deletes every replica (`volumes::delete`).
+    if matches!(op, Op::DeleteVolume { .. }) {
+        return Ok(());
+    }
+    let (s, volumes): (_, Vec<String>) = (
+        st.clone(),
+        op.volumes().into_iter().map(str::to_string).collect(),
+    );
+    let kind = op.kind();
+    blocking(move || {
+        for v in &volumes {
+            let Some(rec) = crate::front::replica_set(&s.store, &s.pool, v)? else {
+                continue;
+            };
+            if !rec.diskless {
+                continue;
+            }
+            let nodes: Vec<&str> = rec.replicas.iter().map(|r| r.node.as_str()).collect();
+            return Err(Failure::conflict(
+                format!(
+                    "volume {v:?} is served here by a front end that holds no replica of it: a {kind} is made through a front end on one of its replicas' nodes ({})",
+                    nodes.join(", ")
+                ),
+                &format!("detach it here (lamina volume detach {v}), then attach it on one of those nodes with --take-over and ask there"),
+            ));
         }
         Ok(())
     })

@@ -86,6 +86,8 @@ pub(super) async fn add(st: &Arc<State>, volume: String, node: String) -> Result
                                 ..Default::default()
                             }],
                             dirty: Vec::new(),
+                            diskless: false,
+                            size: 0,
                         },
                     )
                     .map_err(Failure::from)?;
@@ -319,7 +321,13 @@ fn why(e: &TransferError) -> String {
 /// is not this front end's (made anew by hand, say) is left as it is. Run
 /// again (asked again, or after a restart), it deletes what is left.
 pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Result<(), Failure> {
-    let others: Vec<&ReplicaRec> = set.replicas.iter().skip(1).collect();
+    // Every replica reached over the network: all but this node's (none
+    // when its front end holds no replica).
+    let others: Vec<&ReplicaRec> = set
+        .replicas
+        .iter()
+        .filter(|r| !r.address.is_empty())
+        .collect();
     if others.is_empty() {
         return Ok(());
     }
@@ -401,7 +409,11 @@ pub const MOVED: &str = "the front end moved to another node: its data is copied
 /// own, or one it took over already, changes nothing. Blocking; the caller
 /// holds the volume's lock.
 pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
-    let info = st.pool.volume_info_by_name(volume)?;
+    let info = match st.pool.volume_info_by_name(volume) {
+        Ok(info) => info,
+        Err(lamina_engine::Error::VolumeNotFound(_)) => return take_over_diskless(st, volume),
+        Err(e) => return Err(e.into()),
+    };
     let Some(old) = crate::replicas::replica_of(&info).map(str::to_string) else {
         return Ok(());
     };
@@ -469,6 +481,7 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
             front_end: me.clone(),
             generation: rec.generation + 1,
             replicas,
+            diskless: false,
         };
         shared
             .take(&me, volume, &rec, &to)
@@ -521,9 +534,165 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
                 generation: taken.generation.saturating_sub(1),
                 replicas,
                 dirty: Vec::new(),
+                diskless: false,
+                size: 0,
             },
         )
         .map_err(Failure::from)?;
     crate::replicas::relabel(&st.pool, volume, None)?;
     Ok(())
+}
+
+/// Make this node, which holds no replica of volume `volume`, its front end
+/// (docs/replicas.md, "A front end with no replica"), before an attach
+/// opens it. The shared record must name a healthy replica; it is changed
+/// there first, only if it is still what was read: this node's front end,
+/// said to hold no replica, at the next generation, one healthy replica
+/// kept (the first not on the old front end's node, which may have had
+/// changes in flight the others missed; else the old front end's own),
+/// every other faulted, to be copied again. Then the replica set is
+/// recorded here, with no local volume. A call cut off after the shared
+/// record's change finds this node named there and records it here.
+/// Blocking; the caller holds the volume's lock.
+fn take_over_diskless(st: &State, volume: &str) -> Result<(), Failure> {
+    let identity = st.identity.clone().ok_or_else(|| {
+        Failure::invalid(
+            "serving a replicated volume from a node that holds no replica of it needs this daemon's transfer identity: start it with --transfer-tls DIR",
+        )
+    })?;
+    let me = identity.node().to_string();
+    let Some((shared, _)) = st.store.shared() else {
+        return Err(Failure::not_found(format!(
+            "volume {volume:?} is not here, and this daemon keeps no shared record of replica sets (lamina serve --kube-namespace) to find its replicas in"
+        )));
+    };
+    let shared_failure = |e: crate::store::SharedRecordError| {
+        Failure::from(crate::ServerError::Shared {
+            volume: volume.to_string(),
+            source: e,
+        })
+    };
+    let rec = shared
+        .read(volume)
+        .map_err(shared_failure)?
+        .ok_or_else(|| {
+            Failure::not_found(format!(
+                "volume {volume:?} is not here, and the shared record has no replica set of that name"
+            ))
+        })?;
+    let taken = if rec.front_end == me && rec.diskless {
+        // Taken already: recorded here too (this node's front end detached
+        // since), or not yet (a call cut off after the shared record's
+        // change).
+        let here = crate::front::replica_set(&st.store, &st.pool, volume)?;
+        if here.is_some_and(|r| r.diskless) {
+            return Ok(());
+        }
+        rec
+    } else if rec.replicas.iter().any(|(n, _)| *n == me) {
+        return Err(Failure::conflict(
+            format!("volume {volume:?}: the shared record lists a replica of it on this node, and this node's pool has no volume of that name"),
+            &format!("remove that replica (lamina replica remove {volume} {me}, on its front end's node) and attach it here again"),
+        ));
+    } else {
+        let healthy = |n: &str| rec.replicas.iter().any(|(x, f)| x == n && f.is_none());
+        let kept = rec
+            .replicas
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .find(|n| healthy(n) && *n != rec.front_end)
+            .or_else(|| healthy(&rec.front_end).then_some(rec.front_end.as_str()))
+            .ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::Unavailable,
+                    format!("volume {volume:?} has no healthy replica in the shared record: none holds every acknowledged write"),
+                    Some("see its Volume resource's status.replicaSet"),
+                )
+            })?
+            .to_string();
+        let mut replicas = vec![(kept.clone(), None)];
+        for (n, faulted) in rec.replicas.iter().filter(|(n, _)| *n != kept) {
+            replicas.push((
+                n.clone(),
+                Some(faulted.clone().unwrap_or_else(|| MOVED.to_string())),
+            ));
+        }
+        let to = crate::store::SharedSet {
+            front_end: me.clone(),
+            generation: rec.generation + 1,
+            replicas,
+            diskless: true,
+        };
+        shared
+            .take(&me, volume, &rec, &to)
+            .map_err(shared_failure)?;
+        tracing::warn!(volume, from = %rec.front_end, generation = to.generation, kept = %kept,
+            "volume taken over by a front end holding no replica: this node's front end serves it");
+        to
+    };
+    let replicas = taken
+        .replicas
+        .iter()
+        .map(|(n, faulted)| ReplicaRec {
+            node: n.clone(),
+            // Reached at its node-list address; this stands for a node not
+            // listed here yet (`lamina node add`, or Lamina's controllers
+            // from its node Secret).
+            address: st
+                .store
+                .node(n)
+                .ok()
+                .flatten()
+                .map(|r| r.address)
+                .unwrap_or_else(|| "unlisted:0".to_string()),
+            faulted: faulted.clone(),
+            since: now(),
+            ..Default::default()
+        })
+        .collect();
+    // One generation below the one taken: the attach's open takes that one.
+    st.store
+        .put_replica_set(
+            volume,
+            &ReplicaSetRec {
+                volume_id: 0,
+                generation: taken.generation.saturating_sub(1),
+                replicas,
+                dirty: Vec::new(),
+                diskless: true,
+                size: 0,
+            },
+        )
+        .map_err(Failure::from)?;
+    Ok(())
+}
+
+/// Forget the volumes this node fronted holding no replica of them, with
+/// no front end open now, that the shared record says another node's front
+/// end holds since (it took them over): nothing of them is here, and
+/// listed still, they would be shown as this node's. Each under its
+/// volume's lock, so that no attach runs meanwhile.
+pub async fn forget_taken_diskless(st: &Arc<State>) {
+    if st.store.shared().is_none() {
+        return;
+    }
+    let s = st.clone();
+    let Ok(sets) = blocking(move || crate::front::diskless_sets(&s.store, &s.pool)).await else {
+        return;
+    };
+    for (volume, _) in sets {
+        if st.fronts.get(&volume).is_some() {
+            continue;
+        }
+        let lock = st.lock(&volume);
+        let _g = lock.lock().await;
+        let s = st.clone();
+        let _ = blocking(move || {
+            if s.fronts.get(&volume).is_none() {
+                crate::replicas::demote(&s.pool, &s.store, &volume);
+            }
+            Ok(())
+        })
+        .await;
+    }
 }

@@ -210,6 +210,8 @@ fn make_replicas(
         generation: 0,
         replicas: set,
         dirty: Vec::new(),
+        diskless: false,
+        size: 0,
     };
     st.store
         .put_replica_set(name, &rec)
@@ -267,6 +269,15 @@ pub(super) async fn delete(
     }
     let (p, st2) = (st.pool.clone(), st.clone());
     blocking(move || {
+        // Fronted here holding no replica: its replicas are all there is.
+        if let Some(set) =
+            crate::front::replica_set(&st2.store, &st2.pool, &name)?.filter(|s| s.diskless)
+        {
+            super::replicas::retire_others(&st2, &name, &set)?;
+            st2.fronts.remove(&name);
+            st2.store.remove_replica_set(&name).map_err(Failure::from)?;
+            return Ok(Outcome::Removed(true));
+        }
         if recovering && p.volume_info_by_name(&name).is_err() {
             return Ok(Outcome::Removed(true));
         }

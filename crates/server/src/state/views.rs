@@ -88,6 +88,29 @@ impl State {
         }
     }
 
+    /// A volume this node fronts holding no replica of it, as the API
+    /// shows it: what its record knows (its size, its replicas); no data
+    /// of it is here, so it has no id, time, usage or labels of this
+    /// node's pool.
+    pub fn diskless_volume(&self, name: String, rec: crate::store::ReplicaSetRec) -> api::Volume {
+        api::Volume {
+            id: 0,
+            export: self.export_of(&name),
+            size: rec.size,
+            created: String::new(),
+            allocated_bytes: 0,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
+            parent_snapshot: None,
+            origin: None,
+            clone_state: api::CloneState::None,
+            operation: None,
+            labels: Default::default(),
+            replication: Some(replication(&self.store, rec)),
+            name,
+        }
+    }
+
     /// Whether the pool is past its high-water mark, and by how much
     /// (reads every refcount page: call it once per decision).
     pub fn space_warning(&self) -> Result<Option<String>, Failure> {
@@ -144,6 +167,7 @@ impl State {
 /// address the front end reaches it at (its node list's, else the one
 /// recorded with it).
 fn replication(store: &crate::store::Store, rec: crate::store::ReplicaSetRec) -> api::Replication {
+    let diskless = rec.diskless;
     let replicas: Vec<api::ReplicaInfo> = rec
         .replicas
         .into_iter()
@@ -198,5 +222,6 @@ fn replication(store: &crate::store::Store, rec: crate::store::ReplicaSetRec) ->
             _ => api::ReplicationState::Degraded,
         },
         replicas,
+        diskless,
     }
 }

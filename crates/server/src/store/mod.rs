@@ -51,8 +51,11 @@ const VERSION_KEY: &str = "record_version";
 /// table; a format-5 store is read as it is, the same way); 7: a faulted
 /// replica of this node's keeps the regions it missed (`missed_regions`: a
 /// format-6 store is read as it is, the same way, and an older daemon must
-/// not clean regions without keeping them).
-pub const RECORD_VERSION: u64 = 7;
+/// not clean regions without keeping them); 8: a front end holding no
+/// replica (a replica set `diskless`, with the volume's `size`: a format-7
+/// store is read as it is, the same way, and an older daemon must not take
+/// such a record for its local volume's).
+pub const RECORD_VERSION: u64 = 8;
 
 pub struct Store {
     pub(crate) db: Db,
@@ -106,7 +109,7 @@ impl Store {
         match version {
             RECORD_VERSION => {}
             1 => store.migrate_v1()?,
-            2..=6 => store.set_version(version)?,
+            2..=7 => store.set_version(version)?,
             newer => {
                 return Err(ServerError::Unreadable(format!(
                     "{}: record format {newer} was written by a newer lamina (this one reads up to {RECORD_VERSION}); run that version",

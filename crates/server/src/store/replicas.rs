@@ -29,12 +29,22 @@ pub const MAX_REPLICAS: usize = 3;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReplicaSetRec {
     /// The pool's id of the local volume: a record of a volume deleted and
-    /// made again under its name is not this one's.
+    /// made again under its name is not this one's. 0 for a front end
+    /// that holds no replica (`diskless`).
     pub volume_id: u64,
     /// The last generation a front end took (0: none yet).
     pub generation: u64,
-    /// In order, this node's first.
+    /// In order, this node's first (none on this node when `diskless`).
     pub replicas: Vec<ReplicaRec>,
+    /// This node holds no replica: its front end reaches every replica
+    /// over a replica session (record format 8; docs/replicas.md, "A front
+    /// end with no replica").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub diskless: bool,
+    /// The volume's size, kept for a `diskless` front end (no local volume
+    /// says it); 0 until its first front end opened.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size: u64,
     /// Regions (of `lamina_replica::REGION` bytes, by index) where the
     /// healthy replicas may differ: written, and no flush covered it yet
     /// (the write intent, lamina-replica's rule 14). Sorted.
@@ -243,6 +253,7 @@ impl Store {
         let set = |r: &ReplicaSetRec| SharedSet {
             front_end: node.clone(),
             generation: r.generation,
+            diskless: r.diskless,
             replicas: r
                 .replicas
                 .iter()
@@ -341,6 +352,13 @@ impl Store {
             self.replica_set_changed();
         }
         Ok(rec)
+    }
+
+    /// Record the size of volume `volume`, fronted here with no local
+    /// replica to say it (`ReplicaSetRec::size`).
+    pub fn set_replica_set_size(&self, volume: &str, size: u64) -> Result<(), ServerError> {
+        self.change_replica_set(volume, |r| r.size = size)
+            .map(|_| ())
     }
 
     /// Record regions `regions` of volume `volume` dirty (or clean):
@@ -587,6 +605,8 @@ mod tests {
             generation: 0,
             replicas: vec![r("a", ""), r("b", "10.0.0.2:7481"), r("c", "10.0.0.3:7481")],
             dirty: Vec::new(),
+            diskless: false,
+            size: 0,
         }
     }
 
