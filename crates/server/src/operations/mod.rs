@@ -365,9 +365,15 @@ fn refuse_while_copying(st: &State, op: &Op) -> Result<(), Failure> {
 /// knowing. Its labels may change (the CSI node plugin marks a replica it
 /// takes over), it may be deleted (a leftover replica, docs/replicas.md)
 /// and its snapshots cloned from.
+///
+/// A volume this node fronts holding no replica of it (docs/replicas.md,
+/// "A front end with no replica") is served and deleted here, and nothing
+/// else: its snapshots, size, labels and replicas are changed through a
+/// front end on one of its replicas' nodes, and a volume made here under
+/// its name would hide it. Its record is looked for only where the pool
+/// has no volume of the name.
 async fn refuse_on_replicas(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
-    refuse_on_diskless(st, op).await?;
-    if !matches!(
+    let replica_guarded = matches!(
         op,
         Op::CreateSnapshot { .. }
             | Op::DeleteSnapshot { .. }
@@ -375,43 +381,10 @@ async fn refuse_on_replicas(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
             | Op::ExpandVolume { .. }
             | Op::CreateSnapshotGroup { .. }
             | Op::DeleteSnapshotGroup { .. }
-    ) {
-        return Ok(());
-    }
-    let (p, volumes): (_, Vec<String>) = (
-        st.pool.clone(),
-        op.volumes().into_iter().map(str::to_string).collect(),
     );
-    let kind = op.kind();
-    blocking(move || {
-        for v in &volumes {
-            let Ok(info) = p.volume_info_by_name(v) else {
-                continue;
-            };
-            if let Some(front) = crate::replicas::replica_of(&info) {
-                return Err(Failure::conflict(
-                    format!(
-                        "volume {v:?} here is a replica of node {front}'s volume: a {kind} changes it only through its front end there"
-                    ),
-                    &format!("ask node {front}'s daemon (it changes every replica), or, if that node is lost, take the volume over here first: lamina volume attach --take-over"),
-                ));
-            }
-        }
-        Ok(())
-    })
-    .await
-}
-
-/// A volume this node fronts holding no replica of it (docs/replicas.md,
-/// "A front end with no replica") is served and deleted here, and nothing
-/// else: its snapshots, size, labels and replicas are changed through a
-/// front end on one of its replicas' nodes, and a volume made here under
-/// its name would hide it.
-async fn refuse_on_diskless(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
-    // Deleting it deletes every replica (`volumes::delete`).
-    if matches!(op, Op::DeleteVolume { .. }) {
-        return Ok(());
-    }
+    // Deleting a volume fronted with no replica deletes every replica
+    // (`volumes::delete`).
+    let diskless_guarded = !matches!(op, Op::DeleteVolume { .. });
     let (s, volumes): (_, Vec<String>) = (
         st.clone(),
         op.volumes().into_iter().map(str::to_string).collect(),
@@ -419,20 +392,35 @@ async fn refuse_on_diskless(st: &Arc<State>, op: &Op) -> Result<(), Failure> {
     let kind = op.kind();
     blocking(move || {
         for v in &volumes {
-            let Some(rec) = crate::front::replica_set(&s.store, &s.pool, v)? else {
-                continue;
-            };
-            if !rec.diskless {
-                continue;
+            match s.pool.volume_info_by_name(v) {
+                Ok(info) if replica_guarded => {
+                    if let Some(front) = crate::replicas::replica_of(&info) {
+                        return Err(Failure::conflict(
+                            format!(
+                                "volume {v:?} here is a replica of node {front}'s volume: a {kind} changes it only through its front end there"
+                            ),
+                            &format!("ask node {front}'s daemon (it changes every replica), or, if that node is lost, take the volume over here first: lamina volume attach --take-over"),
+                        ));
+                    }
+                }
+                Ok(_) => {}
+                Err(_) if diskless_guarded => {
+                    let Some(rec) = crate::front::replica_set(&s.store, &s.pool, v)?
+                        .filter(|r| r.diskless)
+                    else {
+                        continue;
+                    };
+                    let nodes: Vec<&str> = rec.replicas.iter().map(|r| r.node.as_str()).collect();
+                    return Err(Failure::conflict(
+                        format!(
+                            "volume {v:?} is served here by a front end that holds no replica of it: a {kind} is made through a front end on one of its replicas' nodes ({})",
+                            nodes.join(", ")
+                        ),
+                        &format!("detach it here (lamina volume detach {v}), then attach it on one of those nodes with --take-over and ask there"),
+                    ));
+                }
+                Err(_) => {}
             }
-            let nodes: Vec<&str> = rec.replicas.iter().map(|r| r.node.as_str()).collect();
-            return Err(Failure::conflict(
-                format!(
-                    "volume {v:?} is served here by a front end that holds no replica of it: a {kind} is made through a front end on one of its replicas' nodes ({})",
-                    nodes.join(", ")
-                ),
-                &format!("detach it here (lamina volume detach {v}), then attach it on one of those nodes with --take-over and ask there"),
-            ));
         }
         Ok(())
     })

@@ -424,3 +424,95 @@ async fn a_replica_changes_only_through_its_front_end() {
     .unwrap();
     assert!(st.pool.volume_info_by_name("r").is_err());
 }
+
+/// A volume fronted here with no replica of it (a `diskless` record, no
+/// volume in the pool) is neither changed here nor hidden by a volume made
+/// under its name; it is listed from its record; deleting it asks its
+/// replicas' nodes first, and one that does not answer leaves everything
+/// as it was.
+#[tokio::test]
+async fn a_volume_fronted_with_no_replica_is_served_and_deleted_here_only() {
+    let (_d, st) = state().await;
+    let rec = crate::store::ReplicaSetRec {
+        volume_id: 0,
+        generation: 3,
+        replicas: ["n1", "n2"]
+            .iter()
+            .map(|n| crate::store::ReplicaRec {
+                node: n.to_string(),
+                // Nothing listens there.
+                address: "127.0.0.1:9".into(),
+                since: 1,
+                ..Default::default()
+            })
+            .collect(),
+        dirty: Vec::new(),
+        diskless: true,
+        size: 1 << 20,
+    };
+    st.store.put_replica_set("d", &rec).unwrap();
+    let label = [("k".to_string(), "v".to_string())].into();
+    for op in [
+        Op::CreateSnapshot {
+            volume: "d".into(),
+            name: "t".into(),
+            labels: Default::default(),
+        },
+        Op::ExpandVolume {
+            name: "d".into(),
+            size: 2 << 20,
+        },
+        Op::SetVolumeLabels {
+            name: "d".into(),
+            labels: label,
+        },
+        Op::CreateVolume {
+            name: "d".into(),
+            size: 1 << 20,
+            labels: Default::default(),
+            replicas: Vec::new(),
+        },
+        Op::AddReplica {
+            volume: "d".into(),
+            node: "n3".into(),
+        },
+    ] {
+        let kind = op.kind();
+        let Err(e) = run(&st, op).await else {
+            panic!("{kind}: done on a volume fronted with no replica")
+        };
+        assert_eq!(
+            e.1.code,
+            api::ErrorCode::Conflict,
+            "{kind}: {}",
+            e.1.message
+        );
+        assert!(
+            e.1.message.contains("holds no replica") && e.1.message.contains("n1, n2"),
+            "{kind}: {}",
+            e.1.message
+        );
+    }
+    assert!(st.pool.volume_info_by_name("d").is_err(), "nothing made");
+    let listed = crate::front::diskless_sets(&st.store, &st.pool).unwrap();
+    assert_eq!(listed.len(), 1);
+    let shown = st.diskless_volume(listed[0].0.clone(), listed[0].1.clone());
+    assert_eq!(shown.size, 1 << 20);
+    assert!(shown.replication.unwrap().diskless);
+
+    // No transfer identity here: its replicas cannot be asked, and
+    // nothing changes.
+    let Err(e) = run(
+        &st,
+        Op::DeleteVolume {
+            name: "d".into(),
+            with_snapshots: false,
+        },
+    )
+    .await
+    else {
+        panic!("deleted without asking its replicas' nodes")
+    };
+    assert_eq!(e.1.code, api::ErrorCode::Invalid, "{}", e.1.message);
+    assert_eq!(st.store.replica_set("d").unwrap(), Some(rec));
+}
