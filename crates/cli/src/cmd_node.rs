@@ -80,20 +80,78 @@ enum NodeCmd {
         #[arg(long, value_name = "GROUP", default_value = "cert-manager.io")]
         issuer_group: String,
         /// How long the certificate is valid, as cert-manager reads it (e.g.
-        /// 8760h) [default: the issuer's, else cert-manager's 90 days]. The
-        /// daemon reads its certificate when it starts: restart it within
-        /// that time.
+        /// 8760h) [default: the issuer's, else cert-manager's 90 days].
+        /// cert-manager renews it at two thirds of that: keep
+        /// `--renew-every` running to bring the renewed one to the daemon.
         #[arg(long, value_name = "DURATION")]
         duration: Option<String>,
         /// How long to wait for cert-manager to issue it.
         #[arg(long, value_name = "DURATION", default_value = "5m")]
         wait: humantime::Duration,
+        /// Keep running: look at the certificate again this often, and
+        /// write it into DIR whenever cert-manager renewed it (the daemon
+        /// reads DIR again every 30 s). Errors then are printed and the
+        /// next look tries again.
+        #[arg(long, value_name = "DURATION")]
+        renew_every: Option<humantime::Duration>,
         /// Lamina's namespace [default: POD_NAMESPACE, else the kubeconfig's namespace].
         #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
         namespace: Option<String>,
         /// Where ca.crt, tls.crt and tls.key go (created if absent; files there replaced).
         dir: PathBuf,
     },
+}
+
+/// Put cert-manager's certificate `tls` for node `node` into `dir`, unless
+/// `dir` holds it already: whether it was written. Checked first in a
+/// scratch directory of `dir`, as the daemon will read it: it must load (a
+/// key that matches, a CA that signed it) and name this node first (an
+/// issuer may rewrite the DNS names). Only then are `dir`'s files
+/// replaced, each written beside it and renamed over it, the key first
+/// (the daemon, reading them meanwhile, finds a key that does not match
+/// its certificate and keeps the identity it has until the next read).
+fn write_checked(
+    dir: &std::path::Path,
+    node: &str,
+    ns: &str,
+    issuer: &str,
+    tls: &lamina_node_secrets::NodeTls,
+) -> Result<bool> {
+    use lamina_transfer::{CA_FILE, CERT_FILE, KEY_FILE};
+    let files = [
+        (KEY_FILE, &tls.key, true),
+        (CERT_FILE, &tls.cert, false),
+        (CA_FILE, &tls.ca, false),
+    ];
+    let same = files
+        .iter()
+        .all(|(f, bytes, _)| std::fs::read(dir.join(f)).is_ok_and(|b| b == **bytes));
+    if same {
+        return Ok(false);
+    }
+    let scratch = dir.join(".issued");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let checked = (|| -> Result<()> {
+        for (f, bytes, secret) in files {
+            replace_file(&scratch.join(f), bytes, secret)?;
+        }
+        let id = lamina_transfer::Identity::load(&scratch)
+            .with_context(|| format!("the certificate cert-manager issued for node {node}"))?;
+        anyhow::ensure!(
+            id.node() == node,
+            "the certificate cert-manager issued (Secret {ns}/{}) names node {:?} first, not {node:?}: the issuer {issuer} rewrote its DNS names",
+            lamina_node_secrets::certificate_name(node),
+            id.node(),
+        );
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    checked?;
+    for (f, bytes, secret) in files {
+        replace_file(&dir.join(f), bytes, secret)?;
+    }
+    Ok(true)
 }
 
 /// Write `bytes` to `path` through a file beside it, renamed over it: a
@@ -218,6 +276,7 @@ async fn run(cmd: NodeCmd) -> Result<()> {
             issuer_group,
             duration,
             wait,
+            renew_every,
             namespace,
             dir,
         } => {
@@ -234,59 +293,45 @@ async fn run(cmd: NodeCmd) -> Result<()> {
                 kind: issuer_kind,
                 group: issuer_group,
             };
-            let tls = lamina_node_secrets::ensure_certificate(
-                client,
-                &ns,
-                &node,
-                &issuer,
-                duration.as_deref(),
-                *wait,
-            )
-            .await?;
-            // Checked first in a scratch directory of DIR, as the daemon
-            // will read it: it must load (a key that matches, a CA that
-            // signed it) and name this node first (an issuer may rewrite
-            // the DNS names). Only then are DIR's files replaced, each
-            // written beside it and renamed over it, the key first.
-            use lamina_transfer::{CA_FILE, CERT_FILE, KEY_FILE};
-            let scratch = dir.join(".issued");
-            let _ = std::fs::remove_dir_all(&scratch);
-            std::fs::create_dir(&scratch)
-                .with_context(|| format!("creating {}", scratch.display()))?;
-            let files = [
-                (KEY_FILE, &tls.key, true),
-                (CERT_FILE, &tls.cert, false),
-                (CA_FILE, &tls.ca, false),
-            ];
-            let checked = (|| -> Result<()> {
-                for (f, bytes, secret) in files {
-                    replace_file(&scratch.join(f), bytes, secret)?;
-                }
-                let id = lamina_transfer::Identity::load(&scratch).with_context(|| {
-                    format!("the certificate cert-manager issued for node {node}")
-                })?;
-                anyhow::ensure!(
-                    id.node() == node,
-                    "the certificate cert-manager issued (Secret {ns}/{}) names node {:?} first, not {node:?}: the issuer {} rewrote its DNS names",
-                    lamina_node_secrets::certificate_name(&node),
-                    id.node(),
-                    issuer.name
-                );
-                Ok(())
-            })();
-            let _ = std::fs::remove_dir_all(&scratch);
-            checked?;
-            for (f, bytes, secret) in files {
-                replace_file(&dir.join(f), bytes, secret)?;
-            }
+            let certificate = lamina_node_secrets::certificate_name(&node);
+            let ask = || {
+                lamina_node_secrets::ensure_certificate(
+                    client.clone(),
+                    &ns,
+                    &node,
+                    &issuer,
+                    duration.as_deref(),
+                    *wait,
+                )
+            };
+            let tls = ask().await?;
+            write_checked(&dir, &node, &ns, &issuer.name, &tls)?;
             crate::output::outln!(
-                "node {node}'s transfer certificate from {} {} (Secret {ns}/{}) in {}",
+                "node {node}'s transfer certificate from {} {} (Secret {ns}/{certificate}) in {}",
                 issuer.kind,
                 issuer.name,
-                lamina_node_secrets::certificate_name(&node),
                 dir.display()
             );
-            Ok(())
+            let Some(every) = renew_every else {
+                return Ok(());
+            };
+            loop {
+                tokio::time::sleep(*every).await;
+                let written = match ask().await {
+                    Ok(tls) => write_checked(&dir, &node, &ns, &issuer.name, &tls),
+                    Err(e) => Err(e.into()),
+                };
+                match written {
+                    Ok(true) => crate::output::outln!(
+                        "node {node}'s transfer certificate renewed (Secret {ns}/{certificate}) in {}",
+                        dir.display()
+                    ),
+                    Ok(false) => {}
+                    Err(e) => eprintln!(
+                        "lamina: node {node}'s transfer certificate not looked at: {e:#} (again in {every})"
+                    ),
+                }
+            }
         }
     }
 }

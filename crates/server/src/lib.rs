@@ -80,6 +80,9 @@ macro_rules! cfg_testing {
 /// closed after [`NbdConfig::drain_timeout`]), and close the pool, which
 /// makes every acknowledged write durable. A configuration that fails
 /// [`Config::check`] is refused before anything is opened.
+/// How often the transfer identity's files are read again.
+const IDENTITY_RELOAD: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -148,6 +151,44 @@ pub async fn run(
                             Ok(Err(e)) => tracing::warn!(error = %e, "could not prune operation records"),
                             Err(e) => tracing::warn!(error = %e, "pruning operation records failed"),
                             Ok(Ok(_)) => {}
+                        }
+                    }
+                    _ = &mut stop => break,
+                }
+            }
+        });
+    }
+
+    // The transfer identity's files read again every 30 s: a renewed
+    // certificate (cert-manager's, written by `lamina node certificate
+    // --renew`) is used from the next connection on, with no restart.
+    if let Some(identity) = state.identity.clone() {
+        let stop = stopped(&stop_rx);
+        tasks.spawn(async move {
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(IDENTITY_RELOAD);
+            tick.tick().await; // loaded already
+            let mut last_error = String::new();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let id = identity.clone();
+                        match tokio::task::spawn_blocking(move || id.reload()).await {
+                            Ok(Ok(true)) => {
+                                last_error.clear();
+                                tracing::info!(dir = %identity.dir().display(), "transfer identity reloaded: new connections use the renewed certificate");
+                            }
+                            Ok(Ok(false)) => last_error.clear(),
+                            Ok(Err(e)) => {
+                                // Once per distinct error: a renewal being
+                                // written is read again at the next tick.
+                                let e = e.to_string();
+                                if e != last_error {
+                                    tracing::warn!(error = %e, "the transfer identity's files changed but do not load: the one loaded stays");
+                                    last_error = e;
+                                }
+                            }
+                            Err(e) => tracing::warn!(error = %e, "reloading the transfer identity failed"),
                         }
                     }
                     _ = &mut stop => break,

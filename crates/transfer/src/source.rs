@@ -480,7 +480,9 @@ impl Source {
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), TransferError> {
-        let acceptor = TlsAcceptor::from(self.identity.server_config()?);
+        // Checked now; each peer gets the identity's configuration as it
+        // is when it connects (a renewed certificate: `Identity::reload`).
+        self.identity.server_config()?;
         let mut sessions = tokio::task::JoinSet::new();
         let mut warned: Option<Instant> = None;
         tokio::pin!(shutdown);
@@ -491,7 +493,8 @@ impl Source {
                 r = listener.accept() => match r {
                     Ok((tcp, addr)) => match self.take_handshake(addr.ip()) {
                         Some(slot) => {
-                            sessions.spawn(self.clone().session(acceptor.clone(), tcp, addr, slot));
+                            let acceptor = TlsAcceptor::from(self.identity.server_config()?);
+                            sessions.spawn(self.clone().session(acceptor, tcp, addr, slot));
                         }
                         None => {
                             // Closed at once: its descriptor is back

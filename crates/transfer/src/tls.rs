@@ -25,14 +25,26 @@ pub const KEY_FILE: &str = "tls.key";
 /// TLS identity of a node, loaded from a directory holding PEM files
 /// `ca.crt`, `tls.crt`, `tls.key` (a `kubernetes.io/tls` Secret plus
 /// `ca.crt`, as cert-manager writes it). The node's name is its
-/// certificate's first DNS subjectAltName.
+/// certificate's first DNS subjectAltName. [`Identity::reload`] takes in
+/// the files again once they changed (a renewed certificate): connections
+/// made from then on use the new ones, and those open keep theirs.
 pub struct Identity {
     node: String,
     dir: PathBuf,
-    certs: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    roots: Arc<RootCertStore>,
+    material: std::sync::RwLock<Arc<Material>>,
 }
+
+/// What an identity's files hold, and the configurations built from them.
+struct Material {
+    /// The three files' bytes, in `FILES` order, as read.
+    files: [Vec<u8>; 3],
+    server: Arc<ServerConfig>,
+    client: Arc<ClientConfig>,
+}
+
+/// The files of an identity directory, in the order `Material::files`
+/// keeps them.
+const FILES: [&str; 3] = [CA_FILE, CERT_FILE, KEY_FILE];
 
 fn bad(path: &Path, detail: impl std::fmt::Display) -> TransferError {
     TransferError::Identity {
@@ -141,9 +153,8 @@ impl ClientCertVerifier for NamedClients {
     }
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TransferError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(path, e))?
+fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TransferError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(path, e))?;
     if certs.is_empty() {
@@ -164,29 +175,13 @@ impl std::fmt::Debug for Identity {
 impl Identity {
     /// Load `ca.crt`, `tls.crt` and `tls.key` from `dir`.
     pub fn load(dir: &Path) -> Result<Identity, TransferError> {
-        let ca = dir.join(CA_FILE);
-        let mut roots = RootCertStore::empty();
-        for c in read_certs(&ca)? {
-            roots.add(c).map_err(|e| bad(&ca, e))?;
-        }
-        let crt = dir.join(CERT_FILE);
-        let certs = read_certs(&crt)?;
-        let node = cert_node(&certs[0])
-            .ok_or_else(|| bad(&crt, "the certificate has no DNS subjectAltName"))?;
-        let keyf = dir.join(KEY_FILE);
-        let key = PrivateKeyDer::from_pem_file(&keyf).map_err(|e| bad(&keyf, e))?;
-        let id = Identity {
+        let files = read_files(dir)?;
+        let (node, material) = Material::build(dir, files)?;
+        Ok(Identity {
             node,
             dir: dir.to_path_buf(),
-            certs,
-            key,
-            roots: Arc::new(roots),
-        };
-        // Fail here, not at the first connection, on a key that does not
-        // match its certificate or a CA that did not sign it.
-        id.server_config()?;
-        id.client_config()?;
-        Ok(id)
+            material: std::sync::RwLock::new(Arc::new(material)),
+        })
     }
 
     /// This node's name.
@@ -194,33 +189,105 @@ impl Identity {
         &self.node
     }
 
+    /// The directory its files are read from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn material(&self) -> Arc<Material> {
+        self.material
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Read the files again, and take them in if they changed: whether
+    /// they did. Files that do not load (a renewal half written, a key
+    /// that does not match its certificate) or that name another node are
+    /// an error, and the identity stays as it was.
+    pub fn reload(&self) -> Result<bool, TransferError> {
+        let files = read_files(&self.dir)?;
+        if files == self.material().files {
+            return Ok(false);
+        }
+        let (node, material) = Material::build(&self.dir, files)?;
+        if node != self.node {
+            return Err(bad(
+                &self.dir.join(CERT_FILE),
+                format!(
+                    "the certificate now names node {node:?}, not {:?}: not taken",
+                    self.node
+                ),
+            ));
+        }
+        *self.material.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(material);
+        Ok(true)
+    }
+
     /// The TLS configuration of a source: TLS 1.3, and a client
     /// certificate signed by the CA and naming a node is required.
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TransferError> {
-        let p = provider();
-        let ca = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), p.clone())
-            .build()
-            .map_err(|e| bad(&self.dir.join(CA_FILE), e))?;
-        let verifier = Arc::new(NamedClients(ca));
-        let cfg = ServerConfig::builder_with_provider(p)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| bad(&self.dir, e))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(self.certs.clone(), self.key.clone_key())
-            .map_err(|e| bad(&self.dir.join(CERT_FILE), e))?;
-        Ok(Arc::new(cfg))
+        Ok(self.material().server.clone())
     }
 
     /// The TLS configuration of a target: TLS 1.3, the server verified
     /// against the CA, this node's certificate presented.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, TransferError> {
-        let cfg = ClientConfig::builder_with_provider(provider())
+        Ok(self.material().client.clone())
+    }
+}
+
+/// The bytes of `dir`'s identity files, in `FILES` order.
+fn read_files(dir: &Path) -> Result<[Vec<u8>; 3], TransferError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|e| bad(&path, e))
+    };
+    Ok([read(FILES[0])?, read(FILES[1])?, read(FILES[2])?])
+}
+
+impl Material {
+    /// Parse `files` (read from `dir`) and build both configurations, so
+    /// that a key that does not match its certificate or a CA that did
+    /// not sign it fails here, not at the first connection; the node the
+    /// certificate names, and the material.
+    fn build(dir: &Path, files: [Vec<u8>; 3]) -> Result<(String, Material), TransferError> {
+        let ca = dir.join(CA_FILE);
+        let mut roots = RootCertStore::empty();
+        for c in parse_certs(&ca, &files[0])? {
+            roots.add(c).map_err(|e| bad(&ca, e))?;
+        }
+        let roots = Arc::new(roots);
+        let crt = dir.join(CERT_FILE);
+        let certs = parse_certs(&crt, &files[1])?;
+        let node = cert_node(&certs[0])
+            .ok_or_else(|| bad(&crt, "the certificate has no DNS subjectAltName"))?;
+        let keyf = dir.join(KEY_FILE);
+        let key = PrivateKeyDer::from_pem_slice(&files[2]).map_err(|e| bad(&keyf, e))?;
+        let p = provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), p.clone())
+            .build()
+            .map_err(|e| bad(&ca, e))?;
+        let server = ServerConfig::builder_with_provider(p.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| bad(&self.dir, e))?
-            .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())
-            .map_err(|e| bad(&self.dir.join(CERT_FILE), e))?;
-        Ok(Arc::new(cfg))
+            .map_err(|e| bad(dir, e))?
+            .with_client_cert_verifier(Arc::new(NamedClients(verifier)))
+            .with_single_cert(certs.clone(), key.clone_key())
+            .map_err(|e| bad(&crt, e))?;
+        let client = ClientConfig::builder_with_provider(p)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(dir, e))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| bad(&crt, e))?;
+        Ok((
+            node,
+            Material {
+                files,
+                server: Arc::new(server),
+                client: Arc::new(client),
+            },
+        ))
     }
 }
 
@@ -242,6 +309,84 @@ mod tests {
             to.read_tls(&mut rd).unwrap();
             to.process_new_packets().unwrap();
         }
+    }
+
+    /// The certificate `server` presents to `client` in a handshake in
+    /// memory.
+    fn presented(server: &Identity, client: &Identity) -> CertificateDer<'static> {
+        let mut s: rustls::Connection =
+            rustls::ServerConnection::new(server.server_config().unwrap())
+                .unwrap()
+                .into();
+        let name = ServerName::try_from(server.node().to_string()).unwrap();
+        let mut c: rustls::Connection =
+            rustls::ClientConnection::new(client.client_config().unwrap(), name)
+                .unwrap()
+                .into();
+        for _ in 0..10 {
+            flight(&mut c, &mut s);
+            flight(&mut s, &mut c);
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+        }
+        assert!(!c.is_handshaking(), "the handshake did not finish");
+        c.peer_certificates().unwrap()[0].clone().into_owned()
+    }
+
+    /// A renewed certificate is taken in by a reload, and presented from
+    /// then on, to peers that verify it; files that do not load, or that
+    /// name another node, leave the identity as it was.
+    #[test]
+    fn a_reload_takes_a_renewed_certificate_and_refuses_a_bad_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca");
+        certs::create_ca(&ca).unwrap();
+        for n in ["a", "b"] {
+            certs::issue(&ca, n, &dir.path().join(n)).unwrap();
+        }
+        let a_dir = dir.path().join("a");
+        let a = Identity::load(&a_dir).unwrap();
+        let b = Identity::load(&dir.path().join("b")).unwrap();
+        let first = presented(&a, &b);
+        assert!(!a.reload().unwrap(), "nothing changed");
+
+        // Renewed: a new key and certificate of the same name.
+        let renewed = dir.path().join("a2");
+        certs::issue(&ca, "a", &renewed).unwrap();
+        for f in [CERT_FILE, KEY_FILE] {
+            std::fs::copy(renewed.join(f), a_dir.join(f)).unwrap();
+        }
+        assert!(a.reload().unwrap());
+        let second = presented(&a, &b);
+        assert_ne!(first, second, "the old certificate is still presented");
+        assert_eq!(
+            second.as_ref(),
+            CertificateDer::pem_file_iter(renewed.join(CERT_FILE))
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .as_ref()
+        );
+
+        // Half written: the new certificate with the old key.
+        let third = dir.path().join("a3");
+        certs::issue(&ca, "a", &third).unwrap();
+        std::fs::copy(third.join(CERT_FILE), a_dir.join(CERT_FILE)).unwrap();
+        assert!(a.reload().is_err());
+        assert_eq!(
+            presented(&a, &b),
+            second,
+            "a bad reload changed the identity"
+        );
+        // Another node's name.
+        for f in [CERT_FILE, KEY_FILE] {
+            std::fs::copy(dir.path().join("b").join(f), a_dir.join(f)).unwrap();
+        }
+        let e = a.reload().unwrap_err().to_string();
+        assert!(e.contains("names node \"b\""), "{e}");
+        assert_eq!(presented(&a, &b), second);
     }
 
     /// Two nodes of one CA handshake in memory and agree on AES-128-GCM.

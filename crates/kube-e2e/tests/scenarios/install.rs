@@ -12,10 +12,13 @@
 //! cert-manager (`lamina node certificate`), as kube-env's three nodes get
 //! theirs ([`certs_from_cert_manager`]).
 
-use crate::env::{run, Env};
+use crate::env::{run, wait, Env};
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
 
 const SECRET: &str = "lamina-transfer-ca-e2e";
 const BAD: &str = "lamina-transfer-ca-e2e-bad";
@@ -151,7 +154,10 @@ pub fn ca_made_once(env: &Env) -> Result<()> {
 /// The nodes' transfer certificates issued by cert-manager (kube-env's
 /// default with three nodes, as the chart's multiNode.certManager): the
 /// three nodes' Certificates ready, each node's files its Secret's and
-/// signed by the ClusterIssuer's CA for its name; a 3-replica volume
+/// signed by the ClusterIssuer's CA for its name; node 3's certificate
+/// issued again (its Secret deleted) reaches its running daemon through
+/// `lamina node certificate --renew-every`, presented from then on; a
+/// 3-replica volume
 /// written through node 1 is healthy on all three (replica sessions over
 /// those certificates, mutual TLS); the node ServiceAccount cannot read the
 /// CA's key; asked again, a node gets the certificate it has at once; a new
@@ -225,7 +231,85 @@ pub fn certs_from_cert_manager(env: &Env) -> Result<()> {
         );
     }
 
-    // Replica sessions between the three daemons over these certificates.
+    // Renewal reaches a running daemon: node 3's certificate issued again
+    // (its Secret deleted, which cert-manager answers with a new key and
+    // certificate), `--renew-every` (the chart's container certs-renew)
+    // writes it into node 3's directory, and node 3's daemon presents it
+    // from its next connection on, with no restart.
+    let dir3 = env.dir.join("transfer").join(NODES[2]);
+    let old3 = std::fs::read(dir3.join("tls.crt"))?;
+    let renew_log = std::fs::File::create(env.dir.join("logs/certs-renew-3.log"))?;
+    let mut renew = certificate(
+        NODES[2],
+        "lamina-transfer-ca",
+        "ClusterIssuer",
+        &dir3,
+        "60s",
+    )
+    .args(["--renew-every", "1s"])
+    .stdout(renew_log.try_clone()?)
+    .stderr(renew_log)
+    .spawn()
+    .context("lamina node certificate --renew-every")?;
+    let renewed = (|| -> Result<()> {
+        let address3 = crate::replicated::transfer_address(env, NODES[2])?;
+        let t = std::time::Instant::now();
+        env.kubectl(&[
+            "delete",
+            "-n",
+            "lamina",
+            "secret",
+            &format!("lamina-transfer-{}", NODES[2]),
+        ])?;
+        let new3 = wait("node 3's renewed certificate in its directory", T, |last| {
+            let now = std::fs::read(dir3.join("tls.crt"))?;
+            *last = format!("{} bytes, the old one's: {}", now.len(), now == old3);
+            Ok((now != old3).then_some(now))
+        })?;
+        verify(&dir3, NODES[2])?;
+        let dir1 = env.dir.join("transfer").join(NODES[0]);
+        let first_pem = |text: &str| -> Option<String> {
+            let a = text.find("-----BEGIN CERTIFICATE-----")?;
+            let end = "-----END CERTIFICATE-----";
+            let b = text[a..].find(end)? + a + end.len();
+            Some(text[a..b].to_string())
+        };
+        let want = first_pem(&String::from_utf8_lossy(&new3)).context("no PEM in tls.crt")?;
+        wait(
+            "node 3's daemon presenting its renewed certificate",
+            Duration::from_secs(90),
+            |last| {
+                let out = Command::new("openssl")
+                    .args(["s_client", "-connect", &address3, "-servername", NODES[2]])
+                    .arg("-cert")
+                    .arg(dir1.join("tls.crt"))
+                    .arg("-key")
+                    .arg(dir1.join("tls.key"))
+                    .arg("-CAfile")
+                    .arg(dir1.join("ca.crt"))
+                    .stdin(Stdio::null())
+                    .output()?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let got = first_pem(&text);
+                *last = match &got {
+                    Some(_) => "the old certificate".to_string(),
+                    None => format!("no certificate: {}", String::from_utf8_lossy(&out.stderr)),
+                };
+                Ok((got.as_deref() == Some(want.as_str())).then_some(()))
+            },
+        )?;
+        println!(
+            "    renewal: node 3's daemon presented the renewed certificate {:.1} s after its Secret was deleted",
+            t.elapsed().as_secs_f64()
+        );
+        Ok(())
+    })();
+    let _ = renew.kill();
+    let _ = renew.wait();
+    renewed?;
+
+    // Replica sessions between the three daemons over these certificates
+    // (node 3's renewed).
     for node in &NODES[1..] {
         let address = crate::replicated::transfer_address(env, node)?;
         env.lamina(&["node", "add", node, &address])?;
