@@ -9,7 +9,7 @@
 //! that one node (one engine transaction).
 
 use crate::controller::{csi_snapshot, timestamp, ControllerService};
-use crate::ids::{lamina_name, shown, GroupId, VolumeId};
+use crate::ids::{lamina_name, shown, GroupId, SnapshotId, VolumeId};
 use crate::nodes::Picked;
 use crate::proto::group_controller_server::GroupController;
 use crate::proto::group_controller_service_capability::{rpc, Rpc, Type};
@@ -46,18 +46,59 @@ impl GroupService {
         }
     }
 
-    /// The group an id names, if it exists, and its node.
-    async fn group(&self, id: &str) -> Result<Option<(Picked, api::SnapshotGroup)>, Status> {
-        let Some(id) = GroupId::parse(id) else {
-            return Ok(None);
+    /// The group `id` names, as the node it names answers: found there,
+    /// gone, or that node silent (it does not answer, or no node Secret
+    /// names it any more), and why.
+    async fn named_group(&self, id: &GroupId) -> Result<Named, Status> {
+        let node = match self.c.node(id.node.as_deref()) {
+            Ok(n) => n,
+            Err(unknown) => return Ok(Named::Silent(unknown)),
         };
-        let node = self.c.node(id.node.as_deref())?;
         match node.client.get_snapshot_group(&id.name).await {
-            Ok(g) => Ok(Some((node, g))),
-            Err(e) if e.is_not_found() => Ok(None),
+            Ok(g) => Ok(Named::Found(node, g)),
+            Err(e) if e.is_not_found() => Ok(Named::Gone),
+            Err(e @ lamina_client::Error::Unreachable { .. }) => Ok(Named::Silent(from_client(&e))),
             Err(e) => Err(from_client(&e)),
         }
     }
+
+    /// The members of group `id` by the snapshot ids CSI gives with it,
+    /// for when its node is silent (`why`): each must be a snapshot of the
+    /// group's name (a mismatch is INVALID_ARGUMENT); none given, the
+    /// silent node's error.
+    fn members(
+        &self,
+        id: &GroupId,
+        given: &[String],
+        why: &Status,
+    ) -> Result<Vec<SnapshotId>, Status> {
+        if given.is_empty() {
+            return Err(why.clone());
+        }
+        given
+            .iter()
+            .map(|s| {
+                SnapshotId::parse(s)
+                    .filter(|sid| sid.name == id.name)
+                    .ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "snapshot {} is not a member of group snapshot {}",
+                            shown(s),
+                            shown(&id.to_string())
+                        ))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// How the node a group id names answers for it.
+// One per call, gone at its end: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Named {
+    Found(Picked, api::SnapshotGroup),
+    Gone,
+    Silent(Status),
 }
 
 /// The CSI volume ids of a group's members, sorted.
@@ -144,7 +185,12 @@ impl GroupController for GroupService {
             node: q.clone(),
             name: name.clone(),
         };
-        if let Some((_, g)) = self.group(&gid.to_string()).await? {
+        let existing = match self.named_group(&gid).await? {
+            Named::Found(_, g) => Some(g),
+            Named::Gone => None,
+            Named::Silent(why) => return Err(why),
+        };
+        if let Some(g) = existing {
             if member_volumes(q.clone(), &g) == asked {
                 return Ok(Response::new(CreateVolumeGroupSnapshotResponse {
                     group_snapshot: Some(self.csi_group(&node.name, &g)),
@@ -205,12 +251,22 @@ impl GroupController for GroupService {
             return Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
         };
         let _g = self.c.lock(&format!("snapshot/{}", id.name)).await;
-        let node = self.c.node(id.node.as_deref())?;
         let done = || Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
-        let g = match node.client.get_snapshot_group(&id.name).await {
-            Ok(g) => g,
-            Err(e) if e.is_not_found() => return done(),
-            Err(e) => return Err(from_client(&e)),
+        let (node, g) = match self.named_group(&id).await? {
+            Named::Found(node, g) => (node, g),
+            Named::Gone => return done(),
+            Named::Silent(why) => {
+                // Member by member, by the ids CSI gives, each where its
+                // volume is served now (a copy on a node that took it
+                // over); a member whose volume is the silent node's own
+                // stays UNAVAILABLE, and a retry finds the members left.
+                for sid in self.members(&id, &req.snapshot_ids, &why)? {
+                    self.c
+                        .delete_snapshot_locked(&sid, &sid.to_string())
+                        .await?;
+                }
+                return done();
+            }
         };
         // A member whose volume was taken over by another node since (a
         // replica here now, labelled with its front end's node) is deleted
@@ -258,12 +314,41 @@ impl GroupController for GroupService {
         if req.group_snapshot_id.is_empty() {
             return invalid!("group_snapshot_id is required");
         }
-        let (node, g) = self.group(&req.group_snapshot_id).await?.ok_or_else(|| {
+        let not_found = || {
             Status::not_found(format!(
                 "group snapshot {} does not exist",
                 shown(&req.group_snapshot_id)
             ))
-        })?;
+        };
+        let id = GroupId::parse(&req.group_snapshot_id).ok_or_else(not_found)?;
+        let (node, g) = match self.named_group(&id).await? {
+            Named::Found(node, g) => (node, g),
+            Named::Gone => return Err(not_found()),
+            Named::Silent(why) => {
+                // Answered from its members, by the ids CSI gives, each
+                // where its volume is served now.
+                let mut snapshots = Vec::new();
+                for sid in self.members(&id, &req.snapshot_ids, &why)? {
+                    let found = self.c.snapshot_by_id(&sid).await?.ok_or_else(|| {
+                        Status::not_found(format!(
+                            "group snapshot {}: its member {} does not exist",
+                            shown(&req.group_snapshot_id),
+                            shown(&sid.to_string())
+                        ))
+                    })?;
+                    snapshots.push(found.csi(&self.c.nodes));
+                }
+                let creation_time = snapshots.iter().find_map(|s| s.creation_time);
+                return Ok(Response::new(GetVolumeGroupSnapshotResponse {
+                    group_snapshot: Some(VolumeGroupSnapshot {
+                        group_snapshot_id: req.group_snapshot_id.clone(),
+                        snapshots,
+                        creation_time,
+                        ready_to_use: true,
+                    }),
+                }));
+            }
+        };
         Ok(Response::new(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(self.csi_group(&node.name, &g)),
         }))

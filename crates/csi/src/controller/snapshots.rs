@@ -196,15 +196,27 @@ impl ControllerService {
             return Ok(DeleteSnapshotResponse {});
         };
         let _g = self.lock(&format!("snapshot/{}", id.name)).await;
-        let Some(found) = self.snapshot_by_id(&id).await? else {
-            return Ok(DeleteSnapshotResponse {});
+        self.delete_snapshot_locked(&id, &req.snapshot_id).await?;
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    /// Delete the snapshot `id` names (shown as `given`), where it is
+    /// served now; gone already is done. The caller holds the lock of its
+    /// name.
+    pub(crate) async fn delete_snapshot_locked(
+        &self,
+        id: &SnapshotId,
+        given: &str,
+    ) -> Result<(), Status> {
+        let Some(found) = self.snapshot_by_id(id).await? else {
+            return Ok(());
         };
         let (node, s) = (found.node, found.snapshot);
         if let Some(x) = &s.export {
             if x.connections > 0 {
                 return Err(Status::failed_precondition(format!(
                     "snapshot {} is in use: {} NBD client(s) read it",
-                    shown(&req.snapshot_id),
+                    shown(given),
                     x.connections
                 )));
             }
@@ -220,8 +232,8 @@ impl ControllerService {
             .delete_snapshot(&s.volume_reference(), &s.name)
             .await
         {
-            Ok(_) => Ok(DeleteSnapshotResponse {}),
-            Err(e) if e.is_not_found() => Ok(DeleteSnapshotResponse {}),
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(from_client(&e)),
         }
     }

@@ -753,8 +753,8 @@ impl Drop for RegisterAgain<'_> {
 /// volume becomes the new front end's replica and is rebuilt from it, the
 /// two replicas alike; attaching it on node 1 is refused. A VolumeSnapshot
 /// and a VolumeGroupSnapshot taken before the takeover, deleted after it
-/// by the ids that name node 1, are deleted on both nodes: the
-/// VolumeSnapshot while node 1 is down and its node Secret gone (then a
+/// by the ids that name node 1, are deleted on both nodes: both while
+/// node 1 is down and its node Secret gone (then a
 /// new VolumeSnapshot of the claim is taken on the new front end too). Unstaged and
 /// staged again there, the volume is found by the PV's handle; the PVC
 /// deleted, the CSI controller deletes it from its new front end.
@@ -965,6 +965,26 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             Ok((!list.contains(&before)).then_some(()))
         },
     )?;
+    // The group snapshot taken before the takeover, whose id names node 1,
+    // deleted while node 1 and its Secret are gone.
+    env.kubectl(&[
+        "delete",
+        "-n",
+        ns,
+        "volumegroupsnapshot",
+        "grp",
+        "--wait=true",
+    ])
+    .context("deleting a group snapshot whose node is gone")?;
+    wait(
+        &format!("group member {member} deleted on {other}"),
+        T,
+        |last| {
+            let list = node_x.lamina(&["snapshot", "list", &vol])?;
+            *last = list.clone();
+            Ok((!list.contains(&member)).then_some(()))
+        },
+    )?;
     drop(_register_again);
 
     // Node 1 back: refused, made the new front end's replica, rebuilt.
@@ -1038,17 +1058,10 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
             Ok((!list.contains(&during)).then_some(()))
         })?;
     }
-    // So is the group snapshot taken before it, member by member through
-    // the front end now serving each (node 1 refuses to delete its
-    // replica's copy itself).
-    env.kubectl(&[
-        "delete",
-        "-n",
-        ns,
-        "volumegroupsnapshot",
-        "grp",
-        "--wait=true",
-    ])?;
+    // So is the group snapshot taken before it, deleted while node 1 was
+    // down (its id names node 1): member by member, by the members' ids,
+    // through the front end now serving each, and on node 1 by its
+    // rebuild.
     for (n, on) in [(NODE_ID, env), (other.as_str(), &node_x)] {
         wait(
             &format!("group member {member} deleted on {n}"),
