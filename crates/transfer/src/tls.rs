@@ -311,9 +311,8 @@ mod tests {
         }
     }
 
-    /// The certificate `server` presents to `client` in a handshake in
-    /// memory.
-    fn presented(server: &Identity, client: &Identity) -> CertificateDer<'static> {
+    /// A handshake in memory of `client` with `server`: both ends, done.
+    fn handshake(server: &Identity, client: &Identity) -> (rustls::Connection, rustls::Connection) {
         let mut s: rustls::Connection =
             rustls::ServerConnection::new(server.server_config().unwrap())
                 .unwrap()
@@ -330,7 +329,16 @@ mod tests {
                 break;
             }
         }
-        assert!(!c.is_handshaking(), "the handshake did not finish");
+        assert!(
+            !c.is_handshaking() && !s.is_handshaking(),
+            "the handshake did not finish"
+        );
+        (s, c)
+    }
+
+    /// The certificate `server` presents to `client`.
+    fn presented(server: &Identity, client: &Identity) -> CertificateDer<'static> {
+        let (_, c) = handshake(server, client);
         c.peer_certificates().unwrap()[0].clone().into_owned()
     }
 
@@ -400,21 +408,7 @@ mod tests {
         }
         let a = Identity::load(&dir.path().join("a")).unwrap();
         let b = Identity::load(&dir.path().join("b")).unwrap();
-        let mut server = rustls::ServerConnection::new(a.server_config().unwrap())
-            .unwrap()
-            .into();
-        let name = ServerName::try_from("a").unwrap();
-        let mut client = rustls::ClientConnection::new(b.client_config().unwrap(), name)
-            .unwrap()
-            .into();
-        for _ in 0..10 {
-            flight(&mut client, &mut server);
-            flight(&mut server, &mut client);
-            if !client.is_handshaking() && !server.is_handshaking() {
-                break;
-            }
-        }
-        assert!(!server.is_handshaking(), "the handshake did not finish");
+        let (server, client) = handshake(&a, &b);
         let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.suite();
         for got in [
             client.negotiated_cipher_suite(),

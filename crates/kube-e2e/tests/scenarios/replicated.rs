@@ -741,6 +741,124 @@ impl Drop for RegisterAgain<'_> {
     }
 }
 
+/// Volume `vol`'s PV as the node plugin gets it: its volume handle and
+/// volume attributes. A replicated volume is usable from every node: no
+/// accessible topology, so its PV has no node affinity.
+fn pv_of(env: &Env, vol: &str) -> Result<(String, std::collections::HashMap<String, String>)> {
+    let pv = env.get("", "pv", vol)?.context("no PV")?;
+    ensure!(
+        pv["spec"]["nodeAffinity"].is_null(),
+        "the PV's node affinity: {}",
+        pv["spec"]["nodeAffinity"]
+    );
+    let csi = &pv["spec"]["csi"];
+    let handle = csi["volumeHandle"]
+        .as_str()
+        .context("the PV has no volumeHandle")?
+        .to_string();
+    let context = csi["volumeAttributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        .collect();
+    Ok((handle, context))
+}
+
+/// Volume `vol` attached on node 1 and its first 8 MiB written with
+/// `pattern`; the generation its front end took, as the shared record
+/// shows it.
+fn written_on_node_1(env: &Env, vol: &str, pattern: u8) -> Result<u64> {
+    let uri = env.attach_volume(vol)?;
+    crate::env::qemu_io(&uri, &format!("write -P {pattern:#x} 0 8M"))?;
+    wait("the attached volume's shared record", T, |last| {
+        let r = shared_record(env, vol)?;
+        *last = r.to_string();
+        Ok((r["frontEnd"] == NODE_ID)
+            .then(|| r["generation"].as_u64())
+            .flatten()
+            .filter(|g| *g >= 1))
+    })
+}
+
+/// Kubelet's calls for block access to one volume through a node plugin:
+/// staged and published under the plugin's work directory.
+struct BlockCalls {
+    staging: std::path::PathBuf,
+    target: std::path::PathBuf,
+    stage: NodeStageVolumeRequest,
+    publish: NodePublishVolumeRequest,
+    unpublish: NodeUnpublishVolumeRequest,
+    unstage: NodeUnstageVolumeRequest,
+}
+
+fn block_calls(
+    plugin: &crate::node::NodePlugin,
+    handle: &str,
+    context: std::collections::HashMap<String, String>,
+) -> BlockCalls {
+    let staging = plugin.work.path().join("staging");
+    let target = plugin.work.path().join("target");
+    let cap = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    };
+    BlockCalls {
+        stage: NodeStageVolumeRequest {
+            volume_id: handle.to_string(),
+            staging_target_path: crate::node::path(&staging),
+            volume_capability: Some(cap.clone()),
+            volume_context: context.clone(),
+            ..Default::default()
+        },
+        publish: NodePublishVolumeRequest {
+            volume_id: handle.to_string(),
+            staging_target_path: crate::node::path(&staging),
+            target_path: crate::node::path(&target),
+            volume_capability: Some(cap),
+            volume_context: context,
+            ..Default::default()
+        },
+        unpublish: NodeUnpublishVolumeRequest {
+            volume_id: handle.to_string(),
+            target_path: crate::node::path(&target),
+        },
+        unstage: NodeUnstageVolumeRequest {
+            volume_id: handle.to_string(),
+            staging_target_path: crate::node::path(&staging),
+        },
+        staging,
+        target,
+    }
+}
+
+/// Node 1, back after a takeover by node `front` (`on`, its daemon): its
+/// volume made that front end's replica and rebuilt, both replicas
+/// healthy, node 1's second.
+fn back_as_replica(env: &Env, on: &Env, vol: &str, front: &str) -> Result<()> {
+    let rebuilt = wait(
+        "node 1's replica rebuilt by the new front end",
+        Duration::from_secs(120),
+        |last| {
+            let all = replicas(on, vol)?;
+            *last = format!("{all:?}");
+            Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
+        },
+    )?;
+    ensure!(
+        rebuilt[1].0 == NODE_ID,
+        "the replicas after node 1 returned: {rebuilt:?}"
+    );
+    let mine = env.lamina_json(&["volume", "get", vol])?;
+    ensure!(
+        mine["labels"]["lamina.io/replica-of"] == front && mine["replication"].is_null(),
+        "node 1's volume is not the new front end's replica: {mine}"
+    );
+    Ok(())
+}
+
 /// o. The front end's node lost: a 2-replica PVC, its PV usable on every
 /// node (no node affinity), attached and written on node 1,
 /// node 1's daemon SIGKILLed. Playing kubelet's part once the pod moved,
@@ -761,25 +879,7 @@ impl Drop for RegisterAgain<'_> {
 pub fn front_end_moved(env: &Env) -> Result<()> {
     let ns = "front-end-moved";
     let (vol, other, node_x, _) = two_replica_claim(env, ns, "lamina-moved-2", "data")?;
-    let pv = env.get("", "pv", &vol)?.context("no PV")?;
-    // Usable from every node: a replicated volume has no accessible
-    // topology, so its PV no node affinity.
-    ensure!(
-        pv["spec"]["nodeAffinity"].is_null(),
-        "the PV's node affinity: {}",
-        pv["spec"]["nodeAffinity"]
-    );
-    let csi = &pv["spec"]["csi"];
-    let handle = csi["volumeHandle"]
-        .as_str()
-        .context("the PV has no volumeHandle")?
-        .to_string();
-    let context: std::collections::HashMap<String, String> = csi["volumeAttributes"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-        .collect();
+    let (handle, context) = pv_of(env, &vol)?;
     ensure!(
         context.get("csi.lamina.io/replicas").map(String::as_str) == Some("2"),
         "the PV's volume attributes: {context:?}"
@@ -788,16 +888,7 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     // the nodes it placed replicas on): Lamina's controllers give it node
     // 1's address once node X's front end holds the volume.
     let _ = node_x.lamina(&["node", "remove", NODE_ID]);
-    let uri = env.attach_volume(&vol)?;
-    crate::env::qemu_io(&uri, "write -P 0x71 0 8M")?;
-    let g = wait("the attached volume's shared record", T, |last| {
-        let r = shared_record(env, &vol)?;
-        *last = r.to_string();
-        Ok((r["frontEnd"] == NODE_ID)
-            .then(|| r["generation"].as_u64())
-            .flatten()
-            .filter(|g| *g >= 1))
-    })?;
+    let g = written_on_node_1(env, &vol, 0x71)?;
 
     // A VolumeSnapshot through node 1's front end: its id names node 1.
     env.apply(&volume_snapshot(ns, "before", "data", "lamina"))?;
@@ -831,37 +922,14 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
     // Kubelet's part on the other node, block access.
     let plugin = crate::node::NodePlugin::start(&node_x, &other, "front-end-moved")?;
     let mut csi_node = plugin.client.clone();
-    let staging = plugin.work.path().join("staging");
-    let target = plugin.work.path().join("target");
-    let cap = VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
-    };
-    let stage = NodeStageVolumeRequest {
-        volume_id: handle.clone(),
-        staging_target_path: crate::node::path(&staging),
-        volume_capability: Some(cap.clone()),
-        volume_context: context.clone(),
-        ..Default::default()
-    };
-    let publish = NodePublishVolumeRequest {
-        volume_id: handle.clone(),
-        staging_target_path: crate::node::path(&staging),
-        target_path: crate::node::path(&target),
-        volume_capability: Some(cap),
-        volume_context: context,
-        ..Default::default()
-    };
-    let unpublish = NodeUnpublishVolumeRequest {
-        volume_id: handle.clone(),
-        target_path: crate::node::path(&target),
-    };
-    let unstage = NodeUnstageVolumeRequest {
-        volume_id: handle.clone(),
-        staging_target_path: crate::node::path(&staging),
-    };
+    let BlockCalls {
+        staging,
+        target,
+        stage,
+        publish,
+        unpublish,
+        unstage,
+    } = block_calls(&plugin, &handle, context);
     let guard = plugin.staged(&handle, &staging, Some(&target));
     plugin
         .rt
@@ -989,24 +1057,7 @@ pub fn front_end_moved(env: &Env) -> Result<()> {
 
     // Node 1 back: refused, made the new front end's replica, rebuilt.
     node1.start()?;
-    let rebuilt = wait(
-        "node 1's replica rebuilt by the new front end",
-        Duration::from_secs(120),
-        |last| {
-            let all = replicas(&node_x, &vol)?;
-            *last = format!("{all:?}");
-            Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
-        },
-    )?;
-    ensure!(
-        rebuilt[1].0 == NODE_ID,
-        "the replicas after node 1 returned: {rebuilt:?}"
-    );
-    let mine = env.lamina_json(&["volume", "get", &vol])?;
-    ensure!(
-        mine["labels"]["lamina.io/replica-of"] == other.as_str() && mine["replication"].is_null(),
-        "node 1's volume is not the new front end's replica: {mine}"
-    );
+    back_as_replica(env, &node_x, &vol, &other)?;
     let refused = env.attach_volume(&vol);
     ensure!(
         refused.is_err(),
@@ -1182,65 +1233,25 @@ pub fn front_end_without_replica(env: &Env) -> Result<()> {
         NODE_2 => (NODE_3, env.on_node_3()?),
         _ => (NODE_2, env.on_node_2()?),
     };
-    let pv = env.get("", "pv", &vol)?.context("no PV")?;
-    ensure!(
-        pv["spec"]["nodeAffinity"].is_null(),
-        "the PV's node affinity: {}",
-        pv["spec"]["nodeAffinity"]
-    );
-    let csi = &pv["spec"]["csi"];
-    let handle = csi["volumeHandle"]
-        .as_str()
-        .context("the PV has no volumeHandle")?
-        .to_string();
-    let context: std::collections::HashMap<String, String> = csi["volumeAttributes"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-        .collect();
+    let (handle, context) = pv_of(env, &vol)?;
     // The third node's daemon lists neither replica's node: Lamina's
     // controllers give it their addresses once it fronts the volume.
     for n in [NODE_ID, other.as_str()] {
         let _ = node_z.lamina(&["node", "remove", n]);
     }
-    let uri = env.attach_volume(&vol)?;
-    crate::env::qemu_io(&uri, "write -P 0x61 0 8M")?;
-    let g = wait("the attached volume's shared record", T, |last| {
-        let r = shared_record(env, &vol)?;
-        *last = r.to_string();
-        Ok((r["frontEnd"] == NODE_ID)
-            .then(|| r["generation"].as_u64())
-            .flatten()
-            .filter(|g| *g >= 1))
-    })?;
+    let g = written_on_node_1(env, &vol, 0x61)?;
 
     let node1 = env.stop("lamina", libc::SIGKILL)?;
     let plugin = crate::node::NodePlugin::start(&node_z, third, "front-end-without-replica")?;
     let mut csi_node = plugin.client.clone();
-    let staging = plugin.work.path().join("staging");
-    let target = plugin.work.path().join("target");
-    let cap = VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Block(BlockVolume {})),
-    };
-    let stage = NodeStageVolumeRequest {
-        volume_id: handle.clone(),
-        staging_target_path: crate::node::path(&staging),
-        volume_capability: Some(cap.clone()),
-        volume_context: context.clone(),
-        ..Default::default()
-    };
-    let publish = NodePublishVolumeRequest {
-        volume_id: handle.clone(),
-        staging_target_path: crate::node::path(&staging),
-        target_path: crate::node::path(&target),
-        volume_capability: Some(cap),
-        volume_context: context,
-        ..Default::default()
-    };
+    let BlockCalls {
+        staging,
+        target,
+        stage,
+        publish,
+        unpublish,
+        unstage,
+    } = block_calls(&plugin, &handle, context);
     let guard = plugin.staged(&handle, &staging, Some(&target));
     let t0 = std::time::Instant::now();
     wait(
@@ -1307,24 +1318,7 @@ pub fn front_end_without_replica(env: &Env) -> Result<()> {
 
     // Node 1 back: refused, made the third node's replica, copied whole.
     node1.start()?;
-    let rebuilt = wait(
-        "node 1's replica rebuilt through the front end",
-        Duration::from_secs(120),
-        |last| {
-            let all = replicas(&node_z, &vol)?;
-            *last = format!("{all:?}");
-            Ok((all.len() == 2 && all.iter().all(|(_, s)| s == "healthy")).then_some(all))
-        },
-    )?;
-    ensure!(
-        rebuilt[1].0 == NODE_ID,
-        "the replicas after node 1 returned: {rebuilt:?}"
-    );
-    let mine = env.lamina_json(&["volume", "get", &vol])?;
-    ensure!(
-        mine["labels"]["lamina.io/replica-of"] == third && mine["replication"].is_null(),
-        "node 1's volume is not the new front end's replica: {mine}"
-    );
+    back_as_replica(env, &node_z, &vol, third)?;
     let refused = env.attach_volume(&vol);
     ensure!(
         refused.is_err(),
@@ -1376,17 +1370,11 @@ pub fn front_end_without_replica(env: &Env) -> Result<()> {
 
     plugin
         .rt
-        .block_on(csi_node.node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: handle.clone(),
-            target_path: crate::node::path(&target),
-        }))
+        .block_on(csi_node.node_unpublish_volume(unpublish))
         .context("NodeUnpublishVolume")?;
     plugin
         .rt
-        .block_on(csi_node.node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: handle.clone(),
-            staging_target_path: crate::node::path(&staging),
-        }))
+        .block_on(csi_node.node_unstage_volume(unstage))
         .context("NodeUnstageVolume")?;
     guard.done();
     drop(plugin);

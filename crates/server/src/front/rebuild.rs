@@ -239,14 +239,7 @@ fn rebuild(
     if front.replicated.is_keeping(node) || r.rebuild.is_none() {
         take_base(ctx, front, here, r, generation)?;
     }
-    let identity = ctx
-        .identity
-        .as_ref()
-        .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
-    let remote = super::remote_of(&ctx.store, r);
-    let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
-        .map_err(|e| e.to_string())?;
-    io(v.activate(generation))?;
+    let v = reach(ctx, r, generation)?;
     let v = Arc::new(v);
     tracing::info!(replica = %node, "faulted replica answers: rebuilding");
     settle_unflushed(ctx, node, &v)?;
@@ -258,15 +251,7 @@ fn rebuild(
         if rec.faulted.is_none() {
             return Ok(());
         }
-        for name in &rec.pending_deletes {
-            io(v.delete_snapshot(name))?;
-        }
-        if !rec.pending_deletes.is_empty() {
-            let done = rec.pending_deletes.clone();
-            stored(ctx.store.change_replica(&ctx.volume, node, |x| {
-                x.pending_deletes.retain(|s| !done.contains(s))
-            }))?;
-        }
+        delete_pending(ctx, node, &v, &rec.pending_deletes)?;
         let rb = rec.rebuild.clone().ok_or("no base")?;
         if let Some(s) = rec.missed_snapshots.first() {
             if ctx.pool.snapshot_info_by_name(&ctx.volume, s).is_err() {
@@ -314,6 +299,34 @@ fn rebuild(
         }
     }
     last_round(ctx, front, here, node, v)
+}
+
+/// A session to faulted replica `r`, activated at `generation`.
+fn reach(ctx: &Ctx, r: &ReplicaRec, generation: u64) -> Result<RemoteVolume, Fail> {
+    let identity = ctx
+        .identity
+        .as_ref()
+        .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
+    let remote = super::remote_of(&ctx.store, r);
+    let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
+        .map_err(|e| e.to_string())?;
+    io(v.activate(generation))?;
+    Ok(v)
+}
+
+/// Delete on the replica on `node` (session `v`) the snapshots deleted
+/// while it was out (`pending`), then take them out of its record.
+fn delete_pending(ctx: &Ctx, node: &str, v: &RemoteVolume, pending: &[String]) -> Result<(), Fail> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    for name in pending {
+        io(v.delete_snapshot(name))?;
+    }
+    stored(ctx.store.change_replica(&ctx.volume, node, |x| {
+        x.pending_deletes.retain(|s| !pending.contains(s))
+    }))
+    .map(|_| ())
 }
 
 /// Settle what the replica on `node` (session `v`) had answered unflushed
@@ -846,23 +859,8 @@ fn rebuild_here(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Re
 /// is refused while a replica is out, so it missed none.
 fn rebuild_remote(ctx: &Ctx, front: &Front, r: &ReplicaRec, generation: u64) -> Result<(), Fail> {
     let node = &r.node;
-    let identity = ctx
-        .identity
-        .as_ref()
-        .ok_or("this daemon has no transfer identity (--transfer-tls)")?;
-    let remote = super::remote_of(&ctx.store, r);
-    let v = RemoteVolume::connect(identity, &remote, &ctx.volume, SessionOptions::default())
-        .map_err(|e| e.to_string())?;
-    io(v.activate(generation))?;
-    for name in &r.pending_deletes {
-        io(v.delete_snapshot(name))?;
-    }
-    if !r.pending_deletes.is_empty() {
-        let done = r.pending_deletes.clone();
-        stored(ctx.store.change_replica(&ctx.volume, node, |x| {
-            x.pending_deletes.retain(|s| !done.contains(s))
-        }))?;
-    }
+    let v = reach(ctx, r, generation)?;
+    delete_pending(ctx, node, &v, &r.pending_deletes)?;
     let size = io(v.size())?;
     tracing::info!(replica = %node, "faulted replica answers: copying what it lacks through this front end");
     let v = Arc::new(v);

@@ -396,6 +396,28 @@ pub(super) fn retire_others(st: &State, volume: &str, set: &ReplicaSetRec) -> Re
     Ok(())
 }
 
+/// A shared record's refusal or failure for volume `volume`, as the API
+/// answers it.
+fn shared_error(volume: &str, e: crate::store::SharedRecordError) -> Failure {
+    Failure::from(crate::ServerError::Shared {
+        volume: volume.to_string(),
+        source: e,
+    })
+}
+
+/// Where a takeover records node `node`'s replica: its node-list address;
+/// `unlisted:0` stands for a node not listed here yet (`lamina node add`,
+/// or Lamina's controllers from its node Secret), which a front end
+/// reaches once it is listed.
+fn listed_address(st: &State, node: &str) -> String {
+    st.store
+        .node(node)
+        .ok()
+        .flatten()
+        .map(|r| r.address)
+        .unwrap_or_else(|| "unlisted:0".to_string())
+}
+
 /// Why the other replicas are out once a node took a volume over, until
 /// its rebuilds copy them again.
 pub const MOVED: &str = "the front end moved to another node: its data is copied again";
@@ -428,12 +450,7 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
             "volume {volume:?} here is node {old}'s replica, and this daemon keeps no shared record of replica sets (lamina serve --kube-namespace): without one, no node can know that this replica holds every acknowledged write"
         )));
     };
-    let shared_failure = |e: crate::store::SharedRecordError| {
-        Failure::from(crate::ServerError::Shared {
-            volume: volume.to_string(),
-            source: e,
-        })
-    };
+    let shared_failure = |e| shared_error(volume, e);
     let rec = shared
         .read(volume)
         .map_err(shared_failure)?
@@ -503,15 +520,7 @@ pub fn take_over(st: &State, volume: &str) -> Result<(), Failure> {
         ..Default::default()
     }];
     for (n, faulted) in taken.replicas.iter().filter(|(n, _)| *n != me) {
-        // Reached at its node-list address; the one recorded stands for a
-        // node not listed here yet (`lamina node add`).
-        let address = st
-            .store
-            .node(n)
-            .ok()
-            .flatten()
-            .map(|r| r.address)
-            .unwrap_or_else(|| "unlisted:0".to_string());
+        let address = listed_address(st, n);
         replicas.push(ReplicaRec {
             node: n.clone(),
             address,
@@ -566,12 +575,7 @@ fn take_over_diskless(st: &State, volume: &str) -> Result<(), Failure> {
             "volume {volume:?} is not here, and this daemon keeps no shared record of replica sets (lamina serve --kube-namespace) to find its replicas in"
         )));
     };
-    let shared_failure = |e: crate::store::SharedRecordError| {
-        Failure::from(crate::ServerError::Shared {
-            volume: volume.to_string(),
-            source: e,
-        })
-    };
+    let shared_failure = |e| shared_error(volume, e);
     let rec = shared
         .read(volume)
         .map_err(shared_failure)?
@@ -635,16 +639,7 @@ fn take_over_diskless(st: &State, volume: &str) -> Result<(), Failure> {
         .iter()
         .map(|(n, faulted)| ReplicaRec {
             node: n.clone(),
-            // Reached at its node-list address; this stands for a node not
-            // listed here yet (`lamina node add`, or Lamina's controllers
-            // from its node Secret).
-            address: st
-                .store
-                .node(n)
-                .ok()
-                .flatten()
-                .map(|r| r.address)
-                .unwrap_or_else(|| "unlisted:0".to_string()),
+            address: listed_address(st, n),
             faulted: faulted.clone(),
             since: now(),
             ..Default::default()
