@@ -396,7 +396,7 @@ fn details(v: &Volume) -> String {
                 format_size(v.shared_bytes)
             ),
         ),
-        ("Created", v.created.clone()),
+        ("Created", or_dash(Some(&v.created))),
         ("Labels", label_list(v)),
         ("Parent snapshot", or_dash(v.parent_snapshot.as_deref())),
         ("Clone state", state_name(&v.clone_state).into()),
@@ -429,9 +429,14 @@ pub(crate) fn replication(v: &Volume) -> String {
         lamina_api::ReplicationState::Degraded => "degraded",
         lamina_api::ReplicationState::Unavailable => "unavailable",
     };
+    let front = if r.diskless {
+        ", its front end here holds no replica"
+    } else {
+        ""
+    };
     let mut out = fields(&[(
         "Replication",
-        format!("{state}, generation {}", r.generation),
+        format!("{state}, generation {}{front}", r.generation),
     )]);
     let mut t = Table::new(&["REPLICA NODE", "ADDRESS", "STATE", "SINCE", "REASON"]);
     for x in &r.replicas {

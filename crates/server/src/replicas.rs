@@ -294,6 +294,13 @@ pub fn demote(
         // A volume deleted: one fronted here with no replica is forgotten.
         Ok(None) if diskless => crate::store::SharedSet::default(),
         Ok(None) => return None,
+        // One fronted here with no replica is looked at every 5 s while
+        // detached (`forget_taken_diskless`): not a warning each time the
+        // API server is out of reach.
+        Err(e) if diskless => {
+            tracing::debug!(volume, error = %e, "the shared record of a volume fronted here with no replica cannot be read");
+            return None;
+        }
         Err(e) => {
             tracing::warn!(volume, error = %e, "the shared record of a volume taken over cannot be read");
             return None;
