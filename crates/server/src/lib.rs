@@ -75,14 +75,14 @@ macro_rules! cfg_testing {
     ({ $($with:item)* } else { $($without:item)* }) => { $($without)* };
 }
 
+/// How often the transfer identity's files are read again.
+const IDENTITY_RELOAD: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Run until `shutdown` resolves, then stop accepting, let in-flight NBD
 /// requests finish (a connection whose client does not read its replies is
 /// closed after [`NbdConfig::drain_timeout`]), and close the pool, which
 /// makes every acknowledged write durable. A configuration that fails
 /// [`Config::check`] is refused before anything is opened.
-/// How often the transfer identity's files are read again.
-const IDENTITY_RELOAD: std::time::Duration = std::time::Duration::from_secs(30);
-
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -161,7 +161,7 @@ pub async fn run(
 
     // The transfer identity's files read again every 30 s: a renewed
     // certificate (cert-manager's, written by `lamina node certificate
-    // --renew`) is used from the next connection on, with no restart.
+    // --renew-every`) is used from the next connection on, with no restart.
     if let Some(identity) = state.identity.clone() {
         let stop = stopped(&stop_rx);
         tasks.spawn(async move {

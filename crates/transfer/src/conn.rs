@@ -133,7 +133,7 @@ impl Conn {
         let name = ServerName::try_from(remote.node.clone()).map_err(|_| {
             TransferError::Invalid(format!("node name {:?} is not a DNS name", remote.node))
         })?;
-        let tls = rustls::ClientConnection::new(identity.client_config()?, name).map_err(|e| {
+        let tls = rustls::ClientConnection::new(identity.client_config(), name).map_err(|e| {
             TransferError::Refused {
                 peer: peer.clone(),
                 detail: e.to_string(),

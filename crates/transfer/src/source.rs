@@ -480,9 +480,6 @@ impl Source {
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), TransferError> {
-        // Checked now; each peer gets the identity's configuration as it
-        // is when it connects (a renewed certificate: `Identity::reload`).
-        self.identity.server_config()?;
         let mut sessions = tokio::task::JoinSet::new();
         let mut warned: Option<Instant> = None;
         tokio::pin!(shutdown);
@@ -493,7 +490,10 @@ impl Source {
                 r = listener.accept() => match r {
                     Ok((tcp, addr)) => match self.take_handshake(addr.ip()) {
                         Some(slot) => {
-                            let acceptor = TlsAcceptor::from(self.identity.server_config()?);
+                            // The identity as it is now: a renewed
+                            // certificate (`Identity::reload`) from the next
+                            // peer on.
+                            let acceptor = TlsAcceptor::from(self.identity.server_config());
                             sessions.spawn(self.clone().session(acceptor, tcp, addr, slot));
                         }
                         None => {

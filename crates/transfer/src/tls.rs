@@ -226,14 +226,14 @@ impl Identity {
 
     /// The TLS configuration of a source: TLS 1.3, and a client
     /// certificate signed by the CA and naming a node is required.
-    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TransferError> {
-        Ok(self.material().server.clone())
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.material().server.clone()
     }
 
     /// The TLS configuration of a target: TLS 1.3, the server verified
     /// against the CA, this node's certificate presented.
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, TransferError> {
-        Ok(self.material().client.clone())
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.material().client.clone()
     }
 }
 
@@ -313,15 +313,13 @@ mod tests {
 
     /// A handshake in memory of `client` with `server`: both ends, done.
     fn handshake(server: &Identity, client: &Identity) -> (rustls::Connection, rustls::Connection) {
-        let mut s: rustls::Connection =
-            rustls::ServerConnection::new(server.server_config().unwrap())
-                .unwrap()
-                .into();
+        let mut s: rustls::Connection = rustls::ServerConnection::new(server.server_config())
+            .unwrap()
+            .into();
         let name = ServerName::try_from(server.node().to_string()).unwrap();
-        let mut c: rustls::Connection =
-            rustls::ClientConnection::new(client.client_config().unwrap(), name)
-                .unwrap()
-                .into();
+        let mut c: rustls::Connection = rustls::ClientConnection::new(client.client_config(), name)
+            .unwrap()
+            .into();
         for _ in 0..10 {
             flight(&mut c, &mut s);
             flight(&mut s, &mut c);

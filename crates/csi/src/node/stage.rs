@@ -145,9 +145,15 @@ impl NodeService {
         match self.client.get_volume(&vid.name).await {
             Ok(v) if names(&vid, &v, here) => {}
             Ok(v) if is_replica(&v) => self.take_over(&req, &v).await?,
-            Ok(v) if diskless_front_of(&vid, &v) => self.front_without_replica(&req).await?,
+            Ok(v) if diskless_front_of(&vid, &v) => {
+                self.front_without_replica(&req.volume_id, &vid.name)
+                    .await?
+            }
             Ok(_) => return Err(not_found(&req.volume_id)),
-            Err(e) if e.is_not_found() && replicated => self.front_without_replica(&req).await?,
+            Err(e) if e.is_not_found() && replicated => {
+                self.front_without_replica(&req.volume_id, &vid.name)
+                    .await?
+            }
             Err(e) if e.is_not_found() => return Err(not_found(&req.volume_id)),
             Err(e) => return Err(from_client(&e)),
         }
@@ -216,13 +222,15 @@ impl NodeService {
     /// front end with no replica"; it checks in the shared record that a
     /// replica holds every acknowledged write, and fences the old front
     /// end). Asked again once taken, it changes nothing.
-    async fn front_without_replica(&self, req: &NodeStageVolumeRequest) -> Result<(), Status> {
-        let vid = VolumeId::parse(&req.volume_id).ok_or_else(|| not_found(&req.volume_id))?;
+    async fn front_without_replica(&self, volume_id: &str, name: &str) -> Result<(), Status> {
         self.client
-            .take_over_volume(&vid.name)
+            .take_over_volume(name)
             .await
             .map_err(|e| from_client(&e))?;
-        tracing::warn!(volume_id = %req.volume_id, "volume taken over by a front end on this node, which holds no replica of it");
+        tracing::warn!(
+            volume_id,
+            "volume taken over by a front end on this node, which holds no replica of it"
+        );
         Ok(())
     }
 

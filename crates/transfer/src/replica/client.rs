@@ -167,7 +167,7 @@ impl RemoteVolume {
         options: SessionOptions,
     ) -> Result<RemoteVolume, TransferError> {
         let rt = runtime()?;
-        let config = identity.client_config()?;
+        let config = identity.client_config();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (remote, volume) = (remote.clone(), volume.to_string());
         rt.spawn(async move {
@@ -382,7 +382,7 @@ pub fn retire(
     connect_timeout: Duration,
 ) -> Result<bool, TransferError> {
     let rt = runtime()?;
-    let config = identity.client_config()?;
+    let config = identity.client_config();
     let o = SessionOptions {
         connect_timeout,
         ..SessionOptions::default()

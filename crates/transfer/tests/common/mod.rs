@@ -292,7 +292,7 @@ pub fn fake_sources(
     let t = std::thread::spawn(move || {
         for i in 0..n {
             let (tcp, _) = l.accept().unwrap();
-            let conn = rustls::ServerConnection::new(identity.server_config().unwrap()).unwrap();
+            let conn = rustls::ServerConnection::new(identity.server_config()).unwrap();
             let mut s = rustls::StreamOwned::new(conn, tcp);
             script(i, &mut s);
             s.conn.send_close_notify();
@@ -315,7 +315,7 @@ pub fn fake_client(
 ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
     let tcp = std::net::TcpStream::connect(addr).unwrap();
     let name = rustls::pki_types::ServerName::try_from(node.to_string()).unwrap();
-    let conn = rustls::ClientConnection::new(identity.client_config().unwrap(), name).unwrap();
+    let conn = rustls::ClientConnection::new(identity.client_config(), name).unwrap();
     rustls::StreamOwned::new(conn, tcp)
 }
 
